@@ -1,0 +1,26 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the whole suite).
+# Each sets up .venv on first use (and again when the package's metadata changes).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): setup.cfg setup.py pyproject.toml $(wildcard _fast/*.pyx _fast/*.pxd)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/mpiexec -n 4 $(PY) examples/allreduce_demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) -m bench.mpi -n 4
+
+clean:
+	rm -rf $(VENV) build *.egg-info

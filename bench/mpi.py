@@ -1,0 +1,33 @@
+"""Run multi-rank pytest-benchmark modules: ``python -m bench.mpi -n 4 [PYTEST ARGS...]``.
+
+Every rank runs pytest with the same fixed rounds (benchmark.pedantic), so the ranks stay
+in step; rank 0 prints the table and writes --benchmark-json (default
+bench/results/allreduce-<n>.json).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=4, help="ranks (default 4)")
+    args, pytest_args = parser.parse_known_args()
+    if not any(a.startswith("--benchmark-json") for a in pytest_args):
+        (HERE / "results").mkdir(exist_ok=True)
+        pytest_args.append(f"--benchmark-json={HERE / 'results' / f'allreduce-{args.n}.json'}")
+    if not any(a.endswith(".py") or "::" in a for a in pytest_args):
+        pytest_args.insert(0, str(HERE / "test_allreduce.py"))
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec), "-n", str(args.n), sys.executable, "-m", "pytest", "-p",
+           "no:cacheprovider", *pytest_args]
+    return subprocess.call(cmd, cwd=HERE.parent)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

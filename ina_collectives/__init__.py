@@ -1,0 +1,91 @@
+"""ina_collectives: allreduce computed in the network, with a ring fallback over mpi4py.
+
+    import ina_collectives as ina
+    ina.init()                                  # MPI.COMM_WORLD, settings from INA_*
+    total = ina.allreduce(grad)                 # SUM over all ranks, a new array
+    ina.allreduce(grad, op=ina.AVERAGE, out=grad)
+    ina.stats()                                 # which engine served, bytes, reasons
+
+For mpi4py code: ``ina_collectives.mpi.Intracomm(MPI.COMM_WORLD)`` is a drop-in
+communicator. Settings: ``python -m ina_collectives.settings`` or docs/settings.md.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import AgreementError, CollectiveTimeout, CommunicatorBroken, InaError
+from .ops import AVERAGE, MAX, MIN, PROD, SUM, Op
+from .settings import Settings
+
+__version__ = "0.1.0"
+__all__ = [
+    "init", "finalize", "is_initialized", "allreduce", "stats", "rank", "size",
+    "Op", "SUM", "PROD", "MIN", "MAX", "AVERAGE", "Settings",
+    "InaError", "AgreementError", "CollectiveTimeout", "CommunicatorBroken",
+]
+
+_state = None  # the Collectives of init()'s communicator
+
+
+def init(comm: Any = None, **settings: Any) -> None:
+    """Start the library on ``comm`` (default MPI.COMM_WORLD); collective over comm.
+
+    Keyword arguments override INA_* environment variables (see Settings). Calling it
+    again with no arguments does nothing; with arguments it needs finalize() first.
+    """
+    global _state
+    if _state is not None:
+        if comm is None and not settings:
+            return
+        raise RuntimeError("ina_collectives is already initialized; call finalize() first "
+                           "to change the communicator or settings")
+    from mpi4py import MPI
+
+    from .collectives import Collectives
+
+    loaded = Settings.load(settings)
+    _state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded)
+
+
+def finalize() -> None:
+    """Release the library's communicator; init() may be called again. Idempotent."""
+    global _state
+    if _state is not None:
+        _state.free()
+        _state = None
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def _require() -> Any:
+    if _state is None:
+        raise RuntimeError("ina_collectives is not initialized: call ina_collectives.init() first")
+    return _state
+
+
+def rank() -> int:
+    return _require().rank
+
+
+def size() -> int:
+    return _require().size
+
+
+def allreduce(array: Any, op: Any = SUM, out: np.ndarray | None = None) -> np.ndarray:
+    """Reduce ``array`` element-wise over all ranks; collective.
+
+    op: SUM (default), PROD, MIN, MAX, AVERAGE (floats), as Op, name or MPI.Op.
+    out: where to write the result (may be ``array`` itself); a new array if None.
+    Returns ``out``. Every rank gets the same bits.
+    """
+    return _require().allreduce(array, op, out)
+
+
+def stats() -> dict[str, Any]:
+    """Counters since init(): calls, bytes, calls and bytes per engine, fallback reasons
+    (why a faster engine declined a call, with counts), and the last call's engine."""
+    return _require().stats.snapshot()

@@ -1,0 +1,143 @@
+"""Collectives on one communicator: checks a call, picks its engine, keeps the stats."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .agreement import CallSignature, agree
+from .engines import AllreduceCall, MpiEngine, RingEngine
+from .errors import AgreementError, CommunicatorBroken
+from .ops import Op, as_op, check_supported, dtype_code
+from .settings import Settings
+from .counters import Stats
+from .waiting import Deadline
+
+log = logging.getLogger("ina_collectives")
+
+
+class Collectives:
+    """The library's state for one communicator (what Horovod calls its global state)."""
+
+    def __init__(self, comm: MPI.Intracomm, settings: Settings):
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise TypeError(f"expected an mpi4py intracommunicator, got {comm!r}")
+        log.setLevel(settings.log_level.upper())
+        # Our own copy of the communicator: the ring's messages never match the user's.
+        self.comm = comm.Dup()
+        self.settings = settings
+        self.stats = Stats()
+        self.engines = [RingEngine(self.comm, settings), MpiEngine(self.comm)]
+        self._seq = 0
+        self._broken: str | None = None
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    def free(self) -> None:
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+        self._broken = "the communicator was freed (finalize)"
+
+    # -- the array API ------------------------------------------------------------------
+
+    def allreduce(self, array: Any, op: Any = Op.SUM, out: np.ndarray | None = None
+                  ) -> np.ndarray:
+        """Reduce ``array`` over all ranks into ``out`` (a new array if None) and return it.
+
+        Any array-like and any memory layout: non-contiguous input or output is staged
+        through a contiguous copy. ``out`` may be ``array`` itself (in place).
+        """
+        ours = as_op(op)
+        if ours is None:
+            raise ValueError(f"op {op!r} is not one of SUM, PROD, MIN, MAX, AVERAGE; "
+                             f"use ina_collectives.mpi.Intracomm.Allreduce for MPI's other ops")
+        src = np.asarray(array)
+        check_supported(src.dtype, ours)
+        if out is None:
+            out = np.empty_like(src, order="C")
+        elif not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        if out.shape != src.shape:
+            raise ValueError(f"out has shape {out.shape}, the input {src.shape}")
+        if out.dtype != src.dtype:
+            raise TypeError(f"out has dtype {out.dtype}, the input {src.dtype}")
+        if not out.flags.writeable:
+            raise ValueError("out is read-only")
+
+        # Ranks must agree element by element, whatever each one's memory layout: the
+        # engines see every array flattened in C order, through a copy where needed.
+        recv = _c_order_view(out)
+        staged = recv is None
+        if staged:
+            recv = np.empty(out.size, dtype=out.dtype)
+        same_memory = (out.ctypes.data == src.ctypes.data and out.strides == src.strides)
+        if staged or same_memory:
+            if staged:
+                recv[...] = src.reshape(-1)
+            send = None  # in place
+        else:
+            send = _c_order_view(src)
+            if send is None or np.may_share_memory(send, recv):
+                send = src.flatten()
+        self.allreduce_flat(send, recv, ours)
+        if staged:
+            out[...] = recv.reshape(out.shape)
+        return out
+
+    def allreduce_flat(self, send: np.ndarray | None, recv: np.ndarray, op: Op) -> None:
+        """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place)."""
+        self._check_usable()
+        check_supported(recv.dtype, op)
+        call = AllreduceCall(send, recv, op)
+        deadline = Deadline(self.settings.timeout)
+        self.check_agreement(CallSignature(
+            CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
+            f"{recv.size} x {recv.dtype} {op.name}"), deadline)
+        passed_over = []
+        for engine in self.engines:
+            reason = engine.declines(call)
+            if reason is None:
+                break
+            passed_over.append(reason)
+        else:
+            raise TypeError(f"no engine can reduce dtype {recv.dtype} with op {op.name}: "
+                            f"{'; '.join(passed_over)}")
+        try:
+            engine.run(call, deadline)
+        except BaseException as exc:
+            # Part of the operation may still be in flight: nothing later is safe.
+            self._broken = f"allreduce #{self._seq} failed in engine {engine.name}: {exc!r}"
+            raise
+        self.stats.record(engine.name, recv.nbytes, passed_over)
+
+    def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None
+                        ) -> None:
+        """Count the call and, if enabled, check that all ranks made it alike."""
+        self._check_usable()
+        self._seq += 1
+        if not self.settings.check_agreement:
+            return
+        try:
+            agree(self.comm, signature, self._seq, deadline or Deadline(self.settings.timeout))
+        except AgreementError:
+            raise  # every rank raised together: the communicator stays usable
+        except BaseException as exc:
+            self._broken = f"the agreement of allreduce #{self._seq} failed: {exc!r}"
+            raise
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise CommunicatorBroken(f"this communicator cannot be used any more: {self._broken}")
+
+
+def _c_order_view(array: np.ndarray) -> np.ndarray | None:
+    """A 1-D view of a C-contiguous array, or None if it has none."""
+    return array.reshape(-1) if array.flags.c_contiguous else None

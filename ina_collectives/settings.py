@@ -1,0 +1,116 @@
+"""Every setting of the library, in one place.
+
+A setting comes from, in order of precedence: a keyword argument of ``init()`` (or of
+``ina_collectives.mpi.Intracomm``), the environment variable ``INA_<NAME>``, the default.
+``python -m ina_collectives.settings`` prints this table; docs/settings.md is the same.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+MiB = 1 << 20
+
+
+def _setting(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    ring_chunk_bytes: int = _setting(
+        1 * MiB,
+        "Bytes per point-to-point message of the ring allreduce; chunks are pipelined "
+        "so reducing one overlaps receiving the next.",
+    )
+    ring_min_bytes: int = _setting(
+        4 * MiB,
+        "Arrays smaller than this go to MPI's own Allreduce, whose latency beats a ring's "
+        "2(n-1) steps below a few MiB (bench/test_allreduce.py measures the crossover). "
+        "0 sends every size to the ring.",
+    )
+    timeout: float = _setting(
+        300.0,
+        "Seconds a collective may wait for its peers before it raises CollectiveTimeout "
+        "naming what it waited for. After a timeout the communicator is unusable.",
+    )
+    check_agreement: bool = _setting(
+        True,
+        "Before each allreduce, check that every rank passes the same length, dtype and op "
+        "(one small allgather); a mismatch raises AgreementError on every rank instead of "
+        "hanging or corrupting data.",
+    )
+    log_level: str = _setting("WARNING", "Level of the 'ina_collectives' logger.")
+
+    def __post_init__(self) -> None:
+        if self.ring_chunk_bytes < 1:
+            raise ValueError(f"ring_chunk_bytes must be >= 1, got {self.ring_chunk_bytes}")
+        if self.ring_min_bytes < 0:
+            raise ValueError(f"ring_min_bytes must be >= 0, got {self.ring_min_bytes}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
+
+    @classmethod
+    def load(cls, overrides: Mapping[str, Any] | None = None,
+             environ: Mapping[str, str] | None = None) -> "Settings":
+        """Settings from keyword overrides, then INA_* variables, then defaults."""
+        environ = os.environ if environ is None else environ
+        overrides = dict(overrides or {})
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise TypeError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        values: dict[str, Any] = {}
+        for name, f in known.items():
+            if name in overrides:
+                values[name] = _coerce(f, overrides[name], f"setting {name}")
+            elif env_name(name) in environ:
+                values[name] = _coerce(f, environ[env_name(name)], env_name(name))
+        return cls(**values)
+
+
+def env_name(name: str) -> str:
+    return "INA_" + name.upper()
+
+
+def _coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
+    kind = type(f.default)
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if kind is int and isinstance(value, str):
+            return int(_parse_size(value))
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{where}: cannot read {value!r} as {kind.__name__}") from None
+
+
+def _parse_size(text: str) -> int:
+    """'65536', '64K', '1M' or '2G' as a number of bytes."""
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if scale > 1 else text
+    return int(digits) * scale
+
+
+def table() -> str:
+    """The settings as a Markdown table (docs/settings.md holds the same)."""
+    rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
+    for f in dataclasses.fields(Settings):
+        rows.append(f"| `{f.name}` | `{env_name(f.name)}` | `{f.default!r}` | {f.metadata['doc']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())

@@ -1,0 +1,63 @@
+"""Run a case of tests/rank_cases.py as a real mpiexec job and collect every rank's result."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mpiexec() -> str:
+    """The mpiexec of the MPI that mpi4py uses (the mpich package installs it beside python)."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("no mpiexec beside the interpreter or on PATH: pip install mpich")
+    return found
+
+
+class JobFailed(AssertionError):
+    pass
+
+
+def run(n: int, case: str, params: dict[str, Any] | None = None, *,
+        env: dict[str, str] | None = None, timeout: float = 120.0) -> list[Any]:
+    """Run ``case`` on ``n`` ranks; returns each rank's return value (or raised exception
+    as ``{"error": type name, "message": str}``), indexed by rank."""
+    with tempfile.TemporaryDirectory(prefix="ina-test-") as out:
+        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "tests.rank_cases",
+               case, json.dumps(params or {}), out]
+        full_env = dict(os.environ, **(env or {}))
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            raise JobFailed(f"{case} on {n} ranks did not finish in {timeout:g} s:\n{output}")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        results = []
+        for rank in range(n):
+            path = Path(out, f"rank{rank}.pkl")
+            if not path.exists():
+                raise JobFailed(f"{case}: rank {rank} left no result (exit {proc.returncode}):"
+                                f"\n{output}")
+            results.append(pickle.loads(path.read_bytes()))
+        if proc.returncode != 0 and not any(isinstance(r, dict) and r.get("abandoned")
+                                            for r in results):
+            raise JobFailed(f"{case}: mpiexec exited {proc.returncode}:\n{output}")
+        return results

@@ -1,0 +1,282 @@
+"""What each rank of a test job runs: ``python -m tests.rank_cases CASE PARAMS OUTDIR``.
+
+A case is a function of (comm, params) run on every rank; its return value, or the
+exception it raised, is pickled to OUTDIR/rank<r>.pkl for the test to check.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import pickle
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import ina_collectives as ina
+from ina_collectives.mpi import Intracomm
+from tests.inputs import make_input
+
+CASES: dict[str, Callable[[MPI.Intracomm, dict], Any]] = {}
+
+
+def case(fn: Callable[[MPI.Intracomm, dict], Any]) -> Callable[[MPI.Intracomm, dict], Any]:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    return {"error": type(exc).__name__, "message": str(exc),
+            "types": [t.__name__ for t in type(exc).__mro__]}
+
+
+@case
+def allreduce_cases(comm: MPI.Intracomm, p: dict) -> list[Any]:
+    """Each of p["cases"] (dtype, op, count, seed) through ina.allreduce."""
+    ina.init(comm, **p.get("settings", {}))
+    results = []
+    for dtype, op, count, seed in p["cases"]:
+        x = make_input(dtype, op, count, seed, comm.rank)
+        try:
+            results.append(ina.allreduce(x, op=op))
+        except Exception as exc:  # recorded for the test to judge
+            results.append(_error(exc))
+    stats = ina.stats()
+    ina.finalize()
+    return {"results": results, "stats": stats}
+
+
+@case
+def layouts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """In place, out=, non-contiguous and Fortran-ordered inputs and outputs; ranks use
+    different layouts for the same logical array."""
+    ina.init(comm, ring_min_bytes=0)
+    rng = np.random.default_rng([7, comm.rank])
+    base = rng.standard_normal((6, 10)).astype(np.float32)
+    out: dict[str, Any] = {"base": base}
+    out["new"] = ina.allreduce(base)
+    same = base.copy()
+    ina.allreduce(same, out=same)
+    out["in_place"] = same
+    fortran = np.asfortranarray(base) if comm.rank % 2 else base.copy()
+    out["fortran"] = ina.allreduce(fortran, out=fortran).copy()
+    strided_in = np.zeros((6, 20), np.float32)
+    strided_in[:, ::2] = base
+    out["strided_in"] = ina.allreduce(strided_in[:, ::2])
+    target = np.zeros((12, 10), np.float32)
+    ina.allreduce(base, out=target[::2])
+    out["strided_out"] = target[::2].copy()
+    out["strided_out_untouched"] = target[1::2].copy()
+    out["scalar"] = ina.allreduce(np.float64(comm.rank))
+    out["list"] = ina.allreduce([1, 2, 3])
+    ina.finalize()
+    return out
+
+
+@case
+def intracomm_forms(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """Every buffer form of Allreduce, the object allreduce, and the calls handed to MPI,
+    each beside MPI's own answer for the same input."""
+    ic = Intracomm(comm, ring_min_bytes=0)
+    r = comm.rank
+    x = (np.arange(1000, dtype=np.float64) + 1) * (r + 1)
+    out: dict[str, Any] = {}
+
+    def both(name: str, run: Callable[[Any], Any]) -> None:
+        out[name] = (run(ic), run(comm))
+
+    def plain(c):
+        y = np.empty_like(x); c.Allreduce(x, y); return y
+    both("plain", plain)
+
+    def typed(c):
+        y = np.empty_like(x); c.Allreduce([x, MPI.DOUBLE], [y, MPI.DOUBLE], op=MPI.MAX); return y
+    both("typed_max", typed)
+
+    def counted(c):
+        y = np.zeros_like(x); c.Allreduce([x, 100, MPI.DOUBLE], [y, 100, MPI.DOUBLE]); return y
+    both("counted", counted)
+
+    def displaced(c):
+        y = np.zeros_like(x)
+        c.Allreduce([x, (50, 10), MPI.DOUBLE], [y, (50, 20), MPI.DOUBLE], op=MPI.MIN)
+        return y
+    both("displaced", displaced)
+
+    def in_place(c):
+        y = x.copy(); c.Allreduce(MPI.IN_PLACE, y, op=MPI.PROD); return y
+    both("in_place_prod", in_place)
+
+    def bytearray_form(c):
+        src = bytearray(np.arange(16, dtype=np.int32).tobytes())
+        dst = bytearray(64)
+        c.Allreduce([src, MPI.INT], [dst, MPI.INT])
+        return np.frombuffer(dst, np.int32).copy()
+    both("bytearray", bytearray_form)
+
+    def array_form(c):
+        src = array.array("d", [1.5, 2.5, r]); dst = array.array("d", [0, 0, 0])
+        c.Allreduce(src, dst); return list(dst)
+    both("array.array", array_form)
+
+    def complex_form(c):  # handed to MPI by the engines (not the ring)
+        y = np.empty(8, np.complex128); c.Allreduce(np.full(8, 1 + 2j * r), y); return y
+    both("complex", complex_form)
+
+    def longdouble(c):  # handed to MPI.Intracomm itself
+        y = np.empty(4, np.longdouble); c.Allreduce(np.full(4, r, np.longdouble), y); return y
+    both("longdouble", longdouble)
+
+    def maxloc(c):
+        return c.allreduce((float(r % 2), r), op=MPI.MAXLOC)  # (value, rank) pairs
+    both("maxloc_objects", maxloc)
+
+    def user_op(c):
+        op = MPI.Op.Create(lambda a, b, dt: np.maximum(
+            np.frombuffer(a, np.float64), np.frombuffer(b, np.float64),
+            out=np.frombuffer(b, np.float64)), commute=True)
+        try:
+            y = np.empty(3); c.Allreduce(np.array([r, -r, 2.0 * r]), y, op=op); return y
+        finally:
+            op.Free()
+    both("user_op", user_op)
+
+    def objects(c):
+        return c.allreduce(r + 1), c.allreduce([r]), c.allreduce(x[:5], op=MPI.SUM)
+    both("objects", objects)
+
+    out["bool_land"] = (lambda y: (ic.Allreduce(np.array([True, r == 0]), y, op=MPI.LAND),
+                                   y)[1])(np.empty(2, bool))
+    out["dup_type"] = type(ic.Dup()).__name__
+    dup = ic.Dup()
+    z = np.empty(3, np.float32)
+    dup.Allreduce(np.full(3, 1.0, np.float32), z)
+    out["dup_allreduce"] = z
+    dup.Free()
+    out["inherited_bcast"] = ic.bcast("hello" if r == 0 else None, root=0)
+    out["stats"] = ic.ina_stats()
+
+    return out
+
+
+@case
+def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """The last rank passes a different length, dtype or op; then a good call follows, which
+    must still work (an agreement error leaves the communicator usable)."""
+    ina.init(comm, ring_min_bytes=0, timeout=30)
+    last = comm.rank == comm.size - 1
+    count, dtype, op = 100, "float32", "sum"
+    if last:
+        count = 101 if p["what"] == "length" else count
+        dtype = "float64" if p["what"] == "dtype" else dtype
+        op = "max" if p["what"] == "op" else op
+    out: dict[str, Any] = {}
+    try:
+        ina.allreduce(np.ones(count, dtype), op=op)
+        out["first"] = "no error"
+    except Exception as exc:
+        out["first"] = _error(exc)
+    out["second"] = ina.allreduce(np.ones(10, np.float32))
+    ina.finalize()
+    return out
+
+
+@case
+def intracomm_disagree(comm: MPI.Intracomm, p: dict) -> Any:
+    """Through the mpi4py API: one rank's buffer is longer."""
+    ic = Intracomm(comm, timeout=30)
+    n = 64 + (comm.rank == 0)
+    try:
+        ic.Allreduce(np.ones(n), np.empty(n))
+        return "no error"
+    except Exception as exc:
+        return _error(exc)
+
+
+@case
+def rank_absent(comm: MPI.Intracomm, p: dict) -> Any:
+    """The last rank never calls allreduce: the others must time out and say for what."""
+    ina.init(comm, timeout=p["timeout"])
+    if comm.rank == comm.size - 1:
+        return {"abandoned": True, "absent": True}
+    try:
+        ina.allreduce(np.ones(1 << 16, np.float32))
+        result: Any = "no error"
+    except Exception as exc:
+        result = _error(exc)
+    try:
+        ina.allreduce(np.ones(4, np.float32))
+        after: Any = "no error"
+    except Exception as exc:
+        after = _error(exc)
+    return {"abandoned": True, "first": result, "after": after}
+
+
+@case
+def local_errors(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """Errors every rank raises before any communication."""
+    out: dict[str, Any] = {}
+    try:
+        ina.allreduce(np.ones(3))
+    except Exception as exc:
+        out["before_init"] = _error(exc)
+    ina.init(comm)
+    attempts = {
+        "average_int": lambda: ina.allreduce(np.ones(3, np.int32), op="average"),
+        "bool_sum": lambda: ina.allreduce(np.ones(3, bool)),
+        "complex_max": lambda: ina.allreduce(np.ones(3, np.complex64), op=ina.MAX),
+        "object_dtype": lambda: ina.allreduce(np.array([object()] * 3)),
+        "bad_op_name": lambda: ina.allreduce(np.ones(3), op="median"),
+        "maxloc": lambda: ina.allreduce(np.ones(3), op=MPI.MAXLOC),
+        "out_shape": lambda: ina.allreduce(np.ones(3), out=np.ones(4)),
+        "out_dtype": lambda: ina.allreduce(np.ones(3), out=np.ones(3, np.float32)),
+        "out_readonly": _readonly,
+        "reinit": lambda: ina.init(comm, timeout=5),
+        "bad_setting": lambda: Intracomm(comm, no_such_setting=1),
+    }
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            out[name] = "no error"
+        except Exception as exc:
+            out[name] = _error(exc)
+    out["still_works"] = ina.allreduce(np.ones(2))
+    ina.finalize()
+    return out
+
+
+def _readonly() -> np.ndarray:
+    a = np.ones(3)
+    a.setflags(write=False)
+    return ina.allreduce(np.ones(3), out=a)
+
+
+def main() -> None:
+    name, params, outdir = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
+    comm = MPI.COMM_WORLD
+    try:
+        result = CASES[name](comm, params)
+    except BaseException as exc:
+        result = _error(exc) | {"traceback": traceback.format_exc()}
+    tmp = outdir / f".rank{comm.rank}.pkl"
+    tmp.write_bytes(pickle.dumps(result))
+    tmp.rename(outdir / f"rank{comm.rank}.pkl")
+    if isinstance(result, dict) and result.get("abandoned"):
+        # Messages of the timed-out call are still posted: MPI_Finalize could wait on them
+        # forever, so leave without it, but only once every rank has left its result (the
+        # launcher kills a job whose rank exits without finalizing).
+        deadline = time.monotonic() + 60
+        while (time.monotonic() < deadline and
+               len(list(outdir.glob("rank*.pkl"))) < comm.size):
+            time.sleep(0.05)
+        sys.stdout.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""ina_collectives.mpi.Intracomm is a drop-in for mpi4py's: same answers as MPI itself."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import mpirun
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_every_buffer_form_matches_mpi(n):
+    (first, *others) = results = mpirun.run(n, "intracomm_forms")
+    for r in results:
+        for name in ("plain", "typed_max", "counted", "displaced", "in_place_prod",
+                     "bytearray", "array.array", "complex", "longdouble", "maxloc_objects",
+                     "user_op"):
+            ours, mpis = r[name]
+            np.testing.assert_allclose(np.asarray(ours), np.asarray(mpis), rtol=1e-12,
+                                       err_msg=name)
+        ours_objs, mpi_objs = r["objects"]
+        assert ours_objs[0] == mpi_objs[0] == n * (n + 1) // 2
+        assert ours_objs[1] == mpi_objs[1] == list(range(n))
+        np.testing.assert_allclose(ours_objs[2], mpi_objs[2])
+        assert isinstance(ours_objs[2], np.ndarray)
+        np.testing.assert_array_equal(r["bool_land"], [True, n == 1])
+        assert r["dup_type"] == "Intracomm"
+        np.testing.assert_array_equal(r["dup_allreduce"], np.full(3, n, np.float32))
+        assert r["inherited_bcast"] == "hello"
+        # counted/displaced leave the rest of the receive buffer alone, like MPI
+        assert (r["counted"][0][100:] == 0).all() and (r["displaced"][0][:20] == 0).all()
+    stats = first["stats"]
+    assert stats["engines"]["ring"] >= 6, stats
+    assert stats["engines"].get("mpi", 0) >= 1, stats  # complex goes to MPI's reduction
+
+
+def test_disagreeing_buffers_raise_on_every_rank():
+    results = mpirun.run(2, "intracomm_disagree")
+    for r in results:
+        assert r["error"] == "AgreementError", r
+        assert "rank 0: 65 x float64" in r["message"] and "rank 1: 64 x float64" in r["message"]
