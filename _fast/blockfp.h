@@ -1,0 +1,133 @@
+/* Block floating point kernels: the per-element loops of the INA fast path.
+ *
+ * Plain C with restrict pointers so that gcc -O3 vectorizes them on baseline x86-64
+ * (SSE2); the Cython modules beside this file call them without the GIL. The rules
+ * are those of ina_collectives/blockfp.py (the NumPy reference) and must give the
+ * same bits. Payload values are int32 in network byte order.
+ */
+#ifndef INA_BLOCKFP_H
+#define INA_BLOCKFP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+/* Byte swapping vectorizes only from SSSE3 on, which baseline x86-64 lacks: each
+ * kernel is compiled for AVX2, SSSE3 and the baseline, and the loader picks the best
+ * one this CPU has (GCC/clang function multiversioning). Portable, no -march=native. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define INA_KERNEL __attribute__((target_clones("avx2", "ssse3", "default"))) static
+#else
+#define INA_KERNEL static inline
+#endif
+
+/* Adding then subtracting 1.5 * 2**52 rounds a double below 2**51 in magnitude to an
+ * integer, half to even (as np.rint): vectorizes where lrint does not. */
+#define INA_ROUND_MAGIC 6755399441055744.0
+
+/* The largest |x| of a float32 block as its bit pattern with the sign cleared: such
+ * patterns order like the magnitudes, and NaN/Inf are those >= 0x7f800000. Integer
+ * max, so it vectorizes without -ffast-math. */
+INA_KERNEL int32_t ina_peak_bits_f32(const float *restrict x, size_t n)
+{
+    int32_t peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        u &= 0x7fffffff;
+        peak = u > peak ? u : peak;
+    }
+    return peak;
+}
+
+INA_KERNEL int64_t ina_peak_bits_f64(const double *restrict x, size_t n)
+{
+    int64_t peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t u;
+        memcpy(&u, &x[i], sizeof u);
+        u &= INT64_C(0x7fffffffffffffff);
+        peak = u > peak ? u : peak;
+    }
+    return peak;
+}
+
+/* Block exponent e with peak < 2**e (frexp's), or INT32_MIN for NaN/Inf. */
+static inline int32_t ina_exponent_f32(int32_t peak, int32_t floor)
+{
+    int32_t biased = peak >> 23;
+    if (biased == 0xff)
+        return INT32_MIN;
+    int32_t e = biased == 0 ? floor : biased - 126;
+    return e > floor ? e : floor;
+}
+
+static inline int32_t ina_exponent_f64(int64_t peak, int32_t floor)
+{
+    int32_t biased = (int32_t)(peak >> 52);
+    if (biased == 0x7ff)
+        return INT32_MIN;
+    int32_t e = biased == 0 ? floor : biased - 1022;
+    return e > floor ? e : floor;
+}
+
+/* int32: the bit length of the largest |x| (|INT32_MIN| = 2**31 has 32). */
+INA_KERNEL int32_t ina_exponent_i32(const int32_t *restrict x, size_t n)
+{
+    uint32_t peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t m = x[i] < 0 ? (uint32_t)0 - (uint32_t)x[i] : (uint32_t)x[i];
+        peak = m > peak ? m : peak;
+    }
+    return peak == 0 ? 0 : 32 - __builtin_clz(peak);
+}
+
+INA_KERNEL void ina_quantize_f32(const float *restrict x, size_t n, double scale,
+                                    uint32_t *restrict out)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = ((double)x[i] * scale + INA_ROUND_MAGIC) - INA_ROUND_MAGIC;
+        out[i] = __builtin_bswap32((uint32_t)(int32_t)v);
+    }
+}
+
+INA_KERNEL void ina_quantize_f64(const double *restrict x, size_t n, double scale,
+                                    uint32_t *restrict out)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = (x[i] * scale + INA_ROUND_MAGIC) - INA_ROUND_MAGIC;
+        out[i] = __builtin_bswap32((uint32_t)(int32_t)v);
+    }
+}
+
+INA_KERNEL void ina_quantize_i32(const int32_t *restrict x, size_t n,
+                                    uint32_t *restrict out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = __builtin_bswap32((uint32_t)x[i]);
+}
+
+/* scale = 2**-shift, times 1/n for AVERAGE: one multiply, one rounding to float. */
+INA_KERNEL void ina_dequantize_f32(const uint32_t *restrict q, size_t n, double scale,
+                                      float *restrict out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (float)((double)(int32_t)__builtin_bswap32(q[i]) * scale);
+}
+
+INA_KERNEL void ina_dequantize_f64(const uint32_t *restrict q, size_t n, double scale,
+                                      double *restrict out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (double)(int32_t)__builtin_bswap32(q[i]) * scale;
+}
+
+INA_KERNEL void ina_dequantize_i32(const uint32_t *restrict q, size_t n,
+                                      int32_t *restrict out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (int32_t)__builtin_bswap32(q[i]);
+}
+
+#endif

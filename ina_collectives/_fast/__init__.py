@@ -1,0 +1,1 @@
+"""Compiled fast path (built from the top-level _fast/ sources by setup.py)."""

@@ -1,0 +1,160 @@
+"""Block floating point: float tensors to int32 switch payloads and back (NumPy reference).
+
+This module is the oracle of the Cython kernels in _fast/ and the fallback when they are
+not built (``ina_collectives.kernels`` chooses); both implement the same functions with
+the same results to the bit. docs/quantization.md derives the rules and the error bound.
+
+A tensor is cut into blocks of K elements (one block = one packet payload). For block b
+every worker proposes ``e_b``, the smallest exponent with max|x| < 2**e_b over its own
+block (never below the dtype's floor ``EXPONENT_MIN``); the switch keeps the max over
+workers, so all workers scale block b by the same power of two:
+
+    shift = 30 - e - floor(log2 n)         q = round_half_even(x * 2**shift)
+
+Then |q| <= 2**(30 - floor(log2 n)) and n * |q| <= 2**31 - 1: the switch's int32 sum of
+n workers cannot overflow. The result is sum(q) * 2**-shift (/ n for AVERAGE).
+
+int32 tensors pass through unscaled (shift 0); their ``e`` is the bit length of max|x|,
+and a block whose agreed ``e + ceil(log2 n) > 31`` could overflow the switch's int32 sum:
+quantizing it raises OverflowError instead of wrapping.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import protocol as P
+
+# The smallest block exponent per dtype. float32/16 reach their subnormals exactly;
+# float64 stops at 2**-990 so that 2**shift stays a finite double (shift <= 1020):
+# float64 values below 2**-990 (1e-298) quantize to 0, within the error bound.
+EXPONENT_MIN = {np.dtype(np.float16): -126, np.dtype(np.float32): -126,
+                np.dtype(np.float64): -990, np.dtype(np.int32): 0}
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+DTYPES = FLOAT_DTYPES + (np.dtype(np.int32),)
+
+
+def nblocks(count: int, k: int) -> int:
+    return -(-count // k)
+
+
+def shift_for(exponent: int, n: int, dtype: np.dtype) -> int:
+    """The power of two a block with agreed ``exponent`` is scaled by, for n workers."""
+    if np.dtype(dtype).kind == "i":
+        return 0
+    return 30 - int(exponent) - (n.bit_length() - 1)
+
+
+def int32_headroom_ok(exponent: int, n: int) -> bool:
+    """Whether n int32 values below 2**exponent in magnitude always sum within int32."""
+    return exponent + (n - 1).bit_length() <= 31
+
+
+def check_int32_headroom(exps: np.ndarray, n: int, first: int = 0) -> None:
+    """OverflowError naming the first int32 block (numbered from ``first``) whose agreed
+    exponent lets n workers' sum overflow int32."""
+    bad = np.flatnonzero(exps.astype(np.int64) + (n - 1).bit_length() > 31)
+    if bad.size:
+        b = int(bad[0])
+        raise OverflowError(f"int32 block {first + b} (agreed exponent {int(exps[b])}) could "
+                            f"overflow the switch's int32 sum of {n} workers")
+
+
+def check_kernel_args(x: np.ndarray, k: int) -> None:
+    if x.ndim != 1 or not x.flags.c_contiguous:
+        raise ValueError(f"expected a 1-D contiguous array, got shape {x.shape}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"block floating point takes float16/32/64 or int32, not {x.dtype}")
+    if not 1 <= k <= P.MAX_ELEMENTS:
+        raise ValueError(f"K must be 1..{P.MAX_ELEMENTS} elements per packet, got {k}")
+
+
+def block_exponents(x: np.ndarray, k: int) -> tuple[np.ndarray, bool]:
+    """Each block's exponent proposal (int16) and whether x holds a NaN or an Inf."""
+    check_kernel_args(x, k)
+    nb = nblocks(x.size, k)
+    floor = EXPONENT_MIN[x.dtype]
+    if x.size == 0:
+        return np.empty(0, np.int16), False
+    pad = nb * k - x.size
+    if x.dtype.kind == "i":
+        mag = np.abs(x.astype(np.int64))
+        peak = np.pad(mag, (0, pad)).reshape(nb, k).max(axis=1)
+        exps = np.array([int(v).bit_length() for v in peak], dtype=np.int64)
+        return np.maximum(exps, floor).astype(np.int16), False
+    wide = np.abs(x.astype(np.float64))
+    nonfinite = not np.isfinite(wide).all()
+    peak = np.pad(wide, (0, pad)).reshape(nb, k).max(axis=1)
+    with np.errstate(invalid="ignore"):
+        _, exps = np.frexp(peak)  # peak = m * 2**e with 0.5 <= m < 1: peak < 2**e
+    exps = np.where(np.isfinite(peak) & (peak > 0), exps, floor)
+    return np.maximum(exps, floor).astype(np.int16), nonfinite
+
+
+def _shifts(exps: np.ndarray, n: int, dtype: np.dtype, count: int, k: int) -> np.ndarray:
+    """The per-element power of two, as a float64 per element of the tensor."""
+    shifts = 30 - exps.astype(np.int64) - (n.bit_length() - 1)
+    return np.repeat(shifts, k)[:count]
+
+
+def quantize(x: np.ndarray, exps: np.ndarray, n: int, k: int) -> np.ndarray:
+    """x as int32 in network byte order, block b scaled by its agreed exponent exps[b]."""
+    check_kernel_args(x, k)
+    _check_exps(exps, x.size, k)
+    if x.dtype.kind == "i":
+        check_int32_headroom(exps, n)
+        return x.astype(">i4")
+    shifts = _shifts(exps, n, x.dtype, x.size, k)
+    scaled = np.ldexp(x.astype(np.float64), shifts)
+    return np.rint(scaled).astype(">i4")
+
+
+def dequantize(q: np.ndarray, exps: np.ndarray, n: int, k: int, out: np.ndarray,
+               average: bool = False) -> None:
+    """Write the aggregated int32 payload q (network order) into out, in out's dtype."""
+    check_kernel_args(out, k)
+    _check_exps(exps, out.size, k)
+    if q.size != out.size:
+        raise ValueError(f"{q.size} aggregated values for an output of {out.size}")
+    values = q.astype(np.int64)
+    if out.dtype.kind == "i":
+        if average:
+            raise ValueError("AVERAGE is not defined for int32")
+        out[...] = values
+        return
+    scale = np.ldexp(1.0, -_shifts(exps, n, out.dtype, out.size, k))
+    if average:
+        scale = scale / n  # folded into the one multiply, as the fast path does
+    out[...] = values * scale  # then one rounding from float64 to the output dtype
+
+
+def error_bound(n: int, exponent: int, dtype: np.dtype, result: np.ndarray | float,
+                average: bool = False) -> np.ndarray:
+    """docs/quantization.md's bound on |result - exact| for one element of a block.
+
+    Each worker's rounding is at most half a quantum 2**-shift; the n roundings add up to
+    n/2 quanta (divided by n for AVERAGE); the conversion of the float64 result to the
+    dtype adds half an ulp of the result.
+    """
+    dtype = np.dtype(dtype)
+    quantum = 2.0 ** -shift_for(exponent, n, dtype)
+    term = n * quantum / 2
+    if average:
+        term /= n
+    r = np.abs(np.asarray(result, dtype=dtype))
+    ulp = np.spacing(r).astype(np.float64)
+    bound = term * (1 + 2.0 ** -40) + ulp / 2
+    if average:
+        bound = bound + r.astype(np.float64) * 2.0 ** -52
+    return bound
+
+
+def _check_exps(exps: np.ndarray, count: int, k: int) -> None:
+    if exps.shape != (nblocks(count, k),):
+        raise ValueError(f"expected {nblocks(count, k)} block exponents, got {exps.shape}")
+
+
+def max_exponent_for(values: float) -> int:
+    """The exponent e with |values| < 2**e (for tests and docs)."""
+    return math.frexp(values)[1]

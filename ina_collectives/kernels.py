@@ -1,0 +1,51 @@
+"""The fast-path kernels: compiled (_fast/) when built, else the NumPy reference.
+
+``INA_KERNELS=numpy`` forces the reference (as msgpack's MSGPACK_PUREPYTHON does), so
+the whole suite can run against both; ``INA_KERNELS=fast`` makes a missing build an
+error instead of a silent fallback. ``BACKEND`` says which one was loaded.
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+from . import blockfp as _ref_blockfp
+from . import packets as _ref_packets
+
+API = ("block_exponents", "quantize", "dequantize", "pack_chunks", "unpack_results")
+
+
+def load(name: str) -> SimpleNamespace:
+    """The kernels of backend ``name`` ("fast" or "numpy"), as one namespace."""
+    if name == "numpy":
+        blockfp, packets = _ref_blockfp, _ref_packets
+    elif name == "fast":
+        try:
+            from ._fast import blockfp, packet as packets
+        except ImportError as exc:
+            raise ImportError(
+                f"the compiled fast path is not built ({exc}); reinstall with "
+                f"'pip install -e .' (needs a C compiler) or set INA_KERNELS=numpy") from exc
+    else:
+        raise ValueError(f"INA_KERNELS must be 'fast' or 'numpy', got {name!r}")
+    found = {f: getattr(blockfp if hasattr(blockfp, f) else packets, f) for f in API}
+    return SimpleNamespace(name=name, **found)
+
+
+def _default() -> SimpleNamespace:
+    wanted = os.environ.get("INA_KERNELS", "")
+    if wanted:
+        return load(wanted)
+    try:
+        return load("fast")
+    except ImportError:
+        return load("numpy")
+
+
+_kernels = _default()
+BACKEND: str = _kernels.name
+block_exponents = _kernels.block_exponents
+quantize = _kernels.quantize
+dequantize = _kernels.dequantize
+pack_chunks = _kernels.pack_chunks
+unpack_results = _kernels.unpack_results

@@ -1,0 +1,101 @@
+"""The INA wire format: one UDP header shared by workers, the software switch and P4.
+
+Every constant of the format is written here once; the Cython packet code
+(_fast/packet.pyx) reads its offsets from this module when it is imported, and
+docs/protocol.md draws the same layout. All fields and the int32 payload are in
+network byte order, because a P4 parser reads them so.
+
+    offset size  field
+     0     1     version          PROTOCOL_VERSION
+     1     1     flags            FLAG_RESULT | FLAG_RETRANSMIT | FLAG_CONTROL
+     2     2     job id
+     4     2     worker id        0 .. n-1 within the job
+     6     1     slot version     0 or 1 (SwitchML's shadow copy)
+     7     1     reserved         0
+     8     4     slot index       0 .. S-1
+    12     4     element offset   of the chunk's first element in the tensor
+    16     2     element count    1 .. K
+    18     2     exponent         int16: the chunk's agreed block exponent e
+    20     2     next proposal    int16: this worker's e for the slot's next chunk
+    22     2     reserved         0
+    24     4*c   payload          c int32 values
+
+``scapy`` users get the same header as a Layer: ``INA`` (bound to UDP port
+``UDP_PORT``); importing it is deferred so that the core never loads scapy.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+PROTOCOL_VERSION = 1
+UDP_PORT = 47474  # the aggregator's well-known port (workers listen on any port)
+
+FLAG_RESULT = 0x01       # aggregator -> worker: the slot's sum
+FLAG_RETRANSMIT = 0x02   # worker -> aggregator: a resend after a timeout
+FLAG_CONTROL = 0x04      # join / leave / probe, no payload aggregation
+
+HEADER = struct.Struct("!BBHHBxIIHhhxx")
+HEADER_BYTES = HEADER.size
+assert HEADER_BYTES == 24
+
+OFF_VERSION = 0
+OFF_FLAGS = 1
+OFF_JOB = 2
+OFF_WORKER = 4
+OFF_SLOT_VERSION = 6
+OFF_SLOT = 8
+OFF_OFFSET = 12
+OFF_COUNT = 16
+OFF_EXPONENT = 18
+OFF_PROPOSAL = 20
+OFF_PAYLOAD = HEADER_BYTES
+
+ELEMENT_BYTES = 4  # int32
+MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
+MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_BYTES) // ELEMENT_BYTES  # K on loopback
+
+
+def elements_for_mtu(mtu: int) -> int:
+    """The largest K whose packet fits a link MTU (IPv4 20 + UDP 8 bytes of headers)."""
+    k = (min(mtu - 28, MAX_DATAGRAM) - HEADER_BYTES) // ELEMENT_BYTES
+    if k < 1:
+        raise ValueError(f"MTU {mtu} leaves no room for a payload after the "
+                         f"{HEADER_BYTES + 28} bytes of headers")
+    return k
+
+
+# What a worker's parser says of a received packet: 0 accepts it, any other value is
+# the reason it was dropped (the index into PARSE_STATUS, counted by the transport).
+PARSE_OK = 0
+PARSE_STATUS = ("ok", "short", "version", "not a result", "foreign job", "bad count",
+                "out of range", "misaligned", "bad exponent")
+(PARSE_SHORT, PARSE_VERSION, PARSE_NOT_RESULT, PARSE_JOB, PARSE_COUNT, PARSE_RANGE,
+ PARSE_MISALIGNED, PARSE_EXPONENT) = range(1, len(PARSE_STATUS))
+
+# Exponent proposals: a worker with nothing more for a slot proposes this, which
+# loses every max; block exponents themselves never go below the dtype's floor.
+PROPOSAL_NONE = -32768
+
+
+def pack_header(*, flags: int, job: int, worker: int, slot_version: int, slot: int,
+                offset: int, count: int, exponent: int, proposal: int,
+                version: int = PROTOCOL_VERSION) -> bytes:
+    return HEADER.pack(version, flags, job, worker, slot_version, slot, offset, count,
+                       exponent, proposal)
+
+
+def unpack_header(data: bytes | memoryview) -> dict[str, int]:
+    if len(data) < HEADER_BYTES:
+        raise ValueError(f"an INA packet has at least {HEADER_BYTES} bytes, got {len(data)}")
+    fields = HEADER.unpack_from(data)
+    names = ("version", "flags", "job", "worker", "slot_version", "slot", "offset", "count",
+             "exponent", "proposal")
+    return dict(zip(names, fields))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "INA":
+        from ._scapy_layer import INA
+        return INA
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
