@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): setup.cfg setup.py pyproject.toml $(wildcard _fast/*.pyx _fast/*.pxd)
+$(STAMP): setup.cfg setup.py pyproject.toml $(wildcard _fast/*.pyx _fast/*.pxd _fast/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -20,6 +20,8 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
+	mkdir -p bench/results
+	$(PY) -m pytest -p no:cacheprovider bench/test_fast_path.py --benchmark-json=bench/results/fast_path.json
 	$(PY) -m bench.mpi -n 4
 
 clean:

@@ -126,7 +126,8 @@ def dequantize(q: np.ndarray, exps: np.ndarray, n: int, k: int, out: np.ndarray,
     scale = np.ldexp(1.0, -_shifts(exps, n, out.dtype, out.size, k))
     if average:
         scale = scale / n  # folded into the one multiply, as the fast path does
-    out[...] = values * scale  # then one rounding from float64 to the output dtype
+    with np.errstate(over="ignore"):  # a sum beyond the dtype's range is +-inf, as in C
+        out[...] = values * scale  # then one rounding from float64 to the output dtype
 
 
 def error_bound(n: int, exponent: int, dtype: np.dtype, result: np.ndarray | float,

@@ -1,0 +1,170 @@
+"""INA packets: every header field the fast path writes, checked through the scapy Layer;
+results parsed back, and malformed or foreign ones rejected without touching the output."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ina_collectives import kernels as kernel_module
+from ina_collectives import protocol as P
+from ina_collectives.protocol import INA
+
+BACKENDS = ["fast", "numpy"]
+
+
+@pytest.fixture(params=BACKENDS)
+def kernels(request):
+    return kernel_module.load(request.param)
+
+
+def ring(rows: int, k: int) -> np.ndarray:
+    return np.zeros((rows, P.HEADER_BYTES + P.ELEMENT_BYTES * k), np.uint8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 500), k=st.integers(1, 64), slots=st.integers(1, 9),
+       n=st.integers(1, 32), version_base=st.integers(0, 1), job=st.integers(0, 65535),
+       worker=st.integers(0, 65535), flags=st.sampled_from([0, P.FLAG_RETRANSMIT]),
+       dtype=st.sampled_from(["float16", "float32", "float64", "int32"]), data=st.data())
+def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, version_base, job,
+                                              worker, flags, dtype, data):
+    kernels = kernel_module.load(backend)
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal(size) * 100).astype(dtype)
+    local, _ = kernels.block_exponents(x, k)
+    agreed = local + np.int16(data.draw(st.integers(0, 2)))
+    nb = local.size
+    first = data.draw(st.integers(0, nb - 1))
+    count = data.draw(st.integers(0, nb - first))
+    rows = ring(max(count, 1), k)
+    lengths = kernels.pack_chunks(x, k, n, agreed, local, first, count, rows, slots,
+                                  version_base, job, worker, flags)
+    assert lengths.shape == (count,)
+    payload_all = kernels.quantize(x, agreed, n, k)
+    for i, c in enumerate(range(first, first + count)):
+        pkt = INA(rows[i, :lengths[i]].tobytes())
+        start, stop = c * k, min(c * k + k, size)
+        assert (pkt.version, int(pkt.flags), pkt.job, pkt.worker) == (
+            P.PROTOCOL_VERSION, flags, job, worker)
+        assert pkt.slot == c % slots
+        assert pkt.slot_version == ((c // slots) + version_base) % 2
+        assert (pkt.offset, pkt.count) == (start, stop - start)
+        assert pkt.exponent == agreed[c]
+        assert pkt.proposal == (local[c + slots] if c + slots < nb else P.PROPOSAL_NONE)
+        assert pkt.reserved1 == 0 and pkt.reserved2 == 0
+        assert pkt.values == payload_all[start:stop].astype(np.int64).tolist()
+        assert lengths[i] == P.HEADER_BYTES + 4 * (stop - start) == len(pkt)
+
+
+def test_scapy_builds_what_the_parser_takes(kernels):
+    k, n = 4, 2
+    values = [3 << 20, -(5 << 20), 7, 0]
+    raw = bytes(INA(flags="RESULT", job=9, worker=0, slot=2, offset=4, exponent=1,
+                    values=values))
+    rows = ring(1, k)
+    rows[0, :len(raw)] = np.frombuffer(raw, np.uint8)
+    out = np.zeros(8, np.float32)
+    status = kernels.unpack_results(rows, np.array([len(raw)]), out, n, k, job=9)
+    assert status.tolist() == [P.PARSE_OK]
+    shift = 30 - 1 - 1  # exponent 1, n = 2
+    np.testing.assert_array_equal(out[4:], np.array(values) * 2.0**-shift)
+    assert (out[:4] == 0).all()
+
+
+def test_round_trip_through_results_with_average(kernels):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(1000).astype(np.float32)
+    k, n = 64, 1
+    exps, _ = kernels.block_exponents(x, k)
+    rows = ring(16, k)
+    lengths = kernels.pack_chunks(x, k, n, exps, exps, 0, 16, rows, 16, 0, 3, 0)
+    rows[:, P.OFF_FLAGS] |= P.FLAG_RESULT
+    out = np.full_like(x, np.nan)
+    order = rng.permutation(16)  # results arrive in any order
+    status = kernels.unpack_results(rows[order].copy(), lengths[order], out, n, k, 3)
+    assert (status == P.PARSE_OK).all()
+    np.testing.assert_allclose(out, x, rtol=0, atol=2.0**-28)
+    # Packed for n=4 and read back as AVERAGE: one worker's payload stands for the sum,
+    # so the result is x / 4, with 1/n folded into the scale.
+    lengths = kernels.pack_chunks(x, k, 4, exps, exps, 0, 16, rows, 16, 0, 3, 0)
+    rows[:, P.OFF_FLAGS] |= P.FLAG_RESULT
+    avg = np.empty_like(x)
+    status = kernels.unpack_results(rows, lengths, avg, 4, k, 3, average=True)
+    assert (status == P.PARSE_OK).all()
+    np.testing.assert_allclose(avg, x / 4, rtol=0, atol=2.0**-28)
+
+
+def _result_row(k: int, **fields) -> tuple[np.ndarray, int]:
+    header = dict(flags=P.FLAG_RESULT, job=1, worker=0, slot_version=0, slot=0, offset=0,
+                  count=k, exponent=0, proposal=P.PROPOSAL_NONE)
+    header.update(fields)
+    count = header["count"]
+    raw = P.pack_header(**header) + np.arange(count, dtype=">i4").tobytes()
+    rows = ring(1, k)
+    rows[0, :len(raw)] = np.frombuffer(raw, np.uint8)
+    return rows, len(raw)
+
+
+@pytest.mark.parametrize("fields, length_delta, reason", [
+    ({}, -(P.HEADER_BYTES + 16) + 10, P.PARSE_SHORT),
+    ({"version": 2}, 0, P.PARSE_VERSION),
+    ({"flags": 0}, 0, P.PARSE_NOT_RESULT),
+    ({"flags": P.FLAG_RETRANSMIT}, 0, P.PARSE_NOT_RESULT),
+    ({"job": 2}, 0, P.PARSE_JOB),
+    ({"offset": 2}, 0, P.PARSE_MISALIGNED),
+    ({"offset": 12}, 0, P.PARSE_RANGE),
+    ({"count": 3}, 0, P.PARSE_COUNT),
+    ({}, -4, P.PARSE_COUNT),
+    ({"exponent": 129}, 0, P.PARSE_EXPONENT),
+    ({"exponent": -127}, 0, P.PARSE_EXPONENT),
+])
+def test_malformed_and_foreign_results_are_rejected_untouched(kernels, fields, length_delta,
+                                                              reason):
+    k = 4
+    rows, length = _result_row(k, **fields)
+    out = np.full(10, 7.0, np.float32)
+    status = kernels.unpack_results(rows, np.array([length + length_delta]), out, 2, k, 1)
+    assert P.PARSE_STATUS[status[0]] == P.PARSE_STATUS[reason]
+    assert (out == 7.0).all()
+
+
+def test_garbage_never_crashes_or_writes_out_of_bounds(kernels):
+    rng = np.random.default_rng(11)
+    k = 8
+    rows = rng.integers(0, 256, (200, P.HEADER_BYTES + 4 * k), dtype=np.uint8)
+    rows[::2, P.OFF_VERSION] = P.PROTOCOL_VERSION
+    rows[::2, P.OFF_FLAGS] = P.FLAG_RESULT
+    rows[::4, P.OFF_JOB:P.OFF_JOB + 2] = 0
+    lengths = rng.integers(0, rows.shape[1] + 50, 200).astype(np.int32)
+    guard = np.zeros(40, np.float64)
+    out = guard[10:30]
+    kernels.unpack_results(rows, lengths, out, 3, k, 0)
+    assert (guard[:10] == 0).all() and (guard[30:] == 0).all()
+
+
+def test_ring_and_chunk_arguments_are_checked(kernels):
+    x = np.ones(10, np.float32)
+    exps, _ = kernels.block_exponents(x, 4)
+    with pytest.raises(ValueError, match="cannot hold a header and 4 elements"):
+        kernels.pack_chunks(x, 4, 2, exps, exps, 0, 3, ring(3, 3), 2, 0, 0, 0)
+    with pytest.raises(ValueError, match="do not fit a ring of 2 rows"):
+        kernels.pack_chunks(x, 4, 2, exps, exps, 0, 3, ring(2, 4), 2, 0, 0, 0)
+    with pytest.raises(ValueError, match="outside the tensor's 3 chunks"):
+        kernels.pack_chunks(x, 4, 2, exps, exps, 2, 2, ring(2, 4), 2, 0, 0, 0)
+
+
+def test_header_constants():
+    assert P.HEADER.size == P.HEADER_BYTES == P.OFF_PAYLOAD == len(INA())
+    assert P.elements_for_mtu(1500) == (1500 - 28 - 24) // 4
+    assert P.elements_for_mtu(65535) == P.MAX_ELEMENTS
+    with pytest.raises(ValueError, match="MTU 40"):
+        P.elements_for_mtu(40)
+    fields = P.unpack_header(P.pack_header(flags=1, job=2, worker=3, slot_version=1, slot=4,
+                                           offset=5, count=6, exponent=-7, proposal=8))
+    assert fields == {"version": 1, "flags": 1, "job": 2, "worker": 3, "slot_version": 1,
+                      "slot": 4, "offset": 5, "count": 6, "exponent": -7, "proposal": 8}
+    with pytest.raises(ValueError, match="at least 24 bytes"):
+        P.unpack_header(b"\x01\x00")
