@@ -11,14 +11,15 @@ from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
 FAST = HERE / "_fast"
-shared = [str(p.relative_to(HERE)) for p in sorted(FAST.glob("*.h")) + sorted(FAST.glob("*.pxd"))]
+shared = [str(p.relative_to(HERE)) for pattern in ("*.h", "*.pxd", "*.pxi")
+          for p in sorted(FAST.glob(pattern))]
 extensions = [
     Extension(
         f"ina_collectives._fast.{src.stem}",
         [str(src.relative_to(HERE))],
         include_dirs=[numpy.get_include(), "_fast"],
         depends=shared,
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), ("_GNU_SOURCE", None)],
         extra_compile_args=["-O3", "-fno-math-errno"],
     )
     for src in sorted(FAST.glob("*.pyx"))

@@ -14,6 +14,9 @@ cdef extern from "blockfp.h" nogil:
     void ina_dequantize_f32(const uint32_t *q, size_t n, double scale, float *out)
     void ina_dequantize_f64(const uint32_t *q, size_t n, double scale, double *out)
     void ina_dequantize_i32(const uint32_t *q, size_t n, int32_t *out)
+    void ina_accumulate_be32(uint32_t *acc, const uint32_t *q, size_t n)
+    void ina_load_be32(uint32_t *acc, const uint32_t *q, size_t n)
+    void ina_store_be32(uint32_t *out, const uint32_t *acc, size_t n)
 
 # Element types the kernels take directly (float16 is widened by the callers).
 cdef enum Kind:

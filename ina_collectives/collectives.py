@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .agreement import CallSignature, agree
-from .engines import AllreduceCall, MpiEngine, RingEngine
+from .engines import AllreduceCall, InaEngine, MpiEngine, RingEngine
 from .errors import AgreementError, CommunicatorBroken
 from .ops import Op, as_op, check_supported, dtype_code
 from .settings import Settings
@@ -29,7 +29,10 @@ class Collectives:
         self.comm = comm.Dup()
         self.settings = settings
         self.stats = Stats()
-        self.engines = [RingEngine(self.comm, settings), MpiEngine(self.comm)]
+        ring = RingEngine(self.comm, settings)
+        # Without INA_SWITCH there is no INA engine at all (no fallback reason to count).
+        self.ina = InaEngine(self.comm, settings, ring) if settings.switch else None
+        self.engines = ([self.ina] if self.ina else []) + [ring, MpiEngine(self.comm)]
         self._seq = 0
         self._broken: str | None = None
 
@@ -42,6 +45,8 @@ class Collectives:
         return self.comm.Get_rank()
 
     def free(self) -> None:
+        if self.ina is not None:
+            self.ina.close()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
         self._broken = "the communicator was freed (finalize)"
@@ -111,12 +116,15 @@ class Collectives:
             raise TypeError(f"no engine can reduce dtype {recv.dtype} with op {op.name}: "
                             f"{'; '.join(passed_over)}")
         try:
-            engine.run(call, deadline)
+            handed_over = engine.run(call, deadline)
         except BaseException as exc:
             # Part of the operation may still be in flight: nothing later is safe.
             self._broken = f"allreduce #{self._seq} failed in engine {engine.name}: {exc!r}"
             raise
-        self.stats.record(engine.name, recv.nbytes, passed_over)
+        if handed_over is not None:  # the engine gave the call to the ring midway
+            self.stats.record("ring", recv.nbytes, passed_over + [handed_over])
+        else:
+            self.stats.record(engine.name, recv.nbytes, passed_over)
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None
                         ) -> None:

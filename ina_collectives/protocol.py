@@ -65,6 +65,17 @@ def elements_for_mtu(mtu: int) -> int:
     return k
 
 
+# Control packets (FLAG_CONTROL): the payload is int32 values, the first one the op.
+# Replies carry FLAG_CONTROL | FLAG_RESULT and the payload [op, status].
+CTRL_JOIN = 1     # [JOIN, n workers, K, S]: the sender is worker `worker` of job `job`
+CTRL_LEAVE = 2    # [LEAVE]: the sender is done; the job is freed when all have left
+CTRL_PROBE = 3    # [PROBE]: is an aggregator there?
+CTRL_FAULTS = 4   # [FAULTS, drop_in, drop_out, duplicate_out, reorder_out] in ppm
+JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
+               "worker id taken by another address", "no room for the job")
+MAX_WORKERS = 64  # one bit each in the switch's per-slot bitmap
+
+
 # What a worker's parser says of a received packet: 0 accepts it, any other value is
 # the reason it was dropped (the index into PARSE_STATUS, counted by the transport).
 PARSE_OK = 0

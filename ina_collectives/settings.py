@@ -43,6 +43,36 @@ class Settings:
         "hanging or corrupting data.",
     )
     log_level: str = _setting("WARNING", "Level of the 'ina_collectives' logger.")
+    switch: str = _setting(
+        "",
+        "The aggregator as host:port (e.g. 127.0.0.1:47474). Empty: no in-network "
+        "aggregation, every call takes the ring or MPI.",
+    )
+    switch_slots: int = _setting(
+        8,
+        "S: packets each worker keeps in flight (one per switch slot). The switch's receive "
+        "buffer must hold n x S packets.",
+    )
+    switch_elements: int = _setting(
+        0,
+        "K: int32 values per packet; 0 takes the largest a datagram holds (16370 on "
+        "loopback). Give (MTU - 52) / 4 for a real link, or the P4 build's K.",
+    )
+    switch_min_bytes: int = _setting(
+        256 * 1024,
+        "Arrays smaller than this skip the aggregator (its round trip beats nothing below "
+        "a few hundred KiB; bench/test_allreduce.py measures the crossover).",
+    )
+    switch_join_timeout: float = _setting(
+        3.0, "Seconds each rank waits for the aggregator to accept the job at init.")
+    switch_silence: float = _setting(
+        3.0,
+        "Seconds without any result after which a rank declares the aggregator dead; the "
+        "ranks then agree, finish that call on the ring and stay on the ring.",
+    )
+    retransmit_timeout: float = _setting(
+        0.02, "Initial retransmission timeout of a packet, in seconds; doubles per resend.")
+    retransmit_max: float = _setting(0.5, "Largest retransmission timeout, in seconds.")
 
     def __post_init__(self) -> None:
         if self.ring_chunk_bytes < 1:
@@ -51,6 +81,13 @@ class Settings:
             raise ValueError(f"ring_min_bytes must be >= 0, got {self.ring_min_bytes}")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if not 1 <= self.switch_slots <= 65536:
+            raise ValueError(f"switch_slots must be 1..65536, got {self.switch_slots}")
+        if not 0 <= self.switch_elements <= 16370:
+            raise ValueError(f"switch_elements must be 0..16370, got {self.switch_elements}")
+        for name in ("switch_join_timeout", "switch_silence", "retransmit_timeout", "retransmit_max"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 

@@ -1,0 +1,176 @@
+# cython: language_level=3
+"""The worker's data path: a tensor streamed through the aggregator, windowed and reliable.
+
+One packet in flight per slot (S in all), self-clocked by results: the result of chunk c
+frees slot c mod S for chunk c + S, whose agreed exponent the result carries (the max of
+all workers' proposals). A per-slot timer resends with exponential backoff; each
+chunk's result is applied to the output exactly once (a result for a chunk not in
+flight in its slot, with its version, is stale and dropped). Runs without the GIL.
+"""
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
+from libc.string cimport memcpy, memset
+
+import numpy as np
+
+from blockfp_kernels cimport KIND_F32
+from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
+                    recvmmsg, sendto, sockaddr, sockaddr_in)
+
+from ina_collectives import protocol as P
+
+include "wire.pxi"
+
+cdef enum:
+    BATCH = 32
+
+# What stream() returns as its first value.
+cdef enum:
+    DONE, SILENT, TIMEOUT, SEND_FAILED
+STATUS = ("done", "the aggregator went silent", "the operation's deadline passed",
+          "sendto failed")
+
+
+def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
+           const int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
+           int n, Py_ssize_t k, int job, int worker, bint average,
+           double rto, double rto_max, double silence, double deadline):
+    """Allreduce x (1-D float32/float64) into out through the aggregator.
+
+    local: this worker's block exponents; agreed: the first window's agreed exponents
+    (the rest are filled in from results); versions: each slot's next version, updated.
+    Returns (status, counters dict, chunks not completed as an array).
+    """
+    cdef Kind kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
+    cdef const uint8_t[::1] xin = x.view(np.uint8)
+    cdef uint8_t[::1] xout = out.view(np.uint8)
+    cdef Py_ssize_t size = x.size, itemsize = x.itemsize
+    cdef Py_ssize_t nb = local.shape[0], slots = versions.shape[0]
+    cdef Py_ssize_t width = HEADER + 4 * k, i, c, s, got
+    ring = np.zeros((slots, width), np.uint8)           # the packet in flight per slot
+    inbox = np.zeros((BATCH, 65536), np.uint8)
+    cdef uint8_t[:, ::1] rows = ring
+    cdef uint8_t[:, ::1] rx = inbox
+    inflight_arr = np.full(slots, -1, np.int64)
+    cdef int64_t[::1] inflight = inflight_arr
+    cdef double[::1] sent_at = np.zeros(slots)
+    cdef double[::1] timer = np.full(slots, rto)
+    cdef int32_t[::1] lengths = np.zeros(slots, np.int32)
+    done_arr = np.zeros(nb, np.uint8)
+    cdef uint8_t[::1] done = done_arr
+    cdef sockaddr_in to
+    memset(&to, 0, sizeof(to))
+    to.sin_family = AF_INET
+    to.sin_addr.s_addr = switch_addr_be
+    to.sin_port = switch_port_be
+    cdef mmsghdr msgs[BATCH]
+    cdef iovec iovs[BATCH]
+    cdef pollfd pfd
+    pfd.fd = fd
+    pfd.events = POLLIN
+    cdef Py_ssize_t completed = 0, sent = 0, resent = 0, stale = 0, rejected = 0
+    cdef int status = DONE, wait_ms, parsed, ver
+    cdef double now, start = monotonic(), last_result, next_timer
+    cdef Py_ssize_t offset, chunk
+    cdef const uint8_t *pkt
+    last_result = start
+    if nb == 0:
+        return DONE, {}, np.zeros(0, np.int64)
+    with nogil:
+        for c in range(min(slots, nb)):
+            if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, versions,
+                          <const char *>&xin[0], size, kind, c, k, n, agreed, local,
+                          slots, nb, job, worker, rto, 0) < 0:
+                status = SEND_FAILED
+                break
+            sent += 1
+        while status == DONE and completed < nb:
+            now = monotonic()
+            if now - start > deadline:
+                status = TIMEOUT
+                break
+            if now - last_result > silence:
+                status = SILENT
+                break
+            next_timer = now + 0.05
+            for s in range(slots):
+                if inflight[s] >= 0 and sent_at[s] + timer[s] < next_timer:
+                    next_timer = sent_at[s] + timer[s]
+            wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
+            for i in range(BATCH):
+                iovs[i].iov_base = &rx[i, 0]
+                iovs[i].iov_len = 65536
+                memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
+                msgs[i].msg_hdr.msg_iov = &iovs[i]
+                msgs[i].msg_hdr.msg_iovlen = 1
+            got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
+            if got <= 0:
+                if wait_ms > 0:
+                    poll(&pfd, 1, wait_ms)
+                got = 0
+            now = monotonic()
+            for i in range(got):
+                pkt = &rx[i, 0]
+                if msgs[i].msg_len < <unsigned int>HEADER:
+                    rejected += 1
+                    continue
+                s = get32(pkt + OFF_SLOT)
+                offset = get32(pkt + OFF_OFFSET)
+                chunk = offset // k
+                ver = pkt[OFF_SLOT_VERSION]
+                if (s >= slots or inflight[s] != chunk or chunk >= nb or done[chunk]
+                        or ver != versions[s] or get16(pkt + OFF_JOB) != job
+                        or pkt[OFF_FLAGS] & FLAG_CONTROL):
+                    stale += 1
+                    continue
+                parsed = parse_result(pkt, msgs[i].msg_len, <char *>&xout[0], size, kind, k,
+                                      n, average, job, -32767, 32767)
+                if parsed != PARSE_OK:
+                    rejected += 1
+                    continue
+                done[chunk] = 1
+                completed += 1
+                last_result = now
+                inflight[s] = -1
+                versions[s] ^= 1
+                c = chunk + slots
+                if c < nb:
+                    agreed[c] = <int16_t>get16(pkt + OFF_PROPOSAL)
+                    if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, versions,
+                                  <const char *>&xin[0], size, kind, c, k, n, agreed, local,
+                                  slots, nb, job, worker, rto, 0) < 0:
+                        status = SEND_FAILED
+                        break
+                    sent += 1
+            # Retransmit what timed out, backing off.
+            for s in range(slots):
+                if status == DONE and inflight[s] >= 0 and now - sent_at[s] >= timer[s]:
+                    rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
+                    if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>&to,
+                              sizeof(to)) < 0:
+                        status = SEND_FAILED
+                        break
+                    sent_at[s] = now
+                    timer[s] = min(timer[s] * 2, rto_max)
+                    resent += 1
+    missing = np.flatnonzero(done_arr == 0)
+    counters = {"sent": sent, "retransmitted": resent, "stale": stale, "rejected": rejected,
+                "seconds": monotonic() - start}
+    return status, counters, missing
+
+
+cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] lengths,
+                    int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
+                    uint8_t[::1] versions, const char *x, Py_ssize_t size, Kind kind,
+                    Py_ssize_t c, Py_ssize_t k, int n, int16_t[::1] agreed,
+                    const int16_t[::1] local, Py_ssize_t slots, Py_ssize_t nb, int job,
+                    int worker, double rto, int flags) noexcept nogil:
+    cdef Py_ssize_t s = c % slots
+    cdef int proposal = local[c + slots] if c + slots < nb else PROPOSAL_NONE
+    lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, n, agreed[c],
+                                       proposal, <uint32_t>s, versions[s], job, worker, flags)
+    inflight[s] = c
+    sent_at[s] = monotonic()
+    timer[s] = rto
+    if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>to, sizeof(sockaddr_in)) < 0:
+        return -1
+    return 0

@@ -1,0 +1,193 @@
+"""The software aggregator: ``ina-switch`` / ``python -m ina_collectives.switch``.
+
+A UDP server with the semantics a P4 switch has (docs/protocol.md): the data path is
+the compiled ``Aggregator`` (_fast/switch_loop.pyx); this module is its control side:
+jobs joining and leaving, idle jobs freed, fault injection, a periodic status line, and
+a clean stop on SIGINT/SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+
+from . import protocol as P
+
+log = logging.getLogger("ina_collectives.switch")
+
+RCVBUF = SNDBUF = 4 << 20  # net.core.rmem_max here; the defaults overflow at line rate
+
+
+class SoftwareSwitch:
+    """An aggregator on one UDP socket."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = P.UDP_PORT,
+                 idle_seconds: float = 60.0, max_job_bytes: int = 256 << 20):
+        from ._fast.switch_loop import DROP_REASONS, Aggregator
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+        self.sock.bind((host, port))
+        self.address = self.sock.getsockname()
+        self.aggregator = Aggregator(self.sock.fileno())
+        self.drop_reasons = DROP_REASONS
+        self.idle_seconds = idle_seconds
+        self.max_job_bytes = max_job_bytes
+        self.control_counts = {"joins": 0, "refusals": 0, "leaves": 0, "jobs freed idle": 0}
+        self._stop = False
+
+    def stop(self, *_: object) -> None:
+        self._stop = True
+
+    def serve(self, stats_interval: float = 0.0, duration: float | None = None) -> None:
+        """Run until stop() (or SIGINT/SIGTERM, set up by main) or ``duration`` seconds."""
+        started = last_stats = last_idle = time.monotonic()
+        while not self._stop:
+            for packet, addr, port in self.aggregator.run(100):
+                self._control(packet, addr, port)
+            now = time.monotonic()
+            if stats_interval and now - last_stats >= stats_interval:
+                print(self.status_line(), flush=True)
+                last_stats = now
+            if now - last_idle >= 1.0:
+                for job in self.aggregator.idle_jobs(self.idle_seconds):
+                    log.warning("job %d sent nothing for %g s: freed", job, self.idle_seconds)
+                    self.aggregator.free_job(job)
+                    self.control_counts["jobs freed idle"] += 1
+                last_idle = now
+            if duration is not None and now - started >= duration:
+                break
+        self.sock.close()
+
+    def stats(self) -> dict:
+        a = self.aggregator
+        return {"packets_in": a.packets_in, "packets_out": a.packets_out,
+                "results": a.results, "retransmits_answered": a.retransmits_answered,
+                "slots_busy": a.busy_slots(), "drops": a.drop_counts(),
+                "faults": a.faults(), **self.control_counts}
+
+    def status_line(self) -> str:
+        s = self.stats()
+        drops = ", ".join(f"{k} {v}" for k, v in s["drops"].items()) or "none"
+        return (f"ina-switch {self.address[0]}:{self.address[1]}: in {s['packets_in']} "
+                f"out {s['packets_out']} results {s['results']} busy slots "
+                f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
+                f"drops: {drops}")
+
+    # -- control packets -------------------------------------------------------------
+
+    def _control(self, packet: bytes, addr_be: int, port_be: int) -> None:
+        head = P.unpack_header(packet)
+        body = np.frombuffer(packet[P.HEADER_BYTES:], ">i4")
+        if body.size < 1:
+            return
+        op, job, worker = int(body[0]), head["job"], head["worker"]
+        if op == P.CTRL_JOIN and body.size >= 4:
+            status = self._join(job, worker, int(body[1]), int(body[2]), int(body[3]),
+                                addr_be, port_be)
+        elif op == P.CTRL_LEAVE:
+            self.control_counts["leaves"] += 1
+            if self.aggregator.leave(job, worker):
+                log.info("job %d: every worker left, slots freed", job)
+            status = 0
+        elif op == P.CTRL_PROBE:
+            status = 0
+        elif op == P.CTRL_FAULTS and body.size >= 5:
+            if addr_be != struct.unpack("=I", socket.inet_aton("127.0.0.1"))[0]:
+                return  # faults only from this machine
+            self.aggregator.set_faults(*(int(v) / 1e6 for v in body[1:5]))
+            log.warning("fault injection now %s", self.aggregator.faults())
+            status = 0
+        else:
+            return
+        reply = P.pack_header(flags=P.FLAG_CONTROL | P.FLAG_RESULT, job=job, worker=worker,
+                              slot_version=0, slot=0, offset=0, count=2, exponent=0,
+                              proposal=P.PROPOSAL_NONE)
+        self.aggregator.reply(reply + np.array([op, status], ">i4").tobytes(), addr_be,
+                              port_be)
+
+    def _join(self, job: int, worker: int, n: int, k: int, slots: int, addr_be: int,
+              port_be: int) -> int:
+        if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= k <= P.MAX_ELEMENTS
+                and 1 <= slots <= 65536):
+            self.control_counts["refusals"] += 1
+            return 1
+        shape = self.aggregator.job_shape(job)
+        if shape is None:
+            if 2 * slots * k * 8 > self.max_job_bytes:
+                self.control_counts["refusals"] += 1
+                return 4
+            if not self.aggregator.add_job(job, n, k, slots):
+                return 4
+            log.info("job %d: %d workers, K %d, S %d", job, n, k, slots)
+        elif shape != (n, k, slots):
+            self.control_counts["refusals"] += 1
+            return 2
+        if not self.aggregator.set_worker(job, worker, addr_be, port_be):
+            self.control_counts["refusals"] += 1
+            return 3
+        self.control_counts["joins"] += 1
+        return 0
+
+
+def send_faults(address: tuple[str, int], drop_in: float = 0, drop_out: float = 0,
+                duplicate_out: float = 0, reorder_out: float = 0,
+                timeout: float = 2.0) -> None:
+    """Change a running switch's fault injection (from this machine)."""
+    header = P.pack_header(flags=P.FLAG_CONTROL, job=0, worker=0, slot_version=0, slot=0,
+                           offset=0, count=5, exponent=0, proposal=P.PROPOSAL_NONE)
+    body = np.array([P.CTRL_FAULTS] + [round(p * 1e6) for p in
+                                       (drop_in, drop_out, duplicate_out, reorder_out)], ">i4")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout)
+        s.sendto(header + body.tobytes(), address)
+        try:
+            s.recvfrom(1024)
+        except socket.timeout:
+            raise TimeoutError(f"the switch at {address[0]}:{address[1]} did not confirm "
+                               f"the fault settings within {timeout:g} s") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ina-switch", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=P.UDP_PORT,
+                        help=f"UDP port (default {P.UDP_PORT}; 0 picks a free one)")
+    parser.add_argument("--idle", type=float, default=60.0,
+                        help="free a job that sent nothing for this many seconds")
+    parser.add_argument("--max-job-mib", type=int, default=256,
+                        help="refuse a job whose slots need more memory than this")
+    parser.add_argument("--stats-interval", type=float, default=0.0,
+                        help="print a status line every so many seconds (0: never)")
+    parser.add_argument("--log-level", default="INFO")
+    for name in ("drop-in", "drop-out", "duplicate-out", "reorder-out"):
+        parser.add_argument(f"--{name}", type=float, default=0.0,
+                            help="fault injection: probability per packet")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="ina-switch %(levelname)s %(message)s")
+    try:
+        switch = SoftwareSwitch(args.host, args.port, args.idle, args.max_job_mib << 20)
+    except OSError as exc:
+        print(f"ina-switch: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    switch.aggregator.set_faults(args.drop_in, args.drop_out, args.duplicate_out,
+                                 args.reorder_out)
+    signal.signal(signal.SIGTERM, switch.stop)
+    signal.signal(signal.SIGINT, switch.stop)
+    # The first line says where it listens (tests and launchers read it).
+    print(f"ina-switch listening on {switch.address[0]}:{switch.address[1]}", flush=True)
+    switch.serve(args.stats_interval)
+    print(switch.status_line(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The worker's side of the aggregator: its UDP socket, joining a job, streaming tensors.
+
+Control exchanges (join, leave, probe) are rare and live here in Python, each with a
+bounded wait; the data path is ``_fast/transport.pyx``.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import protocol as P
+
+RCVBUF = SNDBUF = 4 << 20
+
+
+class AggregatorUnavailable(ConnectionError):
+    """The aggregator did not answer, or refused the job; the message says which."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'host:port' (or 'host', for the default port) as a socket address."""
+    host, _, port = text.strip().rpartition(":")
+    if not host:
+        host, port = text.strip(), str(P.UDP_PORT)
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"switch address {text!r}: the port {port!r} is not a number") from None
+    if not 0 < number < 65536:
+        raise ValueError(f"switch address {text!r}: port {number} is out of range")
+    try:
+        resolved = socket.gethostbyname(host)
+    except OSError as exc:
+        raise ValueError(f"switch address {text!r}: cannot resolve {host!r}: {exc}") from None
+    return resolved, number
+
+
+@dataclass
+class StreamResult:
+    ok: bool
+    reason: str
+    counters: dict
+    missing: np.ndarray
+
+
+class WorkerLink:
+    """One worker's UDP socket to the aggregator, for one job."""
+
+    def __init__(self, switch: tuple[str, int], job: int, worker: int, n: int, k: int,
+                 slots: int):
+        self.switch = switch
+        self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+        self.sock.bind(("0.0.0.0", 0))
+        self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
+        self._addr_be = struct.unpack("=I", socket.inet_aton(switch[0]))[0]
+        self._port_be = socket.htons(switch[1])
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _control(self, body: list[int], timeout: float, what: str) -> int:
+        """Send a control packet until the aggregator answers (bounded); its status."""
+        packet = P.pack_header(flags=P.FLAG_CONTROL, job=self.job, worker=self.worker,
+                               slot_version=0, slot=0, offset=0, count=len(body), exponent=0,
+                               proposal=P.PROPOSAL_NONE) + np.array(body, ">i4").tobytes()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock.sendto(packet, self.switch)
+            except OSError as exc:
+                raise AggregatorUnavailable(f"cannot send the {what} to the aggregator at "
+                                            f"{self.switch[0]}:{self.switch[1]}: {exc}") from None
+            retry = min(time.monotonic() + 0.2, deadline)
+            while (left := retry - time.monotonic()) > 0:
+                self.sock.settimeout(left)
+                try:
+                    data, _ = self.sock.recvfrom(65536)
+                except socket.timeout:
+                    break
+                except ConnectionRefusedError:  # ICMP port unreachable: nobody listens
+                    raise AggregatorUnavailable(
+                        f"no aggregator listens at {self.switch[0]}:{self.switch[1]} "
+                        f"(port unreachable)") from None
+                if len(data) < P.HEADER_BYTES + 8:
+                    continue
+                h = P.unpack_header(data)
+                reply = np.frombuffer(data[P.HEADER_BYTES:P.HEADER_BYTES + 8], ">i4")
+                wanted = P.FLAG_CONTROL | P.FLAG_RESULT
+                if h["flags"] & wanted == wanted and h["job"] == self.job and reply[0] == body[0]:
+                    self.sock.settimeout(None)
+                    return int(reply[1])
+            if time.monotonic() >= deadline:
+                self.sock.settimeout(None)
+                raise AggregatorUnavailable(
+                    f"the aggregator at {self.switch[0]}:{self.switch[1]} did not answer the "
+                    f"{what} within {timeout:g} s")
+
+    def join(self, timeout: float) -> None:
+        status = self._control([P.CTRL_JOIN, self.n, self.k, self.slots], timeout, "join")
+        if status != 0:
+            reason = P.JOIN_STATUS[status] if status < len(P.JOIN_STATUS) else f"code {status}"
+            raise AggregatorUnavailable(
+                f"the aggregator at {self.switch[0]}:{self.switch[1]} refused job {self.job} "
+                f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}): {reason}")
+
+    def leave(self, timeout: float = 0.5) -> None:
+        """Tell the aggregator this worker is done; best effort (it may be gone)."""
+        try:
+            self._control([P.CTRL_LEAVE], timeout, "leave")
+        except AggregatorUnavailable:
+            pass
+
+    def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
+               average: bool, rto: float, rto_max: float, silence: float,
+               deadline: float) -> StreamResult:
+        """Allreduce x (float32/64, 1-D) into out through the aggregator."""
+        from ._fast import transport
+
+        status, counters, missing = transport.stream(
+            self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
+            self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_max,
+            silence, deadline)
+        return StreamResult(status == 0, transport.STATUS[status], counters, missing)
