@@ -26,8 +26,8 @@ cdef enum:
 # What stream() returns as its first value.
 cdef enum:
     DONE, SILENT, TIMEOUT, SEND_FAILED
-STATUS = ("done", "the aggregator went silent", "the operation's deadline passed",
-          "sendto failed")
+STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
+          "the operation's deadline passed", "sendto failed")
 
 
 def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,

@@ -29,11 +29,14 @@ class JobFailed(AssertionError):
 
 
 def run(n: int, case: str, params: dict[str, Any] | None = None, *,
-        env: dict[str, str] | None = None, timeout: float = 120.0) -> list[Any]:
+        env: dict[str, str] | None = None, timeout: float = 120.0,
+        survive_dead_ranks: bool = False) -> list[Any]:
     """Run ``case`` on ``n`` ranks; returns each rank's return value (or raised exception
-    as ``{"error": type name, "message": str}``), indexed by rank."""
+    as ``{"error": type name, "message": str}``), indexed by rank; a rank that died leaves
+    None. ``survive_dead_ranks`` keeps Hydra from killing the job when a rank dies."""
     with tempfile.TemporaryDirectory(prefix="ina-test-") as out:
-        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "tests.rank_cases",
+        cmd = [mpiexec(), *(["-disable-auto-cleanup"] if survive_dead_ranks else []),
+               "-n", str(n), sys.executable, "-m", "tests.rank_cases",
                case, json.dumps(params or {}), out]
         full_env = dict(os.environ, **(env or {}))
         full_env["PYTHONPATH"] = os.pathsep.join(
@@ -54,10 +57,13 @@ def run(n: int, case: str, params: dict[str, Any] | None = None, *,
         for rank in range(n):
             path = Path(out, f"rank{rank}.pkl")
             if not path.exists():
+                if survive_dead_ranks:
+                    results.append({"dead": True, "output": output})
+                    continue
                 raise JobFailed(f"{case}: rank {rank} left no result (exit {proc.returncode}):"
                                 f"\n{output}")
             results.append(pickle.loads(path.read_bytes()))
-        if proc.returncode != 0 and not any(isinstance(r, dict) and r.get("abandoned")
-                                            for r in results):
+        if proc.returncode != 0 and not survive_dead_ranks and not any(
+                isinstance(r, dict) and r.get("abandoned") for r in results):
             raise JobFailed(f"{case}: mpiexec exited {proc.returncode}:\n{output}")
         return results

@@ -52,6 +52,76 @@ def allreduce_cases(comm: MPI.Intracomm, p: dict) -> list[Any]:
 
 
 @case
+def ina_cases(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """allreduce_cases through the aggregator (INA_SWITCH in the environment), repeated
+    p["rounds"] times so that slot versions carry over between calls."""
+    ina.init(comm, **p.get("settings", {}))
+    results = []
+    for _ in range(p.get("rounds", 1)):
+        for dtype, op, count, seed in p["cases"]:
+            x = make_input(dtype, op, count, seed, comm.rank)
+            results.append(ina.allreduce(x, op=op))
+    stats = ina.stats()
+    ina.finalize()
+    return {"results": results, "stats": stats}
+
+
+@case
+def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """A NaN on one rank and an Inf on another: the exact path, chosen for this call."""
+    ina.init(comm, switch_min_bytes=0)
+    x = np.ones(100_000, np.float32)
+    x[7 + 2 * comm.rank] = [np.nan, np.inf][comm.rank % 2]
+    out = {"result": ina.allreduce(x), "stats": ina.stats()}
+    ina.finalize()
+    return out
+
+
+@case
+def ina_switch_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """Rank 0 SIGKILLs the switch p["kill_after"] s into the second of three calls."""
+    import signal
+    import threading
+    ina.init(comm, **p.get("settings", {}))
+    out: dict[str, Any] = {"results": []}
+    for i, (dtype, op, count, seed) in enumerate(p["cases"]):
+        x = make_input(dtype, op, count, seed, comm.rank)
+        if i == 1 and comm.rank == 0:
+            threading.Timer(p["kill_after"], os.kill, (p["switch_pid"], signal.SIGKILL)).start()
+        start = time.monotonic()
+        out["results"].append(ina.allreduce(x, op=op))
+        out.setdefault("seconds", []).append(time.monotonic() - start)
+        out.setdefault("engines", []).append(ina.stats()["last_call"])
+    out["stats"] = ina.stats()
+    ina.finalize()
+    return out
+
+
+@case
+def ina_worker_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """The last rank freezes (SIGSTOP) during a stream of calls: to the switch and its
+    peers it is dead. The others must raise within the bound, naming the wait; rank 0
+    then SIGKILLs it. (A SIGKILLed rank makes MPICH's Hydra end the whole job itself.)"""
+    import signal
+    import threading
+    ina.init(comm, **p.get("settings", {}))
+    pids = comm.allgather(os.getpid())
+    x = np.ones(p["count"], np.float32)
+    ina.allreduce(x)  # one good call: the job is live at the switch
+    if comm.rank == comm.size - 1:
+        threading.Timer(p["stop_after"], os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    start = time.monotonic()
+    try:
+        for _ in range(100000):
+            ina.allreduce(x)
+        result: Any = "no error"
+    except Exception as exc:
+        result = _error(exc)
+    return {"abandoned": True, "error": result, "seconds": time.monotonic() - start,
+            "ranks_alive": comm.size - 1, "kill": pids[-1] if comm.rank == 0 else None}
+
+
+@case
 def layouts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """In place, out=, non-contiguous and Fortran-ordered inputs and outputs; ranks use
     different layouts for the same logical array."""
@@ -271,10 +341,13 @@ def main() -> None:
         # forever, so leave without it, but only once every rank has left its result (the
         # launcher kills a job whose rank exits without finalizing).
         deadline = time.monotonic() + 60
+        expected = result.get("ranks_alive", comm.size)
         while (time.monotonic() < deadline and
-               len(list(outdir.glob("rank*.pkl"))) < comm.size):
+               len(list(outdir.glob("rank*.pkl"))) < expected):
             time.sleep(0.05)
         sys.stdout.flush()
+        if result.get("kill"):
+            os.kill(result["kill"], 9)
         os._exit(0)
 
 

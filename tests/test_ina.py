@@ -1,0 +1,207 @@
+"""Allreduce through a real ina-switch process and 2-4 mpiexec ranks on loopback: results
+within the documented bound, identical on every rank; injected loss, duplication and
+reordering; the switch or a worker dying; fallback to the ring with the reason."""
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from ina_collectives import blockfp
+from ina_collectives import protocol as P
+from ina_collectives.embedded import embedded_switch
+from ina_collectives.switch import send_faults
+from tests import mpirun
+from tests.inputs import check_result, inputs_of_all_ranks
+
+pytestmark = pytest.mark.mpi
+K = P.MAX_ELEMENTS
+
+
+@pytest.fixture(scope="module")
+def switch():
+    with embedded_switch() as sw:
+        yield sw
+        assert sw.process.poll() is None, f"the switch died: {sw.lines}"
+        send_faults((sw.host, sw.port))  # leave it clean for the next test
+
+
+def run_ina(sw, n, cases, rounds=1, settings=None, timeout=240.0):
+    params = {"cases": cases, "rounds": rounds,
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0, **(settings or {})}}
+    return mpirun.run(n, "ina_cases", params, env={"INA_SWITCH": sw.address_text},
+                      timeout=timeout)
+
+
+def check_within_bound(result, dtype, op, count, seed, n, k=K):
+    """The bound of docs/quantization.md for every element, from all ranks' inputs."""
+    xs = inputs_of_all_ranks(dtype, op, count, seed, n)
+    wide = np.float32 if dtype == "float16" else dtype
+    agreed = np.max([blockfp.block_exponents(x.astype(wide), k)[0] for x in xs], axis=0)
+    average = op == "average"
+    exact = xs.astype(np.longdouble).sum(axis=0) / (n if average else 1)
+    exps = np.repeat(agreed, k)[:count]
+    bound = blockfp.error_bound(n, exps, wide, result.astype(wide), average)
+    if dtype == "float16":  # float32 result rounded once more to float16
+        bound = bound + np.spacing(np.abs(result)).astype(np.float64)
+    error = np.abs(result.astype(np.longdouble) - exact).astype(np.float64)
+    bad = np.flatnonzero(error > bound * (1 + 1e-9) + np.abs(exact).astype(float) * 2**-60)
+    assert bad.size == 0, (f"{dtype} {op} n={n}: element {bad[0]} = {result[bad[0]]}, exact "
+                           f"{exact[bad[0]]}, error {error[bad[0]]:.3g} > {bound[bad[0]]:.3g}")
+
+
+def check_job(results, cases, n, rounds=1, engine="ina"):
+    for i, case in enumerate(cases * rounds):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+        (check_within_bound if engine == "ina" else check_result)(per_rank[0], *case, n)
+    for r in results:
+        assert r["stats"]["engines"] == {engine: len(cases) * rounds}, r["stats"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_results_within_bound_and_identical(switch, n):
+    cases = [("float32", "sum", 1, 1), ("float32", "sum", K - 1, 2),
+             ("float32", "sum", K + 1, 3), ("float32", "average", 9 * K + 5, 4),
+             ("float64", "sum", 3 * K + 7, 5), ("float16", "average", 2 * K + 1, 6),
+             ("float32", "sum", 1_000_003, 7)]
+    # Two rounds: the slot versions carry over from one call to the next.
+    results = run_ina(switch, n, cases, rounds=2)
+    check_job(results, cases, n, rounds=2)
+
+
+def test_64_mib_on_four_ranks(switch):
+    cases = [("float32", "sum", 16 << 20, 11)]
+    check_job(run_ina(switch, 4, cases), cases, 4)
+
+
+@pytest.mark.parametrize("faults", [
+    {"drop_in": 0.005, "drop_out": 0.005},
+    {"drop_in": 0.025, "drop_out": 0.025},
+    {"drop_in": 0.1, "drop_out": 0.1},
+    {"duplicate_out": 0.1},
+    {"reorder_out": 0.2},
+    {"drop_in": 0.02, "duplicate_out": 0.05, "reorder_out": 0.1},
+], ids=["loss-1%", "loss-5%", "loss-20%", "duplicate", "reorder", "mixed"])
+def test_faults_give_the_same_results(switch, faults):
+    send_faults((switch.host, switch.port), **faults)
+    try:
+        cases = [("float32", "sum", 2 * K * 8 + 3, 21), ("float64", "average", 40_000, 22)]
+        results = run_ina(switch, 3, cases, rounds=3, settings={"retransmit_timeout": 0.01})
+    finally:
+        send_faults((switch.host, switch.port))
+    check_job(results, cases, 3, rounds=3)
+
+
+def test_switch_killed_mid_operation_falls_back_to_the_ring():
+    with embedded_switch() as sw:
+        cases = [("float32", "sum", 1 << 20, 31), ("float32", "sum", 8 << 20, 32),
+                 ("float32", "average", 1 << 20, 33)]
+        params = {"cases": cases, "switch_pid": sw.pid, "kill_after": 0.02,
+                  "settings": {"switch_min_bytes": 0, "switch_silence": 1.0}}
+        results = mpirun.run(3, "ina_switch_dies", params,
+                             env={"INA_SWITCH": sw.address_text}, timeout=120)
+        assert sw.process.wait(5) == -9
+    for i, case in enumerate(cases):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1
+        if i == 0:
+            check_within_bound(per_rank[0], *case, 3)
+        else:  # the ring's float32 sums, with the ring's own bound
+            check_result(per_rank[0], *case, 3)
+    for r in results:
+        assert [e["engine"] for e in r["engines"]] == ["ina", "ring", "ring"]
+        reason = r["engines"][1]["passed_over"][-1]
+        assert "aggregator failed mid-operation" in reason, reason
+        assert r["seconds"][1] < 30
+        assert any("aggregator failed" in k for k in r["stats"]["fallback_reasons"])
+
+
+def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
+    with embedded_switch("--idle", "1") as sw:
+        params = {"count": 1 << 20, "stop_after": 0.2,
+                  "settings": {"switch_min_bytes": 0, "switch_silence": 1.0, "timeout": 4}}
+        results = mpirun.run(3, "ina_worker_dies", params, env={"INA_SWITCH": sw.address_text},
+                             timeout=120, survive_dead_ranks=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any("freed" in l for l in sw.lines):
+            time.sleep(0.1)
+        lines = list(sw.lines)
+    for r in results[:2]:
+        err = r["error"]
+        assert err["error"] == "CollectiveTimeout", err
+        # Frozen mid-stream, after its last packet, or between two calls: each wait names
+        # what it waited for.
+        assert ("waited 4 s for all ranks to report the outcome" in err["message"]
+                or "waited 4 s for all 3 ranks to enter allreduce" in err["message"]), err
+        assert r["seconds"] < 20
+    assert any("sent nothing for 1 s: freed" in l for l in lines), lines
+
+
+def test_no_switch_listening_means_the_ring_with_the_reason():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cases = [("float32", "sum", 300_000, 41)]
+    results = mpirun.run(2, "ina_cases", {"cases": cases, "settings": {
+        "switch_min_bytes": 0, "ring_min_bytes": 0, "switch_join_timeout": 1.0}},
+        env={"INA_SWITCH": f"127.0.0.1:{port}"})
+    check_job(results, cases, 2, engine="ring")
+    (reason,) = results[0]["stats"]["fallback_reasons"]
+    assert reason.startswith("ina: aggregator unavailable") and str(port) in reason, reason
+
+
+def test_a_refused_job_means_the_ring_with_the_reason():
+    with embedded_switch("--max-job-mib", "1") as sw:
+        cases = [("float32", "sum", 300_000, 42)]
+        results = run_ina(sw, 2, cases)
+    check_job(results, cases, 2, engine="ring")
+    (reason,) = results[0]["stats"]["fallback_reasons"]
+    assert "refused job" in reason and "no room for the job" in reason, reason
+
+
+def test_per_call_choices_nan_ints_ops_and_small_tensors(switch):
+    params = {"cases": [("float32", "sum", 50_000, 51), ("int32", "sum", 50_000, 52),
+                        ("float32", "max", 50_000, 53), ("float32", "sum", 10, 54)],
+              "settings": {"switch_min_bytes": 1000, "ring_min_bytes": 0}}
+    results = mpirun.run(2, "ina_cases", params, env={"INA_SWITCH": switch.address_text})
+    reasons = results[0]["stats"]["fallback_reasons"]
+    assert results[0]["stats"]["engines"] == {"ina": 1, "ring": 3}, results[0]["stats"]
+    assert "ina: dtype int32 is not a float" in reasons
+    assert "ina: op MAX is not SUM or AVERAGE" in reasons
+    assert "ina: below switch_min_bytes (1000)" in reasons
+    nan = mpirun.run(2, "ina_nan", {}, env={"INA_SWITCH": switch.address_text})
+    for r in nan:
+        assert np.isnan(r["result"][7]) and np.isinf(r["result"][9])
+        np.testing.assert_array_equal(np.delete(r["result"], [7, 9]), 2.0)
+        assert r["stats"]["last_call"]["engine"] == "ring"
+        assert "ina: NaN or Inf in the input (exact path)" in r["stats"]["last_call"]["passed_over"]
+
+
+def test_malformed_and_foreign_packets_are_dropped_and_counted():
+    from ina_collectives.protocol import INA
+
+    with embedded_switch() as sw:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for raw in (b"\x00" * 3, b"\x09" + b"\x00" * 40,
+                        bytes(INA(job=777, worker=0, values=[1, 2])),           # no such job
+                        bytes(INA(flags="RESULT", job=777, values=[1]))):        # a result
+                s.sendto(raw, (sw.host, sw.port))
+        # A running job keeps working, and a stranger cannot touch its slots.
+        cases = [("float32", "sum", 3 * K, 61)]
+        results = run_ina(sw, 2, cases)
+        check_job(results, cases, 2)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(bytes(INA(job=1, worker=0, values=[5] * 4)), (sw.host, sw.port))
+        assert sw.stop() == 0
+    status = sw.final_status
+    assert "malformed 2" in status and "result from a worker 1" in status, status
+    assert "unknown job" in status, status
+
+
+def test_switch_cli_errors_are_clear():
+    with pytest.raises(RuntimeError, match="cannot bind"):
+        with embedded_switch(host="192.0.2.1"):
+            pass
