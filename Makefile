@@ -1,4 +1,5 @@
 # The README's two commands: `make demo` (the main job) and `make test` (the whole suite).
+# `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/.
 # Each sets up .venv on first use (and again when the package's metadata changes).
 PYTHON ?= python3
 VENV   := .venv
@@ -14,7 +15,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml $(wildcard _fast/*.pyx _fast/*.pxd _
 	touch $@
 
 demo: $(STAMP)
-	$(VENV)/bin/mpiexec -n 4 $(PY) examples/allreduce_demo.py
+	$(PY) examples/allreduce_demo.py --ranks 4
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -23,6 +24,7 @@ bench: $(STAMP)
 	mkdir -p bench/results
 	$(PY) -m pytest -p no:cacheprovider bench/test_fast_path.py --benchmark-json=bench/results/fast_path.json
 	$(PY) -m bench.mpi -n 4
+	$(PY) -m bench.switch_ceiling
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,12 +1,15 @@
 """Run multi-rank pytest-benchmark modules: ``python -m bench.mpi -n 4 [PYTEST ARGS...]``.
 
-Every rank runs pytest with the same fixed rounds (benchmark.pedantic), so the ranks stay
-in step; rank 0 prints the table and writes --benchmark-json (default
+Starts the embedded software switch (unless INA_SWITCH is set) so that the "ina" rows
+go through it. Every rank runs pytest with the same fixed rounds (benchmark.pedantic),
+so the ranks stay in step; rank 0 prints the table and writes --benchmark-json (default
 bench/results/allreduce-<n>.json).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +29,14 @@ def main() -> int:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec), "-n", str(args.n), sys.executable, "-m", "pytest", "-p",
            "no:cacheprovider", *pytest_args]
-    return subprocess.call(cmd, cwd=HERE.parent)
+    from ina_collectives.embedded import embedded_switch
+
+    with contextlib.ExitStack() as stack:
+        env = dict(os.environ)
+        if not env.get("INA_SWITCH"):
+            switch = stack.enter_context(embedded_switch())
+            env["INA_SWITCH"] = switch.address_text
+        return subprocess.call(cmd, cwd=HERE.parent, env=env)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Allreduce time, algbw and busbw, 4 KiB .. 256 MiB: the ring, MPI's own Allreduce, and
-the library's automatic choice, in one run.  Run with ``python -m bench.mpi -n 4``.
+"""Allreduce time, algbw and busbw, 4 KiB .. 256 MiB: INA through the software switch,
+the ring, MPI's own Allreduce, and the library's automatic choice, in one run.
+Run with ``python -m bench.mpi -n 4`` (it starts the switch).
 
 algbw = bytes / time; busbw = algbw x 2(n-1)/n (the bytes each link carries in a ring).
 """
@@ -19,8 +20,9 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 
 pytestmark = pytest.mark.skipif(COMM.Get_size() < 2,
                                 reason="needs several ranks: python -m bench.mpi -n 4")
 
-_ring = Collectives(COMM, Settings.load({"ring_min_bytes": 0}))
+_ring = Collectives(COMM, Settings.load({"ring_min_bytes": 0, "switch": ""}))
 _auto = Collectives(COMM, Settings.load())
+_ina = Collectives(COMM, Settings.load({"switch_min_bytes": 0}))
 
 
 def _label(nbytes: int) -> str:
@@ -32,13 +34,14 @@ def _rounds(nbytes: int) -> int:
 
 
 @pytest.mark.parametrize("nbytes", SIZES, ids=_label)
-@pytest.mark.parametrize("system", ["ring", "mpi", "auto"])
+@pytest.mark.parametrize("system", ["ina", "ring", "mpi", "auto"])
 def test_allreduce(benchmark, system, nbytes):
     n = COMM.Get_size()
     send = np.ones(nbytes // 4, dtype=np.float32)
     recv = np.empty_like(send)
     run = {
         "ring": lambda: _ring.allreduce(send, out=recv),
+        "ina": lambda: _ina.allreduce(send, out=recv),
         "auto": lambda: _auto.allreduce(send, out=recv),
         "mpi": lambda: COMM.Allreduce(send, recv),
     }[system]
@@ -46,6 +49,8 @@ def test_allreduce(benchmark, system, nbytes):
     COMM.Barrier()
     benchmark.pedantic(run, rounds=_rounds(nbytes), iterations=1, warmup_rounds=1)
     assert recv[0] == n and recv[-1] == n
+    if system == "ina":
+        assert _ina.stats.last["engine"] == "ina", _ina.stats.last
     seconds = benchmark.stats.stats.median
     algbw = nbytes / seconds
     benchmark.extra_info.update(

@@ -1,0 +1,126 @@
+# cython: language_level=3
+"""Load generation for the switch benchmark (bench/switch_ceiling.py): pre-built packets
+replayed with no quantization cost, and a bare batched receiver, the machine's ceiling."""
+from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memset
+
+from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
+                    recvmmsg, sendto, sockaddr, sockaddr_in)
+
+from ina_collectives import protocol as P
+
+cdef Py_ssize_t OFF_SLOT = P.OFF_SLOT, OFF_SLOT_VERSION = P.OFF_SLOT_VERSION
+cdef Py_ssize_t HEADER = P.HEADER_BYTES
+
+cdef enum:
+    BATCH = 64
+
+
+cdef inline uint32_t get32(const uint8_t *p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, ::1] rows,
+                   int32_t length, int n, int slots, double seconds):
+    """n workers (one socket each) stream chunks through the switch, S in flight, each
+    slot refilled when worker 0 gets its result. rows[w * S + s] is worker w's packet for
+    slot s. Returns (chunks completed, seconds)."""
+    cdef sockaddr_in to
+    memset(&to, 0, sizeof(to))
+    to.sin_family = AF_INET
+    to.sin_addr.s_addr = addr_be
+    to.sin_port = port_be
+    cdef uint8_t inbox[BATCH][2048]  # results are read only for their headers
+    cdef mmsghdr msgs[BATCH]
+    cdef iovec iovs[BATCH]
+    cdef pollfd pfd
+    cdef int w, s, i, got
+    cdef uint64_t completed = 0
+    cdef uint8_t version[65536]
+    cdef double start, now
+    pfd.fd = fds[0]
+    pfd.events = POLLIN
+    with nogil:
+        start = monotonic()
+        memset(version, 0, sizeof(version))
+        for s in range(slots):
+            for w in range(n):
+                sendto(fds[w], &rows[w * slots + s, 0], length, 0, <sockaddr *>&to, sizeof(to))
+        while True:
+            now = monotonic()
+            if now - start >= seconds:
+                break
+            for i in range(BATCH):
+                iovs[i].iov_base = inbox[i]
+                iovs[i].iov_len = 2048
+                memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
+                msgs[i].msg_hdr.msg_iov = &iovs[i]
+                msgs[i].msg_hdr.msg_iovlen = 1
+            got = recvmmsg(fds[0], msgs, BATCH, MSG_DONTWAIT, NULL)
+            if got <= 0:
+                if poll(&pfd, 1, 100) <= 0:
+                    break  # the pipeline stalled (a loss): stop measuring
+                continue
+            for i in range(got):
+                s = get32(inbox[i] + OFF_SLOT)
+                if s >= slots or inbox[i][OFF_SLOT_VERSION] != version[s]:
+                    continue
+                completed += 1
+                version[s] ^= 1
+                for w in range(n):
+                    rows[w * slots + s, OFF_SLOT_VERSION] = version[s]
+                    sendto(fds[w], &rows[w * slots + s, 0], length, 0, <sockaddr *>&to,
+                           sizeof(to))
+            # Other workers' results are left to their sockets' buffers to overflow.
+        now = monotonic()
+    return completed, now - start
+
+
+def blast(int fd, uint32_t addr_be, uint16_t port_be, const uint8_t[::1] packet,
+          double seconds):
+    """Send one packet as fast as possible for ``seconds``; packets sent."""
+    cdef sockaddr_in to
+    memset(&to, 0, sizeof(to))
+    to.sin_family = AF_INET
+    to.sin_addr.s_addr = addr_be
+    to.sin_port = port_be
+    cdef uint64_t sent = 0
+    cdef double start
+    with nogil:
+        start = monotonic()
+        while monotonic() - start < seconds:
+            for _ in range(64):
+                if sendto(fd, &packet[0], packet.shape[0], 0, <sockaddr *>&to, sizeof(to)) > 0:
+                    sent += 1
+    return sent
+
+
+def sink(int fd, double seconds):
+    """A bare batched receiver: counts datagrams for ``seconds`` after the first one."""
+    cdef uint8_t[:, ::1] bufs
+    import numpy as np
+    bufs = np.empty((BATCH, 65536), np.uint8)
+    cdef mmsghdr msgs[BATCH]
+    cdef iovec iovs[BATCH]
+    cdef pollfd pfd
+    pfd.fd = fd
+    pfd.events = POLLIN
+    cdef uint64_t count = 0
+    cdef int i, got
+    cdef double start = 0
+    with nogil:
+        if poll(&pfd, 1, 10000) > 0:
+            start = monotonic()
+            while monotonic() - start < seconds:
+                for i in range(BATCH):
+                    iovs[i].iov_base = &bufs[i, 0]
+                    iovs[i].iov_len = 65536
+                    memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
+                    msgs[i].msg_hdr.msg_iov = &iovs[i]
+                    msgs[i].msg_hdr.msg_iovlen = 1
+                got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
+                if got > 0:
+                    count += got
+                else:
+                    poll(&pfd, 1, 100)
+    return count
