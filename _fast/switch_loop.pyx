@@ -36,6 +36,58 @@ cdef enum Drop:
     DROP_DUPLICATE, DROP_INJECTED_IN, DROP_INJECTED_OUT, DROP_RESULT_FROM_WORKER, DROP_COUNT
 
 
+ctypedef struct Faults:
+    uint32_t drop, duplicate, reorder   # probabilities, in parts per million
+    double delay                        # seconds
+
+
+ctypedef struct Held:                   # a packet waiting: reordered or delayed
+    uint8_t *data
+    Py_ssize_t length
+    sockaddr_in addr
+    double due
+
+
+ctypedef struct DelayQueue:             # FIFO: one delay per direction keeps it in order
+    Held *items
+    int head, size
+
+
+cdef enum:
+    DELAY_CAPACITY = 1024               # packets a direction can hold back
+
+
+cdef bint queue_push(DelayQueue *q, const uint8_t *pkt, Py_ssize_t length,
+                     const sockaddr_in *addr, double due) noexcept nogil:
+    cdef int i
+    if q.items == NULL:
+        q.items = <Held *>calloc(DELAY_CAPACITY, sizeof(Held))
+        if q.items == NULL:
+            return False
+        for i in range(DELAY_CAPACITY):
+            q.items[i].data = <uint8_t *>calloc(1, 65536)
+            if q.items[i].data == NULL:
+                return False
+    if q.size == DELAY_CAPACITY:
+        return False
+    cdef Held *h = &q.items[(q.head + q.size) % DELAY_CAPACITY]
+    memcpy(h.data, pkt, length)
+    h.length = length
+    h.addr = addr[0]
+    h.due = due
+    q.size += 1
+    return True
+
+
+cdef void queue_free(DelayQueue *q) noexcept nogil:
+    cdef int i
+    if q.items != NULL:
+        for i in range(DELAY_CAPACITY):
+            free(q.items[i].data)
+        free(q.items)
+        q.items = NULL
+
+
 ctypedef struct Job:
     int n, k, slots
     uint64_t joined, left
@@ -70,11 +122,10 @@ cdef class Aggregator:
     cdef mmsghdr msgs[BATCH]
     cdef public uint64_t packets_in, packets_out, results, retransmits_answered
     cdef uint64_t drops[<int>DROP_COUNT]
-    cdef uint32_t drop_in, drop_out, duplicate_out, reorder_out  # ppm
+    cdef Faults faults_in, faults_out
     cdef uint64_t rng
-    cdef uint8_t *held              # a packet held back to reorder it after the next one
-    cdef Py_ssize_t held_len
-    cdef sockaddr_in held_addr
+    cdef Held held_in, held_out     # a packet held back to reorder it after the next one
+    cdef DelayQueue delayed_in, delayed_out
     cdef uint8_t *ctrl              # control packets for Python, [MAX_CONTROL][65536]
     cdef int32_t ctrl_len[MAX_CONTROL]
     cdef sockaddr_in ctrl_addr[MAX_CONTROL]
@@ -86,8 +137,10 @@ cdef class Aggregator:
         self.bufsize = 65536
         self.bufs = <uint8_t *>calloc(BATCH, self.bufsize)
         self.ctrl = <uint8_t *>calloc(MAX_CONTROL, self.bufsize)
-        self.held = <uint8_t *>calloc(1, self.bufsize)
-        if self.bufs == NULL or self.ctrl == NULL or self.held == NULL:
+        self.held_in.data = <uint8_t *>calloc(1, self.bufsize)
+        self.held_out.data = <uint8_t *>calloc(1, self.bufsize)
+        if (self.bufs == NULL or self.ctrl == NULL or self.held_in.data == NULL
+                or self.held_out.data == NULL):
             raise MemoryError("no memory for the aggregator's packet buffers")
         self.rng = seed | 1
         cdef int i
@@ -100,7 +153,9 @@ cdef class Aggregator:
         for i in range(65536):
             job_free(self.jobs[i])
             self.jobs[i] = NULL
-        free(self.bufs); free(self.ctrl); free(self.held)
+        free(self.bufs); free(self.ctrl); free(self.held_in.data); free(self.held_out.data)
+        queue_free(&self.delayed_in)
+        queue_free(&self.delayed_out)
 
     # -- configuration, from Python --------------------------------------------------
 
@@ -184,22 +239,44 @@ cdef class Aggregator:
                     busy += self.jobs[i].count[j] != 0
         return busy
 
-    def set_faults(self, double drop_in=0, double drop_out=0, double duplicate_out=0,
-                   double reorder_out=0):
-        """Fault injection, as probabilities (0..1), changeable while running."""
-        for name, p in (("drop_in", drop_in), ("drop_out", drop_out),
-                        ("duplicate_out", duplicate_out), ("reorder_out", reorder_out)):
-            if not 0 <= p <= 1:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
-        self.drop_in = <uint32_t>(drop_in * 1e6)
-        self.drop_out = <uint32_t>(drop_out * 1e6)
-        self.duplicate_out = <uint32_t>(duplicate_out * 1e6)
-        self.reorder_out = <uint32_t>(reorder_out * 1e6)
+    FAULTS = ("drop", "duplicate", "reorder", "delay_ms")
+
+    def set_faults(self, **faults):
+        """Fault injection, changeable while running: ``<fault>_<in|out>`` for fault in
+        drop, duplicate, reorder (probabilities) and delay_ms (milliseconds). Faults not
+        named are cleared."""
+        chosen = {"in": {}, "out": {}}
+        for name, value in faults.items():
+            fault, _, direction = name.rpartition("_")
+            if fault not in self.FAULTS or direction not in ("in", "out"):
+                raise ValueError(f"unknown fault {name!r}: expected <fault>_in or "
+                                 f"<fault>_out, fault one of {', '.join(self.FAULTS)}")
+            if fault == "delay_ms" and not 0 <= value <= 10000:
+                raise ValueError(f"{name} must be 0..10000 ms, got {value}")
+            if fault != "delay_ms" and not 0 <= value <= 1:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
+            chosen[direction][fault] = value
+        self.faults_in = self._faults(chosen["in"])
+        self.faults_out = self._faults(chosen["out"])
+
+    cdef Faults _faults(self, dict chosen):
+        cdef Faults f
+        f.drop = <uint32_t>(chosen.get("drop", 0) * 1e6 + 0.5)
+        f.duplicate = <uint32_t>(chosen.get("duplicate", 0) * 1e6 + 0.5)
+        f.reorder = <uint32_t>(chosen.get("reorder", 0) * 1e6 + 0.5)
+        f.delay = chosen.get("delay_ms", 0) / 1e3
+        return f
 
     def faults(self):
-        return {"drop_in": self.drop_in / 1e6, "drop_out": self.drop_out / 1e6,
-                "duplicate_out": self.duplicate_out / 1e6,
-                "reorder_out": self.reorder_out / 1e6}
+        out = {}
+        cdef Faults f
+        for direction in ("in", "out"):
+            f = self.faults_in if direction == "in" else self.faults_out
+            for name, value in (("drop", f.drop / 1e6), ("duplicate", f.duplicate / 1e6),
+                                ("reorder", f.reorder / 1e6), ("delay_ms", f.delay * 1e3)):
+                if value:
+                    out[f"{name}_{direction}"] = value
+        return out
 
     def drop_counts(self):
         return {DROP_REASONS[i]: self.drops[i] for i in range(<int>DROP_COUNT)
@@ -218,13 +295,16 @@ cdef class Aggregator:
     def run(self, int timeout_ms):
         """Aggregate until a control packet arrives or timeout_ms pass without traffic;
         returns the control packets as [(bytes, addr_be, port_be)]."""
-        cdef int got, i
+        cdef int got, i, wait_ms
         cdef pollfd pfd
+        cdef double idle_since
         pfd.fd = self.fd
         pfd.events = POLLIN
         self.nctrl = 0
         with nogil:
+            idle_since = monotonic()
             while self.nctrl == 0:
+                self.release_due(monotonic())
                 for i in range(BATCH):
                     self.msgs[i].msg_hdr.msg_name = &self.names[i]
                     self.msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in)
@@ -235,13 +315,18 @@ cdef class Aggregator:
                     self.msgs[i].msg_hdr.msg_flags = 0
                 got = recvmmsg(self.fd, self.msgs, BATCH, MSG_DONTWAIT, NULL)
                 if got <= 0:
-                    self.flush_held()
-                    if poll(&pfd, 1, timeout_ms) <= 0:
-                        break
+                    self.flush_held_in()
+                    self.flush_held_out()
+                    wait_ms = self.next_due_ms(timeout_ms)
+                    if poll(&pfd, 1, wait_ms) <= 0:
+                        if (self.delayed_in.size == 0 and self.delayed_out.size == 0
+                                and monotonic() - idle_since >= timeout_ms / 1e3):
+                            break
                     continue
+                idle_since = monotonic()
                 for i in range(got):
-                    self.handle(<uint8_t *>self.iovs[i].iov_base, self.msgs[i].msg_len,
-                                &self.names[i])
+                    self.receive(<uint8_t *>self.iovs[i].iov_base, self.msgs[i].msg_len,
+                                 &self.names[i])
         out = []
         for i in range(self.nctrl):
             out.append((PyBytes_FromStringAndSize(<char *>self.ctrl + i * self.bufsize,
@@ -257,35 +342,95 @@ cdef class Aggregator:
         self.rng ^= self.rng << 17
         return (self.rng % 1000000) < ppm
 
+    # -- fault injection around the rule: in = as received, out = as sent ------------
+
+    cdef int next_due_ms(self, int limit) noexcept nogil:
+        cdef double due = 1e300, now = monotonic()
+        if self.delayed_in.size:
+            due = self.delayed_in.items[self.delayed_in.head].due
+        if self.delayed_out.size:
+            due = min(due, self.delayed_out.items[self.delayed_out.head].due)
+        if due == 1e300:
+            return limit
+        return <int>min(<double>limit, max(0.0, (due - now) * 1e3) + 1)
+
+    cdef void release_due(self, double now) noexcept nogil:
+        cdef Held *h
+        while self.delayed_in.size:
+            h = &self.delayed_in.items[self.delayed_in.head]
+            if h.due > now:
+                break
+            self.delayed_in.head = (self.delayed_in.head + 1) % DELAY_CAPACITY
+            self.delayed_in.size -= 1
+            self.deliver(h.data, h.length, &h.addr)
+        while self.delayed_out.size:
+            h = &self.delayed_out.items[self.delayed_out.head]
+            if h.due > now:
+                break
+            self.delayed_out.head = (self.delayed_out.head + 1) % DELAY_CAPACITY
+            self.delayed_out.size -= 1
+            self.transmit(h.data, h.length, &h.addr)
+
+    cdef void receive(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
+        self.packets_in += 1
+        if self.chance(self.faults_in.drop):
+            self.drops[<int>DROP_INJECTED_IN] += 1
+            return
+        if self.faults_in.delay > 0 and queue_push(&self.delayed_in, pkt, length, src,
+                                                   monotonic() + self.faults_in.delay):
+            return
+        self.deliver(pkt, length, src)
+
+    cdef void deliver(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
+        if self.held_in.length == 0 and self.chance(self.faults_in.reorder):
+            memcpy(self.held_in.data, pkt, length)
+            self.held_in.length = length
+            self.held_in.addr = src[0]
+            return
+        self.handle(pkt, length, src)
+        if self.chance(self.faults_in.duplicate):
+            self.handle(pkt, length, src)
+        self.flush_held_in()
+
+    cdef void flush_held_in(self) noexcept nogil:
+        cdef Py_ssize_t length = self.held_in.length
+        if length:
+            self.held_in.length = 0
+            self.handle(self.held_in.data, length, &self.held_in.addr)
+
     cdef void send(self, const uint8_t *pkt, Py_ssize_t length,
                    const sockaddr_in *to) noexcept nogil:
-        if self.chance(self.drop_out):
+        if self.chance(self.faults_out.drop):
             self.drops[<int>DROP_INJECTED_OUT] += 1
             return
-        if self.held_len == 0 and self.chance(self.reorder_out):
-            memcpy(self.held, pkt, length)
-            self.held_len = length
-            self.held_addr = to[0]
+        if self.faults_out.delay > 0 and queue_push(&self.delayed_out, pkt, length, to,
+                                                    monotonic() + self.faults_out.delay):
+            return
+        self.transmit(pkt, length, to)
+
+    cdef void transmit(self, const uint8_t *pkt, Py_ssize_t length,
+                       const sockaddr_in *to) noexcept nogil:
+        if self.held_out.length == 0 and self.chance(self.faults_out.reorder):
+            memcpy(self.held_out.data, pkt, length)
+            self.held_out.length = length
+            self.held_out.addr = to[0]
             return
         sendto(self.fd, pkt, length, 0, <const sockaddr *>to, sizeof(sockaddr_in))
         self.packets_out += 1
-        if self.chance(self.duplicate_out):
+        if self.chance(self.faults_out.duplicate):
             sendto(self.fd, pkt, length, 0, <const sockaddr *>to, sizeof(sockaddr_in))
             self.packets_out += 1
-        self.flush_held()
+        self.flush_held_out()
 
-    cdef void flush_held(self) noexcept nogil:
-        if self.held_len:
-            sendto(self.fd, self.held, self.held_len, 0, <const sockaddr *>&self.held_addr,
-                   sizeof(sockaddr_in))
+    cdef void flush_held_out(self) noexcept nogil:
+        if self.held_out.length:
+            sendto(self.fd, self.held_out.data, self.held_out.length, 0,
+                   <const sockaddr *>&self.held_out.addr, sizeof(sockaddr_in))
             self.packets_out += 1
-            self.held_len = 0
+            self.held_out.length = 0
 
     cdef void handle(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
-        self.packets_in += 1
-        if self.chance(self.drop_in):
-            self.drops[<int>DROP_INJECTED_IN] += 1
-            return
+        """The aggregation rule (docs/protocol.md) for one packet as the switch sees it."""
         if length < HEADER or pkt[OFF_VERSION] != VERSION:
             self.drops[<int>DROP_MALFORMED] += 1
             return

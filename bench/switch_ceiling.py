@@ -34,7 +34,7 @@ def addr_be(host: str) -> int:
 
 
 def switch_rate(n: int, k: int, seconds: float) -> dict:
-    with embedded_switch("--max-job-mib", "4096") as sw:
+    with embedded_switch() as sw:
         links = [WorkerLink((sw.host, sw.port), 4242, w, n, k, SLOTS) for w in range(n)]
         for link in links:
             link.join(5.0)

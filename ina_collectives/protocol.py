@@ -70,7 +70,9 @@ def elements_for_mtu(mtu: int) -> int:
 CTRL_JOIN = 1     # [JOIN, n workers, K, S]: the sender is worker `worker` of job `job`
 CTRL_LEAVE = 2    # [LEAVE]: the sender is done; the job is freed when all have left
 CTRL_PROBE = 3    # [PROBE]: is an aggregator there?
-CTRL_FAULTS = 4   # [FAULTS, drop_in, drop_out, duplicate_out, reorder_out] in ppm
+CTRL_FAULTS = 4   # [FAULTS, then FAULT_FIELDS in order] (probabilities in ppm, delays in us)
+FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
+                "reorder_out", "delay_ms_in", "delay_ms_out")
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
                "worker id taken by another address", "no room for the job")
 MAX_WORKERS = 64  # one bit each in the switch's per-slot bitmap

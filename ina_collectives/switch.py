@@ -28,7 +28,8 @@ class SoftwareSwitch:
     """An aggregator on one UDP socket."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = P.UDP_PORT,
-                 idle_seconds: float = 60.0, max_job_bytes: int = 256 << 20):
+                 idle_seconds: float = 60.0, pool_slots: int = 1024,
+                 max_elements: int = P.MAX_ELEMENTS):
         from ._fast.switch_loop import DROP_REASONS, Aggregator
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -39,7 +40,10 @@ class SoftwareSwitch:
         self.aggregator = Aggregator(self.sock.fileno())
         self.drop_reasons = DROP_REASONS
         self.idle_seconds = idle_seconds
-        self.max_job_bytes = max_job_bytes
+        # Like a P4 switch's register arrays: a fixed pool of slots shared by the jobs,
+        # and a largest K. A job that does not fit is refused (its ranks take the ring).
+        self.pool_slots, self.max_elements = pool_slots, max_elements
+        self.job_slots: dict[int, int] = {}
         self.control_counts = {"joins": 0, "refusals": 0, "leaves": 0, "jobs freed idle": 0}
         self._stop = False
 
@@ -60,6 +64,7 @@ class SoftwareSwitch:
                 for job in self.aggregator.idle_jobs(self.idle_seconds):
                     log.warning("job %d sent nothing for %g s: freed", job, self.idle_seconds)
                     self.aggregator.free_job(job)
+                    self.job_slots.pop(job, None)
                     self.control_counts["jobs freed idle"] += 1
                 last_idle = now
             if duration is not None and now - started >= duration:
@@ -95,16 +100,23 @@ class SoftwareSwitch:
         elif op == P.CTRL_LEAVE:
             self.control_counts["leaves"] += 1
             if self.aggregator.leave(job, worker):
+                self.job_slots.pop(job, None)
                 log.info("job %d: every worker left, slots freed", job)
             status = 0
         elif op == P.CTRL_PROBE:
             status = 0
-        elif op == P.CTRL_FAULTS and body.size >= 5:
+        elif op == P.CTRL_FAULTS and body.size >= 1 + len(P.FAULT_FIELDS):
             if addr_be != struct.unpack("=I", socket.inet_aton("127.0.0.1"))[0]:
                 return  # faults only from this machine
-            self.aggregator.set_faults(*(int(v) / 1e6 for v in body[1:5]))
-            log.warning("fault injection now %s", self.aggregator.faults())
-            status = 0
+            faults = {name: int(v) / (1e3 if name.startswith("delay") else 1e6)
+                      for name, v in zip(P.FAULT_FIELDS, body[1:])}
+            try:
+                self.aggregator.set_faults(**faults)
+                status = 0
+            except ValueError as exc:
+                log.warning("fault settings refused: %s", exc)
+                status = 1
+            log.warning("fault injection now %s", self.aggregator.faults() or "off")
         else:
             return
         reply = P.pack_header(flags=P.FLAG_CONTROL | P.FLAG_RESULT, job=job, worker=worker,
@@ -115,17 +127,18 @@ class SoftwareSwitch:
 
     def _join(self, job: int, worker: int, n: int, k: int, slots: int, addr_be: int,
               port_be: int) -> int:
-        if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= k <= P.MAX_ELEMENTS
+        if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= k <= self.max_elements
                 and 1 <= slots <= 65536):
             self.control_counts["refusals"] += 1
             return 1
         shape = self.aggregator.job_shape(job)
         if shape is None:
-            if 2 * slots * k * 8 > self.max_job_bytes:
+            if sum(self.job_slots.values()) + slots > self.pool_slots:
                 self.control_counts["refusals"] += 1
                 return 4
             if not self.aggregator.add_job(job, n, k, slots):
                 return 4
+            self.job_slots[job] = slots
             log.info("job %d: %d workers, K %d, S %d", job, n, k, slots)
         elif shape != (n, k, slots):
             self.control_counts["refusals"] += 1
@@ -137,22 +150,30 @@ class SoftwareSwitch:
         return 0
 
 
-def send_faults(address: tuple[str, int], drop_in: float = 0, drop_out: float = 0,
-                duplicate_out: float = 0, reorder_out: float = 0,
-                timeout: float = 2.0) -> None:
-    """Change a running switch's fault injection (from this machine)."""
+def send_faults(address: tuple[str, int], timeout: float = 2.0, **faults: float) -> None:
+    """Set a running switch's fault injection (from this machine); faults not named are
+    cleared. Names: drop_in, drop_out, duplicate_in/out, reorder_in/out (probabilities),
+    delay_ms_in, delay_ms_out (milliseconds)."""
+    unknown = set(faults) - set(P.FAULT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: "
+                         f"{', '.join(P.FAULT_FIELDS)}")
+    values = [round(faults.get(name, 0) * (1e3 if name.startswith("delay") else 1e6))
+              for name in P.FAULT_FIELDS]
     header = P.pack_header(flags=P.FLAG_CONTROL, job=0, worker=0, slot_version=0, slot=0,
-                           offset=0, count=5, exponent=0, proposal=P.PROPOSAL_NONE)
-    body = np.array([P.CTRL_FAULTS] + [round(p * 1e6) for p in
-                                       (drop_in, drop_out, duplicate_out, reorder_out)], ">i4")
+                           offset=0, count=1 + len(values), exponent=0,
+                           proposal=P.PROPOSAL_NONE)
+    body = np.array([P.CTRL_FAULTS] + values, ">i4")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
         s.sendto(header + body.tobytes(), address)
         try:
-            s.recvfrom(1024)
+            reply = s.recvfrom(1024)[0]
         except socket.timeout:
             raise TimeoutError(f"the switch at {address[0]}:{address[1]} did not confirm "
                                f"the fault settings within {timeout:g} s") from None
+        if len(reply) >= P.HEADER_BYTES + 8 and np.frombuffer(reply[P.HEADER_BYTES:], ">i4")[1]:
+            raise ValueError(f"the switch refused the fault settings {faults}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,24 +183,32 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"UDP port (default {P.UDP_PORT}; 0 picks a free one)")
     parser.add_argument("--idle", type=float, default=60.0,
                         help="free a job that sent nothing for this many seconds")
-    parser.add_argument("--max-job-mib", type=int, default=256,
-                        help="refuse a job whose slots need more memory than this")
+    parser.add_argument("--pool-slots", type=int, default=1024,
+                        help="slots shared by all jobs (each has two versions); a job that "
+                             "does not fit is refused")
+    parser.add_argument("--max-elements", type=int, default=P.MAX_ELEMENTS,
+                        help="largest K (int32 values per packet) a job may use")
     parser.add_argument("--stats-interval", type=float, default=0.0,
                         help="print a status line every so many seconds (0: never)")
     parser.add_argument("--log-level", default="INFO")
-    for name in ("drop-in", "drop-out", "duplicate-out", "reorder-out"):
-        parser.add_argument(f"--{name}", type=float, default=0.0,
-                            help="fault injection: probability per packet")
+    for name in P.FAULT_FIELDS:
+        flag = "--" + name.replace("_ms", "").replace("_", "-") + ("-ms" if "delay" in name else "")
+        parser.add_argument(flag, dest=name, type=float, default=0.0,
+                            help="fault injection: " + ("milliseconds added" if "delay" in name
+                                                        else "probability per packet"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="ina-switch %(levelname)s %(message)s")
     try:
-        switch = SoftwareSwitch(args.host, args.port, args.idle, args.max_job_mib << 20)
+        switch = SoftwareSwitch(args.host, args.port, args.idle, args.pool_slots,
+                                args.max_elements)
     except OSError as exc:
         print(f"ina-switch: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
-    switch.aggregator.set_faults(args.drop_in, args.drop_out, args.duplicate_out,
-                                 args.reorder_out)
+    try:
+        switch.aggregator.set_faults(**{name: getattr(args, name) for name in P.FAULT_FIELDS})
+    except ValueError as exc:
+        parser.error(str(exc))
     signal.signal(signal.SIGTERM, switch.stop)
     signal.signal(signal.SIGINT, switch.stop)
     # The first line says where it listens (tests and launchers read it).

@@ -81,10 +81,11 @@ def test_64_mib_on_four_ranks(switch):
     {"drop_in": 0.005, "drop_out": 0.005},
     {"drop_in": 0.025, "drop_out": 0.025},
     {"drop_in": 0.1, "drop_out": 0.1},
-    {"duplicate_out": 0.1},
-    {"reorder_out": 0.2},
-    {"drop_in": 0.02, "duplicate_out": 0.05, "reorder_out": 0.1},
-], ids=["loss-1%", "loss-5%", "loss-20%", "duplicate", "reorder", "mixed"])
+    {"duplicate_in": 0.1, "duplicate_out": 0.1},
+    {"reorder_in": 0.2, "reorder_out": 0.2},
+    {"delay_ms_in": 3, "delay_ms_out": 4},
+    {"drop_in": 0.02, "duplicate_out": 0.05, "reorder_in": 0.1, "delay_ms_out": 1},
+], ids=["loss-1%", "loss-5%", "loss-20%", "duplicate", "reorder", "delay", "mixed"])
 def test_faults_give_the_same_results(switch, faults):
     send_faults((switch.host, switch.port), **faults)
     try:
@@ -154,7 +155,7 @@ def test_no_switch_listening_means_the_ring_with_the_reason():
 
 
 def test_a_refused_job_means_the_ring_with_the_reason():
-    with embedded_switch("--max-job-mib", "1") as sw:
+    with embedded_switch("--pool-slots", "4") as sw:
         cases = [("float32", "sum", 300_000, 42)]
         results = run_ina(sw, 2, cases)
     check_job(results, cases, 2, engine="ring")
@@ -199,6 +200,13 @@ def test_malformed_and_foreign_packets_are_dropped_and_counted():
     status = sw.final_status
     assert "malformed 2" in status and "result from a worker 1" in status, status
     assert "unknown job" in status, status
+
+
+def test_fault_settings_are_checked(switch):
+    with pytest.raises(ValueError, match="unknown fault.*jitter_in"):
+        send_faults((switch.host, switch.port), jitter_in=0.1)
+    with pytest.raises(ValueError, match="refused"):
+        send_faults((switch.host, switch.port), drop_in=2.0)
 
 
 def test_switch_cli_errors_are_clear():
