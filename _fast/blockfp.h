@@ -20,28 +20,6 @@
 #define INA_KERNEL __attribute__((target_clones("avx2", "ssse3", "default"))) static
 #else
 #define INA_KERNEL static inline
-/* The switch's adder: acc += payload (network order), wrapping as a P4 int32 add does. */
-INA_KERNEL void ina_accumulate_be32(uint32_t *restrict acc, const uint32_t *restrict q,
-                                    size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        acc[i] += __builtin_bswap32(q[i]);
-}
-
-/* The first packet of a slot: acc = payload (network order). */
-INA_KERNEL void ina_load_be32(uint32_t *restrict acc, const uint32_t *restrict q, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        acc[i] = __builtin_bswap32(q[i]);
-}
-
-/* A finished slot's sum back into network order, for the result packet. */
-INA_KERNEL void ina_store_be32(uint32_t *restrict out, const uint32_t *restrict acc, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = __builtin_bswap32(acc[i]);
-}
-
 #endif
 
 /* Adding then subtracting 1.5 * 2**52 rounds a double below 2**51 in magnitude to an

@@ -5,7 +5,7 @@ from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    recvmmsg, sendto, sockaddr, sockaddr_in)
+                    prepare_receive, recvmmsg, sendto, sockaddr, sockaddr_in)
 
 from ina_collectives import protocol as P
 
@@ -50,12 +50,7 @@ def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, 
             now = monotonic()
             if now - start >= seconds:
                 break
-            for i in range(BATCH):
-                iovs[i].iov_base = inbox[i]
-                iovs[i].iov_len = 2048
-                memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
-                msgs[i].msg_hdr.msg_iov = &iovs[i]
-                msgs[i].msg_hdr.msg_iovlen = 1
+            prepare_receive(msgs, iovs, &inbox[0][0], 2048, BATCH, NULL)
             got = recvmmsg(fds[0], msgs, BATCH, MSG_DONTWAIT, NULL)
             if got <= 0:
                 if poll(&pfd, 1, 100) <= 0:
@@ -112,12 +107,7 @@ def sink(int fd, double seconds):
         if poll(&pfd, 1, 10000) > 0:
             start = monotonic()
             while monotonic() - start < seconds:
-                for i in range(BATCH):
-                    iovs[i].iov_base = &bufs[i, 0]
-                    iovs[i].iov_len = 65536
-                    memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
-                    msgs[i].msg_hdr.msg_iov = &iovs[i]
-                    msgs[i].msg_hdr.msg_iovlen = 1
+                prepare_receive(msgs, iovs, &bufs[0, 0], 65536, BATCH, NULL)
                 got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
                 if got > 0:
                     count += got

@@ -1,6 +1,7 @@
 # The POSIX socket calls of the fast path's UDP loops (Python creates and binds the
 # sockets; the loops only move datagrams, without the GIL).
-from libc.stdint cimport uint16_t, uint32_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t
+from libc.string cimport memset
 
 cdef extern from "<sys/uio.h>" nogil:
     struct iovec:
@@ -57,3 +58,20 @@ cdef inline double monotonic() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline void prepare_receive(mmsghdr *msgs, iovec *iovs, uint8_t *buffers,
+                                 Py_ssize_t stride, int count,
+                                 sockaddr_in *names) noexcept nogil:
+    """Point msgs[i] at buffers + i * stride (and names[i], if names is not NULL) for
+    recvmmsg, which overwrites the lengths it was given."""
+    cdef int i
+    for i in range(count):
+        iovs[i].iov_base = buffers + i * stride
+        iovs[i].iov_len = stride
+        memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
+        msgs[i].msg_hdr.msg_iov = &iovs[i]
+        msgs[i].msg_hdr.msg_iovlen = 1
+        if names != NULL:
+            msgs[i].msg_hdr.msg_name = &names[i]
+            msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in)

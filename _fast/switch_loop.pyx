@@ -16,7 +16,7 @@ from libc.string cimport memcpy, memset
 
 from blockfp_kernels cimport ina_accumulate_be32, ina_load_be32, ina_store_be32
 from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    recvmmsg, sendto, sockaddr, sockaddr_in)
+                    prepare_receive, recvmmsg, sendto, sockaddr, sockaddr_in)
 
 from ina_collectives import protocol as P
 
@@ -143,10 +143,6 @@ cdef class Aggregator:
                 or self.held_out.data == NULL):
             raise MemoryError("no memory for the aggregator's packet buffers")
         self.rng = seed | 1
-        cdef int i
-        for i in range(BATCH):
-            self.iovs[i].iov_base = self.bufs + i * self.bufsize
-            self.iovs[i].iov_len = self.bufsize
 
     def __dealloc__(self):
         cdef int i
@@ -305,14 +301,8 @@ cdef class Aggregator:
             idle_since = monotonic()
             while self.nctrl == 0:
                 self.release_due(monotonic())
-                for i in range(BATCH):
-                    self.msgs[i].msg_hdr.msg_name = &self.names[i]
-                    self.msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in)
-                    self.msgs[i].msg_hdr.msg_iov = &self.iovs[i]
-                    self.msgs[i].msg_hdr.msg_iovlen = 1
-                    self.msgs[i].msg_hdr.msg_control = NULL
-                    self.msgs[i].msg_hdr.msg_controllen = 0
-                    self.msgs[i].msg_hdr.msg_flags = 0
+                prepare_receive(self.msgs, self.iovs, self.bufs, self.bufsize, BATCH,
+                                self.names)
                 got = recvmmsg(self.fd, self.msgs, BATCH, MSG_DONTWAIT, NULL)
                 if got <= 0:
                     self.flush_held_in()

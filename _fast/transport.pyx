@@ -14,7 +14,7 @@ import numpy as np
 
 from blockfp_kernels cimport KIND_F32
 from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    recvmmsg, sendto, sockaddr, sockaddr_in)
+                    prepare_receive, recvmmsg, sendto, sockaddr, sockaddr_in)
 
 from ina_collectives import protocol as P
 
@@ -96,12 +96,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if inflight[s] >= 0 and sent_at[s] + timer[s] < next_timer:
                     next_timer = sent_at[s] + timer[s]
             wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
-            for i in range(BATCH):
-                iovs[i].iov_base = &rx[i, 0]
-                iovs[i].iov_len = 65536
-                memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
-                msgs[i].msg_hdr.msg_iov = &iovs[i]
-                msgs[i].msg_hdr.msg_iovlen = 1
+            prepare_receive(msgs, iovs, &rx[0, 0], 65536, BATCH, NULL)
             got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
             if got <= 0:
                 if wait_ms > 0:

@@ -63,7 +63,7 @@ def check_job(results, cases, n, rounds=1, engine="ina"):
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_results_within_bound_and_identical(switch, n):
-    cases = [("float32", "sum", 1, 1), ("float32", "sum", K - 1, 2),
+    cases = [("float32", "sum", 0, 0), ("float32", "sum", 1, 1), ("float32", "sum", K - 1, 2),
              ("float32", "sum", K + 1, 3), ("float32", "average", 9 * K + 5, 4),
              ("float64", "sum", 3 * K + 7, 5), ("float16", "average", 2 * K + 1, 6),
              ("float32", "sum", 1_000_003, 7)]
