@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from . import protocol as P
+from .transport import AggregatorUnavailable, control_exchange
 
 log = logging.getLogger("ina_collectives.switch")
 
@@ -160,20 +161,14 @@ def send_faults(address: tuple[str, int], timeout: float = 2.0, **faults: float)
                          f"{', '.join(P.FAULT_FIELDS)}")
     values = [round(faults.get(name, 0) * (1e3 if name.startswith("delay") else 1e6))
               for name in P.FAULT_FIELDS]
-    header = P.pack_header(flags=P.FLAG_CONTROL, job=0, worker=0, slot_version=0, slot=0,
-                           offset=0, count=1 + len(values), exponent=0,
-                           proposal=P.PROPOSAL_NONE)
-    body = np.array([P.CTRL_FAULTS] + values, ">i4")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(timeout)
-        s.sendto(header + body.tobytes(), address)
         try:
-            reply = s.recvfrom(1024)[0]
-        except socket.timeout:
-            raise TimeoutError(f"the switch at {address[0]}:{address[1]} did not confirm "
-                               f"the fault settings within {timeout:g} s") from None
-        if len(reply) >= P.HEADER_BYTES + 8 and np.frombuffer(reply[P.HEADER_BYTES:], ">i4")[1]:
-            raise ValueError(f"the switch refused the fault settings {faults}")
+            status = control_exchange(s, address, 0, 0, [P.CTRL_FAULTS] + values, timeout,
+                                      "fault settings")
+        except AggregatorUnavailable as exc:
+            raise TimeoutError(str(exc)) from None
+    if status:
+        raise ValueError(f"the switch refused the fault settings {faults}")
 
 
 def main(argv: list[str] | None = None) -> int:

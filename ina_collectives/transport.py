@@ -39,6 +39,46 @@ def parse_address(text: str) -> tuple[str, int]:
     return resolved, number
 
 
+def control_exchange(sock: socket.socket, switch: tuple[str, int], job: int, worker: int,
+                     body: list[int], timeout: float, what: str) -> int:
+    """Send a control packet, resending every 0.2 s (UDP may lose either way), until the
+    aggregator answers or ``timeout`` passes; the status it answered."""
+    packet = P.pack_header(flags=P.FLAG_CONTROL, job=job, worker=worker, slot_version=0,
+                           slot=0, offset=0, count=len(body), exponent=0,
+                           proposal=P.PROPOSAL_NONE) + np.array(body, ">i4").tobytes()
+    where = f"{switch[0]}:{switch[1]}"
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                sock.sendto(packet, switch)
+            except OSError as exc:
+                raise AggregatorUnavailable(f"cannot send the {what} to the aggregator at "
+                                            f"{where}: {exc}") from None
+            retry = min(time.monotonic() + 0.2, deadline)
+            while (left := retry - time.monotonic()) > 0:
+                sock.settimeout(left)
+                try:
+                    data, _ = sock.recvfrom(65536)
+                except socket.timeout:
+                    break
+                except ConnectionRefusedError:  # ICMP port unreachable: nobody listens
+                    raise AggregatorUnavailable(
+                        f"no aggregator listens at {where} (port unreachable)") from None
+                if len(data) < P.HEADER_BYTES + 8:
+                    continue
+                h = P.unpack_header(data)
+                reply = np.frombuffer(data[P.HEADER_BYTES:P.HEADER_BYTES + 8], ">i4")
+                wanted = P.FLAG_CONTROL | P.FLAG_RESULT
+                if h["flags"] & wanted == wanted and h["job"] == job and reply[0] == body[0]:
+                    return int(reply[1])
+            if time.monotonic() >= deadline:
+                raise AggregatorUnavailable(
+                    f"the aggregator at {where} did not answer the {what} within {timeout:g} s")
+    finally:
+        sock.settimeout(None)
+
+
 @dataclass
 class StreamResult:
     ok: bool
@@ -66,41 +106,8 @@ class WorkerLink:
         self.sock.close()
 
     def _control(self, body: list[int], timeout: float, what: str) -> int:
-        """Send a control packet until the aggregator answers (bounded); its status."""
-        packet = P.pack_header(flags=P.FLAG_CONTROL, job=self.job, worker=self.worker,
-                               slot_version=0, slot=0, offset=0, count=len(body), exponent=0,
-                               proposal=P.PROPOSAL_NONE) + np.array(body, ">i4").tobytes()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.sock.sendto(packet, self.switch)
-            except OSError as exc:
-                raise AggregatorUnavailable(f"cannot send the {what} to the aggregator at "
-                                            f"{self.switch[0]}:{self.switch[1]}: {exc}") from None
-            retry = min(time.monotonic() + 0.2, deadline)
-            while (left := retry - time.monotonic()) > 0:
-                self.sock.settimeout(left)
-                try:
-                    data, _ = self.sock.recvfrom(65536)
-                except socket.timeout:
-                    break
-                except ConnectionRefusedError:  # ICMP port unreachable: nobody listens
-                    raise AggregatorUnavailable(
-                        f"no aggregator listens at {self.switch[0]}:{self.switch[1]} "
-                        f"(port unreachable)") from None
-                if len(data) < P.HEADER_BYTES + 8:
-                    continue
-                h = P.unpack_header(data)
-                reply = np.frombuffer(data[P.HEADER_BYTES:P.HEADER_BYTES + 8], ">i4")
-                wanted = P.FLAG_CONTROL | P.FLAG_RESULT
-                if h["flags"] & wanted == wanted and h["job"] == self.job and reply[0] == body[0]:
-                    self.sock.settimeout(None)
-                    return int(reply[1])
-            if time.monotonic() >= deadline:
-                self.sock.settimeout(None)
-                raise AggregatorUnavailable(
-                    f"the aggregator at {self.switch[0]}:{self.switch[1]} did not answer the "
-                    f"{what} within {timeout:g} s")
+        return control_exchange(self.sock, self.switch, self.job, self.worker, body,
+                                timeout, what)
 
     def join(self, timeout: float) -> None:
         status = self._control([P.CTRL_JOIN, self.n, self.k, self.slots], timeout, "join")
