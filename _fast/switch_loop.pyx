@@ -16,7 +16,8 @@ from libc.string cimport memcpy, memset
 
 from blockfp_kernels cimport ina_accumulate_be32, ina_load_be32, ina_store_be32
 from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendto, sockaddr, sockaddr_in)
+                    prepare_receive, recvmmsg, sendmmsg, sendto, sockaddr,
+                    sockaddr_in)
 
 from ina_collectives import protocol as P
 
@@ -120,6 +121,10 @@ cdef class Aggregator:
     cdef sockaddr_in names[BATCH]
     cdef iovec iovs[BATCH]
     cdef mmsghdr msgs[BATCH]
+    cdef sockaddr_in out_names[BATCH]   # the outbox: packets to send with one sendmmsg
+    cdef iovec out_iovs[BATCH]
+    cdef mmsghdr out_msgs[BATCH]
+    cdef int nout
     cdef public uint64_t packets_in, packets_out, results, retransmits_answered
     cdef uint64_t drops[<int>DROP_COUNT]
     cdef Faults faults_in, faults_out
@@ -317,6 +322,8 @@ cdef class Aggregator:
                 for i in range(got):
                     self.receive(<uint8_t *>self.iovs[i].iov_base, self.msgs[i].msg_len,
                                  &self.names[i])
+                self.flush_outbox()
+            self.flush_outbox()
         out = []
         for i in range(self.nctrl):
             out.append((PyBytes_FromStringAndSize(<char *>self.ctrl + i * self.bufsize,
@@ -360,6 +367,7 @@ cdef class Aggregator:
             self.delayed_out.head = (self.delayed_out.head + 1) % DELAY_CAPACITY
             self.delayed_out.size -= 1
             self.transmit(h.data, h.length, &h.addr)
+            self.flush_outbox()  # before the queue can reuse h.data
 
     cdef void receive(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         self.packets_in += 1
@@ -405,19 +413,43 @@ cdef class Aggregator:
             self.held_out.length = length
             self.held_out.addr = to[0]
             return
-        sendto(self.fd, pkt, length, 0, <const sockaddr *>to, sizeof(sockaddr_in))
-        self.packets_out += 1
+        self.emit(pkt, length, to)
         if self.chance(self.faults_out.duplicate):
-            sendto(self.fd, pkt, length, 0, <const sockaddr *>to, sizeof(sockaddr_in))
-            self.packets_out += 1
+            self.emit(pkt, length, to)
         self.flush_held_out()
 
     cdef void flush_held_out(self) noexcept nogil:
         if self.held_out.length:
-            sendto(self.fd, self.held_out.data, self.held_out.length, 0,
-                   <const sockaddr *>&self.held_out.addr, sizeof(sockaddr_in))
-            self.packets_out += 1
+            self.emit(self.held_out.data, self.held_out.length, &self.held_out.addr)
+            self.flush_outbox()  # before held_out.data can hold another packet
             self.held_out.length = 0
+
+    cdef void emit(self, const uint8_t *pkt, Py_ssize_t length,
+                   const sockaddr_in *to) noexcept nogil:
+        """Queue a packet in the outbox; pkt must stay unchanged until flush_outbox."""
+        if self.nout == BATCH:
+            self.flush_outbox()
+        cdef int i = self.nout
+        self.out_iovs[i].iov_base = <void *>pkt
+        self.out_iovs[i].iov_len = length
+        self.out_names[i] = to[0]
+        memset(&self.out_msgs[i].msg_hdr, 0, sizeof(self.out_msgs[i].msg_hdr))
+        self.out_msgs[i].msg_hdr.msg_name = &self.out_names[i]
+        self.out_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in)
+        self.out_msgs[i].msg_hdr.msg_iov = &self.out_iovs[i]
+        self.out_msgs[i].msg_hdr.msg_iovlen = 1
+        self.nout += 1
+        self.packets_out += 1
+
+    cdef void flush_outbox(self) noexcept nogil:
+        """Send the outbox with sendmmsg; what the kernel refuses is lost, as on a link."""
+        cdef int sent = 0, r
+        while sent < self.nout:
+            r = sendmmsg(self.fd, &self.out_msgs[sent], self.nout - sent, 0)
+            if r <= 0:
+                break
+            sent += r
+        self.nout = 0
 
     cdef void handle(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         """The aggregation rule (docs/protocol.md) for one packet as the switch sees it."""
