@@ -45,7 +45,8 @@ class SoftwareSwitch:
         # and a largest K. A job that does not fit is refused (its ranks take the ring).
         self.pool_slots, self.max_elements = pool_slots, max_elements
         self.job_slots: dict[int, int] = {}
-        self.control_counts = {"joins": 0, "refusals": 0, "leaves": 0, "jobs freed idle": 0}
+        self.control_counts = {"joins": 0, "refusals": 0, "leaves": 0, "jobs freed idle": 0,
+                               "malformed control": 0}
         self._stop = False
 
     def stop(self, *_: object) -> None:
@@ -56,7 +57,11 @@ class SoftwareSwitch:
         started = last_stats = last_idle = time.monotonic()
         while not self._stop:
             for packet, addr, port in self.aggregator.run(100):
-                self._control(packet, addr, port)
+                try:
+                    self._control(packet, addr, port)
+                except (ValueError, IndexError) as exc:  # a malformed request, not a crash
+                    self.control_counts["malformed control"] += 1
+                    log.warning("malformed control packet dropped: %s", exc)
             now = time.monotonic()
             if stats_interval and now - last_stats >= stats_interval:
                 print(self.status_line(), flush=True)
@@ -91,7 +96,8 @@ class SoftwareSwitch:
 
     def _control(self, packet: bytes, addr_be: int, port_be: int) -> None:
         head = P.unpack_header(packet)
-        body = np.frombuffer(packet[P.HEADER_BYTES:], ">i4")
+        payload = packet[P.HEADER_BYTES:]
+        body = np.frombuffer(payload[:len(payload) - len(payload) % 4], ">i4")
         if body.size < 1:
             return
         op, job, worker = int(body[0]), head["job"], head["worker"]

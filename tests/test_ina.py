@@ -189,7 +189,9 @@ def test_malformed_and_foreign_packets_are_dropped_and_counted():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             for raw in (b"\x00" * 3, b"\x09" + b"\x00" * 40,
                         bytes(INA(job=777, worker=0, values=[1, 2])),           # no such job
-                        bytes(INA(flags="RESULT", job=777, values=[1]))):        # a result
+                        bytes(INA(flags="RESULT", job=777, values=[1])),         # a result
+                        bytes(INA(flags="CONTROL", job=5)) + b"\x00\x00\x00\x01\x07",  # odd
+                        bytes(INA(flags="CONTROL", job=5, values=[99, 1]))):     # unknown op
                 s.sendto(raw, (sw.host, sw.port))
         # A running job keeps working, and a stranger cannot touch its slots.
         cases = [("float32", "sum", 3 * K, 61)]
