@@ -8,10 +8,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): setup.cfg setup.py pyproject.toml $(wildcard _fast/*.pyx _fast/*.pxd _fast/*.pxi _fast/*.h)
+$(STAMP): setup.cfg setup.py pyproject.toml constraints.txt $(wildcard _fast/*.pyx _fast/*.pxd _fast/*.pxi _fast/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,torch,p4]'
 	touch $@
 
 demo: $(STAMP)
