@@ -77,6 +77,12 @@ JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
                "worker id taken by another address", "no room for the job")
 MAX_WORKERS = 64  # one bit each in the switch's per-slot bitmap
 
+# Why an aggregator drops a data packet: the software switch's counters and the P4
+# program's drop counter share this order (the index is the counter's).
+DROP_REASONS = ("malformed", "unknown job", "unknown worker", "bad slot", "mismatched chunk",
+                "duplicate in progress", "injected loss in", "injected loss out",
+                "result from a worker")
+
 
 # What a worker's parser says of a received packet: 0 accepts it, any other value is
 # the reason it was dropped (the index into PARSE_STATUS, counted by the transport).

@@ -1,0 +1,104 @@
+"""The P4 program and its P4Info: generated reproducibly, consistent with each other and
+with what the controller and the software switch use (ina_collectives.p4schema)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ina_collectives import p4schema as S
+from ina_collectives import protocol as P
+
+ROOT = Path(__file__).resolve().parent.parent
+P4DIR = ROOT / "p4"
+
+
+def read_p4info(path: Path):
+    pytest.importorskip("p4.config.v1.p4info_pb2", reason="the p4 extra (p4runtime) is "
+                        "not installed")
+    from google.protobuf import text_format
+    from p4.config.v1 import p4info_pb2
+
+    return text_format.Parse(path.read_text(), p4info_pb2.P4Info())
+
+
+def test_gen_is_reproducible(tmp_path):
+    pytest.importorskip("google.protobuf", reason="gen.py writes the P4Info with protobuf")
+    subprocess.run([sys.executable, str(P4DIR / "gen.py"), "--out-dir", str(tmp_path)],
+                   check=True)
+    for name in ("ina_aggregator.p4", "ina_aggregator.p4info.txt"):
+        assert (tmp_path / name).read_bytes() == (P4DIR / name).read_bytes(), (
+            f"p4/{name} is not what p4/gen.py writes: run python p4/gen.py and commit")
+
+
+def test_gen_other_sizes(tmp_path):
+    pytest.importorskip("google.protobuf", reason="gen.py writes the P4Info with protobuf")
+    subprocess.run([sys.executable, str(P4DIR / "gen.py"), "--elements", "8", "--slots",
+                    "16", "--out-dir", str(tmp_path)], check=True)
+    program = (tmp_path / "ina_aggregator.p4").read_text()
+    assert "const bit<16> K               = 8;" in program
+    assert "parse_value_7" in program and "parse_value_8" not in program
+    build = S.read_build(read_p4info(tmp_path / "ina_aggregator.p4info.txt"))
+    assert (build.k, build.slots) == (8, 16)
+
+
+def test_p4info_names_every_entity_the_controller_uses():
+    info = read_p4info(P4DIR / "ina_aggregator.p4info.txt")
+    build = S.read_build(info)  # raises, naming what is missing
+    assert (build.k, build.slots) == (S.DEFAULT_ELEMENTS, S.DEFAULT_SLOTS)
+    names = ({t.preamble.name for t in info.tables} | {a.preamble.name for a in info.actions}
+             | {r.preamble.name for r in info.registers}
+             | {c.preamble.name for c in info.counters})
+    assert set(S.ENTITIES_USED) <= names, sorted(set(S.ENTITIES_USED) - names)
+    fields = {(t.preamble.name, m.name) for t in info.tables for m in t.match_fields}
+    for table in (S.WORKERS, S.REPLICAS):
+        for key in table.keys:
+            assert (table.name, key.name) in fields
+
+
+def test_program_and_p4info_agree():
+    """Every P4Info entity is declared in the program with its id, and every @id in the
+    program is in the P4Info; key names, parameters and sizes match."""
+    info = read_p4info(P4DIR / "ina_aggregator.p4info.txt")
+    program = (P4DIR / "ina_aggregator.p4").read_text()
+    declared = {}
+    for m in re.finditer(r"control (\w+)\(.*?\n}\n", program, re.S):
+        for d in re.finditer(r"@id\((0x[0-9a-f]+)\)\s*(?:action|table|register<bit<(\d+)>>"
+                             r"\(CELLS\)|counter\((\d+), CounterType\.packets\))\s*(\w+)",
+                             m.group(0)):
+            declared[f"{m.group(1)}.{d.group(4)}"] = (int(d.group(1), 16), d.group(2),
+                                                     d.group(3))
+    entities = ([(t.preamble, None) for t in info.tables]
+                + [(a.preamble, None) for a in info.actions]
+                + [(r.preamble, str(r.type_spec.bitstring.bit.bitwidth))
+                   for r in info.registers] + [(c.preamble, None) for c in info.counters])
+    assert {p.name for p, _ in entities} == set(declared)
+    for preamble, bits in entities:
+        assert declared[preamble.name][0] == preamble.id, preamble.name
+        if bits:
+            assert declared[preamble.name][1] == bits, preamble.name
+    cells = int(re.search(r"const bit<32> CELLS\s+= (\d+);", program).group(1))
+    assert all(r.size == cells for r in info.registers)
+    counter = next(iter(info.counters))
+    assert declared[counter.preamble.name][2] == str(counter.size) == str(len(P.DROP_REASONS))
+    for t in info.tables:
+        body = re.search(rf"table {t.preamble.alias} {{(.*?)\n    }}", program, re.S).group(1)
+        assert [m.name for m in t.match_fields] == re.findall(r'@name\("(\w+)"\)', body)
+        assert f"size = {t.size};" in body
+    for a in info.actions:
+        sig = re.search(rf"action {a.preamble.alias}\((.*?)\)", program).group(1)
+        have = [tuple(p.split()) for p in sig.split(", ")] if sig else []
+        assert have == [(f"bit<{p.bitwidth}>", p.name) for p in a.params], a.preamble.name
+
+
+def test_program_uses_the_wire_constants():
+    program = (P4DIR / "ina_aggregator.p4").read_text()
+    assert f"const bit<16> INA_PORT        = {P.UDP_PORT};" in program
+    for i, reason in enumerate(P.DROP_REASONS):
+        assert f"= {i};   // {reason}" in program
+    header = re.search(r"header ina_t {(.*?)}", program, re.S).group(1)
+    widths = [int(w) for w in re.findall(r"bit<(\d+)>", header)]
+    assert sum(widths) == 8 * P.HEADER_BYTES
