@@ -73,6 +73,29 @@ class Settings:
     retransmit_timeout: float = _setting(
         0.02, "Initial retransmission timeout of a packet, in seconds; doubles per resend.")
     retransmit_max: float = _setting(0.5, "Largest retransmission timeout, in seconds.")
+    fusion_threshold: int = _setting(
+        128 * MiB,
+        "Horovod API: ready allreduces of one dtype and op are packed into one buffer of "
+        "up to this many bytes and reduced in one call (tensor fusion); 0 turns fusion "
+        "off. HOROVOD_FUSION_THRESHOLD is read too.",
+    )
+    cycle_time: float = _setting(
+        0.001,
+        "Horovod API: seconds between the background thread's negotiation rounds, in which "
+        "the ranks agree on which named tensors are ready. HOROVOD_CYCLE_TIME (in ms) is "
+        "read too.",
+    )
+    stall_warning_time: float = _setting(
+        60.0,
+        "Horovod API: seconds a tensor may wait for some ranks to submit it before a "
+        "warning names the missing ranks. HOROVOD_STALL_CHECK_TIME_SECONDS is read too.",
+    )
+    stall_shutdown_time: float = _setting(
+        300.0,
+        "Horovod API: seconds after which a tensor that some ranks never submitted fails "
+        "on the ranks that did, with an error naming the missing ranks and tensors. "
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is read too.",
+    )
 
     def __post_init__(self) -> None:
         if self.ring_chunk_bytes < 1:
@@ -86,6 +109,11 @@ class Settings:
         if not 0 <= self.switch_elements <= 16370:
             raise ValueError(f"switch_elements must be 0..16370, got {self.switch_elements}")
         for name in ("switch_join_timeout", "switch_silence", "retransmit_timeout", "retransmit_max"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.fusion_threshold < 0:
+            raise ValueError(f"fusion_threshold must be >= 0, got {self.fusion_threshold}")
+        for name in ("cycle_time", "stall_warning_time", "stall_shutdown_time"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

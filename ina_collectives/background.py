@@ -1,0 +1,389 @@
+"""The background runtime behind the Horovod-style API, framework-neutral (NumPy arrays).
+
+One thread per process owns all communication of the runtime's communicator: callers
+``submit`` a named operation and get a ``Handle``; every ``cycle_time`` the thread
+negotiates with the other ranks which operations are ready (negotiation.py), then runs
+them in the agreed order. Ready allreduces of one dtype, op and scale are packed into a
+fusion buffer and reduced with one call through ``Collectives`` (so INA serves them when
+it applies). Every wait is bounded: a peer that stops negotiating fails every pending
+handle with CollectiveTimeout, a tensor some ranks never submit fails after
+``stall_shutdown_time`` naming them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .collectives import Collectives
+from .errors import CollectiveTimeout, InaError
+from .negotiation import Failed, Message, Ready, Request, Table, exchange, poll
+from .ops import Op
+from .settings import Settings
+from .waiting import Deadline
+
+log = logging.getLogger("ina_collectives")
+
+REDUCE_OPS = {"sum": Op.SUM, "average": Op.SUM, "min": Op.MIN, "max": Op.MAX,
+              "product": Op.PROD}
+
+
+class OperationError(InaError):
+    """A named operation failed: its ranks disagreed, it stalled, or the runtime stopped."""
+
+
+class Handle:
+    """An operation in flight; ``result`` once ``done``."""
+
+    __slots__ = ("request", "data", "_done", "result", "error")
+
+    def __init__(self, request: Request | None, data: dict[str, Any]):
+        self.request, self.data = request, data
+        self._done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.data = {}  # the runtime is done with the caller's buffers
+        self._done.set()
+
+    def wait(self, seconds: float, what: str) -> Any:
+        """The result, or the operation's error; CollectiveTimeout after ``seconds``.
+        Waits in short slices so that Ctrl-C interrupts it."""
+        deadline = time.monotonic() + seconds
+        while not self._done.wait(0.1):
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeout(f"waited {seconds:g} s for {what}")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclass
+class _Local:
+    """This rank's submissions, in the order it made them."""
+
+    queue: list[Handle] = field(default_factory=list)
+    inflight: dict[str, Handle] = field(default_factory=dict)
+    join: Handle | None = None
+    join_sent: bool = False
+
+
+class BackgroundRuntime:
+    def __init__(self, comm: MPI.Intracomm, settings: Settings):
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RuntimeError("the Horovod API needs MPI_THREAD_MULTIPLE (its background "
+                               "thread communicates while the caller's may too); MPI gave "
+                               f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level")
+        self.settings = settings
+        # The negotiation already compared every rank's call: skip the per-call check.
+        self.collectives = Collectives(comm, dataclasses.replace(settings,
+                                                                 check_agreement=False))
+        self.comm = self.collectives.comm
+        self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
+        self.table = Table(self.size)
+        self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0}
+        self._fusion_buffer = np.empty(0, np.uint8)
+        self._lock = threading.Lock()
+        self._local = _Local()
+        self._shutdown = False
+        self._stopped: str | None = None   # why the loop ended, once it has
+        self._stalled: tuple[str, ...] = ()
+        self._thread = threading.Thread(target=self._run, name="ina-background", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ------------------------------------------------------------
+
+    def submit(self, request: Request, **data: Any) -> Handle:
+        """Queue ``request`` with its arrays (send/recv/buf as its kind needs)."""
+        handle = Handle(request, data)
+        with self._lock:
+            self._check_running()
+            if request.name in self._local.inflight or any(
+                    h.request.name == request.name for h in self._local.queue):
+                raise ValueError(f"an operation named '{request.name}' is already in flight "
+                                 f"on this rank; names of in-flight operations must differ")
+            self._local.queue.append(handle)
+        return handle
+
+    def join(self) -> Handle:
+        """This rank has no more data: it contributes zeros to others' allreduces until
+        every rank has joined; the handle's result is the last rank to join."""
+        with self._lock:
+            self._check_running()
+            if self._local.join is not None:
+                raise ValueError("join() is already in progress on this rank")
+            self._local.join = Handle(None, {})
+            return self._local.join
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop the thread (every rank's thread stops in the same cycle), free the
+        communicator. Pending handles fail. Idempotent."""
+        with self._lock:
+            self._shutdown = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the background thread did not stop within %g s", timeout)
+        else:
+            self.collectives.free()
+
+    def wait_seconds(self) -> float:
+        """The longest a handle can take: a stall or a dead peer fails it before this."""
+        return self.settings.stall_shutdown_time + 2 * self.settings.timeout
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.collectives.stats.snapshot(), **self.fusion}
+
+    def _check_running(self) -> None:
+        if self._stopped is not None:
+            raise OperationError(f"the background runtime has stopped: {self._stopped}")
+        if self._shutdown:
+            raise OperationError("the background runtime is shutting down")
+
+    # -- the background thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        reason = "shut down"
+        try:
+            while True:
+                started = time.monotonic()
+                if self._cycle():
+                    break
+                spare = self.settings.cycle_time - (time.monotonic() - started)
+                if spare > 0:
+                    time.sleep(spare)
+        except BaseException as exc:  # noqa: BLE001 - every handle must hear of it
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("background thread stopped: %s", reason)
+            self._fail_all(exc if isinstance(exc, InaError) else OperationError(reason))
+        finally:
+            self._stopped = reason
+            self._fail_all(OperationError(f"the background runtime has stopped: {reason}"))
+
+    def _cycle(self) -> bool:
+        """One negotiation round and its work; True when the runtime must stop."""
+        with self._lock:
+            new, self._local.queue = self._local.queue, []
+            for handle in new:
+                self._local.inflight[handle.request.name] = handle
+            send_join = self._local.join is not None and not self._local.join_sent
+            self._local.join_sent |= send_join
+            message = Message([h.request for h in new], send_join, self._shutdown,
+                              self._stalled)
+        deadline = Deadline(self.settings.timeout)
+        messages = exchange(self.comm, message, deadline, self.table.cycle + 1)
+        self.fusion["cycles"] += 1
+        outcome = self.table.absorb(messages, time.monotonic())
+        for failed in outcome.failed:
+            self._finish(failed.name, error=OperationError(failed.message))
+        self._execute(outcome.ready)
+        if outcome.join_done is not None and self._local.join is not None:
+            handle, self._local.join, self._local.join_sent = self._local.join, None, False
+            handle.finish(outcome.join_done)
+        if outcome.shutdown_by is not None:
+            self._fail_all(OperationError(f"rank {outcome.shutdown_by} shut the runtime down "
+                                          f"before this operation could run"))
+            return True
+        if self.rank == 0:
+            self._stalled = self.table.stalled(time.monotonic(),
+                                               self.settings.stall_warning_time,
+                                               self.settings.stall_shutdown_time)
+        return False
+
+    def _finish(self, name: str, result: Any = None, error: BaseException | None = None
+                ) -> None:
+        with self._lock:
+            handle = self._local.inflight.pop(name, None)
+        if handle is not None:
+            handle.finish(result, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            handles = list(self._local.inflight.values()) + self._local.queue
+            self._local.inflight, self._local.queue = {}, []
+            if self._local.join is not None:
+                handles.append(self._local.join)
+                self._local.join = None
+        for handle in handles:
+            if not handle.done():
+                handle.finish(error=error)
+
+    # -- running what is ready ------------------------------------------------------------
+
+    def _execute(self, ready: list[Ready]) -> None:
+        reductions = [r for r in ready if r.any_request().kind == "allreduce"]
+        for group in self._fusion_groups(reductions):
+            self._allreduce_group(group)
+        for item in ready:
+            kind = item.any_request().kind
+            if kind == "allreduce":
+                continue
+            handle = self._local.inflight.get(item.name)
+            try:
+                result = getattr(self, "_" + kind)(item.requests, handle.data if handle else {})
+            except InaError as exc:
+                self._finish(item.name, error=exc)
+                if isinstance(exc, CollectiveTimeout):
+                    raise
+                continue
+            self._finish(item.name, result)
+
+    def _fusion_groups(self, reductions: list[Ready]) -> list[list[Ready]]:
+        """Consecutive runs of one dtype, op and scale, each up to the fusion threshold."""
+        groups: list[list[Ready]] = []
+        open_groups: dict[tuple, tuple[list[Ready], int]] = {}
+        limit = self.settings.fusion_threshold
+        for item in reductions:
+            req = item.any_request()
+            key = (req.wire, req.op, req.prescale, req.postscale)
+            nbytes = math.prod(req.shape) * np.dtype(req.wire).itemsize
+            members, used = open_groups.get(key, (None, 0))
+            if members is None or used + nbytes > limit:
+                members, used = [], 0
+                groups.append(members)
+            members.append(item)
+            open_groups[key] = (members, used + nbytes)
+        return groups
+
+    def _allreduce_group(self, group: list[Ready]) -> None:
+        req = group[0].any_request()
+        wire = np.dtype(req.wire)
+        counts = [math.prod(item.any_request().shape) for item in group]
+        total = sum(counts)
+        if len(group) > 1:
+            if self._fusion_buffer.nbytes < total * wire.itemsize:
+                self._fusion_buffer = np.empty(max(total * wire.itemsize,
+                                                   self.settings.fusion_threshold), np.uint8)
+            buffer = self._fusion_buffer[:total * wire.itemsize].view(wire)
+            self.fusion["fused calls"] += 1
+            self.fusion["tensors fused"] += len(group)
+        else:
+            handle = self._local.inflight.get(group[0].name)
+            recv = handle.data["recv"] if handle else None
+            # A lone tensor is reduced in its output (no copy out) unless it is an input
+            # the caller still needs unchanged.
+            buffer = recv if recv is not None else np.empty(total, wire)
+        offset = 0
+        for item, count in zip(group, counts):
+            handle = self._local.inflight.get(item.name)
+            piece = buffer[offset:offset + count]
+            if handle is None:          # this rank has joined: it adds nothing
+                piece[...] = 0
+            else:                       # send None: in place, the input is in recv
+                source = handle.data["send"]
+                if source is None:
+                    source = handle.data["recv"]
+                if source is not buffer:
+                    np.copyto(piece, source)
+            offset += count
+        try:
+            if total:
+                self._reduce(buffer, req)
+        except InaError as exc:
+            for item in group:
+                self._finish(item.name, error=exc)
+            if isinstance(exc, CollectiveTimeout):
+                raise
+            return
+        offset = 0
+        for item, count in zip(group, counts):
+            handle = self._local.inflight.get(item.name)
+            if handle is not None:
+                recv = handle.data["recv"]
+                if recv is not buffer:
+                    np.copyto(recv, buffer[offset:offset + count])
+                self._finish(item.name, recv)
+            offset += count
+
+    def _reduce(self, buffer: np.ndarray, req: Request) -> None:
+        """Reduce ``buffer`` in place over all ranks with Horovod's semantics: prescale,
+        reduce, postscale (Average: divided by the number of ranks)."""
+        if req.prescale != 1.0:
+            _scale(buffer, req.prescale)
+        self.collectives.allreduce_flat(None, buffer, REDUCE_OPS[req.op])
+        post = req.postscale / (self.size if req.op == "average" else 1)
+        if post != 1.0:
+            _scale(buffer, post)
+
+    def _deadline_wait(self, request: MPI.Request, what: str) -> None:
+        poll(request, Deadline(self.settings.timeout), lambda: what)
+
+    def _allgather(self, reqs: dict[int, Request], data: dict[str, Any]
+                   ) -> tuple[np.ndarray, list[int]]:
+        req = reqs[self.rank]
+        wire = np.dtype(req.wire)
+        row = math.prod(req.shape[1:]) * wire.itemsize
+        rows = [reqs[r].shape[0] for r in range(self.size)]
+        out = np.empty((sum(rows),) + req.shape[1:], wire)
+        counts = [n * row for n in rows]
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        self._deadline_wait(self.comm.Iallgatherv(
+            [_bytes(data["send"]), MPI.BYTE], [_bytes(out), counts, displs, MPI.BYTE]),
+            f"allgather '{req.name}' ({sum(counts)} bytes) to complete on all ranks")
+        return out, rows
+
+    def _broadcast(self, reqs: dict[int, Request], data: dict[str, Any]) -> np.ndarray:
+        req = reqs[self.rank]
+        buf = data["buf"]
+        self._deadline_wait(self.comm.Ibcast([_bytes(buf), MPI.BYTE], root=req.root),
+                            f"broadcast '{req.name}' from rank {req.root} to complete")
+        return buf
+
+    def _alltoall(self, reqs: dict[int, Request], data: dict[str, Any]
+                  ) -> tuple[np.ndarray, list[int]]:
+        req = reqs[self.rank]
+        wire = np.dtype(req.wire)
+        row = math.prod(req.shape[1:]) * wire.itemsize
+        received = [reqs[r].splits[self.rank] for r in range(self.size)]
+        out = np.empty((sum(received),) + req.shape[1:], wire)
+        send_counts = [n * row for n in req.splits]
+        recv_counts = [n * row for n in received]
+        offsets = lambda c: np.concatenate(([0], np.cumsum(c)[:-1])).tolist()  # noqa: E731
+        self._deadline_wait(self.comm.Ialltoallv(
+            [_bytes(data["send"]), send_counts, offsets(send_counts), MPI.BYTE],
+            [_bytes(out), recv_counts, offsets(recv_counts), MPI.BYTE]),
+            f"alltoall '{req.name}' to complete on all ranks")
+        return out, received
+
+    def _reducescatter(self, reqs: dict[int, Request], data: dict[str, Any]) -> np.ndarray:
+        req = reqs[self.rank]
+        full = np.array(data["send"], copy=True).reshape(-1)
+        if full.size:
+            self._reduce(full, req)
+        first, row = req.shape[0], math.prod(req.shape[1:])
+        start, stop = split_rows(first, self.size, self.rank)
+        return full[start * row:stop * row].reshape((stop - start,) + req.shape[1:])
+
+    def _barrier(self, reqs: dict[int, Request], data: dict[str, Any]) -> None:
+        self._deadline_wait(self.comm.Ibarrier(), "every rank to reach the barrier")
+
+
+def split_rows(rows: int, parts: int, index: int) -> tuple[int, int]:
+    """Rows [start, stop) of part ``index``: as even as possible, the first parts larger
+    (torch.tensor_split's rule)."""
+    base, extra = divmod(rows, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def _scale(buffer: np.ndarray, factor: float) -> None:
+    """buffer *= factor in its own dtype; integers truncate toward zero."""
+    if buffer.dtype.kind == "f":
+        np.multiply(buffer, buffer.dtype.type(factor), out=buffer)
+    else:
+        buffer[...] = np.trunc(buffer * factor)
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).view(np.uint8)

@@ -1,0 +1,236 @@
+"""The ranks' agreement, each cycle, on which named operations are ready to run.
+
+Horovod's controller without a coordinator round trip: every cycle each rank publishes
+what it newly submitted (and its join/shutdown flags; rank 0 also the names it found
+stalled), one allgather hands every rank every message, and every rank updates an
+identical ``Table``. An operation is ready when every rank has submitted it; its
+metadata (kind, dtype, shape, op, root, scale factors) is compared first, so a mismatch
+fails on every rank in the same cycle, before any data moves. Every rank sees the same
+messages in the same order and so derives the same ready list in the same order.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import CollectiveTimeout
+from .waiting import Deadline
+
+log = logging.getLogger("ina_collectives")
+
+KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One named operation as a rank submitted it: what every rank must agree on."""
+
+    kind: str                     # one of KINDS
+    name: str
+    dtype: str                    # the framework's dtype name, compared across ranks
+    wire: str                     # the NumPy dtype the data moves as
+    shape: tuple[int, ...] = ()
+    op: str = ""                  # reductions: sum, average, min, max, product
+    root: int = -1                # broadcast
+    prescale: float = 1.0
+    postscale: float = 1.0
+    splits: tuple[int, ...] = ()  # alltoall: first-dimension rows sent to each rank
+
+    def describe(self) -> str:
+        parts = [f"{self.kind} '{self.name}'", f"{self.dtype}{list(self.shape)}"]
+        if self.op:
+            parts.append(self.op)
+        if self.root >= 0:
+            parts.append(f"root {self.root}")
+        return " ".join(parts)
+
+
+@dataclass
+class Message:
+    """What one rank publishes in one cycle."""
+
+    requests: list[Request] = field(default_factory=list)
+    join: bool = False
+    shutdown: bool = False
+    stalled: tuple[str, ...] = ()   # rank 0 only: names to fail as stalled
+
+
+@dataclass
+class Ready:
+    name: str
+    requests: dict[int, Request]    # by rank; a joined rank has none (allreduce only)
+
+    def any_request(self) -> Request:
+        return next(iter(self.requests.values()))
+
+
+@dataclass
+class Failed:
+    name: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    """What one cycle decided, identically on every rank."""
+
+    ready: list[Ready] = field(default_factory=list)
+    failed: list[Failed] = field(default_factory=list)
+    join_done: int | None = None     # the last rank to join, once every rank has
+    shutdown_by: int | None = None   # a rank that asked to shut down
+
+
+@dataclass
+class _Entry:
+    first_seen: float
+    requests: dict[int, Request] = field(default_factory=dict)
+    warned: bool = False
+
+
+class Table:
+    """Every rank's identical view of what is pending where."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.pending: dict[str, _Entry] = {}
+        self.joined: dict[int, int] = {}   # rank -> cycle it joined in
+        self.cycle = 0
+
+    def absorb(self, messages: list[Message], now: float) -> Outcome:
+        self.cycle += 1
+        out = Outcome()
+        for rank, msg in enumerate(messages):
+            for req in msg.requests:
+                entry = self.pending.setdefault(req.name, _Entry(now))
+                if rank in entry.requests:
+                    out.failed.append(Failed(req.name, f"rank {rank} submitted '{req.name}' "
+                                             f"again while its first one was pending"))
+                    del self.pending[req.name]
+                    continue
+                entry.requests[rank] = req
+            if msg.join and rank not in self.joined:
+                self.joined[rank] = self.cycle
+            if msg.shutdown and out.shutdown_by is None:
+                out.shutdown_by = rank
+        for name in messages[0].stalled:
+            entry = self.pending.pop(name, None)
+            if entry is not None:
+                out.failed.append(Failed(name, self._stall_text(name, entry, final=True)))
+        for name in list(self.pending):
+            entry = self.pending[name]
+            present = set(entry.requests) | set(self.joined)
+            if len(present) < self.size:
+                continue
+            del self.pending[name]
+            problem = self._mismatch(name, entry.requests)
+            if problem:
+                out.failed.append(Failed(name, problem))
+            else:
+                out.ready.append(Ready(name, dict(sorted(entry.requests.items()))))
+        if len(self.joined) == self.size:
+            last = max(self.joined.values())
+            out.join_done = max(r for r, c in self.joined.items() if c == last)
+            self.joined.clear()
+        return out
+
+    def _mismatch(self, name: str, reqs: dict[int, Request]) -> str | None:
+        joined = sorted(set(range(self.size)) - set(reqs))
+        first = next(iter(reqs.values()))
+        if joined and first.kind != "allreduce":
+            return (f"{first.kind} '{name}' cannot run: rank(s) {joined} have joined, and "
+                    f"only allreduce continues with joined ranks")
+
+        def differ(label: str, value: Callable[[Request], object]) -> str | None:
+            values = {r: value(q) for r, q in reqs.items()}
+            if len(set(map(repr, values.values()))) <= 1:
+                return None
+            listed = ", ".join(f"rank {r}: {v}" for r, v in values.items())
+            return f"Mismatched {label} of {first.kind} '{name}': {listed}"
+
+        checks: list[tuple[str, Callable[[Request], object]]] = [
+            ("operation", lambda q: q.kind), ("dtype", lambda q: q.dtype),
+            ("reduction op", lambda q: q.op), ("root rank", lambda q: q.root),
+            ("prescale/postscale factors", lambda q: (q.prescale, q.postscale))]
+        if first.kind in ("allgather", "alltoall"):
+            checks.append(("number of dimensions", lambda q: len(q.shape)))
+            checks.append(("shape beyond the first dimension", lambda q: q.shape[1:]))
+        else:
+            checks.append(("shape", lambda q: q.shape))
+        for label, value in checks:
+            problem = differ(label, value)
+            if problem:
+                return problem
+        if first.kind == "broadcast" and not 0 <= first.root < self.size:
+            return f"broadcast '{name}': root rank {first.root} is not in 0..{self.size - 1}"
+        if first.kind == "alltoall":
+            for r, q in reqs.items():
+                if len(q.splits) != self.size:
+                    return (f"alltoall '{name}': rank {r} gave {len(q.splits)} splits for "
+                            f"{self.size} ranks")
+        return None
+
+    def _stall_text(self, name: str, entry: _Entry, final: bool) -> str:
+        missing = sorted(set(range(self.size)) - set(entry.requests) - set(self.joined))
+        what = next(iter(entry.requests.values())).describe() if entry.requests else name
+        verb = "never submitted" if final else "have not submitted"
+        return (f"stalled: {what} was submitted by rank(s) {sorted(entry.requests)}, but "
+                f"rank(s) {missing} {verb} it")
+
+    def stalled(self, now: float, warn_after: float, fail_after: float) -> tuple[str, ...]:
+        """Names pending for longer than ``fail_after`` (rank 0 publishes them); warns
+        once about those pending for longer than ``warn_after``."""
+        failing = []
+        for name, entry in self.pending.items():
+            age = now - entry.first_seen
+            if age >= fail_after:
+                failing.append(name)
+            elif age >= warn_after and not entry.warned:
+                entry.warned = True
+                log.warning("%s for %.0f s (fails after %.0f s)",
+                            self._stall_text(name, entry, final=False), age, fail_after)
+        return tuple(failing)
+
+
+def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: int
+             ) -> list[Message]:
+    """Every rank's message of this cycle, in rank order (one or two allgathers).
+
+    An idle cycle costs one allgather of one int64 per rank."""
+    payload = b"" if message == Message() else pickle.dumps(message, protocol=5)
+    n = comm.Get_size()
+    sizes = np.empty(n, np.int64)
+    poll(comm.Iallgather(np.array([len(payload)], np.int64), sizes), deadline,
+         lambda: f"all {n} ranks to reach negotiation cycle {cycle} of the background thread")
+    if not sizes.any():
+        return [Message() for _ in range(n)]
+    displs = np.zeros(n, np.int64)
+    np.cumsum(sizes[:-1], out=displs[1:])
+    gathered = np.empty(int(sizes.sum()), np.uint8)
+    poll(comm.Iallgatherv(np.frombuffer(payload, np.uint8),
+                          [gathered, sizes.tolist(), displs.tolist(), MPI.BYTE]), deadline,
+         lambda: f"every rank's requests of negotiation cycle {cycle}")
+    return [pickle.loads(gathered[d:d + s].tobytes()) if s else Message()
+            for d, s in zip(displs.tolist(), sizes.tolist())]
+
+
+def poll(request: MPI.Request, deadline: Deadline, what: Callable[[], str]) -> None:
+    """Complete ``request`` or raise CollectiveTimeout naming ``what()``.
+
+    Sleeps between tests (up to 0.5 ms): the background thread must not hold the GIL or
+    a core that the training thread of the same process needs."""
+    pause = 0.0
+    while not request.Test():
+        if deadline.expired():
+            raise CollectiveTimeout(f"waited {deadline.seconds:g} s for {what()}")
+        if pause:
+            time.sleep(pause)
+        else:
+            os.sched_yield()
+        pause = min(5e-4, pause * 2 or 2e-5)

@@ -1,0 +1,84 @@
+"""Helpers that keep the ranks' models and optimizers in step, as Horovod's."""
+from __future__ import annotations
+
+import io
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from . import mpi_ops
+
+
+def broadcast_parameters(params: Any, root_rank: int) -> None:
+    """Overwrite, in place, every rank's parameters with root_rank's.
+
+    ``params``: ``model.state_dict()``, ``model.named_parameters()`` or a list of
+    (name, tensor) pairs. All broadcasts are started at once, then awaited."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, Iterable):
+        items = list(params)
+    else:
+        raise TypeError(f"broadcast_parameters takes a state_dict or (name, tensor) pairs, "
+                        f"got {type(params).__name__}")
+    handles = []
+    for entry in items:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise TypeError(f"broadcast_parameters: expected (name, tensor) pairs, got "
+                            f"{entry!r:.60}")
+        name, p = entry
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: '{name}' is a {type(p).__name__}, not "
+                            f"a tensor")
+        target = p.data if isinstance(p, torch.nn.Parameter) else p
+        handles.append(mpi_ops.broadcast_async_(target, root_rank, name=f"param.{name}"))
+    for handle in handles:
+        mpi_ops.synchronize(handle)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Give every rank root_rank's optimizer state (hyperparameters and buffers, such as
+    momentum), loaded through the optimizer's own load_state_dict."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state takes a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    state = broadcast_object(optimizer.state_dict() if mpi_ops.rank() == root_rank else None,
+                             root_rank, name="optimizer_state")
+    if mpi_ops.rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def _dumps(obj: Any) -> np.ndarray:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)  # pickle that also carries tensors
+    return np.frombuffer(buffer.getvalue(), np.uint8).copy()
+
+
+def _loads(data: np.ndarray) -> Any:
+    return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """root_rank's ``obj`` (anything picklable) on every rank; returns it."""
+    base = name or "broadcast_object"
+    payload = _dumps(obj) if mpi_ops.rank() == root_rank else np.empty(0, np.uint8)
+    length = torch.tensor([payload.size], dtype=torch.int64)
+    mpi_ops.broadcast_(length, root_rank, name=f"{base}.length")
+    data = torch.from_numpy(payload) if mpi_ops.rank() == root_rank else torch.empty(
+        int(length.item()), dtype=torch.uint8)
+    mpi_ops.broadcast_(data, root_rank, name=f"{base}.data")
+    return obj if mpi_ops.rank() == root_rank else _loads(data.numpy())
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Every rank's ``obj`` (anything picklable), as a list indexed by rank."""
+    base = name or "allgather_object"
+    payload = torch.from_numpy(_dumps(obj))
+    lengths = mpi_ops.allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                                name=f"{base}.lengths")
+    data = mpi_ops.allgather(payload, name=f"{base}.data").numpy()
+    offsets = np.concatenate(([0], np.cumsum(lengths.numpy())))
+    return [_loads(data[offsets[r]:offsets[r + 1]]) for r in range(mpi_ops.size())]

@@ -1,0 +1,139 @@
+"""``DistributedOptimizer``: reduces gradients while backward still runs, as Horovod's.
+
+A hook on every parameter starts its gradient's allreduce as soon as autograd has
+accumulated it, so communication overlaps the rest of backward; the background
+runtime fuses the gradients that are ready together. ``step()`` waits for them all.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from . import mpi_ops
+from .compression import Compression, Compressor
+
+
+class _DistributedOptimizer:
+    """Mixed into the wrapped optimizer's own class (so isinstance checks still hold)."""
+
+    def _ina_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                   compression: type[Compressor], backward_passes_per_step: int, op: str,
+                   gradient_predivide_factor: float) -> None:
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got "
+                             f"{backward_passes_per_step}")
+        if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = [name for name, _ in named]
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"named_parameters has repeated names: {repeated}")
+            by_id = {id(p): name for name, p in named}
+            unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
+            if unnamed:
+                raise ValueError(f"named_parameters does not name {len(unnamed)} of the "
+                                 f"optimizer's {len(params)} parameters (indices "
+                                 f"{unnamed[:8]})")
+        else:
+            by_id = {id(p): f"param.{i}" for i, p in enumerate(params)}
+        self._ina_names = {p: f"grad.{by_id[id(p)]}" for p in params}
+        self._ina_compression = compression
+        self._ina_passes = backward_passes_per_step
+        self._ina_op = op
+        self._ina_prescale = 1.0 / gradient_predivide_factor
+        self._ina_postscale = gradient_predivide_factor
+        self._ina_delay = {p: backward_passes_per_step for p in params}
+        self._ina_handles: dict[torch.Tensor, tuple[int, Any, torch.Tensor]] = {}
+        self._ina_synchronized = False
+        self._ina_skip_sync = False
+        self._ina_hooks = [p.register_post_accumulate_grad_hook(self._ina_hook)
+                           for p in params if p.requires_grad]
+
+    def _ina_hook(self, p: torch.Tensor) -> None:
+        if p in self._ina_handles and self._ina_delay[p] <= 0:
+            raise AssertionError(
+                "gradients were computed more than backward_passes_per_step times before "
+                "optimizer.step() or optimizer.synchronize(); raise backward_passes_per_step")
+        self._ina_delay[p] -= 1
+        if self._ina_delay[p] == 0:
+            self._ina_handles[p] = self._ina_start(p)
+
+    def _ina_start(self, p: torch.Tensor) -> tuple[int, Any, torch.Tensor]:
+        if p.grad is None:  # unused on this rank: every rank must still submit it
+            p.grad = torch.zeros_like(p)
+        compressed, ctx = self._ina_compression.compress(p.grad)
+        handle = mpi_ops.allreduce_async_(compressed, name=self._ina_names[p], op=self._ina_op,
+                                          prescale_factor=self._ina_prescale,
+                                          postscale_factor=self._ina_postscale)
+        return handle, ctx, compressed
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce; parameters whose hook did not fire (no
+        gradient on this rank) are reduced now, so that all ranks submit the same names."""
+        for p in self._ina_names:
+            if p.requires_grad and p not in self._ina_handles:
+                self._ina_handles[p] = self._ina_start(p)
+        for p, (handle, ctx, compressed) in self._ina_handles.items():
+            reduced = mpi_ops.synchronize(handle)
+            if compressed is not p.grad:
+                with torch.no_grad():
+                    p.grad.copy_(self._ina_compression.decompress(reduced, ctx))
+            self._ina_delay[p] = self._ina_passes
+        self._ina_handles.clear()
+        self._ina_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """For a step() after an explicit synchronize() (e.g. to clip gradients)."""
+        self._ina_skip_sync = True
+        try:
+            yield
+        finally:
+            self._ina_skip_sync = False
+
+    def step(self, closure: Any = None) -> Any:
+        if not self._ina_skip_sync:
+            if self._ina_synchronized and not self._ina_handles:
+                pass  # synchronize() was called explicitly; gradients are reduced
+            else:
+                self.synchronize()
+        self._ina_synchronized = False
+        return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._ina_handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
+                                 "but before optimizer.step() or optimizer.synchronize()")
+        return super().zero_grad(set_to_none)  # type: ignore[misc]
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = Compression.none,
+                         backward_passes_per_step: int = 1, op: Any = mpi_ops.Average,
+                         gradient_predivide_factor: float = 1.0) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that step() applies gradients reduced over all ranks.
+
+    The returned optimizer shares the wrapped one's parameter groups and state and is an
+    instance of its class. ``named_parameters`` (model.named_parameters()) names the
+    gradients in errors and stall reports; ``op`` is Average (default) or Sum;
+    ``gradient_predivide_factor`` f divides before the sum and multiplies after
+    (Average: overall 1/size either way)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    op = mpi_ops._op_of(op, None)
+    if op not in (mpi_ops.Average, mpi_ops.Sum):
+        raise ValueError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
+    mpi_ops._require()
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._ina_setup(named_parameters, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor)
+    return wrapped
