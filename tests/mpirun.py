@@ -30,13 +30,14 @@ class JobFailed(AssertionError):
 
 def run(n: int, case: str, params: dict[str, Any] | None = None, *,
         env: dict[str, str] | None = None, timeout: float = 120.0,
-        survive_dead_ranks: bool = False) -> list[Any]:
+        survive_dead_ranks: bool = False, module: str = "tests.rank_cases") -> list[Any]:
     """Run ``case`` on ``n`` ranks; returns each rank's return value (or raised exception
     as ``{"error": type name, "message": str}``), indexed by rank; a rank that died leaves
-    None. ``survive_dead_ranks`` keeps Hydra from killing the job when a rank dies."""
+    None. ``survive_dead_ranks`` keeps Hydra from killing the job when a rank dies.
+    ``module`` holds the case (tests.torch_cases registers its cases beside these)."""
     with tempfile.TemporaryDirectory(prefix="ina-test-") as out:
         cmd = [mpiexec(), *(["-disable-auto-cleanup"] if survive_dead_ranks else []),
-               "-n", str(n), sys.executable, "-m", "tests.rank_cases",
+               "-n", str(n), sys.executable, "-m", module,
                case, json.dumps(params or {}), out]
         full_env = dict(os.environ, **(env or {}))
         full_env["PYTHONPATH"] = os.pathsep.join(

@@ -86,6 +86,9 @@ def init(comm: Any = None, **settings: Any) -> None:
                             f"intracommunicator, got {type(comm).__name__}")
         runtime = BackgroundRuntime(comm, Settings.load({**_horovod_environment(),
                                                          **settings}))
+        # Unnamed operations are numbered per runtime: every rank starts again from 0.
+        for kind in _names:
+            _names[kind] = itertools.count()
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         cross = comm.Split(local.Get_rank(), comm.Get_rank())
         _state = _State(runtime, comm.Get_rank(), comm.Get_size(), local.Get_rank(),

@@ -1,0 +1,273 @@
+"""The Horovod API (``ina_collectives.torch``) under real mpiexec jobs of 2-3 ranks, with
+and without a software switch: every operation and dtype against values computed here,
+gradients, agreement errors, stalls, a dead peer, join, init variants, the optimizer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip install "
+                            "'ina-collectives[torch]'")
+
+from ina_collectives.background import split_rows  # noqa: E402
+from ina_collectives.embedded import embedded_switch  # noqa: E402
+from tests import mpirun  # noqa: E402
+from tests.torch_cases import DTYPES, OPS, loss_of, optimizer_problem, torch_input  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+def run(n, case, params=None, env=None, timeout=120.0, **options):
+    return mpirun.run(n, case, params, env=env, timeout=timeout, module="tests.torch_cases",
+                      **options)
+
+
+def as_np(t):
+    return (t.double() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def expected_allreduce(dtype, op, shape, n, seed):
+    xs = np.stack([as_np(torch_input(dtype, shape, r, seed)) for r in range(n)])
+    if op in ("sum", "average"):
+        total = xs.astype(np.float64 if xs.dtype.kind == "f" else np.int64).sum(axis=0)
+        if op == "sum":
+            return total
+        return total / n if xs.dtype.kind == "f" else np.trunc(total / n)
+    return {"min": xs.min(axis=0), "max": xs.max(axis=0),
+            "product": xs.astype(np.float64).prod(axis=0)}[op]
+
+
+def close(got, want, dtype):
+    """Exact for integers; for floats within one rounding of the result's dtype."""
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    tol = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}.get(dtype, 0)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=dtype)
+
+
+@pytest.fixture(scope="module")
+def switch():
+    with embedded_switch() as sw:
+        yield sw
+        assert sw.process.poll() is None, f"the switch died: {sw.lines}"
+
+
+@pytest.mark.parametrize("through", ["switch", "ring"])
+def test_every_operation_and_dtype(switch, through):
+    n, shape = 3, (5, 7)
+    env = {"INA_SWITCH": switch.address_text if through == "switch" else ""}
+    results = run(n, "torch_ops", {"shape": shape,
+                                   "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}},
+                  env=env)
+    for r, out in enumerate(results):
+        assert "error" not in out, out
+        assert (out["size"], out["rank"]) == (n, r)
+        for dtype in DTYPES:
+            for op in OPS:
+                want = expected_allreduce(dtype, op, shape, n, OPS.index(op))
+                close(out[f"allreduce/{dtype}/{op}"], want, dtype)
+            total = expected_allreduce(dtype, "sum", shape, n, 0)
+            got, same_object = out[f"allreduce_/{dtype}"]
+            close(got, total, dtype)
+            assert same_object, "allreduce_ must return its input tensor"
+            close(out[f"allreduce_async/{dtype}"], total, dtype)
+            assert out[f"input_kept/{dtype}"], "allreduce_async modified its input"
+            for i, got in enumerate(out[f"grouped/{dtype}"]):
+                close(got, expected_allreduce(dtype, "sum", (3 + i,), n, 10 + i), dtype)
+            gathered = np.concatenate([as_np(torch_input(dtype, (q + 1, 2), q, 20))
+                                       for q in range(n)])
+            close(out[f"allgather/{dtype}"], gathered, dtype)
+            close(out[f"broadcast/{dtype}"], as_np(torch_input(dtype, (4, 3), n - 1, 30)), dtype)
+            close(out[f"broadcast_/{dtype}"], as_np(torch_input(dtype, (4, 3), 0, 30)), dtype)
+            got, received = out[f"alltoall/{dtype}"]
+            assert received == [r + 1] * n
+            start = r * (r + 1) // 2   # rank q sends rows [start, start + r + 1) to rank r
+            want = np.concatenate([as_np(torch_input(dtype, (n * (n + 1) // 2, 2), q, 40))
+                                   [start:start + r + 1] for q in range(n)])
+            close(got, want, dtype)
+            if dtype != "uint8":
+                full = expected_allreduce(dtype, "sum", (2 * n + 1, 2), n, 50)
+                lo, hi = split_rows(2 * n + 1, n, r)
+                close(out[f"reducescatter/{dtype}"], full[lo:hi], dtype)
+        total32 = expected_allreduce("float32", "sum", shape, n, 0)
+        close(out["scaled"], total32 * 1.5, "float32")
+        close(out["fp16_compressed"], total32 / n, "float16")
+        assert out["fp16_compressed_dtype"] == "torch.float32"
+        got, got_shape = out["non_contiguous"]
+        assert got_shape == [4, shape[0]]
+        close(got, expected_allreduce("float32", "sum", (shape[0], 4), n, 60).T, "float32")
+        engines = out["stats"]["engines"]
+        if through == "switch":
+            assert engines.get("ina", 0) > 0, out["stats"]
+        else:
+            assert "ina" not in engines, out["stats"]
+
+
+def test_async_poll_and_fusion():
+    results = run(2, "torch_async", {"settings": {"fusion_threshold": 1 << 20}})
+    assert results[0]["poll_before_peer"] is False
+    for out in results:
+        np.testing.assert_array_equal(out["late"], np.full(8, 2.0))
+        for i, got in enumerate(out["small"]):
+            np.testing.assert_array_equal(got, np.full(100, 2.0 * i))
+        # 64 tensors submitted together: fused into far fewer reductions than tensors.
+        assert out["fused_calls"] >= 1 and out["reductions"] < 64, out
+        assert out["poll_unknown"]["error"] == "ValueError"
+        assert out["sync_twice"]["error"] == "ValueError"
+
+
+def test_fusion_off_reduces_each_tensor_alone():
+    results = run(2, "torch_async", {"settings": {"fusion_threshold": 0}})
+    for out in results:
+        assert out["fused_calls"] == 0 and out["reductions"] == 64, out
+        for i, got in enumerate(out["small"]):
+            np.testing.assert_array_equal(got, np.full(100, 2.0 * i))
+
+
+def test_gradients_flow_through_every_collective():
+    n = 3
+    results = run(n, "torch_autograd")
+    w = lambda r, count: np.arange(count, dtype=np.float64) + 100 * r  # noqa: E731
+    sum_w = lambda count: sum(w(r, count) for r in range(n))  # noqa: E731
+    rows = [r + 1 for r in range(n)]
+    for r, out in enumerate(results):
+        np.testing.assert_array_equal(out["allreduce_sum"], sum_w(6))
+        np.testing.assert_allclose(out["allreduce_avg"], sum_w(6) / n, rtol=1e-6)
+        np.testing.assert_array_equal(out["grouped"], 2 * sum_w(6))
+        start = sum(rows[:r])
+        np.testing.assert_array_equal(
+            out["allgather"], sum_w(2 * sum(rows)).reshape(-1, 2)[start:start + rows[r]])
+        np.testing.assert_array_equal(out["broadcast"], sum_w(6) if r == 1 else np.zeros(6))
+        splits = [1] * (n - 1) + [2]
+        # Row k of this rank went to rank j = owner(k), landing at offset r * splits[j].
+        want = [w(j, n * splits[j])[r * splits[j] + i] for j in range(n)
+                for i in range(splits[j])]
+        np.testing.assert_array_equal(out["alltoall"], want)
+        np.testing.assert_array_equal(out["reducescatter"],
+                                      np.concatenate([w(j, 2) for j in range(n)]))
+
+
+def test_disagreeing_ranks_all_raise_and_the_runtime_goes_on():
+    results = run(3, "torch_errors")
+    for r, out in enumerate(results):
+        assert out["before_init"]["error"] == "ValueError"
+        for key, words in [("shape", "Mismatched shape"), ("dtype", "Mismatched dtype"),
+                           ("op", "Mismatched reduction op"), ("root", "Mismatched root rank"),
+                           ("kind", "Mismatched operation"), ("root_range", "root rank 7"),
+                           ("gather_dims", "beyond the first dimension")]:
+            error = out[key]
+            assert isinstance(error, dict) and "RuntimeError" in error["types"], (key, error)
+            assert words in error["message"], (key, error)
+        assert "rank 1: (4,)" in out["shape"]["message"]
+        assert out["duplicate"]["error"] == "ValueError" and "twice" in out["duplicate"]["message"]
+        assert out["adasum"]["error"] == "NotImplementedError"
+        assert out["complex"]["error"] == "TypeError" and "complex64" in out["complex"]["message"]
+        assert out["bool"]["error"] == "TypeError"
+        assert out["not_tensor"]["error"] == "TypeError"
+        assert out["bad_op"]["error"] == "ValueError" and "median" in out["bad_op"]["message"]
+        assert out["splits"]["error"] == "ValueError"
+        assert out["uneven"]["error"] == "ValueError"
+        assert out["scatter_op"]["error"] == "ValueError"
+        assert np.isnan(out["nan"][0]) and out["nan"][1] == 3.0
+        np.testing.assert_array_equal(out["still_works"], np.full(3, 3.0))
+        assert out["after_shutdown"]["error"] == "ValueError"
+
+
+def test_a_tensor_some_ranks_never_submit_fails_naming_them():
+    results = run(3, "torch_stall", {"stall": 2.0})
+    for r in (0, 1):
+        error = results[r]["lonely"]
+        assert isinstance(error, dict) and "RuntimeError" in error["types"], error
+        assert "'lonely'" in error["message"] and "rank(s) [2] never submitted" in \
+            error["message"], error
+    for out in results:
+        np.testing.assert_array_equal(out["after"], np.full(4, 3.0))
+
+
+def test_a_dead_peer_fails_pending_operations_within_the_timeout():
+    results = run(3, "torch_dead_peer", {"timeout": 3.0}, timeout=90,
+                  survive_dead_ranks=True)
+    assert results[2].get("dead"), "the frozen rank should have been killed"
+    for r in (0, 1):
+        error = results[r]["error"]
+        assert isinstance(error, dict) and error["error"] == "CollectiveTimeout", error
+        assert "negotiation cycle" in error["message"], error
+        assert "stopped" in results[r]["later"]["message"], results[r]["later"]
+
+
+def test_join_lets_ranks_with_fewer_batches_finish():
+    n = 3
+    results = run(n, "torch_join")
+    for r, out in enumerate(results):
+        assert out["last"] == n - 1
+        for step, got in enumerate(out["sums"]):
+            # ranks with more than `step` batches contribute r + 1; joined ones zero
+            np.testing.assert_array_equal(got, np.full(5, float(sum(q + 1 for q in range(n)
+                                                                  if q >= step))))
+        np.testing.assert_array_equal(out["after"], np.full(2, float(n)))
+
+
+def test_init_on_a_subset_and_again():
+    results = run(3, "torch_init")
+    for r, out in enumerate(results):
+        assert out["initialized_before"] is False and out["initialized_after"] is False
+        assert out["bad_type"]["error"] == "TypeError"
+        assert out["bad_ranks"]["error"] == "ValueError"
+        if r < 2:
+            assert out["subset"] is None and out["sub_size_rank"] == (2, r)
+            np.testing.assert_array_equal(out["sub_sum"], np.full(3, 2.0))
+        else:
+            assert out["subset"]["error"] == "ValueError"
+            assert "not one of those ranks" in out["subset"]["message"]
+        size, rank, local_size, local_rank, cross_size, cross_rank, threads = out["world"]
+        assert (size, rank, local_size, local_rank, cross_size, cross_rank) == (3, r, 3, r, 1, 0)
+        assert threads is True
+        np.testing.assert_array_equal(out["world_sum"], np.full(3, 3.0))
+
+
+def reference_steps(n, steps, passes=1, compression=None):
+    """The same training, on one process: rank 0's model, every rank's batch averaged."""
+    model, _, _ = optimizer_problem(0)
+    data = [optimizer_problem(r)[1:] for r in range(n)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x0, y0 = data[0]
+    loss_of(model, x0, y0).backward()  # the root's extra step before the broadcast
+    opt.step()
+    opt.zero_grad()
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        grads = []
+        for x, y in data:
+            model.zero_grad()
+            for _ in range(passes):
+                loss_of(model, x, y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            mean = sum(g[i] for g in grads) / n
+            p.grad = mean.half().float() if compression == "fp16" else mean
+        opt.step()
+        out.append([p.detach().numpy().copy() for p in model.parameters()])
+    return out
+
+
+@pytest.mark.parametrize("options", [{}, {"passes": 2, "predivide": 2.0},
+                                     {"compression": "fp16"}])
+def test_distributed_optimizer_matches_one_process(options):
+    n, steps = 2, 2
+    results = run(n, "torch_optimizer", {"steps": steps, **options})
+    want = reference_steps(n, steps, options.get("passes", 1), options.get("compression"))
+    tol = 1e-3 if options.get("compression") else 1e-6
+    for out in results:
+        assert out["isinstance"] is True
+        for got, ref in zip(out["initial"], results[0]["initial"]):
+            np.testing.assert_array_equal(got, ref)   # broadcast_parameters
+        assert len(out["momentum"]) == 4              # broadcast_optimizer_state
+        for got_step, want_step in zip(out["steps"], want):
+            for got, ref in zip(got_step, want_step):
+                np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+        assert out["too_many_passes"]["error"] == "AssertionError", out["too_many_passes"]
+        assert out["zero_grad_early"]["error"] == "AssertionError"
+        assert out["unnamed"]["error"] == "ValueError"
+    for a, b in zip(results[0]["steps"][-1], results[1]["steps"][-1]):
+        np.testing.assert_array_equal(a, b)  # every rank holds the same model

@@ -1,0 +1,332 @@
+"""What each rank of a Horovod-API test job runs: ``python -m tests.torch_cases CASE ...``.
+
+Cases register in tests.rank_cases.CASES and run through its main(); each returns plain
+values (tensors as NumPy arrays) for tests/test_torch.py to check against what it
+computes itself from ``torch_input``.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from tests.rank_cases import _error, case, main
+
+DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
+          "bfloat16"]
+OPS = ["sum", "average", "min", "max", "product"]
+
+
+def torch_input(dtype: str, shape: tuple[int, ...], rank: int, seed: int = 0) -> torch.Tensor:
+    """Small values, exact in every dtype and through the switch's fixed point: floats are
+    multiples of 1/4 in [-4, 4]; integers small enough that a product of 4 ranks fits."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    count = int(np.prod(shape))
+    if dtype in ("uint8",):
+        values = torch.randint(0, 4, (count,), generator=g)
+    elif dtype.startswith("int"):
+        values = torch.randint(-4, 5, (count,), generator=g)
+    else:
+        values = torch.randint(-16, 17, (count,), generator=g).to(torch.float64) / 4
+    return values.to(getattr(torch, dtype)).reshape(shape)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return (t.float() if t.dtype == torch.bfloat16 else t).detach().numpy().copy()
+
+
+def _attempt(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # recorded for the test to judge
+        return _error(exc)
+
+
+@case
+def torch_ops(comm: Any, p: dict) -> dict[str, Any]:
+    """Every dtype x op through allreduce and its variants, and every other collective."""
+    import ina_collectives.torch as hvd
+    hvd.init(**p.get("settings", {}))
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {"size": n, "rank": r}
+    shape = tuple(p["shape"])
+    for dtype in DTYPES:
+        for op in OPS:
+            x = torch_input(dtype, shape, r, seed=OPS.index(op))
+            out[f"allreduce/{dtype}/{op}"] = _np(hvd.allreduce(x, op=op, name=f"{dtype}.{op}"))
+        x = torch_input(dtype, shape, r)
+        before = x.clone()
+        y = hvd.allreduce_(x, op=hvd.Sum)
+        out[f"allreduce_/{dtype}"] = (_np(y), y is x)
+        h = hvd.allreduce_async(before, op=hvd.Sum)
+        out[f"allreduce_async/{dtype}"] = _np(hvd.synchronize(h))
+        out[f"input_kept/{dtype}"] = bool(torch.equal(before, torch_input(dtype, shape, r)))
+        g = [torch_input(dtype, (3 + i,), r, seed=10 + i) for i in range(3)]
+        out[f"grouped/{dtype}"] = [_np(t) for t in hvd.grouped_allreduce(g, op=hvd.Sum)]
+        rows = torch_input(dtype, (r + 1, 2), r, seed=20)
+        out[f"allgather/{dtype}"] = _np(hvd.allgather(rows))
+        b = torch_input(dtype, (4, 3), r, seed=30)
+        out[f"broadcast/{dtype}"] = _np(hvd.broadcast(b, root_rank=n - 1))
+        hvd.broadcast_(b, root_rank=0)
+        out[f"broadcast_/{dtype}"] = _np(b)
+        a = torch_input(dtype, (n * (n + 1) // 2, 2), r, seed=40)
+        splits = list(range(1, n + 1))   # uneven: i + 1 rows to rank i
+        got, received = hvd.alltoall(a, splits=splits)
+        out[f"alltoall/{dtype}"] = (_np(got), received.tolist())
+        if dtype != "uint8":
+            s = torch_input(dtype, (2 * n + 1, 2), r, seed=50)
+            out[f"reducescatter/{dtype}"] = _np(hvd.reducescatter(s, op=hvd.Sum))
+    x = torch_input("float32", shape, r)
+    out["scaled"] = _np(hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0))
+    out["fp16_compressed"] = _np(hvd.allreduce(x, op=hvd.Average,
+                                               compression=hvd.Compression.fp16))
+    out["fp16_compressed_dtype"] = str(hvd.allreduce(x, compression=hvd.Compression.fp16).dtype)
+    strided = torch_input("float32", (shape[0], 4), r, seed=60).t()  # not contiguous
+    out["non_contiguous"] = (_np(hvd.allreduce(strided, op=hvd.Sum)), list(strided.shape))
+    hvd.barrier()
+    out["stats"] = hvd.stats()
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_async(comm: Any, p: dict) -> dict[str, Any]:
+    """poll() is False while a peer has not submitted; many small async allreduces are
+    fused into fewer reductions."""
+    import ina_collectives.torch as hvd
+    hvd.init(**p.get("settings", {}))
+    r = hvd.rank()
+    out: dict[str, Any] = {}
+    if r == 0:
+        h = hvd.allreduce_async(torch.ones(8), name="late", op=hvd.Sum)
+        time.sleep(0.2)
+        out["poll_before_peer"] = hvd.poll(h)
+        comm.Barrier()
+    else:
+        comm.Barrier()  # only now does this rank submit "late"
+        h = hvd.allreduce_async(torch.ones(8), name="late", op=hvd.Sum)
+    out["late"] = _np(hvd.synchronize(h))
+    before = hvd.stats()
+    handles = [hvd.allreduce_async(torch.full((100,), float(i)), name=f"small.{i}", op=hvd.Sum)
+               for i in range(64)]
+    out["small"] = [_np(hvd.synchronize(h)) for h in handles]
+    after = hvd.stats()
+    out["reductions"] = after["calls"] - before["calls"]
+    out["fused_calls"] = after["fused calls"] - before["fused calls"]
+    out["poll_unknown"] = _attempt(lambda: hvd.poll(123456))
+    out["sync_twice"] = _attempt(lambda: hvd.synchronize(handles[0]))
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_autograd(comm: Any, p: dict) -> dict[str, Any]:
+    """Gradients through every differentiable collective: loss = sum(w * op(x)) with a
+    rank-specific weight w, so each gradient says where it came from."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {}
+
+    def grad_of(fn: Any, x: torch.Tensor) -> np.ndarray:
+        x = x.clone().requires_grad_(True)
+        y = fn(x)
+        w = torch.arange(y.numel(), dtype=torch.float32).reshape(y.shape) + 100 * r
+        (w * y).sum().backward()
+        return _np(x.grad)
+
+    x = torch.ones(6)
+    out["allreduce_sum"] = grad_of(lambda t: hvd.allreduce(t, op=hvd.Sum), x)
+    out["allreduce_avg"] = grad_of(lambda t: hvd.allreduce(t), x)
+    out["grouped"] = grad_of(lambda t: hvd.grouped_allreduce([t, 2 * t], op=hvd.Sum)[1], x)
+    out["allgather"] = grad_of(lambda t: hvd.allgather(t), torch.ones(r + 1, 2))
+    out["broadcast"] = grad_of(lambda t: hvd.broadcast(t, root_rank=1), x)
+    out["alltoall"] = grad_of(lambda t: hvd.alltoall(t, splits=[1] * (n - 1) + [2])[0],
+                              torch.ones(n + 1))
+    out["reducescatter"] = grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum),
+                                   torch.ones(2 * n))
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_errors(comm: Any, p: dict) -> dict[str, Any]:
+    """Ranks that disagree get RuntimeError on every rank, never a hang; local mistakes
+    raise at once; afterwards the runtime still works."""
+    import ina_collectives.torch as hvd
+    out: dict[str, Any] = {"before_init": _attempt(hvd.size)}
+    hvd.init()
+    r = hvd.rank()
+    out["shape"] = _attempt(lambda: hvd.allreduce(torch.ones(3 + (r == 1)), name="shape"))
+    out["dtype"] = _attempt(lambda: hvd.allreduce(
+        torch.ones(3, dtype=torch.float64 if r == 1 else torch.float32), name="dtype"))
+    out["op"] = _attempt(lambda: hvd.allreduce(torch.ones(3), name="op",
+                                               op=hvd.Max if r == 1 else hvd.Sum))
+    out["root"] = _attempt(lambda: hvd.broadcast(torch.ones(3), root_rank=r % 2, name="root"))
+    out["root_range"] = _attempt(lambda: hvd.broadcast(torch.ones(3), root_rank=7))
+    out["kind"] = _attempt(lambda: (hvd.allgather if r == 1 else hvd.allreduce)(
+        torch.ones(3), name="kind"))
+    out["gather_dims"] = _attempt(lambda: hvd.allgather(torch.ones(2, 2 + r), name="gd"))
+    h = hvd.allreduce_async(torch.ones(3), name="twice")
+    out["duplicate"] = _attempt(lambda: hvd.allreduce_async(torch.ones(3), name="twice"))
+    hvd.synchronize(h)
+    out["adasum"] = _attempt(lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum))
+    out["complex"] = _attempt(lambda: hvd.allreduce(torch.ones(3, dtype=torch.complex64)))
+    out["bool"] = _attempt(lambda: hvd.allreduce(torch.ones(3, dtype=torch.bool)))
+    out["not_tensor"] = _attempt(lambda: hvd.allreduce([1.0, 2.0]))
+    out["bad_op"] = _attempt(lambda: hvd.allreduce(torch.ones(3), op="median"))
+    out["splits"] = _attempt(lambda: hvd.alltoall(torch.ones(5), splits=[1, 1]))
+    out["uneven"] = _attempt(lambda: hvd.alltoall(torch.ones(hvd.size() + 1)))
+    out["scatter_op"] = _attempt(lambda: hvd.reducescatter(torch.ones(4), op=hvd.Max))
+    out["nan"] = _np(hvd.allreduce(torch.tensor([float("nan"), 1.0]), op=hvd.Sum))
+    out["still_works"] = _np(hvd.allreduce(torch.ones(3), op=hvd.Sum))
+    hvd.shutdown()
+    out["after_shutdown"] = _attempt(lambda: hvd.allreduce(torch.ones(3)))
+    return out
+
+
+@case
+def torch_stall(comm: Any, p: dict) -> dict[str, Any]:
+    """The last rank never submits 'lonely': the others fail within stall_shutdown_time,
+    naming the tensor and the missing rank; the job then goes on."""
+    import ina_collectives.torch as hvd
+    hvd.init(stall_warning_time=0.5, stall_shutdown_time=p["stall"])
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {}
+    if r != n - 1:
+        start = time.monotonic()
+        out["lonely"] = _attempt(lambda: hvd.allreduce(torch.ones(4), name="lonely"))
+        out["seconds"] = time.monotonic() - start
+    else:
+        time.sleep(p["stall"] + 1.0)
+    out["after"] = _np(hvd.allreduce(torch.ones(4), name="after", op=hvd.Sum))
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_dead_peer(comm: Any, p: dict) -> dict[str, Any]:
+    """The last rank freezes (SIGSTOP): the others' pending operation fails within the
+    timeout, naming what it waited for. Rank 0 then kills it."""
+    import signal
+    import ina_collectives.torch as hvd
+    hvd.init(timeout=p["timeout"])
+    pids = comm.allgather(os.getpid())
+    hvd.allreduce(torch.ones(4), name="first")
+    if hvd.rank() == hvd.size() - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    start = time.monotonic()
+    result = _attempt(lambda: hvd.allreduce(torch.ones(4), name="second"))
+    later = _attempt(lambda: hvd.allreduce(torch.ones(4), name="third"))
+    return {"abandoned": True, "error": result, "later": later,
+            "seconds": time.monotonic() - start, "ranks_alive": comm.size - 1,
+            "kill": pids[-1] if comm.rank == 0 else None}
+
+
+@case
+def torch_join(comm: Any, p: dict) -> dict[str, Any]:
+    """Rank r has r + 1 batches: joined ranks add zeros to the others' allreduces."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r = hvd.rank()
+    sums = []
+    for step in range(r + 1):
+        sums.append(_np(hvd.allreduce(torch.full((5,), float(r + 1)), name=f"grad.{step}",
+                                      op=hvd.Sum)))
+    last = hvd.join()
+    after = _np(hvd.allreduce(torch.ones(2), op=hvd.Sum))
+    hvd.shutdown()
+    return {"sums": sums, "last": last, "after": after}
+
+
+@case
+def torch_init(comm: Any, p: dict) -> dict[str, Any]:
+    """init(comm=[ranks]), idempotent init, shutdown and init again, topology."""
+    import ina_collectives.torch as hvd
+    out: dict[str, Any] = {"initialized_before": hvd.is_initialized()}
+    out["bad_type"] = _attempt(lambda: hvd.init(comm="world"))
+    out["bad_ranks"] = _attempt(lambda: hvd.init(comm=[0, 0]))
+    sub = _attempt(lambda: hvd.init(comm=[0, 1]))
+    out["subset"] = sub
+    if hvd.is_initialized():
+        hvd.init(comm=[0, 1])  # idempotent
+        out["sub_size_rank"] = (hvd.size(), hvd.rank())
+        out["sub_sum"] = _np(hvd.allreduce(torch.ones(3), op=hvd.Sum))
+        hvd.shutdown()
+    comm.Barrier()
+    hvd.init()
+    out["world"] = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
+                    hvd.cross_size(), hvd.cross_rank(), hvd.mpi_threads_supported())
+    out["world_sum"] = _np(hvd.allreduce(torch.ones(3), op=hvd.Sum))
+    hvd.shutdown()
+    hvd.shutdown()  # idempotent
+    out["initialized_after"] = hvd.is_initialized()
+    return out
+
+
+def optimizer_problem(rank: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A small model (initialised differently per rank) and this rank's batch."""
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(100 + rank)
+    return model, torch.randn(16, 6, generator=g), torch.randn(16, 2, generator=g)
+
+
+def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+@case
+def torch_optimizer(comm: Any, p: dict) -> dict[str, Any]:
+    """broadcast_parameters, broadcast_optimizer_state, then steps of a DistributedOptimizer
+    (SGD with momentum) with the options in p; returns every parameter after each step."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r = hvd.rank()
+    model, x, y = optimizer_problem(r)
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if r == 0:  # momentum buffers only on the root: broadcast_optimizer_state carries them
+        loss_of(model, x, y).backward()
+        base.step()
+        base.zero_grad()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(base, root_rank=0)
+    out: dict[str, Any] = {"initial": [_np(t) for t in model.state_dict().values()],
+                           "momentum": [_np(s["momentum_buffer"]) for s in base.state.values()
+                                        if s.get("momentum_buffer") is not None]}
+    compression = getattr(hvd.Compression, p.get("compression", "none"))
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   compression=compression,
+                                   backward_passes_per_step=p.get("passes", 1),
+                                   gradient_predivide_factor=p.get("predivide", 1.0))
+    out["isinstance"] = isinstance(opt, torch.optim.SGD)
+    out["steps"] = []
+    for _ in range(p.get("steps", 2)):
+        opt.zero_grad()
+        for _ in range(p.get("passes", 1)):
+            loss_of(model, x, y).backward()
+        opt.step()
+        out["steps"].append([_np(t) for t in model.parameters()])
+    opt.zero_grad()
+    for _ in range(p.get("passes", 1)):
+        loss_of(model, x, y).backward()
+    out["too_many_passes"] = _attempt(lambda: loss_of(model, x, y).backward())
+    opt.synchronize()
+    model2, x2, y2 = optimizer_problem(r)
+    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(model2.parameters(), lr=0.1),
+                                    named_parameters=model2.named_parameters())
+    loss_of(model2, x2, y2).backward()
+    out["zero_grad_early"] = _attempt(opt2.zero_grad)
+    opt2.synchronize()
+    out["unnamed"] = _attempt(lambda: hvd.DistributedOptimizer(
+        torch.optim.SGD(model2.parameters(), lr=0.1),
+        named_parameters=list(model2.named_parameters())[:1]))
+    hvd.shutdown()
+    return out
+
+
+if __name__ == "__main__":
+    main()
