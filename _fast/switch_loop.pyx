@@ -28,13 +28,13 @@ cdef enum:
     MAX_WORKERS = 64    # bits of a slot's bitmap (protocol.MAX_WORKERS)
     MAX_CONTROL = 64    # control packets held for Python per run()
 
-# Why packets are dropped; the index is the counter's.
-DROP_REASONS = ("malformed", "unknown job", "unknown worker", "bad slot", "mismatched chunk",
-                "duplicate in progress", "injected loss in", "injected loss out",
-                "result from a worker")
+# Why packets are dropped; the index is the counter's (the P4 program's drop counter
+# uses the same indices). The enum below follows protocol.DROP_REASONS.
+DROP_REASONS = P.DROP_REASONS
 cdef enum Drop:
     DROP_MALFORMED, DROP_UNKNOWN_JOB, DROP_UNKNOWN_WORKER, DROP_BAD_SLOT, DROP_MISMATCH,
     DROP_DUPLICATE, DROP_INJECTED_IN, DROP_INJECTED_OUT, DROP_RESULT_FROM_WORKER, DROP_COUNT
+assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop differ"
 
 
 ctypedef struct Faults:
@@ -93,6 +93,9 @@ ctypedef struct Job:
     int n, k, slots
     uint64_t joined, left
     sockaddr_in addr[MAX_WORKERS]
+    bint managed           # installed by a controller (P4Runtime): results go to replica[]
+    int nreplicas
+    sockaddr_in replica[MAX_WORKERS]
     uint32_t *acc          # [2 S][K], host order
     uint64_t *seen         # [2 S] bitmap of workers
     int32_t *count         # [2 S] packets aggregated in the current use (0: idle or done)
@@ -187,6 +190,90 @@ cdef class Aggregator:
         self.jobs[job_id] = job
         return True
 
+    def set_managed(self, int job_id):
+        """The job is a controller's: results go to its replicas (set_replicas), joins and
+        leaves do not touch it, and it is never freed as idle."""
+        self.jobs[job_id].managed = True
+
+    def is_managed(self, int job_id):
+        return self.jobs[job_id] != NULL and self.jobs[job_id].managed
+
+    def set_replicas(self, int job_id, list replicas):
+        """Where a managed job's results go: [(addr_be, port_be)], at most MAX_WORKERS."""
+        cdef Job *job = self.jobs[job_id]
+        if len(replicas) > MAX_WORKERS:
+            raise ValueError(f"at most {MAX_WORKERS} replicas, got {len(replicas)}")
+        cdef int i = 0
+        memset(job.replica, 0, sizeof(job.replica))
+        for addr_be, port_be in replicas:
+            job.replica[i].sin_family = AF_INET
+            job.replica[i].sin_addr.s_addr = addr_be
+            job.replica[i].sin_port = port_be
+            i += 1
+        job.nreplicas = i
+
+    def clear_worker(self, int job_id, int worker):
+        """Forget a worker's address: its packets are dropped as from an unknown worker."""
+        cdef Job *job = self.jobs[job_id]
+        job.joined &= ~((<uint64_t>1) << worker)
+        memset(&job.addr[worker], 0, sizeof(sockaddr_in))
+
+    def worker_at(self, int job_id, int worker, uint32_t addr_be, uint16_t port_be):
+        """Whether ``worker`` of the job is admitted at this address."""
+        cdef Job *job = self.jobs[job_id]
+        return (job != NULL and 0 <= worker < job.n
+                and (job.joined >> worker) & 1
+                and job.addr[worker].sin_addr.s_addr == addr_be
+                and job.addr[worker].sin_port == port_be)
+
+    # Register access for P4Runtime, per cell of a job (version * S + slot).
+    REGISTERS = ("bitmap", "count", "proposal", "chunk")
+
+    def get_cell(self, int job_id, Py_ssize_t cell, what):
+        """A cell's bitmap, count, proposal, chunk (offset << 32 | count << 16 | exponent,
+        as the P4 program's slot_chunk) or value ``what`` (an int: element index)."""
+        cdef Job *job = self.jobs[job_id]
+        if not 0 <= cell < 2 * job.slots:
+            raise IndexError(f"cell {cell} of job {job_id} (2 x {job.slots} cells)")
+        if what == "bitmap":
+            return job.seen[cell]
+        if what == "count":
+            return <uint32_t>job.count[cell]
+        if what == "proposal":
+            return <uint16_t>job.proposal[cell]
+        if what == "chunk":
+            return ((<uint64_t><uint32_t>job.offset[cell]) << 32
+                    | (<uint64_t><uint16_t>job.elements[cell]) << 16
+                    | <uint16_t>job.exponent[cell])
+        cdef int i = what
+        if not 0 <= i < job.k:
+            raise IndexError(f"element {i} of K {job.k}")
+        return job.acc[cell * job.k + i]
+
+    def set_cell(self, int job_id, Py_ssize_t cell, what, uint64_t value):
+        cdef Job *job = self.jobs[job_id]
+        if not 0 <= cell < 2 * job.slots:
+            raise IndexError(f"cell {cell} of job {job_id} (2 x {job.slots} cells)")
+        cdef int i
+        if what == "bitmap":
+            job.seen[cell] = value
+        elif what == "count":
+            job.count[cell] = <int32_t>value
+        elif what == "proposal":
+            job.proposal[cell] = <int16_t><uint16_t>value
+        elif what == "chunk":
+            job.offset[cell] = <int32_t><uint32_t>(value >> 32)
+            job.elements[cell] = <int32_t><uint16_t>(value >> 16)
+            job.exponent[cell] = <int16_t><uint16_t>value
+        else:
+            i = what
+            if not 0 <= i < job.k:
+                raise IndexError(f"element {i} of K {job.k}")
+            job.acc[cell * job.k + i] = <uint32_t>value
+
+    def drop_count(self, int reason):
+        return self.drops[reason]
+
     def job_shape(self, int job_id):
         """(n, K, S) of a job, or None."""
         cdef Job *job = self.jobs[job_id]
@@ -211,7 +298,7 @@ cdef class Aggregator:
     def leave(self, int job_id, int worker):
         """A worker left; frees the job once all its joined workers have. True if freed."""
         cdef Job *job = self.jobs[job_id]
-        if job == NULL:
+        if job == NULL or job.managed:
             return False
         job.left |= (<uint64_t>1) << worker
         if job.left & job.joined == job.joined:
@@ -228,7 +315,8 @@ cdef class Aggregator:
         cdef double now = monotonic()
         cdef int i
         return [i for i in range(65536)
-                if self.jobs[i] != NULL and now - self.jobs[i].last_seen > idle_seconds]
+                if self.jobs[i] != NULL and not self.jobs[i].managed
+                and now - self.jobs[i].last_seen > idle_seconds]
 
     def busy_slots(self):
         """Slot versions with a partial aggregation, over all jobs."""
@@ -532,5 +620,9 @@ cdef class Aggregator:
         ina_store_be32(<uint32_t *>(result + HEADER), job.acc + cell * job.k, elements)
         job.result_len[cell] = HEADER + 4 * elements
         self.results += 1
-        for w in range(job.n):
-            self.send(result, job.result_len[cell], &job.addr[w])
+        if job.managed:  # the replicas a controller installed (multicast group + rewrites)
+            for w in range(job.nreplicas):
+                self.send(result, job.result_len[cell], &job.replica[w])
+        else:
+            for w in range(job.n):
+                self.send(result, job.result_len[cell], &job.addr[w])

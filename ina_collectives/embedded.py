@@ -5,6 +5,9 @@
         ...                                 # run the ranks
     switch.final_status                     # its last status line
 
+    with embedded_switch(p4runtime=True) as switch:   # also serves P4Runtime
+        switch.p4runtime_address            # "127.0.0.1:PORT", for ina_collectives.control
+
 Used by the demo, the tests and launchers; the process is always reaped.
 """
 from __future__ import annotations
@@ -20,8 +23,10 @@ from typing import Iterator
 
 
 class EmbeddedSwitch:
-    def __init__(self, process: subprocess.Popen, host: str, port: int):
+    def __init__(self, process: subprocess.Popen, host: str, port: int,
+                 p4runtime_address: str | None = None):
         self.process, self.host, self.port = process, host, port
+        self.p4runtime_address = p4runtime_address
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -57,31 +62,43 @@ class EmbeddedSwitch:
 
 
 @contextmanager
-def embedded_switch(*args: str, host: str = "127.0.0.1", start_timeout: float = 15.0
-                    ) -> Iterator[EmbeddedSwitch]:
-    """Start ``python -m ina_collectives.switch --port 0 ARGS`` and yield it, running."""
+def embedded_switch(*args: str, host: str = "127.0.0.1", start_timeout: float = 15.0,
+                    p4runtime: bool = False) -> Iterator[EmbeddedSwitch]:
+    """Start ``python -m ina_collectives.switch --port 0 ARGS`` and yield it, running;
+    ``p4runtime`` also serves P4Runtime on a free port (``--p4runtime-port 0``)."""
+    extra = ["--p4runtime-port", "0"] if p4runtime else []
     process = subprocess.Popen(
         [sys.executable, "-m", "ina_collectives.switch", "--host", host, "--port", "0",
-         *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+         *extra, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         deadline = time.monotonic() + start_timeout
-        first = ""
-        # The first line names the port; read it with a bound.
+        # The lines up to "listening on" name the ports; read them with a bound.
         result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(process.stdout.readline()),
-                                  daemon=True)
+
+        def read_start() -> None:
+            for line in process.stdout:
+                result.append(line)
+                if "listening on" in line:
+                    return
+
+        reader = threading.Thread(target=read_start, daemon=True)
         reader.start()
         reader.join(max(0.0, deadline - time.monotonic()))
-        first = result[0] if result else ""
-        if "listening on" not in first:
+        first = result[-1] if result else ""
+        if reader.is_alive() or "listening on" not in first:
             process.kill()
-            rest = process.communicate(timeout=5)[0]
+            rest = process.communicate(timeout=5)[0] if not reader.is_alive() else ""
             raise RuntimeError(f"ina-switch did not start within {start_timeout:g} s: "
-                               f"{first}{rest}")
+                               f"{''.join(result)}{rest}")
         port = int(first.rsplit(":", 1)[1])
-        switch = EmbeddedSwitch(process, host, port)
-        switch.lines.append(first.rstrip("\n"))
+        grpc_line = next((l for l in result if "p4runtime on" in l), None)
+        if p4runtime and grpc_line is None:
+            process.kill()
+            raise RuntimeError(f"ina-switch did not serve P4Runtime: {''.join(result)}")
+        switch = EmbeddedSwitch(process, host, port,
+                                grpc_line.split(" on ", 1)[1].strip() if grpc_line else None)
+        switch.lines.extend(l.rstrip("\n") for l in result)
         yield switch
     finally:
         if process.poll() is None:

@@ -69,8 +69,10 @@ class RingEngine:
 class InaEngine:
     """Allreduce computed by the aggregator ("the switch"), with the ring as its fallback.
 
-    Collective to construct: every rank joins the job at the aggregator and the ranks
-    agree; if any rank failed, no rank uses the aggregator (``unavailable`` says why).
+    Collective to construct: every rank joins the job at the aggregator (or, when a
+    controller installed the job, settings.job, checks its entry with a probe) and the
+    ranks agree; if any rank failed, no rank uses the aggregator (``unavailable`` says
+    why).
     """
 
     name = "ina"
@@ -94,12 +96,21 @@ class InaEngine:
             error = f"{n} ranks exceed the aggregator's {P.MAX_WORKERS} workers"
         elif kernels.BACKEND != "fast":
             error = "the compiled fast path is not built"
-        job = comm.bcast(random.SystemRandom().randrange(1, 65536) if rank == 0 else None)
+        ports = [int(p) for p in settings.worker_ports.split(",") if p.strip()]
+        if settings.job and error is None and len(ports) != n:
+            error = (f"job {settings.job} was installed by a controller, but worker_ports "
+                     f"(INA_WORKER_PORTS) names {len(ports)} ports for {n} ranks")
+        job = settings.job or comm.bcast(random.SystemRandom().randrange(1, 65536)
+                                         if rank == 0 else None)
         if error is None:
             try:
                 self.link = WorkerLink(parse_address(settings.switch), job, rank, n, k,
-                                       settings.switch_slots)
-                self.link.join(settings.switch_join_timeout)
+                                       settings.switch_slots,
+                                       ports[rank] if settings.job else 0)
+                if settings.job:  # installed by a controller: worker id = rank
+                    self.link.probe(settings.switch_join_timeout)
+                else:
+                    self.link.join(settings.switch_join_timeout)
             except (AggregatorUnavailable, ValueError, OSError) as exc:
                 error = str(exc)
         errors = comm.allgather(error)

@@ -69,12 +69,17 @@ def elements_for_mtu(mtu: int) -> int:
 # Replies carry FLAG_CONTROL | FLAG_RESULT and the payload [op, status].
 CTRL_JOIN = 1     # [JOIN, n workers, K, S]: the sender is worker `worker` of job `job`
 CTRL_LEAVE = 2    # [LEAVE]: the sender is done; the job is freed when all have left
-CTRL_PROBE = 3    # [PROBE]: is an aggregator there?
+CTRL_PROBE = 3    # [PROBE]: job 0: is an aggregator there? job j: am I worker w of job j?
 CTRL_FAULTS = 4   # [FAULTS, then FAULT_FIELDS in order] (probabilities in ppm, delays in us)
+CTRL_WAKE = 5     # [WAKE]: the software switch's P4Runtime thread wakes its data path
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
                 "reorder_out", "delay_ms_in", "delay_ms_out")
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
-               "worker id taken by another address", "no room for the job")
+               "worker id taken by another address", "no room for the job",
+               "the job is configured by a controller (P4Runtime)")
+# A probe for job j is answered 0 only if the sender is worker w of job j at its address
+# (a P4 switch answers only then, and stays silent otherwise).
+PROBE_STATUS = ("installed", "not installed at this address")
 MAX_WORKERS = 64  # one bit each in the switch's per-slot bitmap
 
 # Why an aggregator drops a data packet: the software switch's counters and the P4

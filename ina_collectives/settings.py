@@ -70,6 +70,17 @@ class Settings:
         "Seconds without any result after which a rank declares the aggregator dead; the "
         "ranks then agree, finish that call on the ring and stay on the ring.",
     )
+    job: int = _setting(
+        0,
+        "The job's id when a controller installed it (ina-run sets it): the ranks then "
+        "check their entries with a probe instead of joining. 0: the ranks join the "
+        "switch themselves (plain mpiexec).",
+    )
+    worker_ports: str = _setting(
+        "",
+        "With job: the UDP port of each rank, comma-separated in rank order, as the "
+        "controller installed them (ina-run sets it).",
+    )
     retransmit_timeout: float = _setting(
         0.02, "Initial retransmission timeout of a packet, in seconds; doubles per resend.")
     retransmit_max: float = _setting(0.5, "Largest retransmission timeout, in seconds.")
@@ -108,6 +119,12 @@ class Settings:
             raise ValueError(f"switch_slots must be 1..65536, got {self.switch_slots}")
         if not 0 <= self.switch_elements <= 16370:
             raise ValueError(f"switch_elements must be 0..16370, got {self.switch_elements}")
+        if not 0 <= self.job < 65536:
+            raise ValueError(f"job must be 0..65535, got {self.job}")
+        ports = self.worker_ports.replace(",", "").replace(" ", "")
+        if ports and not ports.isdigit():
+            raise ValueError(f"worker_ports must be comma-separated port numbers, got "
+                             f"{self.worker_ports!r}")
         for name in ("switch_join_timeout", "switch_silence", "retransmit_timeout", "retransmit_max"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")

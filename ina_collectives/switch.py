@@ -4,6 +4,11 @@ A UDP server with the semantics a P4 switch has (docs/protocol.md): the data pat
 the compiled ``Aggregator`` (_fast/switch_loop.pyx); this module is its control side:
 jobs joining and leaving, idle jobs freed, fault injection, a periodic status line, and
 a clean stop on SIGINT/SIGTERM.
+
+Jobs come two ways (docs/control.md): ranks join with control packets (plain
+``mpiexec``, no controller), or a controller installs them over P4Runtime
+(``--p4runtime-port``, served by ina_collectives.p4runtime_server in a thread of this
+process, carried out by this loop between batches).
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ class SoftwareSwitch:
 
     def __init__(self, host: str = "127.0.0.1", port: int = P.UDP_PORT,
                  idle_seconds: float = 60.0, pool_slots: int = 1024,
-                 max_elements: int = P.MAX_ELEMENTS):
+                 max_elements: int = P.MAX_ELEMENTS, p4runtime_port: int | None = None,
+                 device_id: int = 1):
         from ._fast.switch_loop import DROP_REASONS, Aggregator
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -48,6 +54,27 @@ class SoftwareSwitch:
         self.control_counts = {"joins": 0, "refusals": 0, "leaves": 0, "jobs freed idle": 0,
                                "malformed control": 0}
         self._stop = False
+        self.p4runtime = self._runner = None
+        if p4runtime_port is not None:
+            self._serve_p4runtime(host, p4runtime_port, device_id, max_elements)
+
+    def _serve_p4runtime(self, host: str, port: int, device_id: int, max_elements: int
+                         ) -> None:
+        from .p4runtime_server import LoopRunner, Server, Target
+
+        wake_to = ("127.0.0.1" if self.address[0] == "0.0.0.0" else self.address[0],
+                   self.address[1])
+        waker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        wake = P.pack_header(flags=P.FLAG_CONTROL, job=0, worker=0, slot_version=0, slot=0,
+                             offset=0, count=1, exponent=0, proposal=P.PROPOSAL_NONE) + \
+            struct.pack("!i", P.CTRL_WAKE)
+        self._runner = LoopRunner(lambda: waker.sendto(wake, wake_to))
+        self.target = Target(self.aggregator, max_elements, device_id)
+        try:
+            self.p4runtime = Server(self.target, self._runner, host, port)
+        except (OSError, RuntimeError) as exc:
+            self.sock.close()
+            raise OSError(f"cannot serve P4Runtime on {host}:{port}: {exc}") from None
 
     def stop(self, *_: object) -> None:
         self._stop = True
@@ -62,6 +89,8 @@ class SoftwareSwitch:
                 except (ValueError, IndexError) as exc:  # a malformed request, not a crash
                     self.control_counts["malformed control"] += 1
                     log.warning("malformed control packet dropped: %s", exc)
+            if self._runner is not None:
+                self._runner.run_pending()
             now = time.monotonic()
             if stats_interval and now - last_stats >= stats_interval:
                 print(self.status_line(), flush=True)
@@ -75,6 +104,9 @@ class SoftwareSwitch:
                 last_idle = now
             if duration is not None and now - started >= duration:
                 break
+        if self.p4runtime is not None:
+            self._runner.close()
+            self.p4runtime.stop()
         self.sock.close()
 
     def stats(self) -> dict:
@@ -106,12 +138,16 @@ class SoftwareSwitch:
                                 addr_be, port_be)
         elif op == P.CTRL_LEAVE:
             self.control_counts["leaves"] += 1
-            if self.aggregator.leave(job, worker):
+            if self.aggregator.leave(job, worker):  # never a controller's job
                 self.job_slots.pop(job, None)
                 log.info("job %d: every worker left, slots freed", job)
             status = 0
         elif op == P.CTRL_PROBE:
-            status = 0
+            # Job 0: is anyone there? Else: is the sender worker `worker` of the job?
+            status = 0 if job == 0 or self.aggregator.worker_at(job, worker, addr_be,
+                                                                 port_be) else 1
+        elif op == P.CTRL_WAKE:
+            return  # the P4Runtime thread woke the loop: run_pending follows
         elif op == P.CTRL_FAULTS and body.size >= 1 + len(P.FAULT_FIELDS):
             if addr_be != struct.unpack("=I", socket.inet_aton("127.0.0.1"))[0]:
                 return  # faults only from this machine
@@ -138,6 +174,9 @@ class SoftwareSwitch:
                 and 1 <= slots <= 65536):
             self.control_counts["refusals"] += 1
             return 1
+        if self.aggregator.is_managed(job):
+            self.control_counts["refusals"] += 1
+            return 5
         shape = self.aggregator.job_shape(job)
         if shape is None:
             if sum(self.job_slots.values()) + slots > self.pool_slots:
@@ -189,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
                              "does not fit is refused")
     parser.add_argument("--max-elements", type=int, default=P.MAX_ELEMENTS,
                         help="largest K (int32 values per packet) a job may use")
+    parser.add_argument("--p4runtime-port", type=int, default=None, metavar="PORT",
+                        help="serve P4Runtime (gRPC) on --host:PORT so that a controller "
+                             "(ina_collectives.control) installs jobs; 0 picks a free port. "
+                             "Needs the p4 extra")
+    parser.add_argument("--device-id", type=int, default=1,
+                        help="the P4Runtime device id (default 1)")
     parser.add_argument("--stats-interval", type=float, default=0.0,
                         help="print a status line every so many seconds (0: never)")
     parser.add_argument("--log-level", default="INFO")
@@ -202,9 +247,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="ina-switch %(levelname)s %(message)s")
     try:
         switch = SoftwareSwitch(args.host, args.port, args.idle, args.pool_slots,
-                                args.max_elements)
+                                args.max_elements, args.p4runtime_port, args.device_id)
     except OSError as exc:
         print(f"ina-switch: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"ina-switch: --p4runtime-port needs the p4 extra (pip install "
+              f"'ina-collectives[p4]'): {exc}", file=sys.stderr)
         return 2
     try:
         switch.aggregator.set_faults(**{name: getattr(args, name) for name in P.FAULT_FIELDS})
@@ -212,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     signal.signal(signal.SIGTERM, switch.stop)
     signal.signal(signal.SIGINT, switch.stop)
-    # The first line says where it listens (tests and launchers read it).
+    # The first line says where it listens (tests and launchers read it); with P4Runtime,
+    # where that listens comes first.
+    if switch.p4runtime is not None:
+        print(f"ina-switch p4runtime on {switch.p4runtime.host}:{switch.p4runtime.port}",
+              flush=True)
     print(f"ina-switch listening on {switch.address[0]}:{switch.address[1]}", flush=True)
     switch.serve(args.stats_interval)
     print(switch.status_line(), flush=True)

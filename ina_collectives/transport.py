@@ -88,16 +88,23 @@ class StreamResult:
 
 
 class WorkerLink:
-    """One worker's UDP socket to the aggregator, for one job."""
+    """One worker's UDP socket to the aggregator, for one job: joined by the worker
+    itself (``join``), or installed by a controller at the socket's address (``port``
+    given) and checked with ``probe``."""
 
     def __init__(self, switch: tuple[str, int], job: int, worker: int, n: int, k: int,
-                 slots: int):
+                 slots: int, port: int = 0):
         self.switch = switch
         self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
-        self.sock.bind(("0.0.0.0", 0))
+        try:
+            self.sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            self.sock.close()
+            raise OSError(f"cannot bind the worker's UDP port {port}: {exc}") from None
+        self.joined = False
         self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
         self._addr_be = struct.unpack("=I", socket.inet_aton(switch[0]))[0]
         self._port_be = socket.htons(switch[1])
@@ -116,9 +123,30 @@ class WorkerLink:
             raise AggregatorUnavailable(
                 f"the aggregator at {self.switch[0]}:{self.switch[1]} refused job {self.job} "
                 f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}): {reason}")
+        self.joined = True
+
+    def probe(self, timeout: float) -> None:
+        """Check that a controller installed this worker of the job at this socket's
+        address (a P4 switch answers only then; the software switch says why not)."""
+        where = f"{self.switch[0]}:{self.switch[1]}"
+        port = self.sock.getsockname()[1]
+        try:
+            status = self._control([P.CTRL_PROBE], timeout, "probe")
+        except AggregatorUnavailable as exc:
+            raise AggregatorUnavailable(
+                f"{exc} (is job {self.job} installed for worker {self.worker} at UDP port "
+                f"{port}? ina-run / ina_collectives.control install it)") from None
+        if status != 0:
+            reason = P.PROBE_STATUS[status] if status < len(P.PROBE_STATUS) else f"code {status}"
+            raise AggregatorUnavailable(
+                f"the aggregator at {where} has no entry for worker {self.worker} of job "
+                f"{self.job} at UDP port {port}: {reason}")
 
     def leave(self, timeout: float = 0.5) -> None:
-        """Tell the aggregator this worker is done; best effort (it may be gone)."""
+        """Tell the aggregator this worker is done; best effort (it may be gone). A job a
+        controller installed is the controller's to remove: nothing is sent."""
+        if not self.joined:
+            return
         try:
             self._control([P.CTRL_LEAVE], timeout, "leave")
         except AggregatorUnavailable:

@@ -1,0 +1,533 @@
+"""The controller: configures an INA job on any aggregator over P4Runtime (p4runtime-shell).
+
+    from ina_collectives.control import Controller, JobSpec, Worker
+    job = JobSpec(job_id=7, workers=[Worker("10.0.0.1", 40001), Worker("10.0.0.2", 40001)],
+                  slots=8)
+    with Controller("127.0.0.1:9559", "p4/ina_aggregator.p4info.txt", "build/ina.json") as c:
+        c.configure(job)     # pipeline pushed at connect; workers, group, rewrites, reset
+        ...                  # the ranks run (INA_JOB=7, worker id = rank)
+        c.teardown(job)
+
+The target is a BMv2 ``simple_switch_grpc`` running p4/ina_aggregator.p4 or the
+software switch (``ina-switch --p4runtime-port``); both take the same writes
+(docs/control.md). What this module installs, per job:
+
+* ``IngressImpl.ina_workers``: (job, worker IPv4, worker UDP port) -> ``admit`` (worker
+  id, its bitmap bit, the worker count, the multicast group, the slot range);
+* a multicast group (id = the job's, by default the job id) with one replica per
+  worker (egress port = the worker's switch port, replica id = worker id);
+* ``EgressImpl.ina_replicas``: (group, replica id) -> ``rewrite_result`` (MAC, IPv4,
+  UDP port of the worker);
+* zeros in the job's cells of the slot registers (bitmap, count, proposal, chunk), by
+  raw P4Runtime register writes (the shell has no register API); value registers need
+  no reset: the first packet of a use loads them.
+
+p4runtime-shell keeps its client in a module global, runs a non-daemon stream thread
+and calls sys.exit when setup fails. This module does the shell's setup itself: every
+RPC has a deadline, a failed handshake cancels its stream, the stream thread is always
+joined with a bound (cancelled if it lingers), and failures raise ControlError naming
+the target's error codes. One Controller at a time per process.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import p4schema as S
+from . import protocol as P
+
+log = logging.getLogger("ina_collectives.control")
+
+ENTITIES_USED = S.ENTITIES_USED
+REGISTER_BATCH = 2048  # register updates per WriteRequest
+
+
+class ControlError(RuntimeError):
+    """The target refused a request or failed; the message names the target's error."""
+
+
+class TargetUnavailable(ControlError):
+    """No P4Runtime target answered at the address within the bound."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    """Where a worker is, as the switch sees it: its packets' source IPv4 and UDP port,
+    and where results for it go (MAC, the switch's egress port towards it)."""
+    ip: str
+    udp_port: int
+    mac: str = "00:00:00:00:00:00"
+    switch_port: int = 0
+
+    def __post_init__(self) -> None:
+        ipaddress.IPv4Address(self.ip)  # ValueError for a malformed address
+        if not 0 < self.udp_port < 65536:
+            raise ValueError(f"worker UDP port {self.udp_port} is out of range")
+        if len(self.mac.split(":")) != 6:
+            raise ValueError(f"worker MAC {self.mac!r} is not aa:bb:cc:dd:ee:ff")
+        if not 0 <= self.switch_port < 512:
+            raise ValueError(f"switch port {self.switch_port} does not fit 9 bits")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: worker id = index in ``workers`` (= MPI rank); ``slots`` S of the job,
+    cells ``slot_base`` .. ``slot_base + slots - 1`` of the pipeline's register pool."""
+    job_id: int
+    workers: Sequence[Worker]
+    slots: int
+    slot_base: int = 0
+    mcast_grp: int = 0  # 0: the job id
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.job_id < 65536:
+            raise ValueError(f"job id {self.job_id} must be 1..65535")
+        if not 1 <= len(self.workers) <= P.MAX_WORKERS:
+            raise ValueError(f"a job has 1..{P.MAX_WORKERS} workers, got {len(self.workers)}")
+        if self.slots < 1 or self.slot_base < 0:
+            raise ValueError(f"slots {self.slot_base}+{self.slots}: need slots >= 1, base >= 0")
+        if len({(w.ip, w.udp_port) for w in self.workers}) != len(self.workers):
+            raise ValueError("two workers share an address and UDP port")
+
+    @property
+    def group(self) -> int:
+        return self.mcast_grp or self.job_id
+
+
+def _write_error(what: str, exc: BaseException, names: Sequence[str] | None = None) -> str:
+    """A shell/gRPC error as text that names the target's codes (and the entries)."""
+    errors = getattr(exc, "errors", None)
+    if errors:  # P4RuntimeWriteException: [(index, p4.v1.Error)]
+        from google.rpc import code_pb2
+
+        parts = []
+        for index, error in errors:
+            name = code_pb2.Code.Name(error.canonical_code)
+            who = names[index] if names and index < len(names) else f"update {index}"
+            parts.append(f"{who}: {name} {error.message}".rstrip())
+        return f"{what} failed: " + "; ".join(parts)
+    rpc = getattr(exc, "grpc_error", exc)  # the shell's P4RuntimeException wraps it
+    if callable(getattr(rpc, "code", None)) and callable(getattr(rpc, "details", None)):
+        return f"{what} failed: {rpc.code().name} {rpc.details()}"
+    return f"{what} failed: {exc}"
+
+
+def _error_codes(exc: BaseException) -> list[str]:
+    from google.rpc import code_pb2
+
+    return [code_pb2.Code.Name(e.canonical_code) for _, e in getattr(exc, "errors", [])]
+
+
+_session = threading.Lock()  # p4runtime-shell's client and context are module globals
+
+
+class Controller:
+    """A P4Runtime session with one target; a context manager (closing always tears the
+    session down, bounded). ``push``: "always" sets the pipeline (VERIFY_AND_COMMIT, which
+    clears the target's state), "if-needed" only when the target has another P4Info or
+    none, "never" uses what the target has."""
+
+    def __init__(self, address: str, p4info: str | Path | None = None,
+                 device_config: str | Path | None = None, *, device_id: int = 1,
+                 election_id: tuple[int, int] = (0, 1), timeout: float = 10.0,
+                 push: str = "always"):
+        if push not in ("always", "if-needed", "never"):
+            raise ValueError(f"push must be always, if-needed or never, got {push!r}")
+        if push != "never" and (p4info is None or device_config is None):
+            raise ValueError("pushing a pipeline needs the P4Info and the device config")
+        for path in (p4info, device_config):
+            if path is not None and not Path(path).is_file():
+                raise ControlError(f"no such file: {path}")
+        self.address, self.device_id, self.election_id = address, device_id, election_id
+        self.p4info_path, self.device_config_path = p4info, device_config
+        self.timeout, self.push = timeout, push
+        self.build: S.Build | None = None
+        self._client: Any = None
+        self._sh: Any = None
+        self._owns_session = False
+
+    # -- session -------------------------------------------------------------------
+
+    def __enter__(self) -> "Controller":
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> "Controller":
+        try:
+            import grpc
+            from p4runtime_sh import shell as sh
+        except ImportError as exc:
+            raise ControlError(f"the controller needs the p4 extra (pip install "
+                               f"'ina-collectives[p4]'): {exc}") from None
+        if not _session.acquire(blocking=False):
+            raise ControlError("another Controller session is open in this process "
+                               "(p4runtime-shell keeps one client)")
+        self._owns_session, self._sh = True, sh
+        try:
+            channel = grpc.insecure_channel(self.address)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=self.timeout)
+            except grpc.FutureTimeoutError:
+                raise TargetUnavailable(f"no P4Runtime target answers at {self.address} "
+                                        f"within {self.timeout:g} s") from None
+            finally:
+                channel.close()
+            self._client = _client_class()(self.device_id, self.address, self.election_id,
+                                           self.timeout)
+            sh.client = self._client
+            # Quiet: the shell prints every field it sets when verbose. (The option shares
+            # its value with canonical bytestrings, so values go padded; servers accept
+            # both, the software switch compares them canonically.)
+            from p4runtime_sh.global_options import global_options
+            global_options["verbose"] = False
+            self._set_pipeline()
+            info = self._rpc("GetForwardingPipelineConfig", self._client.get_p4info)
+            sh.context.set_p4info(info)
+            try:
+                self.build = S.read_build(info)
+            except ValueError as exc:
+                raise ControlError(f"the target at {self.address} does not run the INA "
+                                   f"aggregator: {exc}") from None
+            log.info("connected to %s: K %d, S %d", self.address, self.build.k,
+                     self.build.slots)
+            return self
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_pipeline(self) -> None:
+        if self.push == "never":
+            return
+        if self.push == "if-needed":
+            from google.protobuf import text_format
+            from p4.config.v1 import p4info_pb2
+
+            wanted = text_format.Parse(Path(self.p4info_path).read_text(), p4info_pb2.P4Info())
+            try:
+                if self._client.get_p4info() == wanted:
+                    return
+            except Exception:  # no pipeline yet: push one
+                pass
+        self._rpc("SetForwardingPipelineConfig", self._client.set_fwd_pipe_config,
+                  str(self.p4info_path), str(self.device_config_path))
+
+    def _rpc(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ControlError:
+            raise
+        except Exception as exc:
+            raise ControlError(_write_error(f"{what} at {self.address}", exc)) from None
+
+    def close(self) -> None:
+        """End the session: stream closed and its thread joined (bounded), never raises."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.shut(self.timeout)
+        if self._sh is not None and self._sh.client is client:
+            self._sh.client = None
+        if self._owns_session:
+            self._owns_session = False
+            _session.release()
+
+    def _need(self) -> S.Build:
+        if self._client is None or self.build is None:
+            raise ControlError("the controller is not connected")
+        return self.build
+
+    # -- writes --------------------------------------------------------------------
+
+    def _write(self, what: str, updates: list[Any], names: list[str]) -> None:
+        from p4.v1 import p4runtime_pb2
+
+        for start in range(0, len(updates), REGISTER_BATCH):
+            request = p4runtime_pb2.WriteRequest()
+            request.updates.extend(updates[start:start + REGISTER_BATCH])
+            try:
+                self._client.write(request)
+            except Exception as exc:
+                error = ControlError(_write_error(f"{what} at {self.address}", exc,
+                                                  names[start:start + REGISTER_BATCH]))
+                error.codes = _error_codes(exc)  # type: ignore[attr-defined]
+                raise error from None
+
+    def _update(self, kind: str, entity: Any) -> Any:
+        from p4.v1 import p4runtime_pb2
+
+        update = p4runtime_pb2.Update(type=getattr(p4runtime_pb2.Update, kind))
+        message = entity.msg()
+        field = ("table_entry" if message.DESCRIPTOR.name == "TableEntry"
+                 else "packet_replication_engine_entry")
+        getattr(update.entity, field).CopyFrom(message)
+        return update
+
+    def _worker_entries(self, job: JobSpec) -> list[Any]:
+        sh = self._sh
+        entries = []
+        for wid, w in enumerate(job.workers):
+            te = sh.TableEntry(S.WORKERS.name)(action=S.ADMIT.name)
+            te.match["job_id"] = str(job.job_id)
+            te.match["src_addr"] = w.ip
+            te.match["src_port"] = str(w.udp_port)
+            for name, value in (("worker_id", wid), ("worker_bit", 1 << wid),
+                                ("num_workers", len(job.workers)), ("mcast_grp", job.group),
+                                ("slot_base", job.slot_base), ("slot_count", job.slots)):
+                te.action[name] = str(value)
+            entries.append(te)
+        return entries
+
+    def _group_entry(self, job: JobSpec) -> Any:
+        group = self._sh.MulticastGroupEntry(job.group)
+        for wid, w in enumerate(job.workers):
+            group.add(w.switch_port, wid)
+        return group
+
+    def _rewrite_entries(self, job: JobSpec) -> list[Any]:
+        entries = []
+        for wid, w in enumerate(job.workers):
+            te = self._sh.TableEntry(S.REPLICAS.name)(action=S.REWRITE.name)
+            te.match["mcast_grp"] = str(job.group)
+            te.match["rid"] = str(wid)
+            te.action["dst_mac"] = w.mac
+            te.action["dst_addr"] = w.ip
+            te.action["dst_port"] = str(w.udp_port)
+            entries.append(te)
+        return entries
+
+    def configure(self, job: JobSpec) -> None:
+        """Install the job: worker entries, multicast group, replica rewrites, then zero
+        its register cells. On failure what was installed is removed again."""
+        build = self._need()
+        if job.slot_base + job.slots > build.slots:
+            raise ControlError(f"job {job.job_id}: slots {job.slot_base}+{job.slots} exceed "
+                               f"the target's {build.slots}")
+        workers = self._worker_entries(job)
+        names = [f"worker {i} ({w.ip}:{w.udp_port})" for i, w in enumerate(job.workers)]
+        try:
+            self._write(f"installing job {job.job_id}'s workers",
+                        [self._update("INSERT", te) for te in workers], names)
+            self._write(f"installing multicast group {job.group}",
+                        [self._update("INSERT", self._group_entry(job))],
+                        [f"multicast group {job.group}"])
+            self._write(f"installing job {job.job_id}'s result rewrites",
+                        [self._update("INSERT", te) for te in self._rewrite_entries(job)],
+                        [f"rewrite for worker {i}" for i in range(len(job.workers))])
+            self.reset_registers(job)
+        except ControlError as exc:
+            codes = getattr(exc, "codes", [])
+            if "ALREADY_EXISTS" not in codes:  # never remove another session's entries
+                self._remove(job, quiet=True)
+            raise
+        log.info("job %d configured: %d workers, slots %d+%d, group %d", job.job_id,
+                 len(job.workers), job.slot_base, job.slots, job.group)
+
+    def reset_registers(self, job: JobSpec) -> None:
+        """Zero the job's cells (both versions) of the slot state registers."""
+        from p4.v1 import p4runtime_pb2
+
+        build = self._need()
+        updates, names = [], []
+        for reg in S.STATE_REGISTERS:
+            rid = build.ids[reg.name]
+            zero = bytes((reg.bits + 7) // 8)
+            for version in (0, 1):
+                for slot in range(job.slots):
+                    index = S.cell(version, job.slot_base, slot, build.slots)
+                    u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
+                    u.entity.register_entry.register_id = rid
+                    u.entity.register_entry.index.index = index
+                    u.entity.register_entry.data.bitstring = zero
+                    updates.append(u)
+                    names.append(f"{reg.name}[{index}]")
+        self._write(f"resetting job {job.job_id}'s registers", updates, names)
+
+    def teardown(self, job: JobSpec) -> None:
+        """Remove the job's entries; entries already gone are not an error."""
+        self._need()
+        self._remove(job, quiet=False)
+        log.info("job %d torn down", job.job_id)
+
+    def _remove(self, job: JobSpec, quiet: bool) -> None:
+        problems = []
+        steps = [("rewrite", self._rewrite_entries(job)), ("group", [self._group_entry(job)]),
+                 ("worker", self._worker_entries(job))]
+        for what, entities in steps:
+            for i, entity in enumerate(entities):
+                try:
+                    self._write(f"deleting job {job.job_id}'s {what} {i}",
+                                [self._update("DELETE", entity)], [f"{what} {i}"])
+                except ControlError as exc:
+                    if getattr(exc, "codes", None) != ["NOT_FOUND"]:
+                        problems.append(str(exc))
+        if problems and not quiet:
+            raise ControlError("; ".join(problems))
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _read(self, what: str, entity: Any) -> list[Any]:
+        try:
+            return list(entity.read())
+        except Exception as exc:
+            raise ControlError(_write_error(f"reading {what} at {self.address}", exc)) from None
+
+    def read_workers(self, job_id: int | None = None) -> list[dict[str, Any]]:
+        """The installed ina_workers entries (of one job, or all) as dicts."""
+        self._need()
+        out = []
+        for te in self._read(S.WORKERS.name, self._sh.TableEntry(S.WORKERS.name)):
+            m = {f: int.from_bytes(te.match[f].exact.value, "big")
+                 for f in ("job_id", "src_addr", "src_port")}
+            a = {name: int.from_bytes(te.action[name].value, "big")
+                 for name in ("worker_id", "worker_bit", "num_workers", "mcast_grp",
+                              "slot_base", "slot_count")}
+            if job_id is None or m["job_id"] == job_id:
+                out.append({"job_id": m["job_id"], "ip": str(ipaddress.IPv4Address(
+                    m["src_addr"])), "udp_port": m["src_port"], **a})
+        return sorted(out, key=lambda e: (e["job_id"], e["worker_id"]))
+
+    def read_groups(self) -> dict[int, list[tuple[int, int]]]:
+        """Multicast groups: id -> [(egress port, replica id)]."""
+        self._need()
+        groups = {}
+        for g in self._read("multicast groups", self._sh.MulticastGroupEntry()):
+            entry = g.msg().multicast_group_entry
+            groups[entry.multicast_group_id] = [(r.egress_port, r.instance)
+                                                for r in entry.replicas]
+        return groups
+
+    def read_rewrites(self) -> list[dict[str, Any]]:
+        self._need()
+        out = []
+        for te in self._read(S.REPLICAS.name, self._sh.TableEntry(S.REPLICAS.name)):
+            out.append({"mcast_grp": int.from_bytes(te.match["mcast_grp"].exact.value, "big"),
+                        "rid": int.from_bytes(te.match["rid"].exact.value, "big"),
+                        "ip": str(ipaddress.IPv4Address(te.action["dst_addr"].value)),
+                        "udp_port": int.from_bytes(te.action["dst_port"].value, "big")})
+        return sorted(out, key=lambda e: (e["mcast_grp"], e["rid"]))
+
+    def read_register(self, name: str, indices: Iterable[int]) -> list[int]:
+        """Cells of a register (a p4schema name), by raw P4Runtime reads."""
+        from p4.v1 import p4runtime_pb2
+
+        build = self._need()
+        out = []
+        for index in indices:
+            entity = p4runtime_pb2.Entity()
+            entity.register_entry.register_id = build.ids[name]
+            entity.register_entry.index.index = index
+            try:
+                for reply in self._client.read_one(entity):
+                    for e in reply.entities:
+                        out.append(int.from_bytes(e.register_entry.data.bitstring, "big"))
+            except Exception as exc:
+                raise ControlError(_write_error(f"reading {name}[{index}]", exc)) from None
+        return out
+
+    def read_drops(self) -> dict[str, int]:
+        """The aggregator's drop counter, by reason (protocol.DROP_REASONS)."""
+        from p4.v1 import p4runtime_pb2
+
+        build = self._need()
+        entity = p4runtime_pb2.Entity()
+        entity.counter_entry.counter_id = build.ids[S.DROPS_COUNTER_NAME]
+        counts = {}
+        try:
+            for reply in self._client.read_one(entity):
+                for e in reply.entities:
+                    counts[S.DROP_REASONS[e.counter_entry.index.index]] = \
+                        e.counter_entry.data.packet_count
+        except Exception as exc:
+            raise ControlError(_write_error("reading the drop counter", exc)) from None
+        return counts
+
+
+def _client_class() -> type:
+    """p4runtime-shell's client with deadlines on every RPC, a handshake that raises
+    instead of exiting, and a bounded shutdown."""
+    import queue
+
+    import grpc
+    from google.rpc import code_pb2
+    from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+    from p4runtime_sh.p4runtime import P4RuntimeClient
+
+    class Deadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+        def __init__(self, timeout: float):
+            self.timeout = timeout
+
+        def _with_deadline(self, details: Any) -> Any:
+            if details.timeout is not None:
+                return details
+            return details._replace(timeout=self.timeout) if hasattr(details, "_replace") \
+                else _Details(details, self.timeout)
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._with_deadline(details), request)
+
+        def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._with_deadline(details), request)
+
+    class _Details(grpc.ClientCallDetails):
+        def __init__(self, d: Any, timeout: float):
+            self.method, self.metadata, self.credentials = d.method, d.metadata, d.credentials
+            self.wait_for_ready, self.timeout = d.wait_for_ready, timeout
+            self.compression = getattr(d, "compression", None)
+
+    class Client(P4RuntimeClient):
+        def __init__(self, device_id: int, address: str, election_id: tuple[int, int],
+                     timeout: float):
+            self.device_id, self.election_id, self.role_name = device_id, election_id, None
+            self.timeout, self.address = timeout, address
+            self.stream_out_q = None
+            self.stream_in_q = None
+            self.stream_recv_thread = None
+            self.channel = grpc.insecure_channel(address)
+            self.stub = p4runtime_pb2_grpc.P4RuntimeStub(
+                grpc.intercept_channel(self.channel, Deadline(timeout)))
+            self.set_up_stream()
+
+        def handshake(self) -> None:
+            request = p4runtime_pb2.StreamMessageRequest()
+            request.arbitration.device_id = self.device_id
+            request.arbitration.election_id.high = self.election_id[0]
+            request.arbitration.election_id.low = self.election_id[1]
+            self.stream_out_q.put(request)
+            try:
+                reply = self.stream_in_q["arbitration"].get(timeout=self.timeout)
+            except queue.Empty:
+                reply = None
+            if reply is None:
+                self.shut(self.timeout)
+                raise TargetUnavailable(f"the P4Runtime target at {self.address} did not "
+                                        f"answer the arbitration within {self.timeout:g} s")
+            status = reply.arbitration.status
+            if status.code != code_pb2.OK:
+                self.shut(self.timeout)
+                raise ControlError(
+                    f"the target at {self.address} made this controller a backup "
+                    f"({code_pb2.Code.Name(status.code)} {status.message}): another "
+                    f"controller with a higher election id is primary")
+
+        def shut(self, timeout: float) -> None:
+            """Close the stream, join its thread (cancel the call if it lingers)."""
+            try:
+                if self.stream_out_q is not None:
+                    self.stream_out_q.put(None)
+                thread = self.stream_recv_thread
+                if thread is not None:
+                    thread.join(timeout)
+                    if thread.is_alive():
+                        self.stream.cancel()
+                        thread.join(timeout)
+                self.channel.close()
+            except Exception as exc:  # closing is best effort, and bounded
+                log.warning("closing the P4Runtime session: %s", exc)
+
+    return Client

@@ -1,0 +1,295 @@
+"""The controller (ina_collectives.control, on p4runtime-shell) against the software
+switch's P4Runtime server: pipeline push, entries read back, duplicates and bad entries
+rejected by name, deletes; the data path obeys what was installed (admission, replica
+fan-out, drops counted, other jobs' slots untouched); an allreduce whose job was
+configured only through P4Runtime."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("p4runtime_sh", reason="the controller needs the p4 extra "
+                    "(p4runtime-shell)")
+
+from ina_collectives import p4schema as S  # noqa: E402
+from ina_collectives import protocol as P  # noqa: E402
+from ina_collectives.control import (ControlError, Controller, JobSpec,  # noqa: E402
+                                     TargetUnavailable, Worker)
+from ina_collectives.embedded import embedded_switch  # noqa: E402
+
+K, SLOTS = 8, 32  # a small build: K values per packet, S slots
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pipeline")
+    (d / "ina.p4info.txt").write_text(S.p4info_text(K, SLOTS))
+    (d / "ina.json").write_bytes(b"software switch: no device config needed")
+    return d / "ina.p4info.txt", d / "ina.json"
+
+
+@pytest.fixture(scope="module")
+def switch():
+    with embedded_switch(p4runtime=True) as sw:
+        yield sw
+        assert sw.process.poll() is None, f"the switch died: {sw.lines}"
+
+
+@pytest.fixture
+def controller(switch, pipeline):
+    with Controller(switch.p4runtime_address, *pipeline, timeout=5) as c:
+        yield c
+
+
+def free_udp_sockets(n, host="127.0.0.1"):
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((host, 0))
+        s.settimeout(5)
+        socks.append(s)
+    return socks
+
+
+def test_pipeline_push_and_entries_read_back(controller):
+    assert (controller.build.k, controller.build.slots) == (K, SLOTS)
+    job = JobSpec(11, [Worker("127.0.0.1", 41000 + i, mac=f"02:00:00:00:00:0{i}",
+                              switch_port=i + 1) for i in range(3)], slots=4, slot_base=5)
+    controller.configure(job)
+    workers = controller.read_workers(11)
+    assert [(w["worker_id"], w["ip"], w["udp_port"]) for w in workers] == [
+        (0, "127.0.0.1", 41000), (1, "127.0.0.1", 41001), (2, "127.0.0.1", 41002)]
+    assert {(w["worker_bit"], w["num_workers"], w["mcast_grp"], w["slot_base"],
+             w["slot_count"]) for w in workers} == {(1, 3, 11, 5, 4), (2, 3, 11, 5, 4),
+                                                     (4, 3, 11, 5, 4)}
+    assert controller.read_groups()[11] == [(1, 0), (2, 1), (3, 2)]
+    assert [(r["rid"], r["udp_port"]) for r in controller.read_rewrites()
+            if r["mcast_grp"] == 11] == [(0, 41000), (1, 41001), (2, 41002)]
+    # The job's cells, both versions, read back as zeros after the reset.
+    cells = [S.cell(v, 5, s, SLOTS) for v in (0, 1) for s in range(4)]
+    assert controller.read_register(S.BITMAP.name, cells) == [0] * 8
+
+    with pytest.raises(ControlError, match="ALREADY_EXISTS") as raised:
+        controller.configure(job)
+    assert raised.value.codes == ["ALREADY_EXISTS"] * 3
+    assert len(controller.read_workers(11)) == 3  # the failed install removed nothing
+
+    controller.teardown(job)
+    assert controller.read_workers(11) == []
+    assert 11 not in controller.read_groups()
+    assert [r for r in controller.read_rewrites() if r["mcast_grp"] == 11] == []
+    controller.teardown(job)  # already gone: not an error
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(slots=SLOTS), "exceed the target's"),
+])
+def test_controller_checks_the_job_against_the_build(controller, change, message):
+    job = JobSpec(12, [Worker("127.0.0.1", 41100)], **{"slots": 1, "slot_base": 1, **change})
+    with pytest.raises(ControlError, match=message):
+        controller.configure(job)
+
+
+def test_target_errors_are_reported_by_name(controller, switch):
+    # Two jobs on overlapping slots: the switch refuses the second with INVALID_ARGUMENT.
+    a = JobSpec(21, [Worker("127.0.0.1", 41200), Worker("127.0.0.1", 41201)], slots=4)
+    b = JobSpec(22, [Worker("127.0.0.1", 41202)], slots=4, slot_base=2)
+    controller.configure(a)
+    try:
+        with pytest.raises(ControlError, match=r"worker 0 \(127.0.0.1:41202\): "
+                                               r"INVALID_ARGUMENT .*overlap job 21"):
+            controller.configure(b)
+        assert controller.read_workers(22) == []
+        # Deleting what does not exist: NOT_FOUND, by name.
+        from p4.v1 import p4runtime_pb2
+        entity = controller._sh.TableEntry(S.WORKERS.name)
+        entity.match["job_id"] = "99"
+        entity.match["src_addr"] = "127.0.0.1"
+        entity.match["src_port"] = "1"
+        with pytest.raises(ControlError, match="NOT_FOUND"):
+            controller._write("deleting", [controller._update("DELETE", entity)], ["x"])
+        del p4runtime_pb2
+    finally:
+        controller.teardown(a)
+
+
+def test_a_pipeline_that_is_not_the_aggregator_is_refused(switch, tmp_path, pipeline):
+    from google.protobuf import text_format
+    info = S.p4info()
+    del info.tables[0]  # no ina_workers
+    (tmp_path / "other.txt").write_text(text_format.MessageToString(info))
+    with pytest.raises(ControlError, match="INVALID_ARGUMENT.*no table IngressImpl.ina_workers"):
+        Controller(switch.p4runtime_address, tmp_path / "other.txt", pipeline[1],
+                   timeout=5).connect()
+    # The session was released: the next controller connects.
+    with Controller(switch.p4runtime_address, *pipeline, timeout=5) as c:
+        assert c.build.k == K
+
+
+def test_unreachable_target_fails_within_the_bound_and_never_exits(pipeline):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    code = f"""
+import sys
+from ina_collectives.control import Controller, TargetUnavailable
+try:
+    Controller("127.0.0.1:{port}", {str(pipeline[0])!r}, {str(pipeline[1])!r},
+               timeout=1).connect()
+except TargetUnavailable as exc:
+    print("refused:", exc)
+print("still running")
+"""
+    # In a child: a hang on the shell's non-daemon stream thread would show as a timeout.
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"refused: no P4Runtime target answers at 127.0.0.1:{port}" in out.stdout
+    assert "still running" in out.stdout
+
+
+def test_a_silent_target_fails_the_handshake_without_hanging(pipeline):
+    """A TCP listener that never speaks gRPC: connect must fail, bounded, and the child
+    must exit (the shell's stream thread is not a daemon)."""
+    code = f"""
+import socket, threading
+from ina_collectives.control import Controller, ControlError
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+port = listener.getsockname()[1]
+conns = []
+threading.Thread(target=lambda: conns.append(listener.accept()), daemon=True).start()
+try:
+    Controller(f"127.0.0.1:{{port}}", {str(pipeline[0])!r}, {str(pipeline[1])!r},
+               timeout=1).connect()
+except ControlError as exc:
+    print("refused:", type(exc).__name__)
+print("done")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "refused: TargetUnavailable" in out.stdout and "done" in out.stdout
+
+
+def ina_packet(job, worker, slot, values, version=0, offset=0, exponent=0, proposal=0):
+    from ina_collectives.protocol import INA
+    return bytes(INA(job=job, worker=worker, slot=slot, slot_version=version, offset=offset,
+                     exponent=exponent, proposal=proposal, values=list(values)))
+
+
+def test_only_installed_workers_aggregate(controller, switch):
+    """Packets (crafted with scapy) from addresses not installed, or posing as another
+    worker, are dropped and counted and leave every cell of the job untouched; the
+    installed workers' packets aggregate and the result reaches each of them through
+    the multicast group's rewrites."""
+    workers = free_udp_sockets(2)
+    intruder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    intruder.bind(("127.0.0.2", workers[0].getsockname()[1]))  # same port, other address
+    target = (switch.host, switch.port)
+    job = JobSpec(31, [Worker("127.0.0.1", s.getsockname()[1]) for s in workers], slots=4)
+    controller.configure(job)
+    try:
+        before = controller.read_drops()
+        intruder.sendto(ina_packet(31, 0, 0, range(K)), target)     # not installed
+        workers[1].sendto(ina_packet(31, 0, 1, range(K)), target)   # worker 1 posing as 0
+        intruder.sendto(ina_packet(999, 0, 0, range(K)), target)    # no such job
+        cells = [S.cell(v, 0, s, SLOTS) for v in (0, 1) for s in range(4)]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            after = controller.read_drops()
+            if after["unknown worker"] - before["unknown worker"] >= 2:
+                break
+            time.sleep(0.05)
+        assert after["unknown worker"] - before["unknown worker"] == 2
+        assert after["unknown job"] - before["unknown job"] == 1
+        for reg in (S.BITMAP, S.COUNT, S.CHUNK):
+            assert controller.read_register(reg.name, cells) == [0] * 8, reg.name
+        assert controller.read_register(f"{S.VALUE_PREFIX}0", cells) == [0] * 8
+
+        # The installed workers: one chunk each, the sum comes back to both.
+        a, b = np.arange(K), 1000 * np.arange(K)
+        workers[0].sendto(ina_packet(31, 0, 2, a, proposal=3), target)
+        assert controller.read_register(S.COUNT.name, [S.cell(0, 0, 2, SLOTS)]) == [1]
+        workers[1].sendto(ina_packet(31, 1, 2, b, proposal=5), target)
+        for s in workers:
+            data = s.recv(65536)
+            head = P.unpack_header(data)
+            assert head["flags"] == P.FLAG_RESULT and head["job"] == 31
+            assert head["slot"] == 2 and head["proposal"] == 5
+            assert np.frombuffer(data[P.HEADER_BYTES:], ">i4").tolist() == (a + b).tolist()
+        # A worker that missed the result gets it alone on retransmission.
+        workers[0].sendto(ina_packet(31, 0, 2, a, proposal=3), target)
+        assert np.frombuffer(workers[0].recv(65536)[P.HEADER_BYTES:], ">i4").tolist() == \
+            (a + b).tolist()
+        workers[1].settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            workers[1].recv(65536)
+        assert controller.read_register(S.BITMAP.name, [S.cell(0, 0, 2, SLOTS)]) == [3]
+        assert controller.read_register(S.COUNT.name, [S.cell(0, 0, 2, SLOTS)]) == [0]
+    finally:
+        controller.teardown(job)
+        for s in workers + [intruder]:
+            s.close()
+
+
+def test_join_cannot_take_a_controllers_job(controller, switch):
+    from ina_collectives.transport import AggregatorUnavailable, WorkerLink
+    job = JobSpec(41, [Worker("127.0.0.1", 41400), Worker("127.0.0.1", 41401)], slots=2)
+    controller.configure(job)
+    try:
+        link = WorkerLink((switch.host, switch.port), 41, 0, 2, K, 2)
+        with pytest.raises(AggregatorUnavailable, match="configured by a controller"):
+            link.join(2.0)
+        with pytest.raises(AggregatorUnavailable, match="not installed"):
+            link.probe(2.0)  # its ephemeral port is not the installed one
+        link.close()
+        installed = WorkerLink((switch.host, switch.port), 41, 1, 2, K, 2, port=41401)
+        installed.probe(2.0)
+        installed.close()
+    finally:
+        controller.teardown(job)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch, n):
+    """ina-run's path without ina-run: the controller installs the job, the ranks get
+    its id and their ports, probe their entries (no join) and aggregate through it."""
+    from tests import mpirun
+    from tests.test_ina import check_within_bound
+
+    socks = free_udp_sockets(n, "0.0.0.0")
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()  # the ranks bind them
+    job = JobSpec(50 + n, [Worker("127.0.0.1", p) for p in ports], slots=6, slot_base=3)
+    controller.configure(job)
+    try:
+        before = controller.read_drops()
+        cases = [("float32", "sum", 5 * K + 3, 1), ("float64", "average", 3000, 2),
+                 ("float32", "sum", 20_000, 3)]
+        env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
+               "INA_WORKER_PORTS": ",".join(map(str, ports)),
+               "INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_SLOTS": str(job.slots)}
+        results = mpirun.run(n, "ina_cases", {
+            "cases": cases, "rounds": 2,
+            "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env, timeout=180)
+        for i, case in enumerate(cases * 2):
+            per_rank = [r["results"][i] for r in results]
+            assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+            check_within_bound(per_rank[0], *case, n, k=K)
+        for r in results:  # every call through the switch: the probe found the entries
+            assert r["stats"]["engines"] == {"ina": 2 * len(cases)}, r["stats"]
+        after = controller.read_drops()
+        assert after["unknown worker"] == before["unknown worker"]
+        assert after["unknown job"] == before["unknown job"]
+    finally:
+        controller.teardown(job)
+
