@@ -1,22 +1,38 @@
-"""``ina-run``: start (or reach) the aggregator, run the ranks with mpiexec, clean up.
+"""``ina-run``: start (or reach) the aggregator, configure the job, run the ranks, clean up.
 
     ina-run -np 4 -- python train.py                  # embedded software switch
-    ina-run -np 4 --switch 10.0.0.1:47474 -- python train.py
+    ina-run -np 4 --p4runtime 10.0.0.1:9559 --p4info build/ina.p4info.txt \\
+        --device-config build/ina.json --workers workers.json -- python train.py
+    ina-run -np 4 --switch 10.0.0.1:47474 -- python train.py   # ranks join it themselves
     ina-run -np 4 --switch none -- python train.py    # ring only
 
-The ranks find the aggregator through INA_SWITCH. The exit code is the job's; the
-embedded switch is stopped whatever happens (errors, Ctrl-C).
+With the embedded switch (the default) or a P4Runtime target, ina-run configures the
+job through the controller (ina_collectives.control): it pushes the pipeline, installs
+one worker entry per rank (worker id = rank, at a UDP port it chose), the multicast
+group and the result rewrites, and resets the job's registers; the ranks get the job id
+and their ports (INA_JOB, INA_WORKER_PORTS), K and S, and check their entries with a
+probe. Afterwards it removes the job and stops the embedded switch, whatever happened.
+Without the p4 extra, the embedded switch is started without P4Runtime and the ranks
+join it themselves (the plain-mpiexec path). The exit code is the job's; 2 when the
+launcher, the switch or the target is missing or refuses the job.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+EMBEDDED_ELEMENTS = 1024  # K of the embedded switch's pipeline (its P4Info has K registers)
 
 
 class LaunchError(RuntimeError):
@@ -60,15 +76,42 @@ def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="ina-run", description="Run an MPI job whose allreduces go through an "
-        "in-network aggregator (by default an embedded software switch).")
+        "in-network aggregator (by default an embedded software switch), configured "
+        "through P4Runtime.")
     parser.add_argument("-np", "-n", dest="np", type=int, required=True,
                         help="number of ranks")
     parser.add_argument("--switch", default="embedded",
                         help="'embedded' (start a software switch on loopback), HOST:PORT "
-                             "of a running aggregator, or 'none' (ring only)")
+                             "of a running aggregator's UDP port, or 'none' (ring only). "
+                             "With --p4runtime: the target's INA address (default: its "
+                             "host, port 47474)")
     parser.add_argument("--switch-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for the embedded ina-switch (repeatable), "
                              "e.g. --switch-arg=--drop-in=0.01")
+    p4 = parser.add_argument_group("P4Runtime (a BMv2 or another P4 target)")
+    p4.add_argument("--p4runtime", metavar="HOST:PORT",
+                    help="configure the job on this P4Runtime target (needs --p4info and "
+                         "--device-config)")
+    p4.add_argument("--p4info", type=Path, help="the program's P4Info (text format)")
+    p4.add_argument("--device-config", type=Path,
+                    help="the target's device config (BMv2: p4c-bm2-ss's JSON)")
+    p4.add_argument("--device-id", type=int, default=1)
+    p4.add_argument("--push", choices=("always", "if-needed", "never"), default="if-needed",
+                    help="set the target's pipeline: always, only if its P4Info differs "
+                         "(default), or never")
+    p4.add_argument("--workers", type=Path, metavar="FILE",
+                    help="JSON list, one object per rank: ip, and optionally udp_port, mac, "
+                         "switch_port (the rank's address as the switch sees it); default: "
+                         "every rank on 127.0.0.1")
+    job = parser.add_argument_group("the job")
+    job.add_argument("--job-id", type=int, default=0, help="default: a random id")
+    job.add_argument("--slots", type=int, default=0,
+                     help="S of the job (default INA_SWITCH_SLOTS or 8)")
+    job.add_argument("--slot-base", type=int, default=0,
+                     help="first slot of the job in the target's register pool")
+    job.add_argument("--elements", type=int, default=0,
+                     help=f"K of the embedded switch's pipeline (default INA_SWITCH_ELEMENTS "
+                          f"or {EMBEDDED_ELEMENTS}); a P4 target's K is its build's")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program each rank runs (after an optional --)")
     args = parser.parse_args(argv)
@@ -78,34 +121,145 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("no command to run: ina-run -np N -- python train.py")
     if args.np < 1:
         parser.error(f"-np must be at least 1, got {args.np}")
+    if args.p4runtime and (args.p4info is None or args.device_config is None):
+        parser.error("--p4runtime needs --p4info and --device-config")
+    if args.p4runtime and args.switch == "none":
+        parser.error("--p4runtime and --switch none contradict each other")
     return args
+
+
+def free_udp_ports(n: int) -> list[int]:
+    """n UDP ports free on this machine now (the ranks bind them moments later)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("0.0.0.0", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def job_workers(args: argparse.Namespace) -> list[Any]:
+    from .control import Worker
+
+    ports = free_udp_ports(args.np)
+    if args.workers is None:
+        return [Worker("127.0.0.1", port) for port in ports]
+    try:
+        described = json.loads(args.workers.read_text())
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"--workers {args.workers}: {exc}") from None
+    if not isinstance(described, list) or len(described) != args.np:
+        raise LaunchError(f"--workers {args.workers}: a JSON list of {args.np} objects "
+                          f"(one per rank) expected")
+    try:
+        return [Worker(str(w["ip"]), int(w.get("udp_port", port)),
+                       str(w.get("mac", "00:00:00:00:00:00")), int(w.get("switch_port", 0)))
+                for w, port in zip(described, ports)]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LaunchError(f"--workers {args.workers}: {type(exc).__name__} {exc}") from None
+
+
+def p4_extra_installed() -> bool:
+    try:
+        import grpc  # noqa: F401
+        import p4runtime_sh  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
+                   target: str, p4info: Path, device_config: Path, switch_address: str,
+                   push: str) -> int:
+    """Configure the job through the controller, run the ranks, tear the job down."""
+    from .control import Controller, ControlError, JobSpec
+    from .settings import Settings
+
+    settings = Settings.load()
+    with Controller(target, p4info, device_config, device_id=args.device_id,
+                    push=push) as controller:
+        job = JobSpec(args.job_id or random.SystemRandom().randrange(1, 65536),
+                      job_workers(args), args.slots or settings.switch_slots, args.slot_base)
+        controller.configure(job)
+        print(f"ina-run: job {job.job_id} configured on {target} (K {controller.build.k}, "
+              f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
+        env.update({"INA_SWITCH": switch_address, "INA_JOB": str(job.job_id),
+                    "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in job.workers),
+                    "INA_SWITCH_ELEMENTS": str(controller.build.k),
+                    "INA_SWITCH_SLOTS": str(job.slots)})
+        try:
+            return run_ranks(args.np, args.command, env, mpiexec)
+        finally:
+            try:
+                controller.teardown(job)
+            except ControlError as exc:
+                print(f"ina-run: warning: {exc}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    from .control import ControlError
+
     try:
         mpiexec = find_mpiexec()
         env = dict(os.environ)
         if args.switch == "none":
             env["INA_SWITCH"] = ""
             return run_ranks(args.np, args.command, env, mpiexec)
+        if args.p4runtime:
+            from .transport import parse_address
+            if not p4_extra_installed():
+                raise LaunchError("--p4runtime needs the p4 extra: pip install "
+                                  "'ina-collectives[p4]'")
+            if args.switch == "embedded":  # the target's own address, the INA port
+                switch_address = "%s:%d" % parse_address(parse_address(args.p4runtime)[0])
+            else:
+                switch_address = "%s:%d" % parse_address(args.switch)
+            return run_configured(args, env, mpiexec, args.p4runtime, args.p4info,
+                                  args.device_config, switch_address, args.push)
         if args.switch != "embedded":
             from .transport import parse_address
             parse_address(args.switch)  # a clear error for a malformed address
             env["INA_SWITCH"] = args.switch
             return run_ranks(args.np, args.command, env, mpiexec)
-        from .embedded import embedded_switch
-        with embedded_switch(*args.switch_arg) as switch:
-            env["INA_SWITCH"] = switch.address_text
-            print(f"ina-run: embedded ina-switch on {switch.address_text}", file=sys.stderr,
-                  flush=True)
-            code = run_ranks(args.np, args.command, env, mpiexec)
-            switch.stop()
-            print(f"ina-run: {switch.final_status}", file=sys.stderr, flush=True)
-            return code
-    except (LaunchError, ValueError, RuntimeError, FileNotFoundError) as exc:
+        return run_embedded(args, env, mpiexec)
+    except (LaunchError, ControlError, ValueError, RuntimeError, OSError) as exc:
         print(f"ina-run: error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> int:
+    from . import p4schema
+    from .embedded import embedded_switch
+    from .settings import Settings
+
+    configured = p4_extra_installed()
+    if not configured:
+        print("ina-run: the p4 extra is not installed: the ranks join the embedded switch "
+              "themselves (no P4Runtime)", file=sys.stderr, flush=True)
+    with ExitStack() as stack:
+        switch = stack.enter_context(embedded_switch(*args.switch_arg, p4runtime=configured))
+        print(f"ina-run: embedded ina-switch on {switch.address_text}", file=sys.stderr,
+              flush=True)
+        if configured:
+            k = args.elements or Settings.load().switch_elements or EMBEDDED_ELEMENTS
+            files = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ina-run-")))
+            (files / "ina_aggregator.p4info.txt").write_text(p4schema.p4info_text(
+                k, max(1, args.slot_base + (args.slots or Settings.load().switch_slots))))
+            (files / "device_config").write_text("ina-switch: the software pipeline\n")
+            code = run_configured(args, env, mpiexec, switch.p4runtime_address,
+                                  files / "ina_aggregator.p4info.txt",
+                                  files / "device_config", switch.address_text, "always")
+        else:
+            env["INA_SWITCH"] = switch.address_text
+            code = run_ranks(args.np, args.command, env, mpiexec)
+        switch.stop()
+        print(f"ina-run: {switch.final_status}", file=sys.stderr, flush=True)
+        return code
 
 
 if __name__ == "__main__":

@@ -293,3 +293,87 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
     finally:
         controller.teardown(job)
 
+
+
+def ina_run(args, outdir, cases, timeout=240):
+    """ina-run ARGS -- python -m tests.rank_cases ina_cases ... : (exit code, output,
+    per-rank results)."""
+    import json
+    import os
+    import pickle
+    from pathlib import Path
+
+    from tests.mpirun import ROOT
+    params = {"cases": cases, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("INA_SWITCH", "INA_JOB", "INA_WORKER_PORTS", "INA_SWITCH_ELEMENTS",
+                 "INA_SWITCH_SLOTS"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", *args, "--",
+                           sys.executable, "-m", "tests.rank_cases", "ina_cases",
+                           json.dumps(params), str(outdir)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    results = [pickle.loads(p.read_bytes()) for p in sorted(Path(outdir).glob("rank*.pkl"))]
+    return proc.returncode, proc.stdout + proc.stderr, results
+
+
+@pytest.mark.mpi
+def test_ina_run_configures_the_embedded_switch_through_p4runtime(tmp_path):
+    from tests.test_ina import check_within_bound
+    cases = [("float32", "sum", 300_000, 1), ("float64", "average", 5000, 2)]
+    code, output, results = ina_run(["-np", "3", "--elements", "512", "--slots", "6"],
+                                    tmp_path, cases)
+    assert code == 0, output
+    assert "configured on 127.0.0.1:" in output and "(K 512, S 6, 3 workers)" in output
+    assert len(results) == 3, output
+    for i, case in enumerate(cases):
+        assert len({r["results"][i].tobytes() for r in results}) == 1
+        check_within_bound(results[0]["results"][i], *case, 3, k=512)
+    for r in results:
+        assert r["stats"]["engines"] == {"ina": len(cases)}, (r["stats"], output)
+
+
+@pytest.mark.mpi
+def test_ina_run_on_a_p4runtime_target_with_the_committed_p4info(tmp_path):
+    """--p4runtime with p4/ina_aggregator.p4info.txt (K 64, S 4096): here the target is
+    a software switch serving P4Runtime; a BMv2 takes the same arguments."""
+    from tests.mpirun import ROOT
+    from tests.test_ina import check_within_bound
+    p4info = ROOT / "p4" / "ina_aggregator.p4info.txt"
+    (tmp_path / "dev").write_bytes(b"no device config needed")
+    cases = [("float32", "sum", 10_000, 3)]
+    with embedded_switch(p4runtime=True) as sw:
+        out = tmp_path / "out"
+        out.mkdir()
+        code, output, results = ina_run(
+            ["-np", "2", "--p4runtime", sw.p4runtime_address, "--p4info", str(p4info),
+             "--device-config", str(tmp_path / "dev"), "--switch", sw.address_text,
+             "--slot-base", "4000", "--slots", "16"], out, cases)
+        assert code == 0, output
+        assert "(K 64, S 16, 2 workers)" in output
+        for r in results:
+            assert r["stats"]["engines"] == {"ina": 1}, (r["stats"], output)
+        check_within_bound(results[0]["results"][0], *cases[0], 2, k=64)
+        # ina-run removed the job: nothing is installed any more.
+        with Controller(sw.p4runtime_address, push="never", timeout=5) as c:
+            assert c.read_workers() == [] and c.read_groups() == {}
+
+
+def test_ina_run_names_a_missing_target(tmp_path, pipeline):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, output, _ = ina_run(["-np", "2", "--p4runtime", f"127.0.0.1:{port}", "--p4info",
+                               str(pipeline[0]), "--device-config", str(pipeline[1])],
+                              tmp_path, [], timeout=120)
+    assert code == 2
+    assert f"ina-run: error: no P4Runtime target answers at 127.0.0.1:{port}" in output
+
+
+def test_ina_run_names_a_missing_launcher(monkeypatch, tmp_path):
+    from ina_collectives import launch
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(launch.LaunchError, match="no mpiexec beside the interpreter"):
+        launch.find_mpiexec()
+    assert launch.main(["-np", "2", "--", "true"]) == 2
