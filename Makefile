@@ -1,4 +1,5 @@
-# The README's two commands: `make demo` (the main job) and `make test` (the whole suite).
+# The README's two commands: `make demo` (the main job: 4 ranks train through the embedded
+# switch) and `make test` (the whole suite).
 # `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/.
 # Each sets up .venv on first use (and again when the package's metadata changes).
 PYTHON ?= python3
@@ -15,7 +16,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt $(wildcard _fast/*.p
 	touch $@
 
 demo: $(STAMP)
-	$(PY) examples/allreduce_demo.py --ranks 4
+	$(VENV)/bin/ina-run -np 4 -- $(PY) examples/train_mlp.py
 
 test: $(STAMP)
 	$(PY) -m pytest

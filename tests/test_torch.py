@@ -271,3 +271,27 @@ def test_distributed_optimizer_matches_one_process(options):
         assert out["unnamed"]["error"] == "ValueError"
     for a, b in zip(results[0]["steps"][-1], results[1]["steps"][-1]):
         np.testing.assert_array_equal(a, b)  # every rank holds the same model
+
+
+def test_training_demo_through_ina_run_matches_one_process():
+    """The README's main job, smaller: ina-run starts the embedded switch and 2 ranks;
+    the demo exits 0 only if its final loss is within its tolerance of one process's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    ina_run = Path(sys.executable).parent / "ina-run"
+    command = [str(ina_run)] if ina_run.exists() else [sys.executable, "-m",
+                                                        "ina_collectives.launch"]
+    proc = subprocess.run(
+        [*command, "-np", "2", "--", sys.executable, str(root / "examples" / "train_mlp.py"),
+         "--epochs", "2", "--samples", "4096", "--hidden", "384"],
+        cwd=root, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert ": OK" in output, output
+    epochs = [line for line in output.splitlines()
+              if line.split()[:1] in (["1"], ["2"]) and "{" in line]
+    assert len(epochs) == 2 and all("'ina'" in line for line in epochs), output
+    assert "embedded ina-switch on 127.0.0.1:" in output, output

@@ -1,0 +1,153 @@
+"""Training demo: ranks train an MLP with Horovod's API, their gradients summed in the
+(software) switch, and end where one process training on the same data ends.
+
+    ina-run -np 4 -- python examples/train_mlp.py      # what `make demo` runs
+    mpiexec -n 4 python examples/train_mlp.py          # ring only (no INA_SWITCH)
+
+The data set is generated here (a fixed random teacher network labels Gaussian inputs),
+so nothing is downloaded. Every epoch rank 0 prints the loss over the whole data set,
+the gradient bytes reduced, how the reductions were served (INA or ring) and the
+throughput of the allreduce waits. At the end rank 0 trains the same model on one
+process with the same global batches and checks that the final losses agree within
+--tolerance (exit code 1 if not).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+import ina_collectives.torch as hvd
+
+
+def make_data(samples: int, features: int, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(samples, features, generator=g)
+    teacher = torch.nn.Sequential(torch.nn.Linear(features, 32), torch.nn.ReLU(),
+                                  torch.nn.Linear(32, classes))
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+        logits = teacher(x) + 0.5 * torch.randn(samples, classes, generator=g)
+    return x, logits.argmax(dim=1)
+
+
+def make_model(features: int, hidden: int, classes: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, classes))
+
+
+def global_batches(samples: int, batch: int, epoch: int) -> list[torch.Tensor]:
+    """The epoch's global batches: the same on every rank and in the reference run."""
+    order = torch.randperm(samples, generator=torch.Generator().manual_seed(epoch))
+    return list(order[: samples // batch * batch].split(batch))
+
+
+def distributed(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
+    rank, size = hvd.rank(), hvd.size()
+    if args.batch % size:
+        raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
+    model = make_model(x.shape[1], args.hidden, int(y.max()) + 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if rank == 0:
+        print(f"{size} ranks, {sum(p.numel() for p in model.parameters())} parameters "
+              f"({grad_bytes / 2**20:.1f} MiB of gradients per step), {x.shape[0]} samples, "
+              f"global batch {args.batch}", flush=True)
+        print(f"{'epoch':>5} {'loss':>8} {'seconds':>8} {'reduced MiB':>11} "
+              f"{'wait ms/step':>12} {'MB/s':>8}  engines", flush=True)
+    loss = full_loss(model, x, y, rank, size)
+    if rank == 0:
+        print(f"{0:>5} {loss:8.4f}", flush=True)
+    for epoch in range(1, args.epochs + 1):
+        start, waited, steps = time.perf_counter(), 0.0, 0
+        before = hvd.stats()
+        for batch in global_batches(x.shape[0], args.batch, epoch):
+            mine = batch.chunk(size)[rank]
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+            t = time.perf_counter()
+            optimizer.synchronize()           # the allreduce waits not hidden by backward
+            waited += time.perf_counter() - t
+            with optimizer.skip_synchronize():
+                optimizer.step()
+            steps += 1
+        seconds = time.perf_counter() - start
+        after = hvd.stats()
+        engines = {e: n - before["engines"].get(e, 0) for e, n in after["engines"].items()
+                   if n - before["engines"].get(e, 0)}
+        reduced = after["bytes"] - before["bytes"]
+        loss = full_loss(model, x, y, rank, size)
+        if rank == 0:
+            print(f"{epoch:>5} {loss:8.4f} {seconds:8.2f} {reduced / 2**20:11.1f} "
+                  f"{waited / steps * 1e3:12.2f} {reduced / max(waited, 1e-9) / 1e6:8.1f}  "
+                  f"{engines}", flush=True)
+    if rank == 0:
+        reasons = hvd.stats()["fallback_reasons"]
+        for reason, count in reasons.items():
+            print(f"  passed over {count}x: {reason}")
+    return loss
+
+
+def full_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int,
+              size: int) -> float:
+    """Mean cross-entropy over the whole data set, each rank evaluating its share."""
+    with torch.no_grad():
+        part = torch.arange(rank, x.shape[0], size)
+        total = torch.nn.functional.cross_entropy(model(x[part]), y[part], reduction="sum")
+    return float(hvd.allreduce(total.reshape(1), op=hvd.Sum, name="eval_loss")) / x.shape[0]
+
+
+def single_process(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The same training on one process: the same initial model and global batches."""
+    model = make_model(x.shape[1], args.hidden, int(y.max()) + 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    for epoch in range(1, args.epochs + 1):
+        for batch in global_batches(x.shape[0], args.batch, epoch):
+            optimizer.zero_grad()
+            # The ranks average their chunks' mean losses: the same as the batch mean
+            # when the chunks are equal.
+            torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(x), y))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=16384)
+    parser.add_argument("--features", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=256, help="global batch size")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--tolerance", type=float, default=0.01,
+                        help="largest relative difference of the final loss from the "
+                             "single-process run's")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the ranks share the cores
+    hvd.init()
+    x, y = make_data(args.samples, args.features, 10)
+    loss = distributed(args, x, y)
+    rank = hvd.rank()
+    hvd.shutdown()
+    if rank != 0:
+        return 0
+    reference = single_process(args, x, y)
+    difference = abs(loss - reference) / reference
+    verdict = "OK" if difference <= args.tolerance else "FAILED"
+    print(f"final loss {loss:.5f}; one process on the same data: {reference:.5f}; "
+          f"relative difference {difference:.2e} (tolerance {args.tolerance:g}): {verdict}",
+          flush=True)
+    return 0 if verdict == "OK" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

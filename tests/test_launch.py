@@ -1,0 +1,56 @@
+"""ina-run: the job's exit code, the embedded switch's address in the ranks' environment,
+and clear errors for a missing command, launcher or malformed switch address."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ina_collectives import launch
+
+pytestmark = pytest.mark.mpi
+
+PRINT_SWITCH = "import os; print('switch=' + os.environ.get('INA_SWITCH', '?'))"
+
+
+def ina_run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "ina_collectives.launch", *args],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_embedded_switch_address_reaches_every_rank_and_exit_code_is_the_jobs():
+    proc = ina_run("-np", "2", "--", sys.executable, "-c", PRINT_SWITCH)
+    assert proc.returncode == 0, proc.stderr
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("switch=")]
+    assert len(lines) == 2 and len(set(lines)) == 1 and lines[0].startswith("switch=127.0.0.1:")
+    assert "ina-switch 127.0.0.1" in proc.stderr  # its final status line
+    failing = ina_run("-np", "2", "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert failing.returncode != 0
+
+
+def test_switch_none_and_an_address():
+    none = ina_run("-np", "1", "--switch", "none", "--", sys.executable, "-c", PRINT_SWITCH)
+    assert none.returncode == 0 and "switch=\n" in none.stdout + "\n", none.stdout
+    given = ina_run("-np", "1", "--switch", "127.0.0.1:4747", sys.executable, "-c",
+                    PRINT_SWITCH)
+    assert given.returncode == 0 and "switch=127.0.0.1:4747" in given.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-np", "2"], "no command to run"),
+    (["-np", "0", "true"], "-np must be at least 1"),
+    (["-np", "2", "--switch", "127.0.0.1:notaport", "true"], "is not a number"),
+])
+def test_clear_errors(args, words):
+    proc = ina_run(*args)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
+def test_missing_launcher_is_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(launch.LaunchError, match="no mpiexec"):
+        launch.find_mpiexec()
