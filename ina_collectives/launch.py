@@ -96,6 +96,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p4.add_argument("--device-config", type=Path,
                     help="the target's device config (BMv2: p4c-bm2-ss's JSON)")
     p4.add_argument("--device-id", type=int, default=1)
+    p4.add_argument("--control-timeout", type=float, default=10.0, metavar="SECONDS",
+                    help="bound on each wait for the target (connect, arbitration, every "
+                         "request); default 10")
     p4.add_argument("--push", choices=("always", "if-needed", "never"), default="if-needed",
                     help="set the target's pipeline: always, only if its P4Info differs "
                          "(default), or never")
@@ -181,7 +184,7 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
 
     settings = Settings.load()
     with Controller(target, p4info, device_config, device_id=args.device_id,
-                    push=push) as controller:
+                    push=push, timeout=args.control_timeout) as controller:
         job = JobSpec(args.job_id or random.SystemRandom().randrange(1, 65536),
                       job_workers(args), args.slots or settings.switch_slots, args.slot_base)
         controller.configure(job)

@@ -364,10 +364,11 @@ def test_ina_run_names_a_missing_target(tmp_path, pipeline):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code, output, _ = ina_run(["-np", "2", "--p4runtime", f"127.0.0.1:{port}", "--p4info",
-                               str(pipeline[0]), "--device-config", str(pipeline[1])],
-                              tmp_path, [], timeout=120)
+                               str(pipeline[0]), "--device-config", str(pipeline[1]),
+                               "--control-timeout", "1"], tmp_path, [], timeout=120)
     assert code == 2
-    assert f"ina-run: error: no P4Runtime target answers at 127.0.0.1:{port}" in output
+    assert (f"ina-run: error: no P4Runtime target answers at 127.0.0.1:{port} within 1 s"
+            in output)
 
 
 def test_ina_run_names_a_missing_launcher(monkeypatch, tmp_path):
