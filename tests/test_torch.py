@@ -53,10 +53,10 @@ def switch():
 
 
 @pytest.mark.parametrize("through", ["switch", "ring"])
-def test_every_operation_and_dtype(switch, through):
+def test_every_operation_and_dtype(switch, through, tmp_path):
     n, shape = 3, (5, 7)
     env = {"INA_SWITCH": switch.address_text if through == "switch" else ""}
-    results = run(n, "torch_ops", {"shape": shape,
+    results = run(n, "torch_ops", {"shape": shape, "tmp": str(tmp_path),
                                    "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}},
                   env=env)
     for r, out in enumerate(results):
@@ -96,6 +96,18 @@ def test_every_operation_and_dtype(switch, through):
         got, got_shape = out["non_contiguous"]
         assert got_shape == [4, shape[0]]
         close(got, expected_allreduce("float32", "sum", (shape[0], 4), n, 60).T, "float32")
+        close(out["grouped_"][0], expected_allreduce("float32", "sum", (4,), n, 70), "float32")
+        close(out["grouped_"][1], expected_allreduce("int32", "sum", (3,), n, 71), "int32")
+        assert out["grouped_"][2] is True, "grouped_allreduce_ must work in place"
+        close(out["grouped_async"][0], np.full(2, n), "float32")
+        close(out["grouped_async"][1], np.full(3, n), "float32")
+        close(out["allgather_async"], np.concatenate([np.full(q + 1, q) for q in range(n)]),
+              "float32")
+        got, _ = out["broadcast_async_"]
+        close(got, as_np(torch_input("float32", (4, 3), 0, 30)), "float32")
+        assert out["broadcast_object"] == {"from": 1, "list": [1] * 3}
+        assert out["allgather_object"] == [("rank", q, "x" * q) for q in range(n)]
+        assert out["after_barrier_sees_file"] is True
         engines = out["stats"]["engines"]
         if through == "switch":
             assert engines.get("ina", 0) > 0, out["stats"]

@@ -86,7 +86,25 @@ def torch_ops(comm: Any, p: dict) -> dict[str, Any]:
     out["fp16_compressed_dtype"] = str(hvd.allreduce(x, compression=hvd.Compression.fp16).dtype)
     strided = torch_input("float32", (shape[0], 4), r, seed=60).t()  # not contiguous
     out["non_contiguous"] = (_np(hvd.allreduce(strided, op=hvd.Sum)), list(strided.shape))
+    g = [torch_input("float32", (4,), r, seed=70), torch_input("int32", (3,), r, seed=71)]
+    out["grouped_"] = [_np(t) for t in hvd.grouped_allreduce_(g, op=hvd.Sum)] + [
+        g[0].data_ptr() == hvd.grouped_allreduce_(g, op=hvd.Min)[0].data_ptr()]
+    h = hvd.grouped_allreduce_async([torch.ones(2), torch.ones(3)], op=hvd.Sum)
+    out["grouped_async"] = [_np(t) for t in hvd.synchronize(h)]
+    h = hvd.allgather_async(torch.full((r + 1,), float(r)))
+    out["allgather_async"] = _np(hvd.synchronize(h))
+    h = hvd.broadcast_async_(b, root_rank=n - 1)
+    out["broadcast_async_"] = (_np(hvd.synchronize(h)), b.data_ptr())
+    out["broadcast_object"] = hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=1)
+    out["allgather_object"] = hvd.allgather_object(("rank", r, "x" * r))
+    # barrier: the last rank writes a file before it; everyone sees it after.
+    marker = os.path.join(p["tmp"], "before_barrier")
+    if r == n - 1:
+        time.sleep(0.3)
+        with open(marker, "w") as f:
+            f.write("written")
     hvd.barrier()
+    out["after_barrier_sees_file"] = os.path.exists(marker)
     out["stats"] = hvd.stats()
     hvd.shutdown()
     return out
