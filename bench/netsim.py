@@ -1,0 +1,226 @@
+"""INA against the ring, MPI and gloo on emulated, shaped links, in one run.
+
+    python -m bench.netsim --quick                   # n=4, one rate, 1 and 16 MiB, < 3 min
+    python -m bench.netsim                           # the full sweep (hours)
+    python -m bench.netsim --n 4 8 --rates 200 --sizes 16M 64M --loss 0 0.001 --json r.json
+
+Builds one namespace per worker and one for the switch (bench/netsim_topology.py), runs
+each system as an mpiexec job whose ranks sit in the worker namespaces (so MPI, gloo, the
+ring and INA all cross the same tbf-shaped veths), and writes one JSON record per
+measurement, a table (netsim.md beside the JSON) and PNG plots. Needs root, iproute2 and
+nftables (for loss). Everything it creates is removed on exit, after errors too.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import mpi4py
+
+mpi4py.rc.initialize = False  # the harness never communicates: only its ranks initialise MPI
+
+from bench import netsim_report  # noqa: E402
+from bench.netsim_topology import SWITCH_IP, EmulatedCluster, stale_namespaces  # noqa: E402
+from ina_collectives import protocol as P  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SYSTEMS = ("ina", "ring", "mpi", "gloo")
+SWITCH_PORT = 47474
+HEADERS = 52  # IPv4 + UDP + INA header bytes per packet: K = (MTU - 52) / 4
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+class Switch:
+    """The software switch, running in the switch namespace for one cluster."""
+
+    def __init__(self, cluster: EmulatedCluster):
+        self.process = subprocess.Popen(
+            cluster.in_switch([sys.executable, "-m", "ina_collectives.switch", "--host",
+                               SWITCH_IP, "--port", str(SWITCH_PORT), "--idle", "30"]),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+        first = self.process.stdout.readline()
+        if "listening on" not in first:
+            self.stop()
+            raise RuntimeError(f"the software switch did not start in its namespace: {first}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
+    """The ideal time of one allreduce on these links (for the job's time limit)."""
+    factor = 1.0 if system == "ina" else 2 * (n - 1) / n
+    return factor * nbytes * 8 / (link_mbit * 1e6)
+
+
+def run_system(cluster: EmulatedCluster, system: str, sizes: list[int], reps: int,
+               mtu: int) -> tuple[list[dict[str, Any]], str]:
+    """One mpiexec job measuring every size; (records, error or '')."""
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    env = dict(os.environ, **cluster.network_environment(),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")])),
+               INA_SWITCH=f"{SWITCH_IP}:{SWITCH_PORT}",
+               INA_SWITCH_ELEMENTS=str(min(P.MAX_ELEMENTS, (mtu - HEADERS) // 4)),
+               INA_TIMEOUT="120")
+    # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
+    limit = 60 + sum(6 * (reps + 1) * expected_seconds(system, cluster.n, s, cluster.link_mbit)
+                     for s in sizes) * (1 + 50 * cluster.loss)
+    with tempfile.TemporaryDirectory(prefix="netsim-") as tmp:
+        out = Path(tmp, "records.json")
+        command = [sys.executable, "-m", "bench.netsim_ranks", system,
+                   ",".join(map(str, sizes)), str(reps), str(out)]
+        proc = subprocess.Popen(cluster.mpiexec_command(mpiexec, command), cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            return [], f"timed out after {limit:.0f} s"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join(output.strip().splitlines()[-6:])
+            return [], f"exit {proc.returncode}: {tail}"
+        return json.loads(out.read_text()), ""
+
+
+def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    combos = list(itertools.product(args.n, args.rates, args.loss))
+    total = len(combos) * len(args.systems)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
+            "{task.completed}/{task.total} jobs"), TimeElapsedColumn(), console=console,
+            transient=False) as progress:
+        task = progress.add_task("netsim", total=total)
+        for n in args.n:
+            with EmulatedCluster(n, args.rates[0], mtu=args.mtu) as cluster:
+                switch = Switch(cluster)
+                try:
+                    for rate, loss in itertools.product(args.rates, args.loss):
+                        cluster.set_rate(rate)
+                        cluster.set_loss(loss)
+                        for system in args.systems:
+                            progress.update(task, description=(
+                                f"n={n} {rate:g} Mbit/s loss {loss:g}: {system}"))
+                            dropped0 = cluster.dropped() if loss else 0
+                            measured, error = run_system(cluster, system, args.sizes,
+                                                         args.reps, args.mtu)
+                            if error:
+                                console.print(f"[red]{system} n={n} {rate:g} Mbit/s loss "
+                                              f"{loss:g} failed: {error}")
+                            for m in measured:
+                                records.append({
+                                    "system": system, "n": n, "bytes": m["bytes"],
+                                    "link_mbit": rate, "loss": loss, "seconds": m["seconds"],
+                                    "times": m["times"], "engines": m["engines"],
+                                    "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
+                                    "dropped_packets": (cluster.dropped() - dropped0
+                                                        if loss else 0)})
+                            progress.advance(task)
+                            if args.json:
+                                write_json(args.json, records, args)  # partial results kept
+                finally:
+                    switch.stop()
+    return records
+
+
+def write_json(path: Path, records: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(records, indent=1))
+    tmp.replace(path)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.netsim",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="n=4, one link rate, 1 MiB and 16 MiB, no loss (< 3 min)")
+    parser.add_argument("--n", type=int, nargs="+", help="workers (full: 2 4 8)")
+    parser.add_argument("--rates", type=float, nargs="+",
+                        help="link rates in Mbit/s (full: 100 200 500 1000; quick: 200)")
+    parser.add_argument("--sizes", nargs="+", help="bytes, e.g. 64K 16M (full: 64K..256M)")
+    parser.add_argument("--loss", type=float, nargs="+",
+                        help="loss probabilities per link (full: 0 0.001 0.01)")
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--reps", type=int, help="timed calls per size (median reported)")
+    parser.add_argument("--mtu", type=int, default=9000, help="link MTU (K follows from it)")
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "netsim.json",
+                        help="output records (the table and plots go beside it)")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.n = args.n or ([4] if quick else [2, 4, 8])
+    args.rates = args.rates or ([200.0] if quick else [100.0, 200.0, 500.0, 1000.0])
+    args.sizes = [parse_size(s) for s in (args.sizes or (
+        ["1M", "16M"] if quick else ["64K", "256K", "1M", "4M", "16M", "64M", "256M"]))]
+    args.loss = args.loss if args.loss is not None else ([0.0] if quick else [0.0, 0.001, 0.01])
+    args.reps = args.reps or (3 if quick else 5)
+    if any(s < 4 or s % 4 for s in args.sizes):
+        parser.error("sizes must be positive multiples of 4 bytes (float32)")
+    if any(n < 2 for n in args.n):
+        parser.error("--n needs at least 2 workers")
+    if any(r <= 0 for r in args.rates):
+        parser.error("link rates must be positive")
+    if not 576 <= args.mtu <= 65535:
+        parser.error("--mtu must be 576..65535")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(stderr=True)
+    for name in stale_namespaces():
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+    # SIGTERM unwinds like Ctrl-C, so the namespaces and the switch are removed. Only in
+    # this process: pyroute2's forked helpers inherit the handler and get SIGTERM to stop.
+    harness = os.getpid()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if os.getpid() != harness:
+            os._exit(0)
+        raise KeyboardInterrupt("SIGTERM")
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.monotonic()
+    records = sweep(args, console)
+    write_json(args.json, records, args)
+    table = netsim_report.table(records)
+    (args.json.parent / (args.json.stem + ".md")).write_text(table + "\n")
+    plots = netsim_report.plots(records, args.json.parent, args.json.stem)
+    console.print(table, markup=False, highlight=False)
+    console.print(f"{len(records)} records in {time.monotonic() - started:.0f} s: {args.json}; "
+                  f"plots: {', '.join(str(p) for p in plots)}")
+    return 0 if records else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

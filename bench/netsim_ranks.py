@@ -1,0 +1,127 @@
+"""What each rank of a netsim job runs (in its own namespace, under mpiexec):
+
+    python -m bench.netsim_ranks SYSTEM SIZES REPS OUT.json
+
+SYSTEM: ina (the library through the software switch), ring (the library's ring over
+MPI point-to-point), mpi (MPICH's MPI_Allreduce), gloo (torch.distributed). For each size
+(bytes of float32): one warm-up call, then REPS timed calls, each started together after a
+barrier; a call's time is the slowest rank's. Rank 0 writes one record per size to
+OUT.json: the median, every repetition, and which engine served the calls.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+
+def cpu_jiffies() -> tuple[float, float]:
+    """(busy, total) jiffies of the machine's cores (/proc/stat is host-wide)."""
+    with open("/proc/stat") as f:
+        fields = [float(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def timed(run: Callable[[], None], barrier: Callable[[], None],
+          slowest: Callable[[float], float], reps: int) -> tuple[list[float], float]:
+    """Each repetition's time (the slowest rank's) and the machine's CPU utilisation
+    while they ran (near 1: the CPU, not the links, limits the figure)."""
+    run()  # warm-up: connections, buffers, the switch's job state
+    times = []
+    busy0, total0 = cpu_jiffies()
+    for _ in range(reps):
+        barrier()
+        start = time.perf_counter()
+        run()
+        times.append(slowest(time.perf_counter() - start))
+    busy1, total1 = cpu_jiffies()
+    return times, (busy1 - busy0) / max(total1 - total0, 1.0)
+
+
+def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    from mpi4py import MPI
+
+    from ina_collectives.collectives import Collectives
+    from ina_collectives.settings import Settings
+
+    comm = MPI.COMM_WORLD
+    collectives = None
+    if system == "ina":
+        collectives = Collectives(comm, Settings.load({"switch_min_bytes": 0}))
+    elif system == "ring":
+        collectives = Collectives(comm, Settings.load({"ring_min_bytes": 0, "switch": ""}))
+    records = []
+    for nbytes in sizes:
+        send = np.ones(nbytes // 4, np.float32)
+        recv = np.empty_like(send)
+        if collectives is None:
+            run = lambda: comm.Allreduce(send, recv)  # noqa: E731
+        else:
+            run = lambda: collectives.allreduce(send, out=recv)  # noqa: E731
+        before = dict(collectives.stats.by_engine) if collectives else {}
+        times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps)
+        if not (recv == comm.Get_size()).all():
+            raise SystemExit(f"{system}: wrong allreduce result for {nbytes} bytes")
+        engines = ({e: c - before.get(e, 0) for e, c in collectives.stats.by_engine.items()
+                    if c - before.get(e, 0)} if collectives else {"mpi": reps + 1})
+        records.append({"bytes": nbytes, "times": times, "engines": engines, "cpu": cpu})
+    if collectives is not None:
+        collectives.free()
+    return records
+
+
+def gloo(sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:29517",
+                            rank=rank, world_size=size)
+
+    def slowest(t: float) -> float:
+        value = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value)
+
+    records = []
+    for nbytes in sizes:
+        tensor = torch.ones(nbytes // 4)
+
+        def run() -> None:
+            tensor.fill_(1.0)
+            dist.all_reduce(tensor)
+        times, cpu = timed(run, dist.barrier, slowest, reps)
+        if not bool((tensor == size).all()):
+            raise SystemExit(f"gloo: wrong allreduce result for {nbytes} bytes")
+        records.append({"bytes": nbytes, "times": times, "engines": {"gloo": reps + 1},
+                        "cpu": cpu})
+    dist.destroy_process_group()
+    return records
+
+
+def main() -> int:
+    system, sizes, reps, out = (sys.argv[1], [int(s) for s in sys.argv[2].split(",")],
+                                int(sys.argv[3]), sys.argv[4])
+    if system == "gloo":
+        records = gloo(sizes, reps)
+        rank = int(os.environ["PMI_RANK"])
+    else:
+        records = mpi_systems(system, sizes, reps)
+        from mpi4py import MPI
+        rank = MPI.COMM_WORLD.Get_rank()
+    if rank == 0:
+        for r in records:
+            r["seconds"] = float(np.median(r["times"]))
+        with open(out, "w") as f:
+            json.dump(records, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Table and plots of netsim records: ``python -m bench.netsim_report RECORDS.json``.
+
+algbw = bytes / time; busbw = algbw x 2(n-1)/n (what each link carries in a ring); the
+speed-up of INA over a peer is the peer's time over INA's; "of link" is algbw over the
+link rate, whose ideal is 1 for INA and n / (2(n-1)) for a ring.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+PEERS = ("ring", "mpi", "gloo")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def _grouped(records: list[dict[str, Any]]) -> dict[tuple, dict[str, dict[str, Any]]]:
+    """(n, link, loss, bytes) -> system -> record."""
+    groups: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in records:
+        groups[(r["n"], r["link_mbit"], r["loss"], r["bytes"])][r["system"]] = r
+    return dict(sorted(groups.items()))
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    rows = ["| n | link Mbit/s | loss | size | system | time ms | algbw Mbit/s | busbw Mbit/s "
+            "| of link | INA speed-up | CPU |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (n, link, loss, nbytes), systems in _grouped(records).items():
+        ina = systems.get("ina")
+        for name in ("ina", *PEERS):
+            r = systems.get(name)
+            if r is None:
+                continue
+            algbw = nbytes * 8 / r["seconds"] / 1e6
+            busbw = algbw * 2 * (n - 1) / n
+            speedup = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and name != "ina"
+                       else "")
+            rows.append(f"| {n} | {link:g} | {loss:g} | {_size(nbytes)} | {name} | "
+                        f"{r['seconds'] * 1e3:.1f} | {algbw:.1f} | {busbw:.1f} | "
+                        f"{algbw / link:.2f} | {speedup} | {r.get('cpu_utilisation', 0):.0%} |")
+    return "\n".join(rows)
+
+
+def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """INA against the best peer, per (n, link, loss, size) with INA and a peer."""
+    out = []
+    for (n, link, loss, nbytes), systems in _grouped(records).items():
+        peers = [systems[p] for p in PEERS if p in systems]
+        if "ina" in systems and peers:
+            best = min(peers, key=lambda r: r["seconds"])
+            out.append({"n": n, "link_mbit": link, "loss": loss, "bytes": nbytes,
+                        "best_peer": best["system"],
+                        "speedup": best["seconds"] / systems["ina"]["seconds"],
+                        "ina_of_link": nbytes * 8 / systems["ina"]["seconds"] / 1e6 / link})
+    return out
+
+
+def plots(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Path]:
+    """algbw against size per system (one figure per n, link, loss), and INA's speed-up
+    over the best peer against n beside the ideal 2(n-1)/n."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    configs = sorted({(r["n"], r["link_mbit"], r["loss"]) for r in records})
+    if configs:
+        fig, axes = plt.subplots(1, len(configs), figsize=(5 * len(configs), 4), squeeze=False)
+        for ax, (n, link, loss) in zip(axes[0], configs):
+            for system in ("ina", *PEERS):
+                points = sorted((r["bytes"], r["bytes"] * 8 / r["seconds"] / 1e6)
+                                for r in records if (r["n"], r["link_mbit"], r["loss"],
+                                                     r["system"]) == (n, link, loss, system))
+                if points:
+                    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                            label=system)
+            ax.axhline(link, color="grey", linestyle="--", label="link rate")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("bytes")
+            ax.set_ylabel("algbw (Mbit/s)")
+            ax.set_title(f"n={n}, {link:g} Mbit/s, loss {loss:g}")
+            ax.legend()
+        fig.tight_layout()
+        path = directory / f"{stem}-algbw.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    ups = speedups(records)
+    if ups:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        largest = max(u["bytes"] for u in ups)
+        for (link, loss) in sorted({(u["link_mbit"], u["loss"]) for u in ups}):
+            points = sorted((u["n"], u["speedup"]) for u in ups if u["bytes"] == largest and
+                            (u["link_mbit"], u["loss"]) == (link, loss))
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                    label=f"{link:g} Mbit/s, loss {loss:g}")
+        ns = sorted({u["n"] for u in ups})
+        ideal_x = list(range(min(ns), max(ns) + 1))
+        ax.plot(ideal_x, [2 * (n - 1) / n for n in ideal_x], color="grey", linestyle="--",
+                label="ideal 2(n-1)/n")
+        ax.set_xlabel("workers n")
+        ax.set_ylabel(f"INA speed-up over the best peer ({_size(largest)})")
+        ax.legend()
+        fig.tight_layout()
+        path = directory / f"{stem}-speedup.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main() -> int:
+    path = Path(sys.argv[1])
+    records = json.loads(path.read_text())
+    print(table(records))
+    for p in plots(records, path.parent, path.stem):
+        print("wrote", p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
