@@ -1,24 +1,31 @@
 # The README's two commands: `make demo` (the main job: 4 ranks train through the embedded
 # switch) and `make test` (the whole suite).
-# `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/.
+# `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/;
+# `make netsim` the emulated-network benchmark (quick mode).
 # Each sets up .venv on first use (and again when the package's metadata changes).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench netsim clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt $(wildcard _fast/*.pyx _fast/*.pxd _fast/*.pxi _fast/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,torch,p4]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,torch,p4,bench]'
+	touch $@
+
+# The emulated-network benchmark and its test drop packets with nftables (Debian package).
+NFT_STAMP := $(VENV)/.nftables
+$(NFT_STAMP): $(STAMP)
+	command -v nft >/dev/null || (apt-get update -qq && apt-get install -y -qq nftables)
 	touch $@
 
 demo: $(STAMP)
 	$(VENV)/bin/ina-run -np 4 -- $(PY) examples/train_mlp.py
 
-test: $(STAMP)
+test: $(STAMP) $(NFT_STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
@@ -26,6 +33,10 @@ bench: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider bench/test_fast_path.py --benchmark-json=bench/results/fast_path.json
 	$(PY) -m bench.mpi -n 4
 	$(PY) -m bench.switch_ceiling
+
+# INA against the ring, MPI and gloo on emulated shaped links (namespaces; needs root).
+netsim: $(STAMP) $(NFT_STAMP)
+	$(PY) -m bench.netsim --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -191,6 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--n needs at least 2 workers")
     if any(r <= 0 for r in args.rates):
         parser.error("link rates must be positive")
+    if any(not 0 <= p < 1 for p in args.loss):
+        parser.error("loss must be in [0, 1) (a probability per link)")
     if not 576 <= args.mtu <= 65535:
         parser.error("--mtu must be 576..65535")
     return args

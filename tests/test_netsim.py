@@ -1,0 +1,83 @@
+"""The emulated-network benchmark: a small real run (2 workers in namespaces, shaped
+links, loss through nftables) yields a checked record for every system and leaves no
+namespace behind; the cluster is removed after an error; the report's arithmetic."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyroute2", reason="the netsim harness needs the bench extra")
+torch = pytest.importorskip("torch", reason="the gloo rows need torch")
+
+from bench import netsim_report  # noqa: E402
+from bench.netsim_topology import EmulatedCluster  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.mpi
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
+    before = namespaces()
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.netsim", "--n", "2", "--rates", "400", "--sizes",
+         "256K", "--reps", "2", "--loss", "0", "0.05", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert namespaces() == before, "the harness left namespaces behind"
+    records = json.loads(out.read_text())
+    # Each record exists only if that system's result was checked correct on every rank.
+    got = {(r["system"], r["loss"]) for r in records}
+    assert got == {(s, l) for s in ("ina", "ring", "mpi", "gloo") for l in (0.0, 0.05)}
+    for r in records:
+        assert r["n"] == 2 and r["bytes"] == 256 << 10 and r["link_mbit"] == 400
+        assert r["seconds"] > 0 and len(r["times"]) == 2
+        # No system can beat the shaped link: 256 KiB each way at 400 Mbit/s.
+        assert r["seconds"] >= (256 << 10) * 8 / 400e6 * 0.9, r
+    ina = [r for r in records if r["system"] == "ina"]
+    assert all(r["engines"] == {"ina": 3} for r in ina), ina
+    assert sum(r["dropped_packets"] for r in records if r["loss"]) > 0
+    assert all(r["dropped_packets"] == 0 for r in records if not r["loss"])
+    assert (tmp_path / "r.md").read_text().count("| 2 | 400 |") == 8
+    for name in ("r-algbw.png", "r-speedup.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_cluster_is_removed_after_an_error():
+    before = namespaces()
+    with pytest.raises(RuntimeError, match="on purpose"):
+        with EmulatedCluster(2, 100.0, prefix="inatestcluster") as cluster:
+            assert set(cluster.worker_ns) | {cluster.switch_ns} <= namespaces()
+            cluster.set_loss(0.5)
+            raise RuntimeError("on purpose")
+    assert namespaces() == before
+
+
+def test_bad_arguments_are_refused_before_anything_is_built():
+    for args, words in [(["--n", "1"], "at least 2 workers"), (["--sizes", "3"], "multiples"),
+                        (["--loss", "1.5", "--n", "2"], "loss must be in")]:
+        proc = subprocess.run([sys.executable, "-m", "bench.netsim", *args, "--json",
+                               "/dev/null/x.json"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode != 0 and words in proc.stderr, (args, proc.stderr)
+
+
+def test_report_speedups_and_fractions():
+    mib = 1 << 20
+    records = [{"system": s, "n": 4, "bytes": 16 * mib, "link_mbit": 100.0, "loss": 0.0,
+                "seconds": t} for s, t in [("ina", 1.4), ("ring", 2.1), ("mpi", 2.3),
+                                           ("gloo", 2.2)]]
+    (up,) = netsim_report.speedups(records)
+    assert up["best_peer"] == "ring" and up["speedup"] == pytest.approx(1.5)
+    assert up["ina_of_link"] == pytest.approx(16 * mib * 8 / 1.4 / 100e6)
+    table = netsim_report.table(records)
+    assert "| 4 | 100 | 0 | 16 MiB | ring | 2100.0 |" in table and "1.50x" in table
