@@ -100,10 +100,11 @@ def plots(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Pat
                             (u["link_mbit"], u["loss"]) == (link, loss))
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
                     label=f"{link:g} Mbit/s, loss {loss:g}")
-        ns = sorted({u["n"] for u in ups})
-        ideal_x = list(range(min(ns), max(ns) + 1))
+        ideal_x = list(range(2, max(8, max(u["n"] for u in ups)) + 1))
         ax.plot(ideal_x, [2 * (n - 1) / n for n in ideal_x], color="grey", linestyle="--",
-                label="ideal 2(n-1)/n")
+                marker=".", label="ideal 2(n-1)/n")
+        ax.axhline(1.0, color="black", linewidth=0.5)
+        ax.set_ylim(bottom=0.5)
         ax.set_xlabel("workers n")
         ax.set_ylabel(f"INA speed-up over the best peer ({_size(largest)})")
         ax.legend()
