@@ -378,3 +378,81 @@ def test_ina_run_names_a_missing_launcher(monkeypatch, tmp_path):
     with pytest.raises(launch.LaunchError, match="no mpiexec beside the interpreter"):
         launch.find_mpiexec()
     assert launch.main(["-np", "2", "--", "true"]) == 2
+
+
+def test_server_follows_p4runtime_conventions(pipeline):
+    """Raw gRPC: no pipeline yet, another device id, a non-primary writer, a backup
+    stream, and a Write whose failed update comes back as UNKNOWN with one p4.v1.Error
+    per update in grpc-status-details-bin."""
+    import queue
+
+    import grpc
+    from google.rpc import code_pb2, status_pb2
+    from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+    with embedded_switch(p4runtime=True) as sw:
+        channel = grpc.insecure_channel(sw.p4runtime_address)
+        stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
+        get = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=1)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.GetForwardingPipelineConfig(get, timeout=5)
+        assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        get.device_id = 2
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.GetForwardingPipelineConfig(get, timeout=5)
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+        def arbitrate(low):
+            requests: queue.Queue = queue.Queue()
+            m = p4runtime_pb2.StreamMessageRequest()
+            m.arbitration.device_id = 1
+            m.arbitration.election_id.low = low
+            requests.put(m)
+            stream = stub.StreamChannel(iter(requests.get, None), timeout=30)
+            return requests, stream, next(stream).arbitration.status.code
+
+        primary = arbitrate(5)
+        backup = arbitrate(3)
+        assert (primary[2], backup[2]) == (code_pb2.OK, code_pb2.ALREADY_EXISTS)
+
+        request = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=1, action=p4runtime_pb2.SetForwardingPipelineConfigRequest
+            .VERIFY_AND_COMMIT)
+        request.config.p4info.CopyFrom(S.p4info(K, SLOTS))
+        request.election_id.low = 3  # the backup
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.SetForwardingPipelineConfig(request, timeout=5)
+        assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        request.election_id.low = 5
+        stub.SetForwardingPipelineConfig(request, timeout=5)
+
+        # One good update and one bad (group 0) in one Write.
+        write = p4runtime_pb2.WriteRequest(device_id=1)
+        write.election_id.low = 5
+        for gid in (9, 0):
+            u = write.updates.add(type=p4runtime_pb2.Update.INSERT)
+            group = u.entity.packet_replication_engine_entry.multicast_group_entry
+            group.multicast_group_id = gid
+            group.replicas.add(egress_port=1, instance=0)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Write(write, timeout=5)
+        assert raised.value.code() == grpc.StatusCode.UNKNOWN
+        details = dict(raised.value.trailing_metadata())["grpc-status-details-bin"]
+        status = status_pb2.Status.FromString(details)
+        errors = []
+        for any_error in status.details:
+            e = p4runtime_pb2.Error()
+            assert any_error.Unpack(e)
+            errors.append(e.canonical_code)
+        assert errors == [code_pb2.OK, code_pb2.INVALID_ARGUMENT]
+        read = p4runtime_pb2.ReadRequest(device_id=1)
+        read.entities.add().packet_replication_engine_entry.multicast_group_entry \
+            .multicast_group_id = 0
+        groups = [e.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
+                  for r in stub.Read(read, timeout=5) for e in r.entities]
+        assert groups == [9]  # the good update was applied (CONTINUE_ON_ERROR)
+
+        for requests, stream, _ in (primary, backup):
+            requests.put(None)  # the client ends its stream; the server's ends with it
+            assert list(stream) == []
+        channel.close()
