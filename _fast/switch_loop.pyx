@@ -190,17 +190,22 @@ cdef class Aggregator:
         self.jobs[job_id] = job
         return True
 
+    cdef Job *_job(self, int job_id) except NULL:
+        if not 0 <= job_id < 65536 or self.jobs[job_id] == NULL:
+            raise KeyError(f"no job {job_id}")
+        return self.jobs[job_id]
+
     def set_managed(self, int job_id):
         """The job is a controller's: results go to its replicas (set_replicas), joins and
         leaves do not touch it, and it is never freed as idle."""
-        self.jobs[job_id].managed = True
+        self._job(job_id).managed = True
 
     def is_managed(self, int job_id):
         return self.jobs[job_id] != NULL and self.jobs[job_id].managed
 
     def set_replicas(self, int job_id, list replicas):
         """Where a managed job's results go: [(addr_be, port_be)], at most MAX_WORKERS."""
-        cdef Job *job = self.jobs[job_id]
+        cdef Job *job = self._job(job_id)
         if len(replicas) > MAX_WORKERS:
             raise ValueError(f"at most {MAX_WORKERS} replicas, got {len(replicas)}")
         cdef int i = 0
@@ -214,7 +219,9 @@ cdef class Aggregator:
 
     def clear_worker(self, int job_id, int worker):
         """Forget a worker's address: its packets are dropped as from an unknown worker."""
-        cdef Job *job = self.jobs[job_id]
+        cdef Job *job = self._job(job_id)
+        if not 0 <= worker < MAX_WORKERS:
+            raise IndexError(f"worker {worker}")
         job.joined &= ~((<uint64_t>1) << worker)
         memset(&job.addr[worker], 0, sizeof(sockaddr_in))
 
@@ -232,7 +239,7 @@ cdef class Aggregator:
     def get_cell(self, int job_id, Py_ssize_t cell, what):
         """A cell's bitmap, count, proposal, chunk (offset << 32 | count << 16 | exponent,
         as the P4 program's slot_chunk) or value ``what`` (an int: element index)."""
-        cdef Job *job = self.jobs[job_id]
+        cdef Job *job = self._job(job_id)
         if not 0 <= cell < 2 * job.slots:
             raise IndexError(f"cell {cell} of job {job_id} (2 x {job.slots} cells)")
         if what == "bitmap":
@@ -251,7 +258,7 @@ cdef class Aggregator:
         return job.acc[cell * job.k + i]
 
     def set_cell(self, int job_id, Py_ssize_t cell, what, uint64_t value):
-        cdef Job *job = self.jobs[job_id]
+        cdef Job *job = self._job(job_id)
         if not 0 <= cell < 2 * job.slots:
             raise IndexError(f"cell {cell} of job {job_id} (2 x {job.slots} cells)")
         cdef int i
@@ -272,6 +279,8 @@ cdef class Aggregator:
             job.acc[cell * job.k + i] = <uint32_t>value
 
     def drop_count(self, int reason):
+        if not 0 <= reason < <int>DROP_COUNT:
+            raise IndexError(f"drop reason {reason}")
         return self.drops[reason]
 
     def job_shape(self, int job_id):
