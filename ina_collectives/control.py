@@ -82,6 +82,7 @@ class JobSpec:
     slots: int
     slot_base: int = 0
     mcast_grp: int = 0  # 0: the job id
+    elements: int = 0   # K the ranks will use; 0: the target's (checked when given)
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id < 65536:
@@ -305,6 +306,9 @@ class Controller:
         """Install the job: worker entries, multicast group, replica rewrites, then zero
         its register cells. On failure what was installed is removed again."""
         build = self._need()
+        if job.elements and job.elements != build.k:
+            raise ControlError(f"job {job.job_id}: K {job.elements}, but the target's build "
+                               f"has K {build.k} (p4/gen.py --elements)")
         if job.slot_base + job.slots > build.slots:
             raise ControlError(f"job {job.job_id}: slots {job.slot_base}+{job.slots} exceed "
                                f"the target's {build.slots}")

@@ -203,6 +203,20 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                 print(f"ina-run: warning: {exc}", file=sys.stderr)
 
 
+def check_switch(address: str, timeout: float) -> None:
+    """A running software switch answers a probe for job 0; LaunchError if none does."""
+    from . import protocol as P
+    from .transport import AggregatorUnavailable, control_exchange, parse_address
+
+    where = parse_address(address)  # a clear error for a malformed address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            control_exchange(s, where, 0, 0, [P.CTRL_PROBE], timeout, "probe")
+        except AggregatorUnavailable as exc:
+            raise LaunchError(f"{exc} (start one with ina-switch, or leave --switch out "
+                              f"for the embedded one)") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from .control import ControlError
@@ -225,8 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_configured(args, env, mpiexec, args.p4runtime, args.p4info,
                                   args.device_config, switch_address, args.push)
         if args.switch != "embedded":
-            from .transport import parse_address
-            parse_address(args.switch)  # a clear error for a malformed address
+            check_switch(args.switch, args.control_timeout)
             env["INA_SWITCH"] = args.switch
             return run_ranks(args.np, args.command, env, mpiexec)
         return run_embedded(args, env, mpiexec)

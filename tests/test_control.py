@@ -88,6 +88,7 @@ def test_pipeline_push_and_entries_read_back(controller):
 
 @pytest.mark.parametrize("change, message", [
     (dict(slots=SLOTS), "exceed the target's"),
+    (dict(elements=K + 1), f"K {K + 1}, but the target's build has K {K}"),
 ])
 def test_controller_checks_the_job_against_the_build(controller, change, message):
     job = JobSpec(12, [Worker("127.0.0.1", 41100)], **{"slots": 1, "slot_base": 1, **change})
@@ -456,3 +457,29 @@ def test_server_follows_p4runtime_conventions(pipeline):
             requests.put(None)  # the client ends its stream; the server's ends with it
             assert list(stream) == []
         channel.close()
+
+
+def test_ina_run_names_a_missing_switch(tmp_path):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, output, _ = ina_run(["-np", "2", "--switch", f"127.0.0.1:{port}",
+                               "--control-timeout", "1"], tmp_path, [], timeout=120)
+    assert code == 2
+    assert f"ina-run: error: no aggregator listens at 127.0.0.1:{port}" in output or \
+        f"ina-run: error: the aggregator at 127.0.0.1:{port} did not answer" in output, output
+
+
+@pytest.mark.mpi
+def test_ina_run_with_a_running_switch_lets_the_ranks_join(tmp_path):
+    """--switch HOST:PORT without --p4runtime: the plain path, ranks join themselves."""
+    cases = [("float32", "sum", 50_000, 4)]
+    with embedded_switch() as sw:
+        code, output, results = ina_run(["-np", "2", "--switch", sw.address_text], tmp_path,
+                                        cases)
+        assert code == 0, output
+        assert "configured" not in output
+        for r in results:
+            assert r["stats"]["engines"] == {"ina": 1}, (r["stats"], output)
+        sw.stop()
+        assert "drops: none" in sw.final_status, sw.lines
