@@ -98,7 +98,7 @@ class Register:
 
 
 BITMAP = Register(f"{INGRESS}.slot_bitmap", _id(_REGISTER, 1), P.MAX_WORKERS)
-COUNT = Register(f"{INGRESS}.slot_count", _id(_REGISTER, 2), 16)
+COUNT = Register(f"{INGRESS}.slot_packets", _id(_REGISTER, 2), 16)
 PROPOSAL = Register(f"{INGRESS}.slot_proposal", _id(_REGISTER, 3), 16)
 CHUNK = Register(f"{INGRESS}.slot_chunk", _id(_REGISTER, 4), 64)  # offset ++ count ++ exponent
 STATE_REGISTERS = (BITMAP, COUNT, PROPOSAL, CHUNK)  # what a job reset clears

@@ -197,7 +197,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     // current use (0: idle or complete), max exponent proposal, the chunk being summed
     // (offset ++ count ++ exponent), and one register per element.
     {annotate(S.BITMAP)} register<bit<{S.BITMAP.bits}>>(CELLS) slot_bitmap;
-    {annotate(S.COUNT)} register<bit<{S.COUNT.bits}>>(CELLS) slot_count;
+    {annotate(S.COUNT)} register<bit<{S.COUNT.bits}>>(CELLS) slot_packets;
     {annotate(S.PROPOSAL)} register<bit<{S.PROPOSAL.bits}>>(CELLS) slot_proposal;
     {annotate(S.CHUNK)} register<bit<{S.CHUNK.bits}>>(CELLS) slot_chunk;""")
     for i in values:
@@ -323,7 +323,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             bit<16> proposal;
             bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.exponent;
             slot_bitmap.read(seen, cell);
-            slot_count.read(count, cell);
+            slot_packets.read(count, cell);
             slot_chunk.read(chunk, cell);
             slot_proposal.read(proposal, cell);
             if ((seen & meta.worker_bit) != 0) {{
@@ -365,14 +365,14 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                 count = count + 1;
                 if (count == meta.num_workers) {
                     // Complete: the header holds the sum; multicast it to the job.
-                    slot_count.write(cell, 0);
+                    slot_packets.write(cell, 0);
                     hdr.ina.flags = FLAG_RESULT;
                     hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.proposal = proposal;
                     answer_from_switch();
                     standard_metadata.mcast_grp = meta.mcast_grp;
                 } else {
-                    slot_count.write(cell, count);
+                    slot_packets.write(cell, count);
                     mark_to_drop(standard_metadata);   // absorbed, not a drop
                 }
             }

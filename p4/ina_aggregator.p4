@@ -646,7 +646,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
     // current use (0: idle or complete), max exponent proposal, the chunk being summed
     // (offset ++ count ++ exponent), and one register per element.
     @id(0x16000001) register<bit<64>>(CELLS) slot_bitmap;
-    @id(0x16000002) register<bit<16>>(CELLS) slot_count;
+    @id(0x16000002) register<bit<16>>(CELLS) slot_packets;
     @id(0x16000003) register<bit<16>>(CELLS) slot_proposal;
     @id(0x16000004) register<bit<64>>(CELLS) slot_chunk;
     @id(0x16000100) register<bit<32>>(CELLS) value_0;
@@ -836,7 +836,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             bit<16> proposal;
             bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.exponent;
             slot_bitmap.read(seen, cell);
-            slot_count.read(count, cell);
+            slot_packets.read(count, cell);
             slot_chunk.read(chunk, cell);
             slot_proposal.read(proposal, cell);
             if ((seen & meta.worker_bit) != 0) {
@@ -1063,14 +1063,14 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 count = count + 1;
                 if (count == meta.num_workers) {
                     // Complete: the header holds the sum; multicast it to the job.
-                    slot_count.write(cell, 0);
+                    slot_packets.write(cell, 0);
                     hdr.ina.flags = FLAG_RESULT;
                     hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.proposal = proposal;
                     answer_from_switch();
                     standard_metadata.mcast_grp = meta.mcast_grp;
                 } else {
-                    slot_count.write(cell, count);
+                    slot_packets.write(cell, count);
                     mark_to_drop(standard_metadata);   // absorbed, not a drop
                 }
             }
