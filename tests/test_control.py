@@ -191,28 +191,37 @@ def test_only_installed_workers_aggregate(controller, switch):
     installed workers' packets aggregate and the result reaches each of them through
     the multicast group's rewrites."""
     workers = free_udp_sockets(2)
+    others = free_udp_sockets(1)
     intruder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     intruder.bind(("127.0.0.2", workers[0].getsockname()[1]))  # same port, other address
     target = (switch.host, switch.port)
     job = JobSpec(31, [Worker("127.0.0.1", s.getsockname()[1]) for s in workers], slots=4)
+    other = JobSpec(32, [Worker("127.0.0.1", others[0].getsockname()[1])], slots=4,
+                    slot_base=4)
     controller.configure(job)
+    controller.configure(other)
     try:
         before = controller.read_drops()
         intruder.sendto(ina_packet(31, 0, 0, range(K)), target)     # not installed
         workers[1].sendto(ina_packet(31, 0, 1, range(K)), target)   # worker 1 posing as 0
+        workers[0].sendto(ina_packet(32, 0, 0, range(K)), target)   # job 31's, into job 32
         intruder.sendto(ina_packet(999, 0, 0, range(K)), target)    # no such job
-        cells = [S.cell(v, 0, s, SLOTS) for v in (0, 1) for s in range(4)]
+        cells = [S.cell(v, 0, s, SLOTS) for v in (0, 1) for s in range(8)]  # both jobs
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             after = controller.read_drops()
-            if after["unknown worker"] - before["unknown worker"] >= 2:
+            if after["unknown worker"] - before["unknown worker"] >= 3:
                 break
             time.sleep(0.05)
-        assert after["unknown worker"] - before["unknown worker"] == 2
+        assert after["unknown worker"] - before["unknown worker"] == 3
         assert after["unknown job"] - before["unknown job"] == 1
         for reg in (S.BITMAP, S.COUNT, S.CHUNK):
-            assert controller.read_register(reg.name, cells) == [0] * 8, reg.name
-        assert controller.read_register(f"{S.VALUE_PREFIX}0", cells) == [0] * 8
+            assert controller.read_register(reg.name, cells) == [0] * 16, reg.name
+        assert controller.read_register(f"{S.VALUE_PREFIX}0", cells) == [0] * 16
+        # Job 32's own worker still aggregates alone (n = 1): its result comes back.
+        others[0].sendto(ina_packet(32, 0, 1, range(K)), target)
+        assert np.frombuffer(others[0].recv(65536)[P.HEADER_BYTES:], ">i4").tolist() == \
+            list(range(K))
 
         # The installed workers: one chunk each, the sum comes back to both.
         a, b = np.arange(K), 1000 * np.arange(K)
@@ -236,7 +245,8 @@ def test_only_installed_workers_aggregate(controller, switch):
         assert controller.read_register(S.COUNT.name, [S.cell(0, 0, 2, SLOTS)]) == [0]
     finally:
         controller.teardown(job)
-        for s in workers + [intruder]:
+        controller.teardown(other)
+        for s in workers + others + [intruder]:
             s.close()
 
 
