@@ -14,7 +14,9 @@ and their ports (INA_JOB, INA_WORKER_PORTS), K and S, and check their entries wi
 probe. Afterwards it removes the job and stops the embedded switch, whatever happened.
 Without the p4 extra, the embedded switch is started without P4Runtime and the ranks
 join it themselves (the plain-mpiexec path). The exit code is the job's; 2 when the
-launcher, the switch or the target is missing or refuses the job.
+launcher or the target is missing, the embedded switch cannot start, the target refuses
+the job, or (with --require-switch) a given switch does not answer; without that flag a
+silent --switch HOST:PORT is a warning and the ranks take the ring.
 """
 from __future__ import annotations
 
@@ -88,6 +90,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--switch-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for the embedded ina-switch (repeatable), "
                              "e.g. --switch-arg=--drop-in=0.01")
+    parser.add_argument("--require-switch", action="store_true",
+                        help="with --switch HOST:PORT: fail (exit 2) if no switch answers "
+                             "there, instead of warning and letting the ranks take the ring")
     p4 = parser.add_argument_group("P4Runtime (a BMv2 or another P4 target)")
     p4.add_argument("--p4runtime", metavar="HOST:PORT",
                     help="configure the job on this P4Runtime target (needs --p4info and "
@@ -211,7 +216,7 @@ def check_switch(address: str, timeout: float) -> None:
     where = parse_address(address)  # a clear error for a malformed address
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            control_exchange(s, where, 0, 0, [P.CTRL_PROBE], timeout, "probe")
+            control_exchange(s, where, 0, 0, [P.CTRL_PROBE], min(timeout, 3.0), "probe")
         except AggregatorUnavailable as exc:
             raise LaunchError(f"{exc} (start one with ina-switch, or leave --switch out "
                               f"for the embedded one)") from None
@@ -239,7 +244,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_configured(args, env, mpiexec, args.p4runtime, args.p4info,
                                   args.device_config, switch_address, args.push)
         if args.switch != "embedded":
-            check_switch(args.switch, args.control_timeout)
+            try:
+                check_switch(args.switch, args.control_timeout)
+            except LaunchError as exc:
+                if args.require_switch:
+                    raise
+                print(f"ina-run: warning: {exc}; the ranks will take the ring",
+                      file=sys.stderr, flush=True)
             env["INA_SWITCH"] = args.switch
             return run_ranks(args.np, args.command, env, mpiexec)
         return run_embedded(args, env, mpiexec)

@@ -474,10 +474,18 @@ def test_ina_run_names_a_missing_switch(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code, output, _ = ina_run(["-np", "2", "--switch", f"127.0.0.1:{port}",
-                               "--control-timeout", "1"], tmp_path, [], timeout=120)
+                               "--control-timeout", "1", "--require-switch"], tmp_path, [],
+                              timeout=120)
     assert code == 2
     assert f"ina-run: error: no aggregator listens at 127.0.0.1:{port}" in output or \
         f"ina-run: error: the aggregator at 127.0.0.1:{port} did not answer" in output, output
+    # Without --require-switch: a warning, and the job runs (on the ring).
+    code, output, results = ina_run(["-np", "2", "--switch", f"127.0.0.1:{port}",
+                                     "--control-timeout", "1"], tmp_path,
+                                    [("float32", "sum", 1000, 1)], timeout=120)
+    assert code == 0, output
+    assert f"ina-run: warning: " in output and "the ranks will take the ring" in output
+    assert all(r["stats"]["engines"] == {"ring": 1} for r in results) and len(results) == 2
 
 
 @pytest.mark.mpi

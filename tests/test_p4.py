@@ -102,3 +102,57 @@ def test_program_uses_the_wire_constants():
     header = re.search(r"header ina_t {(.*?)}", program, re.S).group(1)
     widths = [int(w) for w in re.findall(r"bit<(\d+)>", header)]
     assert sum(widths) == 8 * P.HEADER_BYTES
+
+
+def test_core_imports_without_the_p4_extra():
+    """grpc, p4runtime, p4runtime-shell and protobuf are the p4 extra's: the package, the
+    switch, the controller module and ina-run import without them."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("grpc", "p4runtime_sh", "p4", "google"):
+            raise ImportError(f"blocked: {name}")
+sys.meta_path.insert(0, Block())
+import ina_collectives, ina_collectives.switch, ina_collectives.control
+import ina_collectives.launch, ina_collectives.p4schema, ina_collectives.embedded
+from ina_collectives.launch import p4_extra_installed
+assert not p4_extra_installed()
+try:
+    ina_collectives.control.Controller("127.0.0.1:1", push="never").connect()
+except ina_collectives.control.ControlError as exc:
+    print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "the controller needs the p4 extra" in out.stdout
+
+
+@pytest.mark.mpi
+def test_ina_run_without_the_p4_extra_lets_the_ranks_join(tmp_path):
+    import json
+    import os
+    import pickle
+    params = {"cases": [("float32", "sum", 30_000, 1)],
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+    code = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("grpc", "p4runtime_sh", "p4"):
+            raise ImportError(f"blocked: {{name}}")
+sys.meta_path.insert(0, Block())
+from ina_collectives.launch import main
+sys.exit(main(["-np", "2", "--", sys.executable, "-m", "tests.rank_cases", "ina_cases",
+               {json.dumps(params)!r}, {str(tmp_path)!r}]))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=240, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the p4 extra is not installed: the ranks join" in out.stderr
+    for path in sorted(tmp_path.glob("rank*.pkl")):
+        assert pickle.loads(path.read_bytes())["stats"]["engines"] == {"ina": 1}
+    assert len(list(tmp_path.glob("rank*.pkl"))) == 2
