@@ -3,12 +3,14 @@ and clear errors for a missing command, launcher or malformed switch address."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from ina_collectives import launch
+from ina_collectives.embedded import embedded_switch
 
 pytestmark = pytest.mark.mpi
 
@@ -34,9 +36,17 @@ def test_embedded_switch_address_reaches_every_rank_and_exit_code_is_the_jobs():
 def test_switch_none_and_an_address():
     none = ina_run("-np", "1", "--switch", "none", "--", sys.executable, "-c", PRINT_SWITCH)
     assert none.returncode == 0 and "switch=\n" in none.stdout + "\n", none.stdout
-    given = ina_run("-np", "1", "--switch", "127.0.0.1:4747", sys.executable, "-c",
-                    PRINT_SWITCH)
-    assert given.returncode == 0 and "switch=127.0.0.1:4747" in given.stdout
+    with embedded_switch() as switch:
+        given = ina_run("-np", "1", "--switch", switch.address_text, sys.executable, "-c",
+                        PRINT_SWITCH)
+    assert given.returncode == 0, given.stderr
+    assert f"switch={switch.address_text}" in given.stdout
+    # Nothing listens on a port a closed socket had: ina-run names the address.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    missing = ina_run("-np", "1", "--switch", dead, sys.executable, "-c", PRINT_SWITCH)
+    assert f"aggregator at {dead} did not answer" in missing.stderr, missing.stderr
 
 
 @pytest.mark.parametrize("args, words", [
