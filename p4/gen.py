@@ -64,8 +64,8 @@ const bit<8>  FLAG_RESULT     = 0x{P.FLAG_RESULT:02x};
 const bit<8>  FLAG_CONTROL    = 0x{P.FLAG_CONTROL:02x};
 const bit<32> CTRL_PROBE      = {P.CTRL_PROBE};
 const bit<16> WORKER_NONE     = 0xffff;   // the worker id of a result
-const bit<16> K               = {k};      // int32 values per packet
-const bit<32> S               = {slots};    // slots; each has two versions (cells)
+const bit<16> ELEMENTS        = {k};      // K: int32 values per packet
+const bit<32> SLOTS           = {slots};    // S: slots; each has two versions (cells)
 const bit<32> CELLS           = {2 * slots};
 const bit<16> INA_UDP_BYTES   = {8 + P.HEADER_BYTES};       // UDP + INA headers
 
@@ -193,7 +193,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
 """)
     w(f"""control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t standard_metadata) {{
-    // Per cell (version * S + slot_base + slot): workers seen, packets aggregated in the
+    // Per cell (version * SLOTS + slot_base + slot): workers seen, packets aggregated in the
     // current use (0: idle or complete), max exponent proposal, the chunk being summed
     // (offset ++ count ++ exponent), and one register per element.
     {annotate(S.BITMAP)} register<bit<{S.BITMAP.bits}>>(CELLS) slot_bitmap;
@@ -307,15 +307,15 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             }}
         }} else if (hdr.ina.slot >= meta.slot_count || hdr.ina.slot_version > 1) {{
             reason = DROP_BAD_SLOT;
-        }} else if (hdr.ina.count == 0 || hdr.ina.count > K
+        }} else if (hdr.ina.count == 0 || hdr.ina.count > ELEMENTS
                    || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.count << 2)) {{
             reason = DROP_MALFORMED;
         }} else {{
             cell = meta.slot_base + hdr.ina.slot;
-            other = cell + S;
+            other = cell + SLOTS;
             if (hdr.ina.slot_version == 1) {{
                 other = cell;
-                cell = cell + S;
+                cell = cell + SLOTS;
             }}
             bit<64> seen;
             bit<16> count;

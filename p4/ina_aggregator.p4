@@ -13,8 +13,8 @@ const bit<8>  FLAG_RESULT     = 0x01;
 const bit<8>  FLAG_CONTROL    = 0x04;
 const bit<32> CTRL_PROBE      = 3;
 const bit<16> WORKER_NONE     = 0xffff;   // the worker id of a result
-const bit<16> K               = 64;      // int32 values per packet
-const bit<32> S               = 4096;    // slots; each has two versions (cells)
+const bit<16> ELEMENTS        = 64;      // K: int32 values per packet
+const bit<32> SLOTS           = 4096;    // S: slots; each has two versions (cells)
 const bit<32> CELLS           = 8192;
 const bit<16> INA_UDP_BYTES   = 32;       // UDP + INA headers
 
@@ -642,7 +642,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
 
 control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t standard_metadata) {
-    // Per cell (version * S + slot_base + slot): workers seen, packets aggregated in the
+    // Per cell (version * SLOTS + slot_base + slot): workers seen, packets aggregated in the
     // current use (0: idle or complete), max exponent proposal, the chunk being summed
     // (offset ++ count ++ exponent), and one register per element.
     @id(0x16000001) register<bit<64>>(CELLS) slot_bitmap;
@@ -820,15 +820,15 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             }
         } else if (hdr.ina.slot >= meta.slot_count || hdr.ina.slot_version > 1) {
             reason = DROP_BAD_SLOT;
-        } else if (hdr.ina.count == 0 || hdr.ina.count > K
+        } else if (hdr.ina.count == 0 || hdr.ina.count > ELEMENTS
                    || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.count << 2)) {
             reason = DROP_MALFORMED;
         } else {
             cell = meta.slot_base + hdr.ina.slot;
-            other = cell + S;
+            other = cell + SLOTS;
             if (hdr.ina.slot_version == 1) {
                 other = cell;
-                cell = cell + S;
+                cell = cell + SLOTS;
             }
             bit<64> seen;
             bit<16> count;

@@ -39,7 +39,7 @@ def test_gen_other_sizes(tmp_path):
     subprocess.run([sys.executable, str(P4DIR / "gen.py"), "--elements", "8", "--slots",
                     "16", "--out-dir", str(tmp_path)], check=True)
     program = (tmp_path / "ina_aggregator.p4").read_text()
-    assert "const bit<16> K               = 8;" in program
+    assert "const bit<16> ELEMENTS        = 8;" in program
     assert "parse_value_7" in program and "parse_value_8" not in program
     build = S.read_build(read_p4info(tmp_path / "ina_aggregator.p4info.txt"))
     assert (build.k, build.slots) == (8, 16)
