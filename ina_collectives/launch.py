@@ -34,7 +34,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
 
-EMBEDDED_ELEMENTS = 1024  # K of the embedded switch's pipeline (its P4Info has K registers)
+# K of the embedded switch's pipeline. Its P4Info lists one register per element, which
+# p4runtime-shell's pure-Python protobuf loads slowly (docs/control.md has the numbers).
+EMBEDDED_ELEMENTS = 4096
 
 
 class LaunchError(RuntimeError):
