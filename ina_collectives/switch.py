@@ -114,7 +114,8 @@ class SoftwareSwitch:
         return {"packets_in": a.packets_in, "packets_out": a.packets_out,
                 "results": a.results, "retransmits_answered": a.retransmits_answered,
                 "slots_busy": a.busy_slots(), "drops": a.drop_counts(),
-                "faults": a.faults(), **self.control_counts}
+                "faults": a.faults(), **self.control_counts,
+                **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
     def status_line(self) -> str:
         s = self.stats()
@@ -122,7 +123,8 @@ class SoftwareSwitch:
         return (f"ina-switch {self.address[0]}:{self.address[1]}: in {s['packets_in']} "
                 f"out {s['packets_out']} results {s['results']} busy slots "
                 f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
-                f"drops: {drops}")
+                + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
+                + f"drops: {drops}")
 
     # -- control packets -------------------------------------------------------------
 
