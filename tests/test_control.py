@@ -501,3 +501,27 @@ def test_ina_run_with_a_running_switch_lets_the_ranks_join(tmp_path):
             assert r["stats"]["engines"] == {"ina": 1}, (r["stats"], output)
         sw.stop()
         assert "drops: none" in sw.final_status, sw.lines
+
+
+def test_control_command_line(switch, pipeline, tmp_path):
+    import json
+    (tmp_path / "workers.json").write_text(json.dumps(
+        [{"ip": "127.0.0.1", "udp_port": 41600 + i} for i in range(2)]))
+    base = [sys.executable, "-m", "ina_collectives.control"]
+    where = ["--target", switch.p4runtime_address, "--timeout", "5"]
+    job = ["--job-id", "61", "--workers", str(tmp_path / "workers.json"), "--slots", "2"]
+
+    def run(*args):
+        return subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+
+    out = run("configure", *where, *job, "--p4info", str(pipeline[0]), "--device-config",
+              str(pipeline[1]), "--push", "if-needed")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (f"INA_JOB=61 INA_WORKER_PORTS=41600,41601 "
+                                  f"INA_SWITCH_ELEMENTS={K} INA_SWITCH_SLOTS=2")
+    shown = run("show", *where)
+    assert "job 61 worker 1/2 at 127.0.0.1:41601, group 61, slots 0+2" in shown.stdout
+    again = run("configure", *where, *job)
+    assert again.returncode == 2 and "ALREADY_EXISTS" in again.stderr
+    assert run("teardown", *where, *job).returncode == 0
+    assert "job 61" not in run("show", *where).stdout
