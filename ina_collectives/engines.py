@@ -100,8 +100,12 @@ class InaEngine:
         if settings.job and error is None and len(ports) != n:
             error = (f"job {settings.job} was installed by a controller, but worker_ports "
                      f"(INA_WORKER_PORTS) names {len(ports)} ports for {n} ranks")
-        job = settings.job or comm.bcast(random.SystemRandom().randrange(1, 65536)
-                                         if rank == 0 else None)
+        # Rank 0's job id (INA_JOB, or a fresh one to join with) for every rank: one
+        # collective whatever the ranks' settings say, so that none can wait alone.
+        job = comm.bcast((settings.job or random.SystemRandom().randrange(1, 65536))
+                         if rank == 0 else None)
+        if error is None and settings.job != (job if settings.job else 0):
+            error = f"INA_JOB is {settings.job} here but {job} on rank 0"
         if error is None:
             try:
                 self.link = WorkerLink(parse_address(settings.switch), job, rank, n, k,

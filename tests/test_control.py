@@ -525,3 +525,29 @@ def test_control_command_line(switch, pipeline, tmp_path):
     assert again.returncode == 2 and "ALREADY_EXISTS" in again.stderr
     assert run("teardown", *where, *job).returncode == 0
     assert "job 61" not in run("show", *where).stdout
+
+
+@pytest.mark.mpi
+def test_ranks_at_ports_not_installed_take_the_ring_and_say_why(controller, switch):
+    from tests import mpirun
+    installed = [41700, 41701]
+    job = JobSpec(71, [Worker("127.0.0.1", p) for p in installed], slots=2)
+    controller.configure(job)
+    try:
+        socks = free_udp_sockets(2, "0.0.0.0")
+        elsewhere = [s.getsockname()[1] for s in socks]
+        for s in socks:
+            s.close()
+        env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": "71",
+               "INA_WORKER_PORTS": ",".join(map(str, elsewhere)),
+               "INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_SLOTS": "2",
+               "INA_SWITCH_JOIN_TIMEOUT": "1"}
+        results = mpirun.run(2, "ina_cases", {
+            "cases": [("float32", "sum", 1000, 1)],
+            "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env, timeout=120)
+        for r in results:
+            assert r["stats"]["engines"] == {"ring": 1}, r["stats"]
+            reasons = " ".join(r["stats"]["fallback_reasons"])
+            assert "no entry for worker" in reasons and "job 71" in reasons, reasons
+    finally:
+        controller.teardown(job)
