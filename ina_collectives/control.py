@@ -33,7 +33,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 

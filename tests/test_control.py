@@ -18,8 +18,7 @@ pytest.importorskip("p4runtime_sh", reason="the controller needs the p4 extra "
 
 from ina_collectives import p4schema as S  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
-from ina_collectives.control import (ControlError, Controller, JobSpec,  # noqa: E402
-                                     TargetUnavailable, Worker)
+from ina_collectives.control import ControlError, Controller, JobSpec, Worker  # noqa: E402
 from ina_collectives.embedded import embedded_switch  # noqa: E402
 
 K, SLOTS = 8, 32  # a small build: K values per packet, S slots
@@ -107,14 +106,12 @@ def test_target_errors_are_reported_by_name(controller, switch):
             controller.configure(b)
         assert controller.read_workers(22) == []
         # Deleting what does not exist: NOT_FOUND, by name.
-        from p4.v1 import p4runtime_pb2
         entity = controller._sh.TableEntry(S.WORKERS.name)
         entity.match["job_id"] = "99"
         entity.match["src_addr"] = "127.0.0.1"
         entity.match["src_port"] = "1"
         with pytest.raises(ControlError, match="NOT_FOUND"):
             controller._write("deleting", [controller._update("DELETE", entity)], ["x"])
-        del p4runtime_pb2
     finally:
         controller.teardown(a)
 
@@ -484,7 +481,7 @@ def test_ina_run_names_a_missing_switch(tmp_path):
                                      "--control-timeout", "1"], tmp_path,
                                     [("float32", "sum", 1000, 1)], timeout=120)
     assert code == 0, output
-    assert f"ina-run: warning: " in output and "the ranks will take the ring" in output
+    assert "ina-run: warning: " in output and "the ranks will take the ring" in output
     assert all(r["stats"]["engines"] == {"ring": 1} for r in results) and len(results) == 2
 
 
