@@ -34,6 +34,7 @@ mpi4py.rc.initialize = False  # the harness never communicates: only its ranks i
 from bench import netsim_report  # noqa: E402
 from bench.netsim_topology import SWITCH_IP, EmulatedCluster, stale_namespaces  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
+from ina_collectives.launch import find_mpiexec  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -43,6 +44,7 @@ HEADERS = 52  # IPv4 + UDP + INA header bytes per packet: K = (MTU - 52) / 4
 
 
 def parse_size(text: str) -> int:
+    """'64K', '16M', '1G' or a number of bytes."""
     text = text.strip().upper().removesuffix("IB").removesuffix("B")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
     return int(float(text[:-1] if scale > 1 else text) * scale)
@@ -81,7 +83,7 @@ def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> floa
 def run_system(cluster: EmulatedCluster, system: str, sizes: list[int], reps: int,
                mtu: int) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size; (records, error or '')."""
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    mpiexec = find_mpiexec()
     env = dict(os.environ, **cluster.network_environment(),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                         os.environ.get("PYTHONPATH")])),

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -20,7 +19,9 @@ import numpy as np
 def launch(args: argparse.Namespace) -> int:
     from ina_collectives.embedded import embedded_switch
 
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    from ina_collectives.launch import find_mpiexec
+
+    mpiexec = find_mpiexec()
     with embedded_switch() as switch:
         print(f"embedded ina-switch on {switch.address_text}", flush=True)
         env = dict(os.environ, INA_SWITCH=switch.address_text)

@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from .collectives import Collectives
 from .errors import CollectiveTimeout, InaError
-from .negotiation import Failed, Message, Ready, Request, Table, exchange, poll
+from .negotiation import Message, Ready, Request, Table, exchange, poll
 from .ops import Op
 from .settings import Settings
 from .waiting import Deadline

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,16 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ina_collectives.launch import find_mpiexec
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def mpiexec() -> str:
-    """The mpiexec of the MPI that mpi4py uses (the mpich package installs it beside python)."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("no mpiexec beside the interpreter or on PATH: pip install mpich")
-    return found
+    return find_mpiexec()
 
 
 class JobFailed(AssertionError):

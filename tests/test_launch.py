@@ -1,5 +1,6 @@
 """ina-run: the job's exit code, the embedded switch's address in the ranks' environment,
-and clear errors for a missing command, launcher or malformed switch address."""
+and clear errors for a missing command or a malformed switch address (a missing launcher:
+tests/test_control.py)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,6 @@ import sys
 
 import pytest
 
-from ina_collectives import launch
 from ina_collectives.embedded import embedded_switch
 
 pytestmark = pytest.mark.mpi
@@ -57,10 +57,3 @@ def test_switch_none_and_an_address():
 def test_clear_errors(args, words):
     proc = ina_run(*args)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
-
-
-def test_missing_launcher_is_named(monkeypatch, tmp_path):
-    monkeypatch.setattr(launch.sys, "executable", str(tmp_path / "python"))
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(launch.LaunchError, match="no mpiexec"):
-        launch.find_mpiexec()

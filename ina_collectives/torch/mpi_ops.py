@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..background import BackgroundRuntime, Handle, split_rows
+from ..background import BackgroundRuntime, Handle
 from ..negotiation import Request
 from ..settings import Settings
 from .compression import Compression, Compressor
