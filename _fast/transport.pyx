@@ -6,6 +6,11 @@ frees slot c mod S for chunk c + S, whose agreed exponent the result carries (th
 all workers' proposals). A per-slot timer resends with exponential backoff; each
 chunk's result is applied to the output exactly once (a result for a chunk not in
 flight in its slot, with its version, is stale and dropped). Runs without the GIL.
+
+The timeout adapts as TCP's does (RFC 6298): SRTT and RTTVAR from the round trips of
+chunks sent once (Karn), RTO = SRTT + max(G, 4 RTTVAR) within [rto_min, rto_max]; a
+timeout doubles it until the next sample. The estimate lives in the caller's array, so
+it carries over from one call to the next.
 """
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy, memset
@@ -23,6 +28,32 @@ include "wire.pxi"
 cdef enum:
     BATCH = 32
 
+# RTT estimator state, in the caller's float64 array: SRTT (0: no sample yet), RTTVAR, RTO.
+cdef enum:
+    SRTT, RTTVAR, RTO
+
+cdef double GRANULARITY = 0.001     # poll() waits in whole milliseconds
+
+
+cdef inline void rtt_sample(double *state, double r, double rto_min,
+                            double rto_max) noexcept nogil:
+    """RFC 6298 section 2 with alpha 1/8, beta 1/4."""
+    if state[SRTT] <= 0:
+        state[SRTT] = r
+        state[RTTVAR] = r / 2
+    else:
+        state[RTTVAR] = 0.75 * state[RTTVAR] + 0.25 * (state[SRTT] - r if state[SRTT] > r
+                                                         else r - state[SRTT])
+        state[SRTT] = 0.875 * state[SRTT] + 0.125 * r
+    state[RTO] = state[SRTT] + max(GRANULARITY, 4 * state[RTTVAR])
+    state[RTO] = min(max(state[RTO], rto_min), rto_max)
+
+
+def rtt_update(double[::1] state, double sample, double rto_min, double rto_max):
+    """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
+    rtt_sample(&state[0], sample, rto_min, rto_max)
+    return state[RTO]
+
 # What stream() returns as its first value.
 cdef enum:
     DONE, SILENT, TIMEOUT, SEND_FAILED
@@ -33,11 +64,14 @@ STATUS = ("done", "no result within the silence bound (the aggregator or a peer 
 def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            const int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
            int n, Py_ssize_t k, int job, int worker, bint average,
-           double rto, double rto_max, double silence, double deadline):
+           double rto, double rto_min, double rto_max, double silence, double deadline,
+           double[::1] rtt):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's block exponents; agreed: the first window's agreed exponents
     (the rest are filled in from results); versions: each slot's next version, updated.
+    rto: the timeout until the first sample; rtt: [SRTT, RTTVAR, RTO], updated (zeros:
+    no estimate yet).
     Returns (status, counters dict, chunks not completed as an array).
     """
     cdef Kind kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
@@ -54,6 +88,11 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef int64_t[::1] inflight = inflight_arr
     cdef double[::1] sent_at = np.zeros(slots)
     cdef double[::1] timer = np.full(slots, rto)
+    cdef double[::1] born = np.zeros(slots)              # first send of the slot's chunk
+    cdef uint8_t[::1] resent = np.zeros(slots, np.uint8)  # Karn: no sample if set
+    cdef double *est = &rtt[0]
+    if est[SRTT] > 0:
+        rto = est[RTO]
     cdef int32_t[::1] lengths = np.zeros(slots, np.int32)
     done_arr = np.zeros(nb, np.uint8)
     cdef uint8_t[::1] done = done_arr
@@ -67,7 +106,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef pollfd pfd
     pfd.fd = fd
     pfd.events = POLLIN
-    cdef Py_ssize_t completed = 0, sent = 0, resent = 0, stale = 0, rejected = 0
+    cdef Py_ssize_t completed = 0, sent = 0, retransmitted = 0, stale = 0, rejected = 0
+    cdef Py_ssize_t samples = 0
     cdef int status = DONE, wait_ms, parsed, ver
     cdef double now, start = monotonic(), last_result, next_timer
     cdef Py_ssize_t offset, chunk
@@ -77,7 +117,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
         return DONE, {}, np.zeros(0, np.int64)
     with nogil:
         for c in range(min(slots, nb)):
-            if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, versions,
+            if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born, resent,
+                          versions,
                           <const char *>&xin[0], size, kind, c, k, n, agreed, local,
                           slots, nb, job, worker, rto, 0) < 0:
                 status = SEND_FAILED
@@ -125,18 +166,24 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 done[chunk] = 1
                 completed += 1
                 last_result = now
+                if not resent[s]:
+                    rtt_sample(est, now - born[s], rto_min, rto_max)
+                    rto = est[RTO]
+                    samples += 1
                 inflight[s] = -1
                 versions[s] ^= 1
                 c = chunk + slots
                 if c < nb:
                     agreed[c] = <int16_t>get16(pkt + OFF_PROPOSAL)
-                    if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, versions,
-                                  <const char *>&xin[0], size, kind, c, k, n, agreed, local,
+                    if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born,
+                                  resent, versions, <const char *>&xin[0], size, kind, c, k,
+                                  n, agreed, local,
                                   slots, nb, job, worker, rto, 0) < 0:
                         status = SEND_FAILED
                         break
                     sent += 1
-            # Retransmit what timed out, backing off.
+            # Retransmit what timed out, backing off; new chunks start from the backed-off
+            # timeout until a sample says otherwise (RFC 6298 5.5-5.7).
             for s in range(slots):
                 if status == DONE and inflight[s] >= 0 and now - sent_at[s] >= timer[s]:
                     rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
@@ -144,17 +191,20 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                               sizeof(to)) < 0:
                         status = SEND_FAILED
                         break
+                    resent[s] = 1
                     sent_at[s] = now
                     timer[s] = min(timer[s] * 2, rto_max)
-                    resent += 1
+                    rto = max(rto, timer[s])
+                    retransmitted += 1
     missing = np.flatnonzero(done_arr == 0)
-    counters = {"sent": sent, "retransmitted": resent, "stale": stale, "rejected": rejected,
-                "seconds": monotonic() - start}
+    counters = {"sent": sent, "retransmitted": retransmitted, "rtt_samples": samples,
+                "stale": stale, "rejected": rejected, "seconds": monotonic() - start}
     return status, counters, missing
 
 
 cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] lengths,
                     int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
+                    double[::1] born, uint8_t[::1] resent,
                     uint8_t[::1] versions, const char *x, Py_ssize_t size, Kind kind,
                     Py_ssize_t c, Py_ssize_t k, int n, int16_t[::1] agreed,
                     const int16_t[::1] local, Py_ssize_t slots, Py_ssize_t nb, int job,
@@ -165,6 +215,8 @@ cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] 
                                        proposal, <uint32_t>s, versions[s], job, worker, flags)
     inflight[s] = c
     sent_at[s] = monotonic()
+    born[s] = sent_at[s]
+    resent[s] = 0
     timer[s] = rto
     if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>to, sizeof(sockaddr_in)) < 0:
         return -1

@@ -32,6 +32,8 @@ class Collectives:
         ring = RingEngine(self.comm, settings)
         # Without INA_SWITCH there is no INA engine at all (no fallback reason to count).
         self.ina = InaEngine(self.comm, settings, ring) if settings.switch else None
+        if self.ina is not None and self.ina.link is not None:
+            self.stats.transport = self.ina.link.totals
         self.engines = ([self.ina] if self.ina else []) + [ring, MpiEngine(self.comm)]
         self._seq = 0
         self._broken: str | None = None

@@ -16,6 +16,7 @@ class Stats:
         self.bytes_by_engine: Counter[str] = Counter()
         self.fallback_reasons: Counter[str] = Counter()
         self.last: dict[str, Any] | None = None
+        self.transport: dict[str, float] = {}  # the INA link's counters (transport.py)
 
     def record(self, engine: str, nbytes: int, passed_over: list[str]) -> None:
         """One call served by ``engine``; ``passed_over`` says why better engines declined."""
@@ -37,4 +38,5 @@ class Stats:
             "bytes_by_engine": dict(self.bytes_by_engine),
             "fallback_reasons": dict(self.fallback_reasons),
             "last_call": dict(self.last) if self.last else None,
+            "transport": dict(self.transport),
         }

@@ -163,7 +163,8 @@ class InaEngine:
         agreed[:first] = agreed_first[1:]
         out = call.recv if wide == call.dtype else np.empty(call.recv.size, wide)
         result = link.stream(x, out, local, agreed, call.op is Op.AVERAGE,
-                             self.settings.retransmit_timeout, self.settings.retransmit_max,
+                             self.settings.retransmit_timeout, self.settings.retransmit_min,
+                             self.settings.retransmit_max,
                              self.settings.switch_silence,
                              max(0.0, deadline.expires - time.monotonic()))
         # Every rank learns whether any rank failed (bounded: a dead peer never reports).

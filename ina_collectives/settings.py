@@ -82,7 +82,16 @@ class Settings:
         "controller installed them (ina-run sets it).",
     )
     retransmit_timeout: float = _setting(
-        0.02, "Initial retransmission timeout of a packet, in seconds; doubles per resend.")
+        0.02,
+        "Retransmission timeout of a packet, in seconds, until the first round trip is "
+        "measured; from then on it follows the measured round trips as TCP's does "
+        "(RFC 6298), within retransmit_min .. retransmit_max, and doubles per resend.",
+    )
+    retransmit_min: float = _setting(
+        0.005,
+        "Smallest retransmission timeout, in seconds: a floor under the measured one, "
+        "against spurious resends when queueing delay jumps.",
+    )
     retransmit_max: float = _setting(0.5, "Largest retransmission timeout, in seconds.")
     fusion_threshold: int = _setting(
         128 * MiB,
@@ -125,9 +134,13 @@ class Settings:
         if ports and not ports.isdigit():
             raise ValueError(f"worker_ports must be comma-separated port numbers, got "
                              f"{self.worker_ports!r}")
-        for name in ("switch_join_timeout", "switch_silence", "retransmit_timeout", "retransmit_max"):
+        for name in ("switch_join_timeout", "switch_silence", "retransmit_timeout",
+                     "retransmit_min", "retransmit_max"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.retransmit_min > self.retransmit_max:
+            raise ValueError(f"retransmit_min ({self.retransmit_min}) must not exceed "
+                             f"retransmit_max ({self.retransmit_max})")
         if self.fusion_threshold < 0:
             raise ValueError(f"fusion_threshold must be >= 0, got {self.fusion_threshold}")
         for name in ("cycle_time", "stall_warning_time", "stall_shutdown_time"):

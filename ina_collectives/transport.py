@@ -106,6 +106,8 @@ class WorkerLink:
             raise OSError(f"cannot bind the worker's UDP port {port}: {exc}") from None
         self.joined = False
         self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
+        self.rtt = np.zeros(3)  # SRTT, RTTVAR, RTO (_fast/transport.pyx), kept across calls
+        self.totals: dict[str, float] = {}  # the streams' counters, summed
         self._addr_be = struct.unpack("=I", socket.inet_aton(switch[0]))[0]
         self._port_be = socket.htons(switch[1])
 
@@ -153,13 +155,17 @@ class WorkerLink:
             pass
 
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
-               average: bool, rto: float, rto_max: float, silence: float,
+               average: bool, rto: float, rto_min: float, rto_max: float, silence: float,
                deadline: float) -> StreamResult:
-        """Allreduce x (float32/64, 1-D) into out through the aggregator."""
+        """Allreduce x (float32/64, 1-D) into out through the aggregator. rto is the
+        timeout until a round trip is measured; then it adapts within rto_min .. rto_max."""
         from ._fast import transport
 
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
-            self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_max,
-            silence, deadline)
+            self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
+            rto_max, silence, deadline, self.rtt)
+        for name, value in counters.items():
+            self.totals[name] = self.totals.get(name, 0) + value
+        self.totals["srtt"], self.totals["rto"] = float(self.rtt[0]), float(self.rtt[2])
         return StreamResult(status == 0, transport.STATUS[status], counters, missing)

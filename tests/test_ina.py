@@ -96,6 +96,41 @@ def test_faults_give_the_same_results(switch, faults):
     check_job(results, cases, 3, rounds=3)
 
 
+
+def test_rtt_estimator_follows_rfc6298():
+    from ina_collectives._fast import transport
+
+    state = np.zeros(3)  # SRTT, RTTVAR, RTO
+    assert transport.rtt_update(state, 0.010, 0.001, 0.5) == pytest.approx(0.030)
+    assert state[:2] == pytest.approx([0.010, 0.005])
+    # SRTT 7/8 old + 1/8 sample; RTTVAR 3/4 old + 1/4 |SRTT - sample|.
+    assert transport.rtt_update(state, 0.018, 0.001, 0.5) == pytest.approx(0.011 + 4 * 0.00575)
+    assert state[:2] == pytest.approx([0.011, 0.00575])
+    for _ in range(200):  # steady round trips: RTTVAR decays, the floor holds
+        rto = transport.rtt_update(state, 0.001, 0.005, 0.5)
+    assert rto == 0.005 and state[0] == pytest.approx(0.001)
+    assert transport.rtt_update(state, 10.0, 0.005, 0.5) == 0.5
+
+
+def test_timeout_adapts_to_a_slow_aggregator(switch):
+    """Results 30 ms late (above the initial 20 ms timeout): after the first window's
+    resends the measured round trip raises the timeout, instead of resending every chunk
+    (as a fixed 20 ms timeout does)."""
+    chunks = 96
+    send_faults((switch.host, switch.port), delay_ms_out=30)
+    try:
+        cases = [("float32", "sum", chunks * K, 23)]
+        results = run_ina(switch, 2, cases, settings={"retransmit_timeout": 0.02})
+    finally:
+        send_faults((switch.host, switch.port))
+    check_job(results, cases, 2)
+    for r in results:
+        t = r["stats"]["transport"]
+        assert t["srtt"] >= 0.03 and t["rto"] > t["srtt"], t
+        # A fixed 20 ms timeout resends every chunk at least once.
+        assert t["rtt_samples"] > chunks / 2 and t["retransmitted"] < chunks / 2, t
+
+
 def test_switch_killed_mid_operation_falls_back_to_the_ring():
     with embedded_switch() as sw:
         cases = [("float32", "sum", 1 << 20, 31), ("float32", "sum", 8 << 20, 32),
