@@ -35,19 +35,13 @@ from bench import netsim_report  # noqa: E402
 from bench.netsim_topology import SWITCH_IP, EmulatedCluster, stale_namespaces  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.launch import find_mpiexec  # noqa: E402
+from ina_collectives.settings import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SYSTEMS = ("ina", "ring", "mpi", "gloo")
 SWITCH_PORT = 47474
 HEADERS = 52  # IPv4 + UDP + INA header bytes per packet: K = (MTU - 52) / 4
-
-
-def parse_size(text: str) -> int:
-    """'64K', '16M', '1G' or a number of bytes."""
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
 class Switch:

@@ -185,13 +185,13 @@ def _coerce(f: dataclasses.Field, value: Any, where: str) -> Any:
                 raise ValueError(value)
             return bool(value)
         if kind is int and isinstance(value, str):
-            return int(_parse_size(value))
+            return int(parse_size(value))
         return kind(value)
     except ValueError:
         raise ValueError(f"{where}: cannot read {value!r} as {kind.__name__}") from None
 
 
-def _parse_size(text: str) -> int:
+def parse_size(text: str) -> int:
     """'65536', '64K', '1M' or '2G' as a number of bytes."""
     text = text.strip().upper().removesuffix("IB").removesuffix("B")
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
