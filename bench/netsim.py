@@ -34,38 +34,14 @@ mpi4py.rc.initialize = False  # the harness never communicates: only its ranks i
 from bench import netsim_report  # noqa: E402
 from bench.netsim_topology import SWITCH_IP, EmulatedCluster, stale_namespaces  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
+from ina_collectives.embedded import embedded_switch  # noqa: E402
 from ina_collectives.launch import find_mpiexec  # noqa: E402
 from ina_collectives.settings import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SYSTEMS = ("ina", "ring", "mpi", "gloo")
-SWITCH_PORT = 47474
 HEADERS = 52  # IPv4 + UDP + INA header bytes per packet: K = (MTU - 52) / 4
-
-
-class Switch:
-    """The software switch, running in the switch namespace for one cluster."""
-
-    def __init__(self, cluster: EmulatedCluster):
-        self.process = subprocess.Popen(
-            cluster.in_switch([sys.executable, "-m", "ina_collectives.switch", "--host",
-                               SWITCH_IP, "--port", str(SWITCH_PORT), "--idle", "30"]),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-        first = self.process.stdout.readline()
-        if "listening on" not in first:
-            self.stop()
-            raise RuntimeError(f"the software switch did not start in its namespace: {first}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
@@ -74,14 +50,14 @@ def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> floa
     return factor * nbytes * 8 / (link_mbit * 1e6)
 
 
-def run_system(cluster: EmulatedCluster, system: str, sizes: list[int], reps: int,
-               mtu: int) -> tuple[list[dict[str, Any]], str]:
+def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[int],
+               reps: int, mtu: int) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size; (records, error or '')."""
     mpiexec = find_mpiexec()
     env = dict(os.environ, **cluster.network_environment(),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                         os.environ.get("PYTHONPATH")])),
-               INA_SWITCH=f"{SWITCH_IP}:{SWITCH_PORT}",
+               INA_SWITCH=switch,
                INA_SWITCH_ELEMENTS=str(min(P.MAX_ELEMENTS, (mtu - HEADERS) // 4)),
                INA_TIMEOUT="120")
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
@@ -119,34 +95,33 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
             transient=False) as progress:
         task = progress.add_task("netsim", total=total)
         for n in args.n:
-            with EmulatedCluster(n, args.rates[0], mtu=args.mtu) as cluster:
-                switch = Switch(cluster)
-                try:
-                    for rate, loss in itertools.product(args.rates, args.loss):
-                        cluster.set_rate(rate)
-                        cluster.set_loss(loss)
-                        for system in args.systems:
-                            progress.update(task, description=(
-                                f"n={n} {rate:g} Mbit/s loss {loss:g}: {system}"))
-                            dropped0 = cluster.dropped() if loss else 0
-                            measured, error = run_system(cluster, system, args.sizes,
-                                                         args.reps, args.mtu)
-                            if error:
-                                console.print(f"[red]{system} n={n} {rate:g} Mbit/s loss "
-                                              f"{loss:g} failed: {error}")
-                            for m in measured:
-                                records.append({
-                                    "system": system, "n": n, "bytes": m["bytes"],
-                                    "link_mbit": rate, "loss": loss, "seconds": m["seconds"],
-                                    "times": m["times"], "engines": m["engines"],
-                                    "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
-                                    "dropped_packets": (cluster.dropped() - dropped0
-                                                        if loss else 0)})
-                            progress.advance(task)
-                            if args.json:
-                                write_json(args.json, records, args)  # partial results kept
-                finally:
-                    switch.stop()
+            with EmulatedCluster(n, args.rates[0], mtu=args.mtu) as cluster, \
+                    embedded_switch("--idle", "30", host=SWITCH_IP,
+                                    launcher=cluster.in_switch([])) as switch:
+                for rate, loss in itertools.product(args.rates, args.loss):
+                    cluster.set_rate(rate)
+                    cluster.set_loss(loss)
+                    for system in args.systems:
+                        progress.update(task, description=(
+                            f"n={n} {rate:g} Mbit/s loss {loss:g}: {system}"))
+                        dropped0 = cluster.dropped() if loss else 0
+                        measured, error = run_system(cluster, switch.address_text,
+                                                     system, args.sizes, args.reps,
+                                                     args.mtu)
+                        if error:
+                            console.print(f"[red]{system} n={n} {rate:g} Mbit/s loss "
+                                          f"{loss:g} failed: {error}")
+                        for m in measured:
+                            records.append({
+                                "system": system, "n": n, "bytes": m["bytes"],
+                                "link_mbit": rate, "loss": loss, "seconds": m["seconds"],
+                                "times": m["times"], "engines": m["engines"],
+                                "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
+                                "dropped_packets": (cluster.dropped() - dropped0
+                                                    if loss else 0)})
+                        progress.advance(task)
+                        if args.json:
+                            write_json(args.json, records, args)  # partial results kept
     return records
 
 

@@ -86,11 +86,7 @@ def plots(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Pat
             ax.set_ylabel("algbw (Mbit/s)")
             ax.set_title(f"n={n}, {link:g} Mbit/s, loss {loss:g}")
             ax.legend()
-        fig.tight_layout()
-        path = directory / f"{stem}-algbw.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, directory / f"{stem}-algbw.png"))
     ups = speedups(records)
     if ups:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -108,12 +104,16 @@ def plots(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Pat
         ax.set_xlabel("workers n")
         ax.set_ylabel(f"INA speed-up over the best peer ({_size(largest)})")
         ax.legend()
-        fig.tight_layout()
-        path = directory / f"{stem}-speedup.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, directory / f"{stem}-speedup.png"))
     return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def main() -> int:

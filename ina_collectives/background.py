@@ -24,10 +24,10 @@ from mpi4py import MPI
 
 from .collectives import Collectives
 from .errors import CollectiveTimeout, InaError
-from .negotiation import Message, Ready, Request, Table, exchange, poll
+from .negotiation import Message, Ready, Request, Table, exchange
 from .ops import Op
 from .settings import Settings
-from .waiting import Deadline
+from .waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
 
@@ -317,7 +317,7 @@ class BackgroundRuntime:
             _scale(buffer, post)
 
     def _deadline_wait(self, request: MPI.Request, what: str) -> None:
-        poll(request, Deadline(self.settings.timeout), lambda: what)
+        wait(request, Deadline(self.settings.timeout), lambda: what, background=True)
 
     def _allgather(self, reqs: dict[int, Request], data: dict[str, Any]
                    ) -> tuple[np.ndarray, list[int]]:

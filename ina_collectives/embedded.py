@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Sequence
 
 
 class EmbeddedSwitch:
@@ -63,12 +63,14 @@ class EmbeddedSwitch:
 
 @contextmanager
 def embedded_switch(*args: str, host: str = "127.0.0.1", start_timeout: float = 15.0,
-                    p4runtime: bool = False) -> Iterator[EmbeddedSwitch]:
+                    p4runtime: bool = False, launcher: Sequence[str] = ()
+                    ) -> Iterator[EmbeddedSwitch]:
     """Start ``python -m ina_collectives.switch --port 0 ARGS`` and yield it, running;
-    ``p4runtime`` also serves P4Runtime on a free port (``--p4runtime-port 0``)."""
+    ``p4runtime`` also serves P4Runtime on a free port (``--p4runtime-port 0``).
+    ``launcher`` prefixes the command (e.g. ``ip netns exec NS``, which execs it)."""
     extra = ["--p4runtime-port", "0"] if p4runtime else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "ina_collectives.switch", "--host", host, "--port", "0",
+        [*launcher, sys.executable, "-m", "ina_collectives.switch", "--host", host, "--port", "0",
          *extra, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:

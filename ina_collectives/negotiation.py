@@ -11,17 +11,14 @@ messages in the same order and so derives the same ready list in the same order.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
 
-from .errors import CollectiveTimeout
-from .waiting import Deadline
+from .waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
 
@@ -206,31 +203,16 @@ def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: i
     payload = b"" if message == Message() else pickle.dumps(message, protocol=5)
     n = comm.Get_size()
     sizes = np.empty(n, np.int64)
-    poll(comm.Iallgather(np.array([len(payload)], np.int64), sizes), deadline,
-         lambda: f"all {n} ranks to reach negotiation cycle {cycle} of the background thread")
+    wait(comm.Iallgather(np.array([len(payload)], np.int64), sizes), deadline,
+         lambda: f"all {n} ranks to reach negotiation cycle {cycle} of the background thread",
+         background=True)
     if not sizes.any():
         return [Message() for _ in range(n)]
     displs = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=displs[1:])
     gathered = np.empty(int(sizes.sum()), np.uint8)
-    poll(comm.Iallgatherv(np.frombuffer(payload, np.uint8),
+    wait(comm.Iallgatherv(np.frombuffer(payload, np.uint8),
                           [gathered, sizes.tolist(), displs.tolist(), MPI.BYTE]), deadline,
-         lambda: f"every rank's requests of negotiation cycle {cycle}")
+         lambda: f"every rank's requests of negotiation cycle {cycle}", background=True)
     return [pickle.loads(gathered[d:d + s].tobytes()) if s else Message()
             for d, s in zip(displs.tolist(), sizes.tolist())]
-
-
-def poll(request: MPI.Request, deadline: Deadline, what: Callable[[], str]) -> None:
-    """Complete ``request`` or raise CollectiveTimeout naming ``what()``.
-
-    Sleeps between tests (up to 0.5 ms): the background thread must not hold the GIL or
-    a core that the training thread of the same process needs."""
-    pause = 0.0
-    while not request.Test():
-        if deadline.expired():
-            raise CollectiveTimeout(f"waited {deadline.seconds:g} s for {what()}")
-        if pause:
-            time.sleep(pause)
-        else:
-            os.sched_yield()
-        pause = min(5e-4, pause * 2 or 2e-5)

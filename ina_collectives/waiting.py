@@ -23,21 +23,29 @@ class Deadline:
         return time.monotonic() >= self.expires
 
 
-def wait(request: MPI.Request, deadline: Deadline, what: Callable[[], str]) -> None:
+def wait(request: MPI.Request, deadline: Deadline, what: Callable[[], str],
+         background: bool = False) -> None:
     """Complete ``request`` or raise CollectiveTimeout with ``what()`` in the message.
 
     Polls with Test (which drives MPI's progress engine, as Wait would) and yields the
     core between polls: ranks are often oversubscribed, and a spinning rank would starve
     the peer it waits for. The Python loop also lets Ctrl-C interrupt a wait.
+    ``background``: sleep between polls (backing off to 0.5 ms) instead, so that a
+    background thread holds neither the GIL nor a core the caller's thread needs.
     """
     if request.Test():
         return
-    polls = 0
+    polls, pause = 0, 0.0
     while not request.Test():
         polls += 1
-        if polls & 63 == 0 and deadline.expired():
+        if (background or polls & 63 == 0) and deadline.expired():
             raise CollectiveTimeout(f"waited {deadline.seconds:g} s for {what()}")
-        os.sched_yield()
+        if background and pause:
+            time.sleep(pause)
+        else:
+            os.sched_yield()
+        if background:
+            pause = min(5e-4, pause * 2 or 2e-5)
 
 
 def wait_all(requests: Iterable[MPI.Request], deadline: Deadline,
