@@ -2,7 +2,7 @@
  *
  * Plain C with restrict pointers so that gcc -O3 vectorizes them on baseline x86-64
  * (SSE2); the Cython modules beside this file call them without the GIL. The rules
- * are those of ina_collectives/blockfp.py (the NumPy reference) and must give the
+ * are those of ina_collectives/ina/reference/blockfp.py (the NumPy reference) and must give the
  * same bits. Payload values are int32 in network byte order.
  */
 #ifndef INA_BLOCKFP_H

@@ -1,15 +1,15 @@
 # cython: language_level=3
-"""Block floating point, compiled: the same functions as ina_collectives.blockfp.
+"""Block floating point, compiled: the same functions as ina_collectives.ina.reference.blockfp.
 
 The per-element loops are the C kernels of blockfp.h; this module walks the blocks
-without the GIL and wraps them for Python. ina_collectives.kernels selects it.
+without the GIL and wraps them for Python. ina_collectives.ina.kernels selects it.
 """
 from blockfp_kernels cimport *
 from libc.stdint cimport INT32_MIN, int16_t, int32_t, int64_t, uint32_t
 
 import numpy as np
 
-from ina_collectives import blockfp as ref
+from ina_collectives.ina.reference import blockfp as ref
 
 
 cdef Kind kind_of(object dtype) except *:

@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""INA packets, compiled: the same functions as ina_collectives.packets.
+"""INA packets, compiled: the same functions as ina_collectives.ina.reference.packet.
 
 The header layout is read from ina_collectives.protocol when this module is imported,
 so the wire format is written in one place; payload loops are blockfp's C kernels.
@@ -11,8 +11,8 @@ import numpy as np
 
 from blockfp_kernels cimport KIND_F32, KIND_I32
 
-from ina_collectives import blockfp as ref_blockfp
-from ina_collectives import packets as ref
+from ina_collectives.ina.reference import blockfp as ref_blockfp
+from ina_collectives.ina.reference import packet as ref
 from ina_collectives import protocol as P
 
 include "wire.pxi"

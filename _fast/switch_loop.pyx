@@ -5,7 +5,7 @@
 the rule of docs/protocol.md exactly as the P4 program does: per job S slots x 2
 versions of K int32 accumulators, a bitmap of workers seen, a count and the max of the
 exponent proposals. Control packets (join/leave/probe/faults) are rare: they are
-handed back to Python (ina_collectives.switch), which configures jobs through the
+handed back to Python (ina_collectives.switch.server), which configures jobs through the
 methods below. Every packet that is neither aggregated nor answered is dropped and
 counted by reason.
 """

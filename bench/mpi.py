@@ -31,7 +31,7 @@ def main() -> int:
     mpiexec = find_mpiexec()
     cmd = [str(mpiexec), "-n", str(args.n), sys.executable, "-m", "pytest", "-p",
            "no:cacheprovider", *pytest_args]
-    from ina_collectives.embedded import embedded_switch
+    from ina_collectives.switch.embedded import embedded_switch
 
     with contextlib.ExitStack() as stack:
         env = dict(os.environ)

@@ -34,7 +34,7 @@ mpi4py.rc.initialize = False  # the harness never communicates: only its ranks i
 from bench import netsim_report  # noqa: E402
 from bench.netsim_topology import SWITCH_IP, EmulatedCluster, stale_namespaces  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
-from ina_collectives.embedded import embedded_switch  # noqa: E402
+from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 from ina_collectives.launch import find_mpiexec  # noqa: E402
 from ina_collectives.settings import parse_size  # noqa: E402
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from ina_collectives import protocol as P
 from ina_collectives._fast import loadgen
-from ina_collectives.embedded import embedded_switch
-from ina_collectives.transport import WorkerLink
+from ina_collectives.switch.embedded import embedded_switch
+from ina_collectives.ina.link import WorkerLink
 
 SLOTS = 16
 MTUS = {"1500": 1500, "9000": 9000, "64KiB": 65535}

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import ina_collectives as ina
 from ina_collectives.collectives import Collectives
 from ina_collectives.settings import Settings
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ina_collectives import kernels
+from ina_collectives.ina import kernels
 from ina_collectives import protocol as P
 
 NBYTES = 64 << 20

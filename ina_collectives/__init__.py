@@ -7,7 +7,15 @@
     ina.stats()                                 # which engine served, bytes, reasons
 
 For mpi4py code: ``ina_collectives.mpi.Intracomm(MPI.COMM_WORLD)`` is a drop-in
-communicator. Settings: ``python -m ina_collectives.settings`` or docs/settings.md.
+communicator; for Horovod scripts, ``import ina_collectives.torch as hvd``. Settings:
+``python -m ina_collectives.settings`` or docs/settings.md.
+
+The layers, top to bottom (docs/architecture.md): the APIs (this module, ``mpi``,
+``torch``); ``runtime`` (the Horovod API's background runtime); ``collectives`` (the
+engine choice, the ring and MPI engines); ``ina`` (the worker's link to the aggregator
+and the kernels, compiled in ``_fast``); ``protocol`` (the wire format); ``switch`` (the
+software aggregator); ``control`` (P4Runtime controller); ``launch`` (``ina-run``).
+``errors`` holds every exception type, ``settings`` every setting.
 """
 from __future__ import annotations
 
@@ -15,8 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AgreementError, CollectiveTimeout, CommunicatorBroken, InaError
-from .ops import AVERAGE, MAX, MIN, PROD, SUM, Op
+from .collectives.ops import AVERAGE, MAX, MIN, PROD, SUM, Op
+from .errors import (
+    AggregatorUnavailable,
+    AgreementError,
+    CollectiveTimeout,
+    CommunicatorBroken,
+    InaError,
+    OperationError,
+)
 from .settings import Settings
 
 __version__ = "0.1.0"
@@ -24,6 +39,7 @@ __all__ = [
     "init", "finalize", "is_initialized", "allreduce", "stats", "rank", "size",
     "Op", "SUM", "PROD", "MIN", "MAX", "AVERAGE", "Settings",
     "InaError", "AgreementError", "CollectiveTimeout", "CommunicatorBroken",
+    "AggregatorUnavailable", "OperationError",
 ]
 
 _state = None  # the Collectives of init()'s communicator

@@ -1,4 +1,24 @@
-"""The library's exception types: specific ones, each naming what went wrong."""
+"""The library's exception types, all defined here and all under ``InaError``.
+
+Each failure of the library's own machinery (peers, the aggregator, the controller, the
+launcher, a system call) raises a subclass of InaError; where callers already catch a
+builtin type for the same failure, the class keeps that builtin as a second base
+(``except TimeoutError`` still catches CollectiveTimeout). A wrong argument (an
+unsupported dtype or op, a malformed address or setting) is the builtin TypeError or
+ValueError, as in NumPy and mpi4py.
+
+    InaError (RuntimeError)
+    ├── AgreementError (ValueError)         ranks made different calls
+    ├── CollectiveTimeout (TimeoutError)    a peer never arrived
+    ├── CommunicatorBroken                  an earlier call failed midway
+    ├── OperationError                      a named Horovod-API operation failed
+    ├── AggregatorUnavailable (ConnectionError)
+    ├── SystemCallError (OSError)           a socket call of the fast path failed
+    ├── ControlError                        the P4Runtime target refused or failed
+    │   └── TargetUnavailable               no target answered
+    └── LaunchError                         ina-run cannot start the job
+"""
+from __future__ import annotations
 
 
 class InaError(RuntimeError):
@@ -22,3 +42,36 @@ class CollectiveTimeout(InaError, TimeoutError):
 
 class CommunicatorBroken(InaError):
     """An earlier collective on this communicator failed midway; no further calls are safe."""
+
+
+class OperationError(InaError):
+    """A named operation failed: its ranks disagreed, it stalled, or the runtime stopped."""
+
+
+class AggregatorUnavailable(InaError, ConnectionError):
+    """The aggregator did not answer, or refused the job; the message says which."""
+
+
+class SystemCallError(InaError, OSError):
+    """A socket call of the compiled data path failed; ``errno`` and the message say why.
+
+    Built as ``SystemCallError(errno, "sendto to 127.0.0.1:47474")``: the message then
+    reads ``[Errno 111] Connection refused: sendto to 127.0.0.1:47474``.
+    """
+
+    def __init__(self, errno: int, what: str):
+        import os
+
+        super().__init__(errno, f"{os.strerror(errno)}: {what}" if errno else what)
+
+
+class ControlError(InaError):
+    """The P4Runtime target refused a request or failed; the message names its error."""
+
+
+class TargetUnavailable(ControlError):
+    """No P4Runtime target answered at the address within the bound."""
+
+
+class LaunchError(InaError):
+    """ina-run cannot start the job: the launcher, the command or the switch is missing."""

@@ -21,7 +21,6 @@ silent --switch HOST:PORT is a warning and the ranks take the ring.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -34,13 +33,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
 
+from .errors import AggregatorUnavailable, LaunchError
+
 # K of the embedded switch's pipeline. Its P4Info lists one register per element, which
 # p4runtime-shell's pure-Python protobuf loads slowly (docs/control.md has the numbers).
 EMBEDDED_ELEMENTS = 4096
-
-
-class LaunchError(RuntimeError):
-    """ina-run cannot start the job: the launcher, the command or the switch is missing."""
 
 
 def find_mpiexec() -> str:
@@ -153,24 +150,15 @@ def free_udp_ports(n: int) -> list[int]:
 
 
 def job_workers(args: argparse.Namespace) -> list[Any]:
-    from .control import Worker
+    from .control import Worker, load_workers
 
     ports = free_udp_ports(args.np)
     if args.workers is None:
         return [Worker("127.0.0.1", port) for port in ports]
     try:
-        described = json.loads(args.workers.read_text())
-    except (OSError, ValueError) as exc:
-        raise LaunchError(f"--workers {args.workers}: {exc}") from None
-    if not isinstance(described, list) or len(described) != args.np:
-        raise LaunchError(f"--workers {args.workers}: a JSON list of {args.np} objects "
-                          f"(one per rank) expected")
-    try:
-        return [Worker(str(w["ip"]), int(w.get("udp_port", port)),
-                       str(w.get("mac", "00:00:00:00:00:00")), int(w.get("switch_port", 0)))
-                for w, port in zip(described, ports)]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise LaunchError(f"--workers {args.workers}: {type(exc).__name__} {exc}") from None
+        return load_workers(args.workers, args.np, ports)
+    except ValueError as exc:
+        raise LaunchError(f"--workers: {exc}") from None
 
 
 def p4_extra_installed() -> bool:
@@ -186,7 +174,7 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                    target: str, p4info: Path, device_config: Path, switch_address: str,
                    push: str) -> int:
     """Configure the job through the controller, run the ranks, tear the job down."""
-    from .control import Controller, ControlError, JobSpec
+    from .control import ControlError, Controller, JobSpec
     from .settings import Settings
 
     settings = Settings.load()
@@ -213,12 +201,11 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
 def check_switch(address: str, timeout: float) -> None:
     """A running software switch answers a probe for job 0; LaunchError if none does."""
     from . import protocol as P
-    from .transport import AggregatorUnavailable, control_exchange, parse_address
 
-    where = parse_address(address)  # a clear error for a malformed address
+    where = P.parse_address(address)  # a clear error for a malformed address
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            control_exchange(s, where, 0, 0, [P.CTRL_PROBE], min(timeout, 3.0), "probe")
+            P.control_exchange(s, where, 0, 0, [P.CTRL_PROBE], min(timeout, 3.0), "probe")
         except AggregatorUnavailable as exc:
             raise LaunchError(f"{exc} (start one with ina-switch, or leave --switch out "
                               f"for the embedded one)") from None
@@ -235,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env["INA_SWITCH"] = ""
             return run_ranks(args.np, args.command, env, mpiexec)
         if args.p4runtime:
-            from .transport import parse_address
+            from .protocol import parse_address
             if not p4_extra_installed():
                 raise LaunchError("--p4runtime needs the p4 extra: pip install "
                                   "'ina-collectives[p4]'")
@@ -262,9 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> int:
-    from . import p4schema
-    from .embedded import embedded_switch
+    from .control import schema
     from .settings import Settings
+    from .switch.embedded import embedded_switch
 
     configured = p4_extra_installed()
     if not configured:
@@ -277,7 +264,7 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
         if configured:
             k = args.elements or Settings.load().switch_elements or EMBEDDED_ELEMENTS
             files = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ina-run-")))
-            (files / "ina_aggregator.p4info.txt").write_text(p4schema.p4info_text(
+            (files / "ina_aggregator.p4info.txt").write_text(schema.p4info_text(
                 k, max(1, args.slot_base + (args.slots or Settings.load().switch_slots))))
             (files / "device_config").write_text("ina-switch: the software pipeline\n")
             code = run_configured(args, env, mpiexec, switch.p4runtime_address,

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers
-from .agreement import CallSignature
-from .collectives import Collectives
-from .ops import Op, as_op, check_supported
+from .collectives import buffers
+from .collectives.agreement import CallSignature
+from .collectives.chooser import Collectives
+from .collectives.ops import Op, as_op, check_supported
 from .settings import Settings
 
 

@@ -58,7 +58,8 @@ header udp_t {
     bit<16> checksum;
 }
 
-// The INA header, 24 bytes (ina_collectives/protocol.py).
+// The INA header, 24 bytes, from the field table in
+// ina_collectives/protocol/header.py.
 header ina_t {
     bit<8>  version;
     bit<8>  flags;
@@ -69,8 +70,8 @@ header ina_t {
     bit<32> slot;
     bit<32> offset;
     bit<16> count;
-    bit<16> exponent;
-    bit<16> proposal;      // int16: the max over workers is kept
+    bit<16> exponent;      // int16
+    bit<16> proposal;      // int16
     bit<16> reserved1;
 }
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ina_collectives import blockfp
-from ina_collectives import kernels as kernel_module
+from ina_collectives.ina.reference import blockfp
+from ina_collectives.ina import kernels as kernel_module
 
 BACKENDS = ["fast", "numpy"]
 

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("p4runtime_sh", reason="the controller needs the p4 extra "
                     "(p4runtime-shell)")
 
-from ina_collectives import p4schema as S  # noqa: E402
+from ina_collectives.control import schema as S  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.control import ControlError, Controller, JobSpec, Worker  # noqa: E402
-from ina_collectives.embedded import embedded_switch  # noqa: E402
+from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 K, SLOTS = 8, 32  # a small build: K values per packet, S slots
 
@@ -248,7 +248,7 @@ def test_only_installed_workers_aggregate(controller, switch):
 
 
 def test_join_cannot_take_a_controllers_job(controller, switch):
-    from ina_collectives.transport import AggregatorUnavailable, WorkerLink
+    from ina_collectives.ina.link import AggregatorUnavailable, WorkerLink
     job = JobSpec(41, [Worker("127.0.0.1", 41400), Worker("127.0.0.1", 41401)], slots=2)
     controller.configure(job)
     try:

@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from ina_collectives import blockfp
+from ina_collectives.ina.reference import blockfp
 from ina_collectives import protocol as P
-from ina_collectives.embedded import embedded_switch
+from ina_collectives.switch.embedded import embedded_switch
 from ina_collectives.switch import send_faults
 from tests import mpirun
 from tests.inputs import check_result, inputs_of_all_ranks

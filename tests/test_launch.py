@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ina_collectives.embedded import embedded_switch
+from ina_collectives.switch.embedded import embedded_switch
 
 pytestmark = pytest.mark.mpi
 

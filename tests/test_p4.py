@@ -1,5 +1,5 @@
 """The P4 program and its P4Info: generated reproducibly, consistent with each other and
-with what the controller and the software switch use (ina_collectives.p4schema)."""
+with what the controller and the software switch use (ina_collectives.control.schema)."""
 from __future__ import annotations
 
 import re
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ina_collectives import p4schema as S
+from ina_collectives.control import schema as S
 from ina_collectives import protocol as P
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,7 @@ class Block:
             raise ImportError(f"blocked: {name}")
 sys.meta_path.insert(0, Block())
 import ina_collectives, ina_collectives.switch, ina_collectives.control
-import ina_collectives.launch, ina_collectives.p4schema, ina_collectives.embedded
+import ina_collectives.launch, ina_collectives.control.schema, ina_collectives.switch.embedded
 from ina_collectives.launch import p4_extra_installed
 assert not p4_extra_installed()
 try:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ina_collectives import kernels as kernel_module
+from ina_collectives.ina import kernels as kernel_module
 from ina_collectives import protocol as P
 from ina_collectives.protocol import INA
 
@@ -54,7 +54,7 @@ def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, versio
         assert (pkt.offset, pkt.count) == (start, stop - start)
         assert pkt.exponent == agreed[c]
         assert pkt.proposal == (local[c + slots] if c + slots < nb else P.PROPOSAL_NONE)
-        assert pkt.reserved1 == 0 and pkt.reserved2 == 0
+        assert pkt.reserved0 == 0 and pkt.reserved1 == 0
         assert pkt.values == payload_all[start:stop].astype(np.int64).tolist()
         assert lengths[i] == P.HEADER_BYTES + 4 * (stop - start) == len(pkt)
 

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip install "
                             "'ina-collectives[torch]'")
 
-from ina_collectives.background import split_rows  # noqa: E402
-from ina_collectives.embedded import embedded_switch  # noqa: E402
+from ina_collectives.runtime.background import split_rows  # noqa: E402
+from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 from tests import mpirun  # noqa: E402
 from tests.torch_cases import DTYPES, OPS, loss_of, optimizer_problem, torch_input  # noqa: E402
 

@@ -16,8 +16,12 @@ operations are negotiated among the ranks each cycle, checked for agreement befo
 data moves, fused, and reduced in the network where they can be.
 """
 from .compression import Compression, Compressor
-from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
-                        broadcast_parameters)
+from .functions import (
+                        allgather_object,
+                        broadcast_object,
+                        broadcast_optimizer_state,
+                        broadcast_parameters,
+)
 from .mpi_ops import *  # noqa: F401,F403 - Horovod's flat namespace
 from .mpi_ops import __all__ as _ops_all
 from .optimizer import DistributedOptimizer

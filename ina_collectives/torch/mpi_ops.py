@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..background import BackgroundRuntime, Handle
-from ..negotiation import Request
+from ..runtime.background import BackgroundRuntime, Handle
+from ..runtime.negotiation import OpRequest
 from ..settings import Settings
 from .compression import Compression, Compressor
 
@@ -303,7 +303,7 @@ def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: str | Non
     _check_tensor(tensor, "allreduce")
     runtime = _require().runtime
     wire = "float32" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
-    request = Request("allreduce", _name("allreduce", name), _dtype_name(tensor), wire,
+    request = OpRequest("allreduce", _name("allreduce", name), _dtype_name(tensor), wire,
                       tuple(tensor.shape), op, prescale=float(prescale),
                       postscale=float(postscale))
     if output is tensor and _direct(tensor):
@@ -453,9 +453,10 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 # -- allgather ---------------------------------------------------------------------------------
 
-def _data_request(kind: str, tensor: torch.Tensor, name: str | None, **fields: Any) -> Request:
+def _data_request(kind: str, tensor: torch.Tensor, name: str | None, **fields: Any
+                  ) -> OpRequest:
     wire = "int16" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
-    return Request(kind, _name(kind, name), _dtype_name(tensor), wire, tuple(tensor.shape),
+    return OpRequest(kind, _name(kind, name), _dtype_name(tensor), wire, tuple(tensor.shape),
                    **fields)
 
 
@@ -620,7 +621,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor of at least one dimension")
     wire = "float32" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
-    request = Request("reducescatter", _name("reducescatter", name), _dtype_name(tensor),
+    request = OpRequest("reducescatter", _name("reducescatter", name), _dtype_name(tensor),
                       wire, tuple(tensor.shape), op, prescale=float(prescale_factor),
                       postscale=float(postscale_factor))
     handle = _require().runtime.submit(request, send=_numpy(tensor, widen=True))
@@ -653,7 +654,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, op: Any = None
 
 def barrier() -> None:
     """Return once every rank has called barrier()."""
-    request = Request("barrier", _name("barrier", None), "none", "uint8")
+    request = OpRequest("barrier", _name("barrier", None), "none", "uint8")
     handle = _require().runtime.submit(request)
     synchronize(_register([handle], lambda _: None, "every rank to reach the barrier"))
 

@@ -22,21 +22,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import Collectives
-from .errors import CollectiveTimeout, InaError
-from .negotiation import Message, Ready, Request, Table, exchange
-from .ops import Op
-from .settings import Settings
-from .waiting import Deadline, wait
+from ..collectives.chooser import Collectives
+from ..collectives.ops import Op, as_op
+from ..collectives.waiting import Deadline, wait
+from ..errors import CollectiveTimeout, InaError, OperationError
+from ..settings import Settings
+from .negotiation import Message, OpRequest, ReadinessTable, Ready, exchange
 
 log = logging.getLogger("ina_collectives")
 
-REDUCE_OPS = {"sum": Op.SUM, "average": Op.SUM, "min": Op.MIN, "max": Op.MAX,
-              "product": Op.PROD}
-
-
-class OperationError(InaError):
-    """A named operation failed: its ranks disagreed, it stalled, or the runtime stopped."""
 
 
 class Handle:
@@ -44,7 +38,7 @@ class Handle:
 
     __slots__ = ("request", "data", "_done", "result", "error")
 
-    def __init__(self, request: Request | None, data: dict[str, Any]):
+    def __init__(self, request: OpRequest | None, data: dict[str, Any]):
         self.request, self.data = request, data
         self._done = threading.Event()
         self.result: Any = None
@@ -92,7 +86,7 @@ class BackgroundRuntime:
                                                                  check_agreement=False))
         self.comm = self.collectives.comm
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
-        self.table = Table(self.size)
+        self.table = ReadinessTable(self.size)
         self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0}
         self._fusion_buffer = np.empty(0, np.uint8)
         self._lock = threading.Lock()
@@ -105,7 +99,7 @@ class BackgroundRuntime:
 
     # -- the caller's side ------------------------------------------------------------
 
-    def submit(self, request: Request, **data: Any) -> Handle:
+    def submit(self, request: OpRequest, **data: Any) -> Handle:
         """Queue ``request`` with its arrays (send/recv/buf as its kind needs)."""
         handle = Handle(request, data)
         with self._lock:
@@ -306,12 +300,13 @@ class BackgroundRuntime:
                 self._finish(item.name, recv)
             offset += count
 
-    def _reduce(self, buffer: np.ndarray, req: Request) -> None:
+    def _reduce(self, buffer: np.ndarray, req: OpRequest) -> None:
         """Reduce ``buffer`` in place over all ranks with Horovod's semantics: prescale,
         reduce, postscale (Average: divided by the number of ranks)."""
         if req.prescale != 1.0:
             _scale(buffer, req.prescale)
-        self.collectives.allreduce_flat(None, buffer, REDUCE_OPS[req.op])
+        op = as_op(req.op)  # Average: a SUM here, the division is folded into postscale
+        self.collectives.allreduce_flat(None, buffer, Op.SUM if op is Op.AVERAGE else op)
         post = req.postscale / (self.size if req.op == "average" else 1)
         if post != 1.0:
             _scale(buffer, post)
@@ -319,7 +314,7 @@ class BackgroundRuntime:
     def _deadline_wait(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout), lambda: what, background=True)
 
-    def _allgather(self, reqs: dict[int, Request], data: dict[str, Any]
+    def _allgather(self, reqs: dict[int, OpRequest], data: dict[str, Any]
                    ) -> tuple[np.ndarray, list[int]]:
         req = reqs[self.rank]
         wire = np.dtype(req.wire)
@@ -333,14 +328,14 @@ class BackgroundRuntime:
             f"allgather '{req.name}' ({sum(counts)} bytes) to complete on all ranks")
         return out, rows
 
-    def _broadcast(self, reqs: dict[int, Request], data: dict[str, Any]) -> np.ndarray:
+    def _broadcast(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> np.ndarray:
         req = reqs[self.rank]
         buf = data["buf"]
         self._deadline_wait(self.comm.Ibcast([_bytes(buf), MPI.BYTE], root=req.root),
                             f"broadcast '{req.name}' from rank {req.root} to complete")
         return buf
 
-    def _alltoall(self, reqs: dict[int, Request], data: dict[str, Any]
+    def _alltoall(self, reqs: dict[int, OpRequest], data: dict[str, Any]
                   ) -> tuple[np.ndarray, list[int]]:
         req = reqs[self.rank]
         wire = np.dtype(req.wire)
@@ -356,7 +351,7 @@ class BackgroundRuntime:
             f"alltoall '{req.name}' to complete on all ranks")
         return out, received
 
-    def _reducescatter(self, reqs: dict[int, Request], data: dict[str, Any]) -> np.ndarray:
+    def _reducescatter(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> np.ndarray:
         req = reqs[self.rank]
         full = np.array(data["send"], copy=True).reshape(-1)
         if full.size:
@@ -365,7 +360,7 @@ class BackgroundRuntime:
         start, stop = split_rows(first, self.size, self.rank)
         return full[start * row:stop * row].reshape((stop - start,) + req.shape[1:])
 
-    def _barrier(self, reqs: dict[int, Request], data: dict[str, Any]) -> None:
+    def _barrier(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> None:
         self._deadline_wait(self.comm.Ibarrier(), "every rank to reach the barrier")
 
 

@@ -1,4 +1,4 @@
-"""The software aggregator: ``ina-switch`` / ``python -m ina_collectives.switch``.
+"""The software aggregator's server: one UDP socket, the compiled data path, its control.
 
 A UDP server with the semantics a P4 switch has (docs/protocol.md): the data path is
 the compiled ``Aggregator`` (_fast/switch_loop.pyx); this module is its control side:
@@ -7,27 +7,18 @@ a clean stop on SIGINT/SIGTERM.
 
 Jobs come two ways (docs/control.md): ranks join with control packets (plain
 ``mpiexec``, no controller), or a controller installs them over P4Runtime
-(``--p4runtime-port``, served by ina_collectives.p4runtime_server in a thread of this
+(``--p4runtime-port``, served by switch.p4runtime_service in a thread of this
 process, carried out by this loop between batches).
 """
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import socket
-import struct
-import sys
 import time
 
-import numpy as np
-
-from . import protocol as P
-from .transport import AggregatorUnavailable, control_exchange
+from .. import protocol as P
 
 log = logging.getLogger("ina_collectives.switch")
-
-RCVBUF = SNDBUF = 4 << 20  # net.core.rmem_max here; the defaults overflow at line rate
 
 
 class SoftwareSwitch:
@@ -37,12 +28,9 @@ class SoftwareSwitch:
                  idle_seconds: float = 60.0, pool_slots: int = 1024,
                  max_elements: int = P.MAX_ELEMENTS, p4runtime_port: int | None = None,
                  device_id: int = 1):
-        from ._fast.switch_loop import DROP_REASONS, Aggregator
+        from .._fast.switch_loop import DROP_REASONS, Aggregator
 
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
-        self.sock.bind((host, port))
+        self.sock = P.udp_socket(host, port)
         self.address = self.sock.getsockname()
         self.aggregator = Aggregator(self.sock.fileno())
         self.drop_reasons = DROP_REASONS
@@ -60,14 +48,12 @@ class SoftwareSwitch:
 
     def _serve_p4runtime(self, host: str, port: int, device_id: int, max_elements: int
                          ) -> None:
-        from .p4runtime_server import LoopRunner, Server, Target
+        from .p4runtime_service import LoopRunner, Server, Target
 
         wake_to = ("127.0.0.1" if self.address[0] == "0.0.0.0" else self.address[0],
                    self.address[1])
         waker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        wake = P.pack_header(flags=P.FLAG_CONTROL, job=0, worker=0, slot_version=0, slot=0,
-                             offset=0, count=1, exponent=0, proposal=P.PROPOSAL_NONE) + \
-            struct.pack("!i", P.CTRL_WAKE)
+        wake = P.control_packet(0, 0, [P.CTRL_WAKE])
         self._runner = LoopRunner(lambda: waker.sendto(wake, wake_to))
         self.target = Target(self.aggregator, max_elements, device_id)
         try:
@@ -129,9 +115,7 @@ class SoftwareSwitch:
     # -- control packets -------------------------------------------------------------
 
     def _control(self, packet: bytes, addr_be: int, port_be: int) -> None:
-        head = P.unpack_header(packet)
-        payload = packet[P.HEADER_BYTES:]
-        body = np.frombuffer(payload[:len(payload) - len(payload) % 4], ">i4")
+        head, body = P.read_control(packet)
         if body.size < 1:
             return
         op, job, worker = int(body[0]), head["job"], head["worker"]
@@ -151,10 +135,9 @@ class SoftwareSwitch:
         elif op == P.CTRL_WAKE:
             return  # the P4Runtime thread woke the loop: run_pending follows
         elif op == P.CTRL_FAULTS and body.size >= 1 + len(P.FAULT_FIELDS):
-            if addr_be != struct.unpack("=I", socket.inet_aton("127.0.0.1"))[0]:
+            if addr_be != P.LOOPBACK_BE:
                 return  # faults only from this machine
-            faults = {name: int(v) / (1e3 if name.startswith("delay") else 1e6)
-                      for name, v in zip(P.FAULT_FIELDS, body[1:])}
+            faults = P.decode_faults(body[1:])
             try:
                 self.aggregator.set_faults(**faults)
                 status = 0
@@ -164,11 +147,8 @@ class SoftwareSwitch:
             log.warning("fault injection now %s", self.aggregator.faults() or "off")
         else:
             return
-        reply = P.pack_header(flags=P.FLAG_CONTROL | P.FLAG_RESULT, job=job, worker=worker,
-                              slot_version=0, slot=0, offset=0, count=2, exponent=0,
-                              proposal=P.PROPOSAL_NONE)
-        self.aggregator.reply(reply + np.array([op, status], ">i4").tobytes(), addr_be,
-                              port_be)
+        self.aggregator.reply(P.control_packet(job, worker, [op, status], reply=True),
+                              addr_be, port_be)
 
     def _join(self, job: int, worker: int, n: int, k: int, slots: int, addr_be: int,
               port_be: int) -> int:
@@ -196,83 +176,3 @@ class SoftwareSwitch:
             return 3
         self.control_counts["joins"] += 1
         return 0
-
-
-def send_faults(address: tuple[str, int], timeout: float = 2.0, **faults: float) -> None:
-    """Set a running switch's fault injection (from this machine); faults not named are
-    cleared. Names: drop_in, drop_out, duplicate_in/out, reorder_in/out (probabilities),
-    delay_ms_in, delay_ms_out (milliseconds)."""
-    unknown = set(faults) - set(P.FAULT_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: "
-                         f"{', '.join(P.FAULT_FIELDS)}")
-    values = [round(faults.get(name, 0) * (1e3 if name.startswith("delay") else 1e6))
-              for name in P.FAULT_FIELDS]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            status = control_exchange(s, address, 0, 0, [P.CTRL_FAULTS] + values, timeout,
-                                      "fault settings")
-        except AggregatorUnavailable as exc:
-            raise TimeoutError(str(exc)) from None
-    if status:
-        raise ValueError(f"the switch refused the fault settings {faults}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ina-switch", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
-    parser.add_argument("--port", type=int, default=P.UDP_PORT,
-                        help=f"UDP port (default {P.UDP_PORT}; 0 picks a free one)")
-    parser.add_argument("--idle", type=float, default=60.0,
-                        help="free a job that sent nothing for this many seconds")
-    parser.add_argument("--pool-slots", type=int, default=1024,
-                        help="slots shared by all jobs (each has two versions); a job that "
-                             "does not fit is refused")
-    parser.add_argument("--max-elements", type=int, default=P.MAX_ELEMENTS,
-                        help="largest K (int32 values per packet) a job may use")
-    parser.add_argument("--p4runtime-port", type=int, default=None, metavar="PORT",
-                        help="serve P4Runtime (gRPC) on --host:PORT so that a controller "
-                             "(ina_collectives.control) installs jobs; 0 picks a free port. "
-                             "Needs the p4 extra")
-    parser.add_argument("--device-id", type=int, default=1,
-                        help="the P4Runtime device id (default 1)")
-    parser.add_argument("--stats-interval", type=float, default=0.0,
-                        help="print a status line every so many seconds (0: never)")
-    parser.add_argument("--log-level", default="INFO")
-    for name in P.FAULT_FIELDS:
-        flag = "--" + name.replace("_ms", "").replace("_", "-") + ("-ms" if "delay" in name else "")
-        parser.add_argument(flag, dest=name, type=float, default=0.0,
-                            help="fault injection: " + ("milliseconds added" if "delay" in name
-                                                        else "probability per packet"))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="ina-switch %(levelname)s %(message)s")
-    try:
-        switch = SoftwareSwitch(args.host, args.port, args.idle, args.pool_slots,
-                                args.max_elements, args.p4runtime_port, args.device_id)
-    except OSError as exc:
-        print(f"ina-switch: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 2
-    except ImportError as exc:
-        print(f"ina-switch: --p4runtime-port needs the p4 extra (pip install "
-              f"'ina-collectives[p4]'): {exc}", file=sys.stderr)
-        return 2
-    try:
-        switch.aggregator.set_faults(**{name: getattr(args, name) for name in P.FAULT_FIELDS})
-    except ValueError as exc:
-        parser.error(str(exc))
-    signal.signal(signal.SIGTERM, switch.stop)
-    signal.signal(signal.SIGINT, switch.stop)
-    # The first line says where it listens (tests and launchers read it); with P4Runtime,
-    # where that listens comes first.
-    if switch.p4runtime is not None:
-        print(f"ina-switch p4runtime on {switch.p4runtime.host}:{switch.p4runtime.port}",
-              flush=True)
-    print(f"ina-switch listening on {switch.address[0]}:{switch.address[1]}", flush=True)
-    switch.serve(args.stats_interval)
-    print(switch.status_line(), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ class Stats:
         self.bytes_by_engine: Counter[str] = Counter()
         self.fallback_reasons: Counter[str] = Counter()
         self.last: dict[str, Any] | None = None
-        self.transport: dict[str, float] = {}  # the INA link's counters (transport.py)
+        self.transport: dict[str, float] = {}  # the INA link's counters (ina/link.py)
 
     def record(self, engine: str, nbytes: int, passed_over: list[str]) -> None:
         """One call served by ``engine``; ``passed_over`` says why better engines declined."""

@@ -3,7 +3,7 @@
 Horovod's controller without a coordinator round trip: every cycle each rank publishes
 what it newly submitted (and its join/shutdown flags; rank 0 also the names it found
 stalled), one allgather hands every rank every message, and every rank updates an
-identical ``Table``. An operation is ready when every rank has submitted it; its
+identical ``ReadinessTable``. An operation is ready when every rank has submitted it; its
 metadata (kind, dtype, shape, op, root, scale factors) is compared first, so a mismatch
 fails on every rank in the same cycle, before any data moves. Every rank sees the same
 messages in the same order and so derives the same ready list in the same order.
@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .waiting import Deadline, wait
+from ..collectives.waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
 
@@ -26,7 +26,7 @@ KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "ba
 
 
 @dataclass(frozen=True)
-class Request:
+class OpRequest:
     """One named operation as a rank submitted it: what every rank must agree on."""
 
     kind: str                     # one of KINDS
@@ -53,7 +53,7 @@ class Request:
 class Message:
     """What one rank publishes in one cycle."""
 
-    requests: list[Request] = field(default_factory=list)
+    requests: list[OpRequest] = field(default_factory=list)
     join: bool = False
     shutdown: bool = False
     stalled: tuple[str, ...] = ()   # rank 0 only: names to fail as stalled
@@ -62,9 +62,9 @@ class Message:
 @dataclass
 class Ready:
     name: str
-    requests: dict[int, Request]    # by rank; a joined rank has none (allreduce only)
+    requests: dict[int, OpRequest]    # by rank; a joined rank has none (allreduce only)
 
-    def any_request(self) -> Request:
+    def any_request(self) -> OpRequest:
         return next(iter(self.requests.values()))
 
 
@@ -87,11 +87,11 @@ class Outcome:
 @dataclass
 class _Entry:
     first_seen: float
-    requests: dict[int, Request] = field(default_factory=dict)
+    requests: dict[int, OpRequest] = field(default_factory=dict)
     warned: bool = False
 
 
-class Table:
+class ReadinessTable:
     """Every rank's identical view of what is pending where."""
 
     def __init__(self, size: int):
@@ -137,21 +137,21 @@ class Table:
             self.joined.clear()
         return out
 
-    def _mismatch(self, name: str, reqs: dict[int, Request]) -> str | None:
+    def _mismatch(self, name: str, reqs: dict[int, OpRequest]) -> str | None:
         joined = sorted(set(range(self.size)) - set(reqs))
         first = next(iter(reqs.values()))
         if joined and first.kind != "allreduce":
             return (f"{first.kind} '{name}' cannot run: rank(s) {joined} have joined, and "
                     f"only allreduce continues with joined ranks")
 
-        def differ(label: str, value: Callable[[Request], object]) -> str | None:
+        def differ(label: str, value: Callable[[OpRequest], object]) -> str | None:
             values = {r: value(q) for r, q in reqs.items()}
             if len(set(map(repr, values.values()))) <= 1:
                 return None
             listed = ", ".join(f"rank {r}: {v}" for r, v in values.items())
             return f"Mismatched {label} of {first.kind} '{name}': {listed}"
 
-        checks: list[tuple[str, Callable[[Request], object]]] = [
+        checks: list[tuple[str, Callable[[OpRequest], object]]] = [
             ("operation", lambda q: q.kind), ("dtype", lambda q: q.dtype),
             ("reduction op", lambda q: q.op), ("root rank", lambda q: q.root),
             ("prescale/postscale factors", lambda q: (q.prescale, q.postscale))]

@@ -1,32 +1,39 @@
 """The INA header as a scapy Layer, for dissecting captures and crafting test packets.
 
-Import it as ``ina_collectives.protocol.INA``; this module loads scapy, the core never does.
+Import it as ``ina_collectives.protocol.INA``; this module loads scapy, the core never
+does. Its fields are made from header.FIELDS, the one table of the format.
 """
 from __future__ import annotations
 
-from scapy.fields import (ByteField, FieldListField, FlagsField, ShortField,
-                          SignedIntField, SignedShortField, XByteField, IntField)
+from scapy.fields import (
+    ByteField,
+    Field,
+    FieldListField,
+    FlagsField,
+    IntField,
+    ShortField,
+    SignedIntField,
+    SignedShortField,
+)
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
-from . import protocol as P
+from . import header as P
+
+_DEFAULTS = {"version": P.PROTOCOL_VERSION, "proposal": P.PROPOSAL_NONE, "count": None}
+_TYPES = {(8, False): ByteField, (16, False): ShortField, (16, True): SignedShortField,
+          (32, False): IntField, (32, True): SignedIntField}
+
+
+def _scapy_field(f: P.Field) -> Field:
+    if f.name == "flags":
+        return FlagsField("flags", 0, f.bits, list(P.FLAG_NAMES))
+    return _TYPES[f.bits, f.signed](f.name, _DEFAULTS.get(f.name, 0))
 
 
 class INA(Packet):
     name = "INA"
-    fields_desc = [
-        ByteField("version", P.PROTOCOL_VERSION),
-        FlagsField("flags", 0, 8, ["RESULT", "RETRANSMIT", "CONTROL"]),
-        ShortField("job", 0),
-        ShortField("worker", 0),
-        ByteField("slot_version", 0),
-        XByteField("reserved1", 0),
-        IntField("slot", 0),
-        IntField("offset", 0),
-        ShortField("count", None),
-        SignedShortField("exponent", 0),
-        SignedShortField("proposal", P.PROPOSAL_NONE),
-        ShortField("reserved2", 0),
+    fields_desc = [_scapy_field(f) for f in P.FIELDS] + [
         FieldListField("values", [], SignedIntField("", 0),
                        count_from=lambda pkt: pkt.count),
     ]

@@ -1,16 +1,19 @@
-"""The fast-path kernels: compiled (_fast/) when built, else the NumPy reference.
+"""The kernel selector: the compiled kernels (_fast/) when built, else the NumPy reference.
 
-``INA_KERNELS=numpy`` forces the reference (as msgpack's MSGPACK_PUREPYTHON does), so
-the whole suite can run against both; ``INA_KERNELS=fast`` makes a missing build an
-error instead of a silent fallback. ``BACKEND`` says which one was loaded.
+Both backends export exactly ``API`` (pyzmq's public_api pattern): the selector copies
+those names from the chosen one, so they cannot drift apart, and the kernel tests run
+against both. ``INA_KERNELS=numpy`` forces the reference; ``INA_KERNELS=fast`` makes a
+missing build an error instead of a silent fallback. ``BACKEND`` says which one was
+loaded. The INA engine itself needs the compiled backend (its windowed stream is
+_fast/transport.pyx): with the reference, every call takes the ring and stats() says so.
 """
 from __future__ import annotations
 
 import os
 from types import SimpleNamespace
 
-from . import blockfp as _ref_blockfp
-from . import packets as _ref_packets
+from .reference import blockfp as _ref_blockfp
+from .reference import packet as _ref_packets
 
 API = ("block_exponents", "quantize", "dequantize", "pack_chunks", "unpack_results")
 
@@ -21,7 +24,8 @@ def load(name: str) -> SimpleNamespace:
         blockfp, packets = _ref_blockfp, _ref_packets
     elif name == "fast":
         try:
-            from ._fast import blockfp, packet as packets
+            from .._fast import blockfp
+            from .._fast import packet as packets
         except ImportError as exc:
             raise ImportError(
                 f"the compiled fast path is not built ({exc}); reinstall with "

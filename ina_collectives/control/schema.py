@@ -3,7 +3,7 @@
 ``p4/gen.py`` writes ``p4/ina_aggregator.p4`` (with these ids as ``@id`` annotations, so
 that p4c's P4Info carries the same ids) and ``p4/ina_aggregator.p4info.txt`` from this
 module; the controller (``ina_collectives.control``) and the software switch's
-P4Runtime server (``ina_collectives.p4runtime_server``) name the same entities from here.
+P4Runtime service (``ina_collectives.switch.p4runtime_service``) name the same entities from here.
 
 K (int32 values per packet) and S (slots, each with two versions) are compile-time
 constants of a P4 build. The P4Info says both: one value register per element
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocol as P
+from .. import protocol as P
 
 DEFAULT_ELEMENTS = 64     # K of the committed build
 DEFAULT_SLOTS = 4096      # S of the committed build (2 S register cells)

@@ -33,70 +33,17 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from . import p4schema as S
-from . import protocol as P
+from ..errors import ControlError, TargetUnavailable
+from . import schema as S
+from .job import JobSpec
 
 log = logging.getLogger("ina_collectives.control")
 
 ENTITIES_USED = S.ENTITIES_USED
 REGISTER_BATCH = 2048  # register updates per WriteRequest
-
-
-class ControlError(RuntimeError):
-    """The target refused a request or failed; the message names the target's error."""
-
-
-class TargetUnavailable(ControlError):
-    """No P4Runtime target answered at the address within the bound."""
-
-
-@dataclass(frozen=True)
-class Worker:
-    """Where a worker is, as the switch sees it: its packets' source IPv4 and UDP port,
-    and where results for it go (MAC, the switch's egress port towards it)."""
-    ip: str
-    udp_port: int
-    mac: str = "00:00:00:00:00:00"
-    switch_port: int = 0
-
-    def __post_init__(self) -> None:
-        ipaddress.IPv4Address(self.ip)  # ValueError for a malformed address
-        if not 0 < self.udp_port < 65536:
-            raise ValueError(f"worker UDP port {self.udp_port} is out of range")
-        if len(self.mac.split(":")) != 6:
-            raise ValueError(f"worker MAC {self.mac!r} is not aa:bb:cc:dd:ee:ff")
-        if not 0 <= self.switch_port < 512:
-            raise ValueError(f"switch port {self.switch_port} does not fit 9 bits")
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job: worker id = index in ``workers`` (= MPI rank); ``slots`` S of the job,
-    cells ``slot_base`` .. ``slot_base + slots - 1`` of the pipeline's register pool."""
-    job_id: int
-    workers: Sequence[Worker]
-    slots: int
-    slot_base: int = 0
-    mcast_grp: int = 0  # 0: the job id
-    elements: int = 0   # K the ranks will use; 0: the target's (checked when given)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.job_id < 65536:
-            raise ValueError(f"job id {self.job_id} must be 1..65535")
-        if not 1 <= len(self.workers) <= P.MAX_WORKERS:
-            raise ValueError(f"a job has 1..{P.MAX_WORKERS} workers, got {len(self.workers)}")
-        if self.slots < 1 or self.slot_base < 0:
-            raise ValueError(f"slots {self.slot_base}+{self.slots}: need slots >= 1, base >= 0")
-        if len({(w.ip, w.udp_port) for w in self.workers}) != len(self.workers):
-            raise ValueError("two workers share an address and UDP port")
-
-    @property
-    def group(self) -> int:
-        return self.mcast_grp or self.job_id
 
 
 def _write_error(what: str, exc: BaseException, names: Sequence[str] | None = None) -> str:
@@ -417,7 +364,7 @@ class Controller:
         return sorted(out, key=lambda e: (e["mcast_grp"], e["rid"]))
 
     def read_register(self, name: str, indices: Iterable[int]) -> list[int]:
-        """Cells of a register (a p4schema name), by raw P4Runtime reads."""
+        """Cells of a register (a control.schema name), by raw P4Runtime reads."""
         from p4.v1 import p4runtime_pb2
 
         build = self._need()
@@ -462,7 +409,7 @@ def _client_class() -> type:
     from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
     from p4runtime_sh.p4runtime import P4RuntimeClient
 
-    class Deadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    class RpcDeadline(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
         def __init__(self, timeout: float):
             self.timeout = timeout
 
@@ -494,7 +441,7 @@ def _client_class() -> type:
             self.stream_recv_thread = None
             self.channel = grpc.insecure_channel(address)
             self.stub = p4runtime_pb2_grpc.P4RuntimeStub(
-                grpc.intercept_channel(self.channel, Deadline(timeout)))
+                grpc.intercept_channel(self.channel, RpcDeadline(timeout)))
             self.set_up_stream()
 
         def handshake(self) -> None:
@@ -535,66 +482,3 @@ def _client_class() -> type:
                 log.warning("closing the P4Runtime session: %s", exc)
 
     return Client
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ina_collectives.control {show,configure,teardown}``: what ina-run does,
-    by hand (for ranks started some other way)."""
-    import argparse
-    import json
-    import sys
-
-    parser = argparse.ArgumentParser(prog="python -m ina_collectives.control",
-                                     description=main.__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("show", "configure", "teardown"))
-    parser.add_argument("--target", required=True, metavar="HOST:PORT",
-                        help="the P4Runtime target")
-    parser.add_argument("--p4info", type=Path)
-    parser.add_argument("--device-config", type=Path)
-    parser.add_argument("--push", choices=("always", "if-needed", "never"), default="never",
-                        help="set the pipeline first (default never)")
-    parser.add_argument("--device-id", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=10.0)
-    parser.add_argument("--job-id", type=int, default=0)
-    parser.add_argument("--workers", type=Path, metavar="FILE",
-                        help="JSON list, one object per rank: ip, udp_port, and optionally "
-                             "mac, switch_port")
-    parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--slot-base", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        job = None
-        if args.action != "show":
-            if not args.job_id or args.workers is None:
-                parser.error(f"{args.action} needs --job-id and --workers")
-            described = json.loads(args.workers.read_text())
-            job = JobSpec(args.job_id, [Worker(str(w["ip"]), int(w["udp_port"]),
-                                               str(w.get("mac", "00:00:00:00:00:00")),
-                                               int(w.get("switch_port", 0)))
-                                        for w in described], args.slots, args.slot_base)
-        with Controller(args.target, args.p4info, args.device_config, push=args.push,
-                        device_id=args.device_id, timeout=args.timeout) as controller:
-            if args.action == "configure":
-                controller.configure(job)
-                print(f"INA_JOB={job.job_id} INA_WORKER_PORTS="
-                      f"{','.join(str(w.udp_port) for w in job.workers)} "
-                      f"INA_SWITCH_ELEMENTS={controller.build.k} INA_SWITCH_SLOTS={job.slots}")
-            elif args.action == "teardown":
-                controller.teardown(job)
-            else:
-                print(f"K {controller.build.k}, S {controller.build.slots}")
-                for w in controller.read_workers():
-                    print(f"job {w['job_id']} worker {w['worker_id']}/{w['num_workers']} at "
-                          f"{w['ip']}:{w['udp_port']}, group {w['mcast_grp']}, slots "
-                          f"{w['slot_base']}+{w['slot_count']}")
-                for group, replicas in sorted(controller.read_groups().items()):
-                    print(f"group {group}: replicas {replicas}")
-                print("drops:", {k: v for k, v in controller.read_drops().items() if v})
-        return 0
-    except (ControlError, ValueError, OSError, KeyError, TypeError) as exc:
-        print(f"ina_collectives.control: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

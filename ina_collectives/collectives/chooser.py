@@ -1,4 +1,6 @@
-"""Collectives on one communicator: checks a call, picks its engine, keeps the stats."""
+"""The chooser: one communicator's collectives. It checks a call, picks its engine, hands
+a call an engine gave up to the fallback, and keeps the stats. The only place that
+decides which engine serves a call."""
 from __future__ import annotations
 
 import logging
@@ -7,12 +9,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import AgreementError, CommunicatorBroken
+from ..settings import Settings
 from .agreement import CallSignature, agree
-from .engines import AllreduceCall, InaEngine, MpiEngine, RingEngine
-from .errors import AgreementError, CommunicatorBroken
+from .engine import AllreduceCall, Engine
+from .ina_engine import InaEngine
+from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_supported, dtype_code
-from .settings import Settings
-from .counters import Stats
+from .ring import RingEngine
+from .stats import Stats
 from .waiting import Deadline
 
 log = logging.getLogger("ina_collectives")
@@ -29,12 +34,14 @@ class Collectives:
         self.comm = comm.Dup()
         self.settings = settings
         self.stats = Stats()
-        ring = RingEngine(self.comm, settings)
+        # The exact engine that finishes a call another engine gave up midway.
+        self.fallback = RingEngine(self.comm, settings)
         # Without INA_SWITCH there is no INA engine at all (no fallback reason to count).
-        self.ina = InaEngine(self.comm, settings, ring) if settings.switch else None
+        self.ina = InaEngine(self.comm, settings) if settings.switch else None
         if self.ina is not None and self.ina.link is not None:
             self.stats.transport = self.ina.link.totals
-        self.engines = ([self.ina] if self.ina else []) + [ring, MpiEngine(self.comm)]
+        self.engines: list[Engine] = ([self.ina] if self.ina else []) + [
+            self.fallback, MpiEngine(self.comm)]
         self._seq = 0
         self._broken: str | None = None
 
@@ -47,8 +54,8 @@ class Collectives:
         return self.comm.Get_rank()
 
     def free(self) -> None:
-        if self.ina is not None:
-            self.ina.close()
+        for engine in self.engines:
+            engine.close()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
         self._broken = "the communicator was freed (finalize)"
@@ -118,15 +125,18 @@ class Collectives:
             raise TypeError(f"no engine can reduce dtype {recv.dtype} with op {op.name}: "
                             f"{'; '.join(passed_over)}")
         try:
-            handed_over = engine.run(call, deadline)
+            handover = engine.run(call, deadline)
+            if handover is not None:  # given up midway, alike on every rank: start again
+                np.copyto(call.recv, handover.intact, casting="unsafe")
+                engine = self.fallback
+                passed_over.append(handover.reason)
+                # The bound restarts: the engine that gave up may have used it all.
+                engine.run(AllreduceCall(None, call.recv, op), Deadline(self.settings.timeout))
         except BaseException as exc:
             # Part of the operation may still be in flight: nothing later is safe.
             self._broken = f"allreduce #{self._seq} failed in engine {engine.name}: {exc!r}"
             raise
-        if handed_over is not None:  # the engine gave the call to the ring midway
-            self.stats.record("ring", recv.nbytes, passed_over + [handed_over])
-        else:
-            self.stats.record(engine.name, recv.nbytes, passed_over)
+        self.stats.record(engine.name, recv.nbytes, passed_over)
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None
                         ) -> None:

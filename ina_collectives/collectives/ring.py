@@ -1,4 +1,4 @@
-"""Ring allreduce over mpi4py point-to-point: the fallback engine.
+"""Ring allreduce over mpi4py point-to-point: the fallback engine (RingEngine).
 
 Reduce-scatter then allgather, each n-1 steps around the ring. Each of the n segments is
 cut into chunks of ``chunk_bytes``; a chunk is forwarded to the right neighbour as soon as
@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .ops import UFUNC, Op
+from ..settings import Settings
+from .engine import AllreduceCall, mpi_reduces
+from .ops import RING_DTYPES, UFUNC, Op
 from .waiting import Deadline, wait, wait_all
 
 _TAG_REDUCE_SCATTER = 11
@@ -113,3 +115,26 @@ class Ring:
                 if step + 1 < n - 1:
                     sends.append(comm.Isend(seg[a:a + chunk], right, _TAG_ALLGATHER))
         wait_all(sends, deadline, lambda: f"rank {right} to receive this rank's allgather chunks")
+
+
+class RingEngine:
+    name = "ring"
+
+    def __init__(self, comm: MPI.Intracomm, settings: Settings):
+        self.ring = Ring(comm, settings.ring_chunk_bytes)
+        self.min_bytes = settings.ring_min_bytes
+
+    def declines(self, call: AllreduceCall) -> str | None:
+        if call.dtype not in RING_DTYPES:
+            return f"ring: dtype {call.dtype} is left to MPI"
+        if call.nbytes < self.min_bytes and mpi_reduces(call.dtype):
+            return f"ring: below ring_min_bytes ({self.min_bytes})"
+        return None
+
+    def run(self, call: AllreduceCall, deadline: Deadline) -> None:
+        if call.send is not None:
+            np.copyto(call.recv, call.send)
+        self.ring.allreduce(call.recv, call.op, deadline)
+
+    def close(self) -> None:
+        pass

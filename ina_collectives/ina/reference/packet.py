@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import protocol as P
 from . import blockfp
-from . import protocol as P
 
 # The exponents a result may carry, per output dtype (int32 results carry 0..32).
 EXPONENT_MAX = {np.dtype(np.float16): 16, np.dtype(np.float32): 128,

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import socket
-import struct
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -31,8 +29,9 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from . import p4schema as S
-from . import protocol as P
+from .. import protocol as P
+from ..control import schema as S
+from ..errors import ControlError
 
 log = logging.getLogger("ina_collectives.p4runtime")
 
@@ -40,8 +39,9 @@ API_VERSION = "1.4.1"
 WRITE_BATCH_LIMIT = 100_000  # updates per WriteRequest
 
 
-class P4RuntimeError(Exception):
-    """A request failed with a google.rpc code (code_pb2) and a message."""
+class P4RuntimeError(ControlError):
+    """A request failed with a google.rpc code (code_pb2) and a message (the server's
+    answer to a client; never raised to a caller of the library)."""
 
     def __init__(self, code: int, message: str):
         super().__init__(message)
@@ -296,8 +296,7 @@ class Target:
                        old: Any) -> None:
         """An ina_workers entry makes (or unmakes) a worker of a job in the data path."""
         job_id = key["job_id"]
-        addr_be = struct.unpack("=I", key["src_addr"].to_bytes(4, "big"))[0]
-        port_be = socket.htons(key["src_port"])
+        addr_be, port_be = P.ipv4_int_be(key["src_addr"]), P.port_be(key["src_port"])
         U = p4runtime_pb2.Update
         if kind in (U.MODIFY, U.DELETE):
             job = self.jobs[job_id]
@@ -422,8 +421,7 @@ class Target:
                 dest = by_key.get((j.mcast_grp, r.instance))
                 if dest is not None:
                     addr, port = dest
-                    replicas.append((struct.unpack("=I", addr.to_bytes(4, "big"))[0],
-                                     socket.htons(port)))
+                    replicas.append((P.ipv4_int_be(addr), P.port_be(port)))
             self.aggregator.set_replicas(j.job, replicas)
 
     # -- registers and counters --------------------------------------------------------

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from . import protocol as P
+from ... import protocol as P
 
 # The smallest block exponent per dtype. float32/16 reach their subnormals exactly;
 # float64 stops at 2**-990 so that 2**shift stays a finite double (shift <= 1020):

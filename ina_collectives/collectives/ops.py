@@ -25,7 +25,7 @@ RING_DTYPES: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in (
     "int8", "int16", "int32", "int64",
     "uint8", "uint16", "uint32", "uint64",
 ))
-FLOAT_DTYPES = frozenset(d for d in RING_DTYPES if d.kind == "f")
+FLOAT_DTYPES: tuple[np.dtype, ...] = tuple(d for d in RING_DTYPES if d.kind == "f")
 # Only MPI's own Allreduce computes these (the ring leaves them to it).
 MPI_ONLY_DTYPES: tuple[np.dtype, ...] = (np.dtype("complex64"), np.dtype("complex128"))
 
@@ -33,7 +33,8 @@ UFUNC = {Op.SUM: np.add, Op.PROD: np.multiply, Op.MIN: np.minimum, Op.MAX: np.ma
          Op.AVERAGE: np.add}
 MPI_OP = {Op.SUM: MPI.SUM, Op.PROD: MPI.PROD, Op.MIN: MPI.MIN, Op.MAX: MPI.MAX,
           Op.AVERAGE: MPI.SUM}
-_BY_NAME = {op.value: op for op in Op} | {"avg": Op.AVERAGE, "mean": Op.AVERAGE}
+_BY_NAME = {op.value: op for op in Op} | {"avg": Op.AVERAGE, "mean": Op.AVERAGE,
+                                          "product": Op.PROD}
 
 
 def as_op(op: Any) -> Op | None:

@@ -7,7 +7,7 @@ from typing import Callable, Iterable
 
 from mpi4py import MPI
 
-from .errors import CollectiveTimeout
+from ..errors import CollectiveTimeout
 
 
 class Deadline:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .errors import AgreementError
+from ..errors import AgreementError
 from .waiting import Deadline, wait
 
 

@@ -1,0 +1,33 @@
+"""MPI's own Allreduce as an engine: it takes whatever dtype this MPI reduces."""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .engine import AllreduceCall, mpi_reduces
+from .ops import MPI_OP, Op
+from .waiting import Deadline, wait
+
+
+class MpiEngine:
+    """MPI's own Allreduce (non-blocking, so that the wait has a bound)."""
+
+    name = "mpi"
+
+    def __init__(self, comm: MPI.Intracomm):
+        self.comm = comm
+
+    def declines(self, call: AllreduceCall) -> str | None:
+        return None if mpi_reduces(call.dtype) else f"mpi: no MPI reduction for {call.dtype}"
+
+    def run(self, call: AllreduceCall, deadline: Deadline) -> None:
+        send = MPI.IN_PLACE if call.send is None else call.send
+        request = self.comm.Iallreduce(send, call.recv, MPI_OP[call.op])
+        wait(request, deadline,
+             lambda: f"MPI_Iallreduce of {call.recv.size} x {call.dtype} to complete on all "
+                     f"{self.comm.Get_size()} ranks")
+        if call.op is Op.AVERAGE:
+            np.divide(call.recv, self.comm.Get_size(), out=call.recv)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,120 @@
+"""Control packets: join, leave, probe, fault settings, wake; built and read here for
+both ends (the worker's link, ina-run's probe, send_faults, and the software switch).
+
+A control packet is an INA header with FLAG_CONTROL and a payload of int32 values, the
+first one the op. The reply carries FLAG_CONTROL | FLAG_RESULT and the payload
+[op, status].
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+
+from ..errors import AggregatorUnavailable
+from .header import (
+    FLAG_CONTROL,
+    FLAG_RESULT,
+    HEADER_BYTES,
+    PROPOSAL_NONE,
+    pack_header,
+    unpack_header,
+)
+
+CTRL_JOIN = 1     # [JOIN, n workers, K, S]: the sender is worker `worker` of job `job`
+CTRL_LEAVE = 2    # [LEAVE]: the sender is done; the job is freed when all have left
+CTRL_PROBE = 3    # [PROBE]: job 0: is an aggregator there? job j: am I worker w of job j?
+CTRL_FAULTS = 4   # [FAULTS, then FAULT_FIELDS in order] (probabilities in ppm, delays in us)
+CTRL_WAKE = 5     # [WAKE]: the software switch's P4Runtime thread wakes its data path
+FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
+                "reorder_out", "delay_ms_in", "delay_ms_out")
+JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
+               "worker id taken by another address", "no room for the job",
+               "the job is configured by a controller (P4Runtime)")
+# A probe for job j is answered 0 only if the sender is worker w of job j at its address
+# (a P4 switch answers only then, and stays silent otherwise).
+PROBE_STATUS = ("installed", "not installed at this address")
+RETRY_SECONDS = 0.2  # UDP may lose a request or its reply: resend this often
+
+
+def control_packet(job: int, worker: int, body: list[int], reply: bool = False) -> bytes:
+    """A control request (or, ``reply``, an answer) carrying the int32 values ``body``."""
+    flags = FLAG_CONTROL | (FLAG_RESULT if reply else 0)
+    return pack_header(flags=flags, job=job, worker=worker, slot_version=0, slot=0,
+                       offset=0, count=len(body), exponent=0,
+                       proposal=PROPOSAL_NONE) + np.asarray(body, ">i4").tobytes()
+
+
+def read_control(packet: bytes) -> tuple[dict[str, int], np.ndarray]:
+    """A control packet's header and its int32 values (a trailing partial value is
+    ignored); ValueError if it is shorter than a header."""
+    head = unpack_header(packet)
+    payload = packet[HEADER_BYTES:]
+    return head, np.frombuffer(payload[:len(payload) - len(payload) % 4], ">i4")
+
+
+def _fault_scale(name: str) -> float:
+    return 1e3 if name.startswith("delay") else 1e6  # delays ms -> us, probabilities -> ppm
+
+
+def encode_faults(faults: dict[str, float]) -> list[int]:
+    """Fault settings as a CTRL_FAULTS body's values (names not given are 0: cleared)."""
+    unknown = set(faults) - set(FAULT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; known: "
+                         f"{', '.join(FAULT_FIELDS)}")
+    return [round(faults.get(name, 0) * _fault_scale(name)) for name in FAULT_FIELDS]
+
+
+def decode_faults(values: np.ndarray) -> dict[str, float]:
+    """The inverse of encode_faults."""
+    return {name: int(v) / _fault_scale(name) for name, v in zip(FAULT_FIELDS, values)}
+
+
+def status_text(statuses: tuple[str, ...], status: int) -> str:
+    return statuses[status] if 0 <= status < len(statuses) else f"code {status}"
+
+
+def control_exchange(sock: socket.socket, switch: tuple[str, int], job: int, worker: int,
+                     body: list[int], timeout: float, what: str) -> int:
+    """Send a control request, resending every RETRY_SECONDS, until the aggregator answers
+    or ``timeout`` passes; the status it answered. AggregatorUnavailable otherwise."""
+    packet = control_packet(job, worker, body)
+    where = f"{switch[0]}:{switch[1]}"
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                sock.sendto(packet, switch)
+            except OSError as exc:
+                raise AggregatorUnavailable(f"cannot send the {what} to the aggregator at "
+                                            f"{where}: {exc}") from None
+            retry = min(time.monotonic() + RETRY_SECONDS, deadline)
+            while (left := retry - time.monotonic()) > 0:
+                sock.settimeout(left)
+                try:
+                    data, _ = sock.recvfrom(65536)
+                except socket.timeout:
+                    break
+                except ConnectionRefusedError:  # ICMP port unreachable: nobody listens
+                    raise AggregatorUnavailable(
+                        f"no aggregator listens at {where} (port unreachable)") from None
+                if len(data) < HEADER_BYTES + 8:
+                    continue
+                head, reply = read_control(data)
+                wanted = FLAG_CONTROL | FLAG_RESULT
+                if head["flags"] & wanted == wanted and head["job"] == job and \
+                        reply[0] == body[0]:
+                    return int(reply[1])
+            if time.monotonic() >= deadline:
+                raise AggregatorUnavailable(
+                    f"the aggregator at {where} did not answer the {what} within {timeout:g} s")
+    finally:
+        sock.settimeout(None)
+
+
+__all__ = [name for name in dir() if name.startswith(("CTRL_", "FAULT_")) or
+           name.endswith("_STATUS")] + ["RETRY_SECONDS", "control_packet", "read_control",
+                                         "status_text", "control_exchange", "encode_faults",
+                                         "decode_faults"]

@@ -1,0 +1,160 @@
+"""The INA header: the one table of its fields, and every form made from it.
+
+``FIELDS`` is the wire format, written once. From it come the ``struct`` layout and the
+``OFF_*`` offsets (which the compiled modules in _fast/ read at import), the scapy layer
+(scapy_layer.py), the P4 header that p4/gen.py emits, and the table in
+docs/protocol.md (``markdown_table``; a test checks the document against it). All
+fields and the int32 payload are in network byte order, because a P4 parser reads them
+so.
+"""
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+PROTOCOL_VERSION = 1
+UDP_PORT = 47474  # the aggregator's well-known port (workers listen on any port)
+
+FLAG_RESULT = 0x01       # aggregator -> worker: the slot's sum
+FLAG_RETRANSMIT = 0x02   # worker -> aggregator: a resend after a timeout
+FLAG_CONTROL = 0x04      # join / leave / probe, no payload aggregation
+FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL")  # bit 0, 1, 2
+
+# Exponent proposals: a worker with nothing more for a slot proposes this, which
+# loses every max; block exponents themselves never go below the dtype's floor.
+PROPOSAL_NONE = -32768
+
+
+class Field(NamedTuple):
+    name: str        # the Python name (pack_header's keyword, unpack_header's key)
+    p4: str          # the field's name in the P4 header ina_t
+    bits: int
+    signed: bool
+    title: str       # docs/protocol.md's column
+    meaning: str
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("version", "version", 8, False, "version", f"`{PROTOCOL_VERSION}`"),
+    Field("flags", "flags", 8, False, "flags",
+          "`0x01` RESULT (aggregator to worker), `0x02` RETRANSMIT (a worker's resend after "
+          "a timeout), `0x04` CONTROL (join/leave/probe: no aggregation)"),
+    Field("job", "job_id", 16, False, "job id", "the job this packet belongs to"),
+    Field("worker", "worker_id", 16, False, "worker id", "0 .. n-1 within the job"),
+    Field("slot_version", "slot_version", 8, False, "slot version",
+          "0 or 1: which of the slot's two shadow copies (SwitchML)"),
+    Field("reserved0", "reserved0", 8, False, "reserved", "0"),
+    Field("slot", "slot", 32, False, "slot index", "0 .. S-1"),
+    Field("offset", "offset", 32, False, "element offset",
+          "index of the chunk's first element in the tensor"),
+    Field("count", "count", 16, False, "element count",
+          "1 .. K; the payload holds exactly this many values"),
+    Field("exponent", "exponent", 16, True, "exponent",
+          "int16: the chunk's agreed block exponent e (docs/quantization.md)"),
+    Field("proposal", "proposal", 16, True, "next proposal",
+          "int16: this worker's exponent for the slot's next chunk; the switch keeps the "
+          f"max; `{PROPOSAL_NONE}` = none"),
+    Field("reserved1", "reserved1", 16, False, "reserved", "0"),
+)
+RESERVED = ("reserved0", "reserved1")
+
+_CODES = {(8, False): "B", (16, False): "H", (16, True): "h", (32, False): "I",
+          (32, True): "i"}
+HEADER = struct.Struct("!" + "".join(_CODES[f.bits, f.signed] for f in FIELDS))
+HEADER_BYTES = HEADER.size
+OFFSETS: dict[str, int] = {}
+_at = 0
+for _f in FIELDS:
+    OFFSETS[_f.name] = _at
+    _at += _f.bits // 8
+assert _at == HEADER_BYTES == 24
+
+OFF_VERSION = OFFSETS["version"]
+OFF_FLAGS = OFFSETS["flags"]
+OFF_JOB = OFFSETS["job"]
+OFF_WORKER = OFFSETS["worker"]
+OFF_SLOT_VERSION = OFFSETS["slot_version"]
+OFF_SLOT = OFFSETS["slot"]
+OFF_OFFSET = OFFSETS["offset"]
+OFF_COUNT = OFFSETS["count"]
+OFF_EXPONENT = OFFSETS["exponent"]
+OFF_PROPOSAL = OFFSETS["proposal"]
+OFF_PAYLOAD = HEADER_BYTES
+
+ELEMENT_BYTES = 4  # int32
+MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
+MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_BYTES) // ELEMENT_BYTES  # K on loopback
+MAX_WORKERS = 64  # one bit each in the switch's per-slot bitmap
+
+
+def elements_for_mtu(mtu: int) -> int:
+    """The largest K whose packet fits a link MTU (IPv4 20 + UDP 8 bytes of headers)."""
+    k = (min(mtu - 28, MAX_DATAGRAM) - HEADER_BYTES) // ELEMENT_BYTES
+    if k < 1:
+        raise ValueError(f"MTU {mtu} leaves no room for a payload after the "
+                         f"{HEADER_BYTES + 28} bytes of headers")
+    return k
+
+
+# Why an aggregator drops a data packet: the software switch's counters and the P4
+# program's drop counter share this order (the index is the counter's).
+DROP_REASONS = ("malformed", "unknown job", "unknown worker", "bad slot", "mismatched chunk",
+                "duplicate in progress", "injected loss in", "injected loss out",
+                "result from a worker")
+
+
+# What a worker's parser says of a received packet: 0 accepts it, any other value is
+# the reason it was dropped (the index into PARSE_STATUS, counted by the transport).
+PARSE_OK = 0
+PARSE_STATUS = ("ok", "short", "version", "not a result", "foreign job", "bad count",
+                "out of range", "misaligned", "bad exponent")
+(PARSE_SHORT, PARSE_VERSION, PARSE_NOT_RESULT, PARSE_JOB, PARSE_COUNT, PARSE_RANGE,
+ PARSE_MISALIGNED, PARSE_EXPONENT) = range(1, len(PARSE_STATUS))
+
+# Exponent proposals: a worker with nothing more for a slot proposes this, which
+# loses every max; block exponents themselves never go below the dtype's floor.
+PROPOSAL_NONE = -32768
+
+
+_DATA_FIELDS = tuple(f.name for f in FIELDS if f.name not in RESERVED)
+
+
+def pack_header(*, flags: int, job: int, worker: int, slot_version: int, slot: int,
+                offset: int, count: int, exponent: int, proposal: int,
+                version: int = PROTOCOL_VERSION) -> bytes:
+    values = dict(version=version, flags=flags, job=job, worker=worker,
+                  slot_version=slot_version, slot=slot, offset=offset, count=count,
+                  exponent=exponent, proposal=proposal, reserved0=0, reserved1=0)
+    return HEADER.pack(*(values[f.name] for f in FIELDS))
+
+
+def unpack_header(data: bytes | memoryview) -> dict[str, int]:
+    """The header's fields by name (the reserved ones left out)."""
+    if len(data) < HEADER_BYTES:
+        raise ValueError(f"an INA packet has at least {HEADER_BYTES} bytes, got {len(data)}")
+    fields = dict(zip((f.name for f in FIELDS), HEADER.unpack_from(data)))
+    return {name: fields[name] for name in _DATA_FIELDS}
+
+
+def p4_header(type_name: str = "ina_t") -> str:
+    """The P4-16 header declaration of FIELDS (p4/gen.py emits it)."""
+    lines = [f"header {type_name} {{"]
+    for f in FIELDS:
+        note = "      // int16" if f.signed else ""
+        lines.append(f"    bit<{f.bits}>{' ' * (3 - len(str(f.bits)))}{f.p4};{note}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def markdown_table() -> str:
+    """docs/protocol.md's header table."""
+    rows = ["| offset | size | field | meaning |", "| ---: | ---: | --- | --- |"]
+    for f in FIELDS:
+        rows.append(f"| {OFFSETS[f.name]} | {f.bits // 8} | {f.title} | {f.meaning} |")
+    rows.append(f"| {HEADER_BYTES} | {ELEMENT_BYTES} x count | payload | int32 values |")
+    return "\n".join(rows)
+
+
+__all__ = [name for name in dir() if name.isupper() and not name.startswith("_")] + [
+    "Field", "elements_for_mtu", "pack_header", "unpack_header", "p4_header",
+    "markdown_table"]
