@@ -32,7 +32,6 @@ from .errors import (
     InaError,
     OperationError,
 )
-from .settings import Settings
 
 __version__ = "0.1.0"
 __all__ = [
@@ -60,6 +59,8 @@ def init(comm: Any = None, **settings: Any) -> None:
     from mpi4py import MPI
 
     from .collectives import Collectives
+
+    from .settings import Settings
 
     loaded = Settings.load(settings)
     _state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded)
@@ -105,3 +106,12 @@ def stats() -> dict[str, Any]:
     """Counters since init(): calls, bytes, calls and bytes per engine, fallback reasons
     (why a faster engine declined a call, with counts), and the last call's engine."""
     return _require().stats.snapshot()
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, so that ``python -m ina_collectives.settings`` runs the
+    # module fresh (runpy warns about a module the package already imported).
+    if name == "Settings":
+        from .settings import Settings
+        return Settings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

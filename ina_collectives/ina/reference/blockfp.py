@@ -31,8 +31,7 @@ from ... import protocol as P
 # float64 values below 2**-990 (1e-298) quantize to 0, within the error bound.
 EXPONENT_MIN = {np.dtype(np.float16): -126, np.dtype(np.float32): -126,
                 np.dtype(np.float64): -990, np.dtype(np.int32): 0}
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-DTYPES = FLOAT_DTYPES + (np.dtype(np.int32),)
+DTYPES = tuple(EXPONENT_MIN)  # what the quantizer takes: the dtypes with a floor
 
 
 def nblocks(count: int, k: int) -> int:
