@@ -8,6 +8,17 @@ aggregator, through ina/), ``ring`` (pipelined ring over mpi4py, the exact fallb
 ``waiting``: bounded, interruptible waits on MPI requests; ``buffers``: mpi4py buffer
 specs as NumPy views (for ina_collectives.mpi).
 """
-from .chooser import Collectives
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["Collectives"]
+
+
+def __getattr__(name: str) -> Any:
+    # The chooser imports mpi4py.MPI, which initialises MPI: only when it is used, so
+    # that ina-run and the switch, which import ops from here, never start MPI.
+    if name == "Collectives":
+        from .chooser import Collectives
+        return Collectives
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .engine import AllreduceCall, mpi_reduces
-from .ops import MPI_OP, Op
+from .ops import Op, mpi_op
 from .waiting import Deadline, wait
 
 
@@ -22,7 +22,7 @@ class MpiEngine:
 
     def run(self, call: AllreduceCall, deadline: Deadline) -> None:
         send = MPI.IN_PLACE if call.send is None else call.send
-        request = self.comm.Iallreduce(send, call.recv, MPI_OP[call.op])
+        request = self.comm.Iallreduce(send, call.recv, mpi_op(call.op))
         wait(request, deadline,
              lambda: f"MPI_Iallreduce of {call.recv.size} x {call.dtype} to complete on all "
                      f"{self.comm.Get_size()} ranks")

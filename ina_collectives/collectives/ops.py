@@ -1,11 +1,15 @@
-"""Reduction operations and which dtype/op pairs each engine can compute."""
+"""Reduction operations and which dtype/op pairs each engine can compute.
+
+This module does not import mpi4py.MPI (importing it initialises MPI): the package's
+top level, ina-run and the switch import Op without starting MPI.
+"""
 from __future__ import annotations
 
 import enum
+import sys
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 
 class Op(enum.Enum):
@@ -31,8 +35,16 @@ MPI_ONLY_DTYPES: tuple[np.dtype, ...] = (np.dtype("complex64"), np.dtype("comple
 
 UFUNC = {Op.SUM: np.add, Op.PROD: np.multiply, Op.MIN: np.minimum, Op.MAX: np.maximum,
          Op.AVERAGE: np.add}
-MPI_OP = {Op.SUM: MPI.SUM, Op.PROD: MPI.PROD, Op.MIN: MPI.MIN, Op.MAX: MPI.MAX,
-          Op.AVERAGE: MPI.SUM}
+_MPI_NAMES = {Op.SUM: "SUM", Op.PROD: "PROD", Op.MIN: "MIN", Op.MAX: "MAX",
+              Op.AVERAGE: "SUM"}
+
+
+def mpi_op(op: Op) -> Any:
+    """The MPI.Op that computes ``op`` (AVERAGE: SUM, divided afterwards)."""
+    from mpi4py import MPI
+
+    return getattr(MPI, _MPI_NAMES[op])
+
 _BY_NAME = {op.value: op for op in Op} | {"avg": Op.AVERAGE, "mean": Op.AVERAGE,
                                           "product": Op.PROD}
 
@@ -50,9 +62,10 @@ def as_op(op: Any) -> Op | None:
             return _BY_NAME[op.lower()]
         except KeyError:
             raise ValueError(f"unknown op {op!r}; expected one of {', '.join(_BY_NAME)}") from None
-    if isinstance(op, MPI.Op):
-        for ours, theirs in MPI_OP.items():
-            if ours is not Op.AVERAGE and op == theirs:
+    mpi = sys.modules.get("mpi4py.MPI")  # an MPI.Op exists only once MPI is imported
+    if mpi is not None and isinstance(op, mpi.Op):
+        for ours, name in _MPI_NAMES.items():
+            if ours is not Op.AVERAGE and op == getattr(mpi, name):
                 return ours
         return None
     raise TypeError(f"op must be an ina_collectives.Op, its name or an MPI.Op, got {op!r}")
