@@ -250,6 +250,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     }}
 
     // The switch answers: it becomes the source (the worker addressed it).
+    {annotate(S.ANSWER)}
     action answer_from_switch() {{
         bit<48> mac = hdr.ethernet.dst_addr;
         hdr.ethernet.dst_addr = hdr.ethernet.src_addr;

@@ -776,6 +776,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
     }
 
     // The switch answers: it becomes the source (the worker addressed it).
+    @id(0x01000007)
     action answer_from_switch() {
         bit<48> mac = hdr.ethernet.dst_addr;
         hdr.ethernet.dst_addr = hdr.ethernet.src_addr;

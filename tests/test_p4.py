@@ -88,6 +88,9 @@ def test_program_and_p4info_agree():
         body = re.search(rf"table {t.preamble.alias} {{(.*?)\n    }}", program, re.S).group(1)
         assert [m.name for m in t.match_fields] == re.findall(r'@name\("(\w+)"\)', body)
         assert f"size = {t.size};" in body
+    # p4c lists every action of the program, helpers that no table names included.
+    assert set(re.findall(r"^\s*action (\w+)\(", program, re.M)) == {
+        a.preamble.alias for a in info.actions}
     for a in info.actions:
         sig = re.search(rf"action {a.preamble.alias}\((.*?)\)", program).group(1)
         have = [tuple(p.split()) for p in sig.split(", ")] if sig else []

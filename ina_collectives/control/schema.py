@@ -84,8 +84,12 @@ REPLICAS = Table(f"{EGRESS}.ina_replicas", _id(_TABLE, 3), (
     Field("mcast_grp", 16, "meta.mcast_grp"), Field("rid", 16, "standard_metadata.egress_rid")),
     (REWRITE,), DROP_REPLICA, MAX_TABLE_ENTRIES)
 
+# -- a helper action the program calls itself (no table): p4c lists it in the P4Info too
+
+ANSWER = Action(f"{INGRESS}.answer_from_switch", _id(_ACTION, 7))
+
 TABLES = (WORKERS, L2, REPLICAS)
-ACTIONS = (ADMIT, REJECT, FORWARD, DROP, REWRITE, DROP_REPLICA)
+ACTIONS = (ADMIT, REJECT, FORWARD, DROP, REWRITE, DROP_REPLICA, ANSWER)
 
 # -- registers: per cell (2 S of them) ------------------------------------------------
 
