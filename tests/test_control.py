@@ -85,6 +85,27 @@ def test_pipeline_push_and_entries_read_back(controller):
     controller.teardown(job)  # already gone: not an error
 
 
+def test_a_pipeline_push_deletes_the_multicast_groups_first(switch, pipeline, monkeypatch):
+    """BMv2 keeps its replication groups across a push while P4Runtime forgets them: the
+    controller deletes every group it reads before it pushes, so none is left behind."""
+    job = JobSpec(12, [Worker("127.0.0.1", 42000 + i, switch_port=i + 1) for i in range(2)],
+                  slots=2)
+    with Controller(switch.p4runtime_address, *pipeline, timeout=5) as first:
+        first.configure(job)
+        assert 12 in first.read_groups()
+    order = []
+    real_write, real_rpc = Controller._write, Controller._rpc
+    monkeypatch.setattr(Controller, "_write", lambda self, what, updates, names: (
+        order.append(what), real_write(self, what, updates, names))[1])
+    monkeypatch.setattr(Controller, "_rpc", lambda self, what, fn, *args: (
+        order.append(what), real_rpc(self, what, fn, *args))[1])
+    with Controller(switch.p4runtime_address, *pipeline, timeout=5, push="always") as second:
+        assert second.read_groups() == {}
+        assert second.read_workers() == []
+    assert order.index("deleting multicast group 12 before the pipeline push") < \
+        order.index("SetForwardingPipelineConfig")
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(slots=SLOTS), "exceed the target's"),
     (dict(elements=K + 1), f"K {K + 1}, but the target's build has K {K}"),

@@ -163,8 +163,26 @@ class Controller:
                     return
             except Exception:  # no pipeline yet: push one
                 pass
+        self._clear_groups()
         self._rpc("SetForwardingPipelineConfig", self._client.set_fwd_pipe_config,
                   str(self.p4info_path), str(self.device_config_path))
+
+    def _clear_groups(self) -> None:
+        """Delete every multicast group the target reports, before a pipeline push.
+
+        BMv2's replication engine keeps its groups across a push while P4Runtime forgets
+        them: a group created again after the push would add its replicas to the old
+        ones (results delivered twice). Deleted first, nothing is left behind."""
+        try:
+            info = self._client.get_p4info()
+        except Exception:  # no pipeline yet: no groups either
+            return
+        self._sh.context.set_p4info(info)
+        for group in self._read("multicast groups", self._sh.MulticastGroupEntry()):
+            gid = group.msg().multicast_group_entry.multicast_group_id
+            self._write(f"deleting multicast group {gid} before the pipeline push",
+                        [self._update("DELETE", group)], [f"multicast group {gid}"])
+            log.info("multicast group %d deleted before the pipeline push", gid)
 
     def _rpc(self, what: str, fn: Any, *args: Any) -> Any:
         try:
