@@ -4,8 +4,9 @@ replayed with no quantization cost, and a bare batched receiver, the machine's c
 from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
-from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendto, sockaddr, sockaddr_in)
+from byteorder cimport get32
+from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
+                    prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in)
 
 from ina_collectives import protocol as P
 
@@ -16,20 +17,13 @@ cdef enum:
     BATCH = 64
 
 
-cdef inline uint32_t get32(const uint8_t *p) noexcept nogil:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
-
-
 def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, ::1] rows,
                    int32_t length, int n, int slots, double seconds):
     """n workers (one socket each) stream chunks through the switch, S in flight, each
     slot refilled when worker 0 gets its result. rows[w * S + s] is worker w's packet for
     slot s. Returns (chunks completed, seconds)."""
     cdef sockaddr_in to
-    memset(&to, 0, sizeof(to))
-    to.sin_family = AF_INET
-    to.sin_addr.s_addr = addr_be
-    to.sin_port = port_be
+    set_sockaddr(&to, addr_be, port_be)
     cdef uint8_t inbox[BATCH][2048]  # results are read only for their headers
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]
@@ -75,10 +69,7 @@ def blast(int fd, uint32_t addr_be, uint16_t port_be, const uint8_t[::1] packet,
           double seconds):
     """Send one packet as fast as possible for ``seconds``; packets sent."""
     cdef sockaddr_in to
-    memset(&to, 0, sizeof(to))
-    to.sin_family = AF_INET
-    to.sin_addr.s_addr = addr_be
-    to.sin_port = port_be
+    set_sockaddr(&to, addr_be, port_be)
     cdef uint64_t sent = 0
     cdef double start
     with nogil:

@@ -54,6 +54,15 @@ cdef extern from "<time.h>" nogil:
     int CLOCK_MONOTONIC
 
 
+cdef inline void set_sockaddr(sockaddr_in *to, uint32_t addr_be, uint16_t port_be
+                              ) noexcept nogil:
+    """An IPv4 address and port, both in network order, as a sockaddr_in."""
+    memset(to, 0, sizeof(sockaddr_in))
+    to.sin_family = AF_INET
+    to.sin_addr.s_addr = addr_be
+    to.sin_port = port_be
+
+
 cdef inline double monotonic() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)

@@ -27,7 +27,8 @@ cdef Kind kind_of(object dtype) except *:
 
 
 def pack_chunks(x, Py_ssize_t k, int n, agreed, local, Py_ssize_t first, Py_ssize_t count,
-                rows, Py_ssize_t slots, int version_base, int job, int worker, int flags=0):
+                rows, Py_ssize_t slots, int version_base, int job, int worker, int flags=0,
+                int epoch=0):
     """Write chunks first .. first+count-1 of x into rows 0 .. count-1; returns the
     packets' lengths in bytes."""
     ref.check_chunks(x, k, agreed, local, first, count)
@@ -53,9 +54,10 @@ def pack_chunks(x, Py_ssize_t k, int n, agreed, local, Py_ssize_t first, Py_ssiz
         for i in range(count):
             c = first + i
             proposal = l[c + slots] if c + slots < nb else PROPOSAL_NONE
-            lens[i] = write_packet(&ring[i, 0], <const char *>&raw[0], size, kind, c, k, n, a[c], proposal,
-                                   c % slots, ((c // slots) + version_base) & 1, job, worker,
-                                   flags)
+            lens[i] = write_packet(&ring[i, 0], <const char *>&raw[0], size, kind, c, k, n,
+                                   a[c], proposal, c % slots,
+                                   ((c // slots) + version_base) & 1, job, worker, flags,
+                                   epoch)
     return lengths
 
 

@@ -15,8 +15,8 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 
 from blockfp_kernels cimport ina_accumulate_be32, ina_load_be32, ina_store_be32
-from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendmmsg, sendto, sockaddr,
+from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
+                    prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr, sockaddr,
                     sockaddr_in)
 
 from ina_collectives import protocol as P
@@ -37,58 +37,6 @@ cdef enum Drop:
 assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop differ"
 
 
-ctypedef struct Faults:
-    uint32_t drop, duplicate, reorder   # probabilities, in parts per million
-    double delay                        # seconds
-
-
-ctypedef struct Held:                   # a packet waiting: reordered or delayed
-    uint8_t *data
-    Py_ssize_t length
-    sockaddr_in addr
-    double due
-
-
-ctypedef struct DelayQueue:             # FIFO: one delay per direction keeps it in order
-    Held *items
-    int head, size
-
-
-cdef enum:
-    DELAY_CAPACITY = 1024               # packets a direction can hold back
-
-
-cdef bint queue_push(DelayQueue *q, const uint8_t *pkt, Py_ssize_t length,
-                     const sockaddr_in *addr, double due) noexcept nogil:
-    cdef int i
-    if q.items == NULL:
-        q.items = <Held *>calloc(DELAY_CAPACITY, sizeof(Held))
-        if q.items == NULL:
-            return False
-        for i in range(DELAY_CAPACITY):
-            q.items[i].data = <uint8_t *>calloc(1, 65536)
-            if q.items[i].data == NULL:
-                return False
-    if q.size == DELAY_CAPACITY:
-        return False
-    cdef Held *h = &q.items[(q.head + q.size) % DELAY_CAPACITY]
-    memcpy(h.data, pkt, length)
-    h.length = length
-    h.addr = addr[0]
-    h.due = due
-    q.size += 1
-    return True
-
-
-cdef void queue_free(DelayQueue *q) noexcept nogil:
-    cdef int i
-    if q.items != NULL:
-        for i in range(DELAY_CAPACITY):
-            free(q.items[i].data)
-        free(q.items)
-        q.items = NULL
-
-
 ctypedef struct Job:
     int n, k, slots
     uint64_t joined, left
@@ -103,6 +51,7 @@ ctypedef struct Job:
     int32_t *elements      # [2 S] its element count
     int16_t *exponent      # [2 S]
     int16_t *proposal      # [2 S] max of the proposals
+    uint16_t *epoch        # [2 S] the epoch of the run that last used the cell
     uint8_t *result        # [2 S][HEADER + 4 K] the last result packet of each slot
     int32_t *result_len    # [2 S]
     double last_seen
@@ -111,12 +60,17 @@ ctypedef struct Job:
 cdef void job_free(Job *job) noexcept nogil:
     if job != NULL:
         free(job.acc); free(job.seen); free(job.count); free(job.offset)
-        free(job.elements); free(job.exponent); free(job.proposal); free(job.result)
-        free(job.result_len); free(job)
+        free(job.elements); free(job.exponent); free(job.proposal); free(job.epoch)
+        free(job.result); free(job.result_len); free(job)
 
 
-cdef class Aggregator:
-    """One UDP socket's aggregation state: jobs by id, counters, fault injection."""
+include "switch_faults.pxi"
+include "syscall.pxi"
+
+
+cdef class Aggregator(FaultInjection):
+    """One UDP socket's aggregation state: jobs by id, counters; fault injection comes
+    from FaultInjection (switch_faults.pxi)."""
 
     cdef int fd
     cdef Job *jobs[65536]
@@ -129,11 +83,9 @@ cdef class Aggregator:
     cdef mmsghdr out_msgs[BATCH]
     cdef int nout
     cdef public uint64_t packets_in, packets_out, results, retransmits_answered
+    cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
+    cdef public int last_errno          # why the last one was refused
     cdef uint64_t drops[<int>DROP_COUNT]
-    cdef Faults faults_in, faults_out
-    cdef uint64_t rng
-    cdef Held held_in, held_out     # a packet held back to reorder it after the next one
-    cdef DelayQueue delayed_in, delayed_out
     cdef uint8_t *ctrl              # control packets for Python, [MAX_CONTROL][65536]
     cdef int32_t ctrl_len[MAX_CONTROL]
     cdef sockaddr_in ctrl_addr[MAX_CONTROL]
@@ -145,10 +97,7 @@ cdef class Aggregator:
         self.bufsize = 65536
         self.bufs = <uint8_t *>calloc(BATCH, self.bufsize)
         self.ctrl = <uint8_t *>calloc(MAX_CONTROL, self.bufsize)
-        self.held_in.data = <uint8_t *>calloc(1, self.bufsize)
-        self.held_out.data = <uint8_t *>calloc(1, self.bufsize)
-        if (self.bufs == NULL or self.ctrl == NULL or self.held_in.data == NULL
-                or self.held_out.data == NULL):
+        if self.bufs == NULL or self.ctrl == NULL:
             raise MemoryError("no memory for the aggregator's packet buffers")
         self.rng = seed | 1
 
@@ -157,16 +106,36 @@ cdef class Aggregator:
         for i in range(65536):
             job_free(self.jobs[i])
             self.jobs[i] = NULL
-        free(self.bufs); free(self.ctrl); free(self.held_in.data); free(self.held_out.data)
-        queue_free(&self.delayed_in)
-        queue_free(&self.delayed_out)
+        free(self.bufs)
+        free(self.ctrl)
 
     # -- configuration, from Python --------------------------------------------------
 
+    # Every accessor finds its job through _find (NULL for a missing or impossible id):
+    # _job raises KeyError for the ones that need the job; the queries answer False/None.
+
+    cdef Job *_find(self, int job_id) noexcept:
+        return self.jobs[job_id] if 0 <= job_id < 65536 else NULL
+
+    cdef Job *_job(self, int job_id) except NULL:
+        cdef Job *job = self._find(job_id)
+        if job == NULL:
+            raise KeyError(f"no job {job_id}")
+        return job
+
+    cdef int _check_worker(self, Job *job, int job_id, int worker) except -1:
+        if not 0 <= worker < job.n:
+            raise IndexError(f"worker {worker} of job {job_id}, which has {job.n} workers")
+        return 0
+
     def add_job(self, int job_id, int n, int k, int slots):
         """Create job ``job_id`` (n workers, K elements, S slots); False if no memory."""
+        if not 0 <= job_id < 65536:
+            raise KeyError(f"job id {job_id} is not 0..65535")
         if self.jobs[job_id] != NULL:
             raise ValueError(f"job {job_id} exists")
+        if not (1 <= n <= MAX_WORKERS and k >= 1 and slots >= 1):
+            raise ValueError(f"job {job_id}: n {n} (1..{MAX_WORKERS}), K {k}, S {slots}")
         cdef Job *job = <Job *>calloc(1, sizeof(Job))
         if job == NULL:
             return False
@@ -179,21 +148,17 @@ cdef class Aggregator:
         job.elements = <int32_t *>calloc(cells, 4)
         job.exponent = <int16_t *>calloc(cells, 2)
         job.proposal = <int16_t *>calloc(cells, 2)
+        job.epoch = <uint16_t *>calloc(cells, 2)
         job.result = <uint8_t *>calloc(cells, width)
         job.result_len = <int32_t *>calloc(cells, 4)
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.exponent == NULL or job.proposal == NULL
-                or job.result == NULL or job.result_len == NULL):
+                or job.epoch == NULL or job.result == NULL or job.result_len == NULL):
             job_free(job)
             return False
         job.last_seen = monotonic()
         self.jobs[job_id] = job
         return True
-
-    cdef Job *_job(self, int job_id) except NULL:
-        if not 0 <= job_id < 65536 or self.jobs[job_id] == NULL:
-            raise KeyError(f"no job {job_id}")
-        return self.jobs[job_id]
 
     def set_managed(self, int job_id):
         """The job is a controller's: results go to its replicas (set_replicas), joins and
@@ -201,7 +166,8 @@ cdef class Aggregator:
         self._job(job_id).managed = True
 
     def is_managed(self, int job_id):
-        return self.jobs[job_id] != NULL and self.jobs[job_id].managed
+        cdef Job *job = self._find(job_id)
+        return job != NULL and job.managed
 
     def set_replicas(self, int job_id, list replicas):
         """Where a managed job's results go: [(addr_be, port_be)], at most MAX_WORKERS."""
@@ -211,30 +177,27 @@ cdef class Aggregator:
         cdef int i = 0
         memset(job.replica, 0, sizeof(job.replica))
         for addr_be, port_be in replicas:
-            job.replica[i].sin_family = AF_INET
-            job.replica[i].sin_addr.s_addr = addr_be
-            job.replica[i].sin_port = port_be
+            set_sockaddr(&job.replica[i], addr_be, port_be)
             i += 1
         job.nreplicas = i
 
     def clear_worker(self, int job_id, int worker):
         """Forget a worker's address: its packets are dropped as from an unknown worker."""
         cdef Job *job = self._job(job_id)
-        if not 0 <= worker < MAX_WORKERS:
-            raise IndexError(f"worker {worker}")
+        self._check_worker(job, job_id, worker)
         job.joined &= ~((<uint64_t>1) << worker)
         memset(&job.addr[worker], 0, sizeof(sockaddr_in))
 
     def worker_at(self, int job_id, int worker, uint32_t addr_be, uint16_t port_be):
         """Whether ``worker`` of the job is admitted at this address."""
-        cdef Job *job = self.jobs[job_id]
+        cdef Job *job = self._find(job_id)
         return (job != NULL and 0 <= worker < job.n
                 and (job.joined >> worker) & 1
                 and job.addr[worker].sin_addr.s_addr == addr_be
                 and job.addr[worker].sin_port == port_be)
 
     # Register access for P4Runtime, per cell of a job (version * S + slot).
-    REGISTERS = ("bitmap", "count", "proposal", "chunk")
+    REGISTERS = ("bitmap", "count", "proposal", "chunk", "epoch")
 
     def get_cell(self, int job_id, Py_ssize_t cell, what):
         """A cell's bitmap, count, proposal, chunk (offset << 32 | count << 16 | exponent,
@@ -248,6 +211,8 @@ cdef class Aggregator:
             return <uint32_t>job.count[cell]
         if what == "proposal":
             return <uint16_t>job.proposal[cell]
+        if what == "epoch":
+            return job.epoch[cell]
         if what == "chunk":
             return ((<uint64_t><uint32_t>job.offset[cell]) << 32
                     | (<uint64_t><uint16_t>job.elements[cell]) << 16
@@ -268,6 +233,8 @@ cdef class Aggregator:
             job.count[cell] = <int32_t>value
         elif what == "proposal":
             job.proposal[cell] = <int16_t><uint16_t>value
+        elif what == "epoch":
+            job.epoch[cell] = <uint16_t>value
         elif what == "chunk":
             job.offset[cell] = <int32_t><uint32_t>(value >> 32)
             job.elements[cell] = <int32_t><uint16_t>(value >> 16)
@@ -285,29 +252,28 @@ cdef class Aggregator:
 
     def job_shape(self, int job_id):
         """(n, K, S) of a job, or None."""
-        cdef Job *job = self.jobs[job_id]
+        cdef Job *job = self._find(job_id)
         return None if job == NULL else (job.n, job.k, job.slots)
 
     def set_worker(self, int job_id, int worker, uint32_t addr_be, uint16_t port_be):
         """Admit ``worker`` of a job at this address (network-order IPv4 and port).
         False if that worker id is already bound to another address."""
-        cdef Job *job = self.jobs[job_id]
+        cdef Job *job = self._job(job_id)
+        self._check_worker(job, job_id, worker)
         cdef uint64_t bit = (<uint64_t>1) << worker
         if job.joined & bit:
             if (job.addr[worker].sin_addr.s_addr != addr_be
                     or job.addr[worker].sin_port != port_be):
                 return False
             return True
-        job.addr[worker].sin_family = AF_INET
-        job.addr[worker].sin_addr.s_addr = addr_be
-        job.addr[worker].sin_port = port_be
+        set_sockaddr(&job.addr[worker], addr_be, port_be)
         job.joined |= bit
         return True
 
     def leave(self, int job_id, int worker):
         """A worker left; frees the job once all its joined workers have. True if freed."""
-        cdef Job *job = self.jobs[job_id]
-        if job == NULL or job.managed:
+        cdef Job *job = self._find(job_id)
+        if job == NULL or job.managed or not 0 <= worker < job.n:
             return False
         job.left |= (<uint64_t>1) << worker
         if job.left & job.joined == job.joined:
@@ -316,7 +282,8 @@ cdef class Aggregator:
         return False
 
     def free_job(self, int job_id):
-        job_free(self.jobs[job_id])
+        """Forget a job and its state; KeyError if there is none."""
+        job_free(self._job(job_id))
         self.jobs[job_id] = NULL
 
     def idle_jobs(self, double idle_seconds):
@@ -337,56 +304,17 @@ cdef class Aggregator:
                     busy += self.jobs[i].count[j] != 0
         return busy
 
-    FAULTS = ("drop", "duplicate", "reorder", "delay_ms")
-
-    def set_faults(self, **faults):
-        """Fault injection, changeable while running: ``<fault>_<in|out>`` for fault in
-        drop, duplicate, reorder (probabilities) and delay_ms (milliseconds). Faults not
-        named are cleared."""
-        chosen = {"in": {}, "out": {}}
-        for name, value in faults.items():
-            fault, _, direction = name.rpartition("_")
-            if fault not in self.FAULTS or direction not in ("in", "out"):
-                raise ValueError(f"unknown fault {name!r}: expected <fault>_in or "
-                                 f"<fault>_out, fault one of {', '.join(self.FAULTS)}")
-            if fault == "delay_ms" and not 0 <= value <= 10000:
-                raise ValueError(f"{name} must be 0..10000 ms, got {value}")
-            if fault != "delay_ms" and not 0 <= value <= 1:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
-            chosen[direction][fault] = value
-        self.faults_in = self._faults(chosen["in"])
-        self.faults_out = self._faults(chosen["out"])
-
-    cdef Faults _faults(self, dict chosen):
-        cdef Faults f
-        f.drop = <uint32_t>(chosen.get("drop", 0) * 1e6 + 0.5)
-        f.duplicate = <uint32_t>(chosen.get("duplicate", 0) * 1e6 + 0.5)
-        f.reorder = <uint32_t>(chosen.get("reorder", 0) * 1e6 + 0.5)
-        f.delay = chosen.get("delay_ms", 0) / 1e3
-        return f
-
-    def faults(self):
-        out = {}
-        cdef Faults f
-        for direction in ("in", "out"):
-            f = self.faults_in if direction == "in" else self.faults_out
-            for name, value in (("drop", f.drop / 1e6), ("duplicate", f.duplicate / 1e6),
-                                ("reorder", f.reorder / 1e6), ("delay_ms", f.delay * 1e3)):
-                if value:
-                    out[f"{name}_{direction}"] = value
-        return out
-
     def drop_counts(self):
         return {DROP_REASONS[i]: self.drops[i] for i in range(<int>DROP_COUNT)
                 if self.drops[i]}
 
     def reply(self, bytes packet, uint32_t addr_be, uint16_t port_be):
+        """Send one control reply; SystemCallError (with errno) if the kernel refuses."""
         cdef sockaddr_in to
-        memset(&to, 0, sizeof(to))
-        to.sin_family = AF_INET
-        to.sin_addr.s_addr = addr_be
-        to.sin_port = port_be
-        sendto(self.fd, <const char *>packet, len(packet), 0, <sockaddr *>&to, sizeof(to))
+        set_sockaddr(&to, addr_be, port_be)
+        if sendto(self.fd, <const char *>packet, len(packet), 0, <sockaddr *>&to,
+                  sizeof(to)) < 0:
+            raise_errno(errno, f"sendto {P.address_text(addr_be, port_be)} (control reply)")
 
     # -- the data path ---------------------------------------------------------------
 
@@ -411,11 +339,12 @@ cdef class Aggregator:
                     self.flush_held_out()
                     wait_ms = self.next_due_ms(timeout_ms)
                     if poll(&pfd, 1, wait_ms) <= 0:
-                        if (self.delayed_in.size == 0 and self.delayed_out.size == 0
+                        if (not self.holding_delayed()
                                 and monotonic() - idle_since >= timeout_ms / 1e3):
                             break
                     continue
                 idle_since = monotonic()
+                self.packets_in += got
                 for i in range(got):
                     self.receive(<uint8_t *>self.iovs[i].iov_base, self.msgs[i].msg_len,
                                  &self.names[i])
@@ -428,98 +357,8 @@ cdef class Aggregator:
                         self.ctrl_addr[i].sin_addr.s_addr, self.ctrl_addr[i].sin_port))
         return out
 
-    cdef inline bint chance(self, uint32_t ppm) noexcept nogil:
-        if ppm == 0:
-            return False
-        self.rng ^= self.rng << 13
-        self.rng ^= self.rng >> 7
-        self.rng ^= self.rng << 17
-        return (self.rng % 1000000) < ppm
-
-    # -- fault injection around the rule: in = as received, out = as sent ------------
-
-    cdef int next_due_ms(self, int limit) noexcept nogil:
-        cdef double due = 1e300, now = monotonic()
-        if self.delayed_in.size:
-            due = self.delayed_in.items[self.delayed_in.head].due
-        if self.delayed_out.size:
-            due = min(due, self.delayed_out.items[self.delayed_out.head].due)
-        if due == 1e300:
-            return limit
-        return <int>min(<double>limit, max(0.0, (due - now) * 1e3) + 1)
-
-    cdef void release_due(self, double now) noexcept nogil:
-        cdef Held *h
-        while self.delayed_in.size:
-            h = &self.delayed_in.items[self.delayed_in.head]
-            if h.due > now:
-                break
-            self.delayed_in.head = (self.delayed_in.head + 1) % DELAY_CAPACITY
-            self.delayed_in.size -= 1
-            self.deliver(h.data, h.length, &h.addr)
-        while self.delayed_out.size:
-            h = &self.delayed_out.items[self.delayed_out.head]
-            if h.due > now:
-                break
-            self.delayed_out.head = (self.delayed_out.head + 1) % DELAY_CAPACITY
-            self.delayed_out.size -= 1
-            self.transmit(h.data, h.length, &h.addr)
-            self.flush_outbox()  # before the queue can reuse h.data
-
-    cdef void receive(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
-        self.packets_in += 1
-        if self.chance(self.faults_in.drop):
-            self.drops[<int>DROP_INJECTED_IN] += 1
-            return
-        if self.faults_in.delay > 0 and queue_push(&self.delayed_in, pkt, length, src,
-                                                   monotonic() + self.faults_in.delay):
-            return
-        self.deliver(pkt, length, src)
-
-    cdef void deliver(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
-        if self.held_in.length == 0 and self.chance(self.faults_in.reorder):
-            memcpy(self.held_in.data, pkt, length)
-            self.held_in.length = length
-            self.held_in.addr = src[0]
-            return
-        self.handle(pkt, length, src)
-        if self.chance(self.faults_in.duplicate):
-            self.handle(pkt, length, src)
-        self.flush_held_in()
-
-    cdef void flush_held_in(self) noexcept nogil:
-        cdef Py_ssize_t length = self.held_in.length
-        if length:
-            self.held_in.length = 0
-            self.handle(self.held_in.data, length, &self.held_in.addr)
-
-    cdef void send(self, const uint8_t *pkt, Py_ssize_t length,
-                   const sockaddr_in *to) noexcept nogil:
-        if self.chance(self.faults_out.drop):
-            self.drops[<int>DROP_INJECTED_OUT] += 1
-            return
-        if self.faults_out.delay > 0 and queue_push(&self.delayed_out, pkt, length, to,
-                                                    monotonic() + self.faults_out.delay):
-            return
-        self.transmit(pkt, length, to)
-
-    cdef void transmit(self, const uint8_t *pkt, Py_ssize_t length,
-                       const sockaddr_in *to) noexcept nogil:
-        if self.held_out.length == 0 and self.chance(self.faults_out.reorder):
-            memcpy(self.held_out.data, pkt, length)
-            self.held_out.length = length
-            self.held_out.addr = to[0]
-            return
-        self.emit(pkt, length, to)
-        if self.chance(self.faults_out.duplicate):
-            self.emit(pkt, length, to)
-        self.flush_held_out()
-
-    cdef void flush_held_out(self) noexcept nogil:
-        if self.held_out.length:
-            self.emit(self.held_out.data, self.held_out.length, &self.held_out.addr)
-            self.flush_outbox()  # before held_out.data can hold another packet
-            self.held_out.length = 0
+    cdef void injected_drop(self, bint inbound) noexcept nogil:
+        self.drops[<int>(DROP_INJECTED_IN if inbound else DROP_INJECTED_OUT)] += 1
 
     cdef void emit(self, const uint8_t *pkt, Py_ssize_t length,
                    const sockaddr_in *to) noexcept nogil:
@@ -543,8 +382,10 @@ cdef class Aggregator:
         cdef int sent = 0, r
         while sent < self.nout:
             r = sendmmsg(self.fd, &self.out_msgs[sent], self.nout - sent, 0)
-            if r <= 0:
-                break
+            if r < 0:  # the first one was refused: count it with its errno, go on
+                self.send_failures += 1
+                self.last_errno = errno
+                r = 1
             sent += r
         self.nout = 0
 
@@ -590,8 +431,16 @@ cdef class Aggregator:
         cdef Py_ssize_t width = HEADER + 4 * job.k
         cdef int32_t offset = <int32_t>get32(pkt + OFF_OFFSET)
         cdef int16_t proposal = <int16_t>get16(pkt + OFF_PROPOSAL)
+        cdef uint16_t epoch = get16(pkt + OFF_EPOCH)
         cdef uint8_t *result
         cdef int w
+        if job.epoch[cell] != epoch:
+            # Last used by another run of the job (its ranks started their slots at version
+            # 0 again): that state is not this run's, the cell is idle.
+            job.epoch[cell] = epoch
+            job.seen[cell] = 0
+            job.count[cell] = 0
+            job.result_len[cell] = 0
         if job.seen[cell] & bit:
             if job.count[cell] == 0 and job.result_len[cell]:
                 # Done, and this worker missed the result: answer it alone.

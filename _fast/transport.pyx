@@ -13,13 +13,13 @@ timeout doubles it until the next sample. The estimate lives in the caller's arr
 it carries over from one call to the next.
 """
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
-from libc.string cimport memcpy, memset
 
 import numpy as np
 
 from blockfp_kernels cimport KIND_F32
-from netio cimport (AF_INET, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendto, sockaddr, sockaddr_in)
+from libc.errno cimport errno
+from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
+                    prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in)
 
 from ina_collectives import protocol as P
 
@@ -58,21 +58,23 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
 cdef enum:
     DONE, SILENT, TIMEOUT, SEND_FAILED
 STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
-          "the operation's deadline passed", "sendto failed")
+          "the operation's deadline passed", "sendto failed")  # + errno: counters["errno"]
 
 
 def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            const int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
            int n, Py_ssize_t k, int job, int worker, bint average,
            double rto, double rto_min, double rto_max, double silence, double deadline,
-           double[::1] rtt):
+           double[::1] rtt, int epoch=0):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's block exponents; agreed: the first window's agreed exponents
     (the rest are filled in from results); versions: each slot's next version, updated.
     rto: the timeout until the first sample; rtt: [SRTT, RTTVAR, RTO], updated (zeros:
-    no estimate yet).
-    Returns (status, counters dict, chunks not completed as an array).
+    no estimate yet). epoch: this run's epoch, in every packet; results of another epoch
+    are stale.
+    Returns (status, counters dict, chunks not completed as an array); a failed sendto
+    leaves its errno in counters["errno"].
     """
     cdef Kind kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
     cdef const uint8_t[::1] xin = x.view(np.uint8)
@@ -97,10 +99,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     done_arr = np.zeros(nb, np.uint8)
     cdef uint8_t[::1] done = done_arr
     cdef sockaddr_in to
-    memset(&to, 0, sizeof(to))
-    to.sin_family = AF_INET
-    to.sin_addr.s_addr = switch_addr_be
-    to.sin_port = switch_port_be
+    set_sockaddr(&to, switch_addr_be, switch_port_be)
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]
     cdef pollfd pfd
@@ -108,7 +107,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     pfd.events = POLLIN
     cdef Py_ssize_t completed = 0, sent = 0, retransmitted = 0, stale = 0, rejected = 0
     cdef Py_ssize_t samples = 0
-    cdef int status = DONE, wait_ms, parsed, ver
+    cdef int status = DONE, wait_ms, parsed, ver, failure = 0
     cdef double now, start = monotonic(), last_result, next_timer
     cdef Py_ssize_t offset, chunk
     cdef const uint8_t *pkt
@@ -120,8 +119,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born, resent,
                           versions,
                           <const char *>&xin[0], size, kind, c, k, n, agreed, local,
-                          slots, nb, job, worker, rto, 0) < 0:
-                status = SEND_FAILED
+                          slots, nb, job, worker, rto, 0, epoch) < 0:
+                status, failure = SEND_FAILED, errno
                 break
             sent += 1
         while status == DONE and completed < nb:
@@ -155,6 +154,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 ver = pkt[OFF_SLOT_VERSION]
                 if (s >= slots or inflight[s] != chunk or chunk >= nb or done[chunk]
                         or ver != versions[s] or get16(pkt + OFF_JOB) != job
+                        or get16(pkt + OFF_EPOCH) != <uint16_t>epoch
                         or pkt[OFF_FLAGS] & FLAG_CONTROL):
                     stale += 1
                     continue
@@ -178,8 +178,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born,
                                   resent, versions, <const char *>&xin[0], size, kind, c, k,
                                   n, agreed, local,
-                                  slots, nb, job, worker, rto, 0) < 0:
-                        status = SEND_FAILED
+                                  slots, nb, job, worker, rto, 0, epoch) < 0:
+                        status, failure = SEND_FAILED, errno
                         break
                     sent += 1
             # Retransmit what timed out, backing off; new chunks start from the backed-off
@@ -189,7 +189,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
                     if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>&to,
                               sizeof(to)) < 0:
-                        status = SEND_FAILED
+                        status, failure = SEND_FAILED, errno
                         break
                     resent[s] = 1
                     sent_at[s] = now
@@ -199,6 +199,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     missing = np.flatnonzero(done_arr == 0)
     counters = {"sent": sent, "retransmitted": retransmitted, "rtt_samples": samples,
                 "stale": stale, "rejected": rejected, "seconds": monotonic() - start}
+    if failure:
+        counters["errno"] = failure
     return status, counters, missing
 
 
@@ -208,11 +210,12 @@ cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] 
                     uint8_t[::1] versions, const char *x, Py_ssize_t size, Kind kind,
                     Py_ssize_t c, Py_ssize_t k, int n, int16_t[::1] agreed,
                     const int16_t[::1] local, Py_ssize_t slots, Py_ssize_t nb, int job,
-                    int worker, double rto, int flags) noexcept nogil:
+                    int worker, double rto, int flags, int epoch) noexcept nogil:
     cdef Py_ssize_t s = c % slots
     cdef int proposal = local[c + slots] if c + slots < nb else PROPOSAL_NONE
     lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, n, agreed[c],
-                                       proposal, <uint32_t>s, versions[s], job, worker, flags)
+                                       proposal, <uint32_t>s, versions[s], job, worker, flags,
+                                       epoch)
     inflight[s] = c
     sent_at[s] = monotonic()
     born[s] = sent_at[s]

@@ -2,6 +2,7 @@
 # of the offsets, read from ina_collectives.protocol at import: the format is written once).
 # The including module imports ina_collectives.protocol as P.
 from blockfp_kernels cimport KIND_F64, Kind, dequantize_block, quantize_block
+from byteorder cimport get16, get32, put16, put32
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
@@ -10,6 +11,7 @@ cdef Py_ssize_t OFF_VERSION = P.OFF_VERSION, OFF_FLAGS = P.OFF_FLAGS, OFF_JOB = 
 cdef Py_ssize_t OFF_WORKER = P.OFF_WORKER, OFF_SLOT_VERSION = P.OFF_SLOT_VERSION
 cdef Py_ssize_t OFF_SLOT = P.OFF_SLOT, OFF_OFFSET = P.OFF_OFFSET, OFF_COUNT = P.OFF_COUNT
 cdef Py_ssize_t OFF_EXPONENT = P.OFF_EXPONENT, OFF_PROPOSAL = P.OFF_PROPOSAL
+cdef Py_ssize_t OFF_EPOCH = P.OFF_EPOCH, OFF_RESERVED = P.OFF_RESERVED
 cdef int VERSION = P.PROTOCOL_VERSION, FLAG_RESULT = P.FLAG_RESULT
 cdef int PROPOSAL_NONE = P.PROPOSAL_NONE
 cdef int PARSE_OK = P.PARSE_OK, PARSE_SHORT = P.PARSE_SHORT
@@ -19,34 +21,10 @@ cdef int PARSE_MISALIGNED = P.PARSE_MISALIGNED, PARSE_EXPONENT = P.PARSE_EXPONEN
 cdef int FLAG_RETRANSMIT = P.FLAG_RETRANSMIT, FLAG_CONTROL = P.FLAG_CONTROL
 
 
-cdef inline void put16(uint8_t *p, uint16_t v) noexcept nogil:
-    p[0] = v >> 8
-    p[1] = v & 0xff
-
-
-cdef inline void put32(uint8_t *p, uint32_t v) noexcept nogil:
-    v = __builtin_bswap32(v)
-    memcpy(p, &v, 4)
-
-
-cdef inline uint16_t get16(const uint8_t *p) noexcept nogil:
-    return (p[0] << 8) | p[1]
-
-
-cdef inline uint32_t get32(const uint8_t *p) noexcept nogil:
-    cdef uint32_t v
-    memcpy(&v, p, 4)
-    return __builtin_bswap32(v)
-
-
-cdef extern from *:
-    uint32_t __builtin_bswap32(uint32_t) nogil
-
-
 cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind kind,
                              Py_ssize_t chunk, Py_ssize_t k, int n, int exponent,
                              int proposal, uint32_t slot, int slot_version, int job,
-                             int worker, int flags) noexcept nogil:
+                             int worker, int flags, int epoch) noexcept nogil:
     """Chunk ``chunk`` of x (size elements) as a packet in row; returns its length."""
     cdef Py_ssize_t start = chunk * k
     cdef Py_ssize_t count = min(k, size - start)
@@ -56,13 +34,13 @@ cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind 
     put16(row + OFF_JOB, job)
     put16(row + OFF_WORKER, worker)
     row[OFF_SLOT_VERSION] = slot_version
-    row[OFF_SLOT_VERSION + 1] = 0
+    row[OFF_RESERVED] = 0
     put32(row + OFF_SLOT, slot)
     put32(row + OFF_OFFSET, <uint32_t>start)
     put16(row + OFF_COUNT, <uint16_t>count)
     put16(row + OFF_EXPONENT, <uint16_t><int16_t>exponent)
     put16(row + OFF_PROPOSAL, <uint16_t><int16_t>proposal)
-    put16(row + OFF_PROPOSAL + 2, 0)
+    put16(row + OFF_EPOCH, <uint16_t>epoch)
     quantize_block(x + start * itemsize, count, kind, exponent, n,
                    <uint32_t *>(row + HEADER))
     return HEADER + 4 * count

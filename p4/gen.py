@@ -183,11 +183,13 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                     inout standard_metadata_t standard_metadata) {{
     // Per cell (version * SLOTS + slot_base + slot): workers seen, packets aggregated in the
     // current use (0: idle or complete), max exponent proposal, the chunk being summed
-    // (offset ++ count ++ exponent), and one register per element.
+    // (offset ++ count ++ exponent), the epoch of the run that last used it, and one
+    // register per element.
     {annotate(S.BITMAP)} register<bit<{S.BITMAP.bits}>>(CELLS) slot_bitmap;
     {annotate(S.COUNT)} register<bit<{S.COUNT.bits}>>(CELLS) slot_packets;
     {annotate(S.PROPOSAL)} register<bit<{S.PROPOSAL.bits}>>(CELLS) slot_proposal;
-    {annotate(S.CHUNK)} register<bit<{S.CHUNK.bits}>>(CELLS) slot_chunk;""")
+    {annotate(S.CHUNK)} register<bit<{S.CHUNK.bits}>>(CELLS) slot_chunk;
+    {annotate(S.EPOCH)} register<bit<{S.EPOCH.bits}>>(CELLS) slot_epoch;""")
     for i in values:
         w(f"    {annotate(S.value_register(i))} register<bit<32>>(CELLS) value_{i};")
     w(f"""    @id(0x{S.DROPS_COUNTER_ID:08x})
@@ -315,6 +317,16 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             slot_packets.read(count, cell);
             slot_chunk.read(chunk, cell);
             slot_proposal.read(proposal, cell);
+            bit<16> epoch;
+            slot_epoch.read(epoch, cell);
+            if (epoch != hdr.ina.epoch) {{
+                // Last used by another run of the job (its ranks start their slots at
+                // version 0 again): that state is not this run's, the cell is idle. No
+                // register reset by the controller is needed (BMv2 refuses those writes).
+                seen = 0;
+                count = 0;
+                slot_epoch.write(cell, hdr.ina.epoch);
+            }}
             if ((seen & meta.worker_bit) != 0) {{
                 if (count == 0) {{
                     // Complete, and this worker missed the result: answer it alone.""")

@@ -72,7 +72,7 @@ header ina_t {
     bit<16> count;
     bit<16> exponent;      // int16
     bit<16> proposal;      // int16
-    bit<16> reserved1;
+    bit<16> epoch;
 }
 
 header value_t {
@@ -645,11 +645,13 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t standard_metadata) {
     // Per cell (version * SLOTS + slot_base + slot): workers seen, packets aggregated in the
     // current use (0: idle or complete), max exponent proposal, the chunk being summed
-    // (offset ++ count ++ exponent), and one register per element.
+    // (offset ++ count ++ exponent), the epoch of the run that last used it, and one
+    // register per element.
     @id(0x16000001) register<bit<64>>(CELLS) slot_bitmap;
     @id(0x16000002) register<bit<16>>(CELLS) slot_packets;
     @id(0x16000003) register<bit<16>>(CELLS) slot_proposal;
     @id(0x16000004) register<bit<64>>(CELLS) slot_chunk;
+    @id(0x16000005) register<bit<16>>(CELLS) slot_epoch;
     @id(0x16000100) register<bit<32>>(CELLS) value_0;
     @id(0x16000101) register<bit<32>>(CELLS) value_1;
     @id(0x16000102) register<bit<32>>(CELLS) value_2;
@@ -841,6 +843,16 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             slot_packets.read(count, cell);
             slot_chunk.read(chunk, cell);
             slot_proposal.read(proposal, cell);
+            bit<16> epoch;
+            slot_epoch.read(epoch, cell);
+            if (epoch != hdr.ina.epoch) {
+                // Last used by another run of the job (its ranks start their slots at
+                // version 0 again): that state is not this run's, the cell is idle. No
+                // register reset by the controller is needed (BMv2 refuses those writes).
+                seen = 0;
+                count = 0;
+                slot_epoch.write(cell, hdr.ina.epoch);
+            }
             if ((seen & meta.worker_bit) != 0) {
                 if (count == 0) {
                     // Complete, and this worker missed the result: answer it alone.

@@ -324,6 +324,38 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
 
 
 
+
+@pytest.mark.mpi
+def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, switch):
+    """Each run of the ranks starts its slots at version 0, so a cell's state from the
+    previous run (every worker's bit set) would answer the new run's first packets with
+    the old sums. The run's epoch makes that state idle: three runs against one job,
+    configured once and never reset, each exact for its own inputs."""
+    from tests import mpirun
+    from tests.test_ina import check_within_bound
+
+    n = 2
+    socks = free_udp_sockets(n, "0.0.0.0")
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    job = JobSpec(60, [Worker("127.0.0.1", p) for p in ports], slots=4)
+    controller.configure(job)
+    try:
+        env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
+               "INA_WORKER_PORTS": ",".join(map(str, ports)),
+               "INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_SLOTS": str(job.slots)}
+        for run in range(3):  # another seed each run: a stale answer is another sum
+            case = ("float32", "sum", 1, 10 + run)
+            results = mpirun.run(n, "ina_cases", {
+                "cases": [case], "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}},
+                env=env, timeout=120)
+            assert [r["stats"]["engines"] for r in results] == [{"ina": 1}] * n
+            assert len({r["results"][0].tobytes() for r in results}) == 1
+            check_within_bound(results[0]["results"][0], *case, n, k=K)
+    finally:
+        controller.teardown(job)
+
 def ina_run(args, outdir, cases, timeout=240):
     """ina-run ARGS -- python -m tests.rank_cases ina_cases ... : (exit code, output,
     per-rank results)."""

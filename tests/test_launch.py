@@ -59,3 +59,22 @@ def test_switch_none_and_an_address():
 def test_clear_errors(args, words):
     proc = ina_run(*args)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
+def test_ina_run_never_initialises_mpi_itself():
+    """The launcher starts MPI jobs; it must not be one (importing mpi4py.MPI runs
+    MPI_Init, which aborts where MPI's network settings do not apply). Run it with that
+    import made to fail: the embedded switch, the controller and the ranks all work."""
+    code = (
+        "import sys\n"
+        "class NoMPI:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mpi4py.MPI':\n"
+        "            raise ImportError('the launcher imported mpi4py.MPI')\n"
+        "sys.meta_path.insert(0, NoMPI())\n"
+        "from ina_collectives.launch import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, "-np", "2", "--", sys.executable,
+                           "-c", PRINT_SWITCH], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(re.findall(r"switch=(127\.0\.0\.1:\d+)", proc.stdout)) == 2, proc.stdout

@@ -28,9 +28,10 @@ def ring(rows: int, k: int) -> np.ndarray:
 @given(size=st.integers(1, 500), k=st.integers(1, 64), slots=st.integers(1, 9),
        n=st.integers(1, 32), version_base=st.integers(0, 1), job=st.integers(0, 65535),
        worker=st.integers(0, 65535), flags=st.sampled_from([0, P.FLAG_RETRANSMIT]),
+       epoch=st.integers(0, 65535),
        dtype=st.sampled_from(["float16", "float32", "float64", "int32"]), data=st.data())
 def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, version_base, job,
-                                              worker, flags, dtype, data):
+                                              worker, flags, epoch, dtype, data):
     kernels = kernel_module.load(backend)
     rng = np.random.default_rng(size)
     x = (rng.standard_normal(size) * 100).astype(dtype)
@@ -41,7 +42,7 @@ def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, versio
     count = data.draw(st.integers(0, nb - first))
     rows = ring(max(count, 1), k)
     lengths = kernels.pack_chunks(x, k, n, agreed, local, first, count, rows, slots,
-                                  version_base, job, worker, flags)
+                                  version_base, job, worker, flags, epoch)
     assert lengths.shape == (count,)
     payload_all = kernels.quantize(x, agreed, n, k)
     for i, c in enumerate(range(first, first + count)):
@@ -54,7 +55,7 @@ def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, versio
         assert (pkt.offset, pkt.count) == (start, stop - start)
         assert pkt.exponent == agreed[c]
         assert pkt.proposal == (local[c + slots] if c + slots < nb else P.PROPOSAL_NONE)
-        assert pkt.reserved0 == 0 and pkt.reserved1 == 0
+        assert pkt.reserved0 == 0 and pkt.epoch == epoch
         assert pkt.values == payload_all[start:stop].astype(np.int64).tolist()
         assert lengths[i] == P.HEADER_BYTES + 4 * (stop - start) == len(pkt)
 
@@ -163,8 +164,10 @@ def test_header_constants():
     with pytest.raises(ValueError, match="MTU 40"):
         P.elements_for_mtu(40)
     fields = P.unpack_header(P.pack_header(flags=1, job=2, worker=3, slot_version=1, slot=4,
-                                           offset=5, count=6, exponent=-7, proposal=8))
+                                           offset=5, count=6, exponent=-7, proposal=8,
+                                           epoch=65535))
     assert fields == {"version": 1, "flags": 1, "job": 2, "worker": 3, "slot_version": 1,
-                      "slot": 4, "offset": 5, "count": 6, "exponent": -7, "proposal": 8}
+                      "slot": 4, "offset": 5, "count": 6, "exponent": -7, "proposal": 8,
+                      "epoch": 65535}
     with pytest.raises(ValueError, match="at least 24 bytes"):
         P.unpack_header(b"\x01\x00")

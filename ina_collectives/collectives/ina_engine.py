@@ -57,16 +57,20 @@ class InaEngine:
             error = (f"job {settings.job} was installed by a controller, but worker_ports "
                      f"(INA_WORKER_PORTS) names {len(ports)} ports for {n} ranks")
         # Rank 0's job id (INA_JOB, or a fresh one to join with) for every rank: one
-        # collective whatever the ranks' settings say, so that none can wait alone.
-        job = comm.bcast((settings.job or random.SystemRandom().randrange(1, 65536))
-                         if rank == 0 else None)
+        # collective whatever the ranks' settings say, so that none can wait alone. With
+        # it, this run's epoch: every run of the ranks starts its slots at version 0, and
+        # the switch takes a cell last used in another epoch for idle (an installed job's
+        # cells are used again by each run, with no register reset).
+        draw = random.SystemRandom().randrange
+        job, epoch = comm.bcast((settings.job or draw(1, 65536), draw(1, 65536))
+                                if rank == 0 else None)
         if error is None and settings.job != (job if settings.job else 0):
             error = f"INA_JOB is {settings.job} here but {job} on rank 0"
         if error is None:
             try:
                 self.link = WorkerLink(P.parse_address(settings.switch), job, rank, n, k,
                                        settings.switch_slots,
-                                       ports[rank] if settings.job else 0)
+                                       ports[rank] if settings.job else 0, epoch)
                 if settings.job:  # installed by a controller: worker id = rank
                     self.link.probe(settings.switch_join_timeout)
                 else:

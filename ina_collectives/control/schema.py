@@ -99,13 +99,16 @@ class Register:
     name: str
     id: int
     bits: int
+    state: str = ""  # the software switch's name of the cell field (Aggregator.get_cell)
 
 
-BITMAP = Register(f"{INGRESS}.slot_bitmap", _id(_REGISTER, 1), P.MAX_WORKERS)
-COUNT = Register(f"{INGRESS}.slot_packets", _id(_REGISTER, 2), 16)
-PROPOSAL = Register(f"{INGRESS}.slot_proposal", _id(_REGISTER, 3), 16)
-CHUNK = Register(f"{INGRESS}.slot_chunk", _id(_REGISTER, 4), 64)  # offset ++ count ++ exponent
-STATE_REGISTERS = (BITMAP, COUNT, PROPOSAL, CHUNK)  # what a job reset clears
+BITMAP = Register(f"{INGRESS}.slot_bitmap", _id(_REGISTER, 1), P.MAX_WORKERS, "bitmap")
+COUNT = Register(f"{INGRESS}.slot_packets", _id(_REGISTER, 2), 16, "count")
+PROPOSAL = Register(f"{INGRESS}.slot_proposal", _id(_REGISTER, 3), 16, "proposal")
+CHUNK = Register(f"{INGRESS}.slot_chunk", _id(_REGISTER, 4), 64,  # offset ++ count ++ exponent
+                 "chunk")
+EPOCH = Register(f"{INGRESS}.slot_epoch", _id(_REGISTER, 5), 16, "epoch")  # of its last run
+STATE_REGISTERS = (BITMAP, COUNT, PROPOSAL, CHUNK, EPOCH)  # what a job reset clears
 VALUE_PREFIX = f"{INGRESS}.value_"
 VALUE_ID_BASE = 0x100
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import protocol as P
-from ..errors import AggregatorUnavailable
+from ..errors import AggregatorUnavailable, SystemCallError
 from ..protocol import control_exchange, sockaddr_be, status_text, udp_socket
 
 
@@ -25,12 +25,16 @@ class StreamResult:
 class WorkerLink:
     """One worker's UDP socket to the aggregator, for one job: joined by the worker
     itself (``join``), or installed by a controller at the socket's address (``port``
-    given) and checked with ``probe``."""
+    given) and checked with ``probe``. ``epoch``: this run's, the same on every worker
+    (docs/protocol.md): the switch takes a cell last used in another epoch for idle."""
 
     def __init__(self, switch: tuple[str, int], job: int, worker: int, n: int, k: int,
-                 slots: int, port: int = 0):
+                 slots: int, port: int = 0, epoch: int = 0):
+        if not 0 <= epoch < 65536:
+            raise ValueError(f"epoch {epoch} is not 0..65535")
         self.switch = switch
         self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
+        self.epoch = epoch
         self.sock = udp_socket("0.0.0.0", port)
         self.joined = False
         self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
@@ -91,8 +95,12 @@ class WorkerLink:
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
-            rto_max, silence, deadline, self.rtt)
+            rto_max, silence, deadline, self.rtt, self.epoch)
+        failure = counters.pop("errno", 0)
         for name, value in counters.items():
             self.totals[name] = self.totals.get(name, 0) + value
         self.totals["srtt"], self.totals["rto"] = float(self.rtt[0]), float(self.rtt[2])
-        return StreamResult(status == 0, transport.STATUS[status], counters, missing)
+        reason = transport.STATUS[status]
+        if failure:  # the system call's own words, as OSError would say them
+            reason = f"{reason}: {SystemCallError(failure, f'to {self.switch[0]}:{self.switch[1]}')}"
+        return StreamResult(status == 0, reason, counters, missing)

@@ -54,9 +54,12 @@ FIELDS: tuple[Field, ...] = (
     Field("proposal", "proposal", 16, True, "next proposal",
           "int16: this worker's exponent for the slot's next chunk; the switch keeps the "
           f"max; `{PROPOSAL_NONE}` = none"),
-    Field("reserved1", "reserved1", 16, False, "reserved", "0"),
+    Field("epoch", "epoch", 16, False, "epoch",
+          "the run's epoch: drawn by rank 0 at init, the same on every worker of the run; "
+          "a cell last used in another epoch counts as idle (stale state of an earlier run "
+          "is never answered)"),
 )
-RESERVED = ("reserved0", "reserved1")
+RESERVED = ("reserved0",)
 
 _CODES = {(8, False): "B", (16, False): "H", (16, True): "h", (32, False): "I",
           (32, True): "i"}
@@ -79,6 +82,8 @@ OFF_OFFSET = OFFSETS["offset"]
 OFF_COUNT = OFFSETS["count"]
 OFF_EXPONENT = OFFSETS["exponent"]
 OFF_PROPOSAL = OFFSETS["proposal"]
+OFF_EPOCH = OFFSETS["epoch"]
+OFF_RESERVED = OFFSETS["reserved0"]
 OFF_PAYLOAD = HEADER_BYTES
 
 ELEMENT_BYTES = 4  # int32
@@ -120,11 +125,11 @@ _DATA_FIELDS = tuple(f.name for f in FIELDS if f.name not in RESERVED)
 
 
 def pack_header(*, flags: int, job: int, worker: int, slot_version: int, slot: int,
-                offset: int, count: int, exponent: int, proposal: int,
+                offset: int, count: int, exponent: int, proposal: int, epoch: int = 0,
                 version: int = PROTOCOL_VERSION) -> bytes:
     values = dict(version=version, flags=flags, job=job, worker=worker,
                   slot_version=slot_version, slot=slot, offset=offset, count=count,
-                  exponent=exponent, proposal=proposal, reserved0=0, reserved1=0)
+                  exponent=exponent, proposal=proposal, epoch=epoch, reserved0=0)
     return HEADER.pack(*(values[f.name] for f in FIELDS))
 
 

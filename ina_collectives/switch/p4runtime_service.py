@@ -430,8 +430,8 @@ class Target:
         """register id -> (what the aggregator calls it, bit width)."""
         build = self._need_pipeline()
         out: dict[int, tuple[str | int, int]] = {}
-        for reg, what in zip(S.STATE_REGISTERS, ("bitmap", "count", "proposal", "chunk")):
-            out[build.ids[reg.name]] = (what, reg.bits)
+        for reg in S.STATE_REGISTERS:
+            out[build.ids[reg.name]] = (reg.state, reg.bits)
         for i in range(build.k):
             out[build.ids[f"{S.VALUE_PREFIX}{i}"]] = (i, 32)
         return out

@@ -13,10 +13,12 @@ process, carried out by this loop between batches).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 
 from .. import protocol as P
+from ..errors import SystemCallError
 
 log = logging.getLogger("ina_collectives.switch")
 
@@ -75,6 +77,8 @@ class SoftwareSwitch:
                 except (ValueError, IndexError) as exc:  # a malformed request, not a crash
                     self.control_counts["malformed control"] += 1
                     log.warning("malformed control packet dropped: %s", exc)
+                except SystemCallError as exc:  # the reply was refused: the sender retries
+                    log.warning("%s", exc)
             if self._runner is not None:
                 self._runner.run_pending()
             now = time.monotonic()
@@ -100,6 +104,8 @@ class SoftwareSwitch:
         return {"packets_in": a.packets_in, "packets_out": a.packets_out,
                 "results": a.results, "retransmits_answered": a.retransmits_answered,
                 "slots_busy": a.busy_slots(), "drops": a.drop_counts(),
+                "send_failures": a.send_failures,
+                **({"last_send_errno": a.last_errno} if a.send_failures else {}),
                 "faults": a.faults(), **self.control_counts,
                 **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
@@ -110,6 +116,8 @@ class SoftwareSwitch:
                 f"out {s['packets_out']} results {s['results']} busy slots "
                 f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
                 + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
+                + (f"sends refused {s['send_failures']} (last: "
+                   f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")
                 + f"drops: {drops}")
 
     # -- control packets -------------------------------------------------------------

@@ -42,7 +42,7 @@ def check_chunks(x: np.ndarray, k: int, agreed: np.ndarray, local: np.ndarray, f
 
 def pack_chunks(x: np.ndarray, k: int, n: int, agreed: np.ndarray, local: np.ndarray,
                 first: int, count: int, rows: np.ndarray, slots: int, version_base: int,
-                job: int, worker: int, flags: int = 0) -> np.ndarray:
+                job: int, worker: int, flags: int = 0, epoch: int = 0) -> np.ndarray:
     """Write chunks first .. first+count-1 of x into rows 0 .. count-1; returns the
     packets' lengths in bytes."""
     check_chunks(x, k, agreed, local, first, count)
@@ -57,7 +57,7 @@ def pack_chunks(x: np.ndarray, k: int, n: int, agreed: np.ndarray, local: np.nda
         header = P.pack_header(flags=flags, job=job, worker=worker,
                                slot_version=((c // slots) + version_base) & 1,
                                slot=c % slots, offset=start, count=stop - start,
-                               exponent=int(agreed[c]), proposal=proposal)
+                               exponent=int(agreed[c]), proposal=proposal, epoch=epoch)
         payload = blockfp.quantize(x[start:stop], agreed[c:c + 1], n, k).view(np.uint8)
         rows[i, :P.HEADER_BYTES] = np.frombuffer(header, np.uint8)
         rows[i, P.HEADER_BYTES:P.HEADER_BYTES + payload.size] = payload
