@@ -23,6 +23,7 @@ extensions = [
         extra_compile_args=["-O3", "-fno-math-errno"],
     )
     for src in sorted(FAST.glob("*.pyx"))
+    if src.stem != "loadgen"  # the benchmarks' tool: bench/loadgen_build.py builds it
 ]
 
 setup(

@@ -20,17 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import loadgen_build
 from ina_collectives import protocol as P
-from ina_collectives._fast import loadgen
-from ina_collectives.switch.embedded import embedded_switch
 from ina_collectives.ina.link import WorkerLink
+from ina_collectives.switch.embedded import embedded_switch
+
+loadgen = loadgen_build.load()
 
 SLOTS = 16
 MTUS = {"1500": 1500, "9000": 9000, "64KiB": 65535}
-
-
-def addr_be(host: str) -> int:
-    return int.from_bytes(socket.inet_aton(host), sys.byteorder)
 
 
 def switch_rate(n: int, k: int, seconds: float) -> dict:
@@ -45,7 +43,7 @@ def switch_rate(n: int, k: int, seconds: float) -> dict:
                     flags=0, job=4242, worker=w, slot_version=0, slot=s, offset=s * k,
                     count=k, exponent=0, proposal=P.PROPOSAL_NONE), np.uint8)
         fds = np.array([link.sock.fileno() for link in links], np.int32)
-        done, elapsed = loadgen.replay_workers(fds, addr_be(sw.host), socket.htons(sw.port),
+        done, elapsed = loadgen.replay_workers(fds, *P.sockaddr_be((sw.host, sw.port)),
                                                rows, rows.shape[1], n, SLOTS, seconds)
         for link in links:
             link.close()
@@ -60,7 +58,8 @@ def raw_ceiling(k: int, seconds: float) -> float:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code = ("import socket,sys; from ina_collectives._fast.loadgen import sink; "
+    code = (f"import socket,sys; sys.path.insert(0, {str(loadgen_build.BUILD)!r}); "
+            f"from {loadgen_build.NAME} import sink; "
             "s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
             "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4<<20); "
             f"s.bind(('127.0.0.1', {port})); print('ready', flush=True); "
@@ -71,7 +70,7 @@ def raw_ceiling(k: int, seconds: float) -> float:
         packet = np.zeros(P.HEADER_BYTES + 4 * k, np.uint8)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            loadgen.blast(s.fileno(), addr_be("127.0.0.1"), socket.htons(port), packet,
+            loadgen.blast(s.fileno(), *P.sockaddr_be(("127.0.0.1", port)), packet,
                           seconds + 0.5)
         received = int(sink.communicate(timeout=30)[0].strip())
     finally:

@@ -1,0 +1,53 @@
+"""The software aggregator's data path: SwitchML's slot rule on batched UDP, no GIL."""
+
+DROP_REASONS: tuple[str, ...]
+
+class FaultInjection:
+    """Drop, duplicate, reorder and delay packets in either direction, while running."""
+    FAULTS: tuple[str, ...]
+    def set_faults(self, **faults: float) -> None:
+        """``<fault>_<in|out>`` for drop, duplicate, reorder, delay_ms; others cleared."""
+    def faults(self) -> dict[str, float]:
+        """The faults in force, as set_faults takes them (zero ones left out)."""
+
+class Aggregator(FaultInjection):
+    """One UDP socket's aggregation state: jobs by id, counters."""
+    REGISTERS: tuple[str, ...]
+    packets_in: int
+    packets_out: int
+    results: int
+    retransmits_answered: int
+    send_failures: int
+    last_errno: int
+    def __init__(self, fd: int, seed: int = ...) -> None: ...
+    def add_job(self, job_id: int, n: int, k: int, slots: int) -> bool:
+        """Create a job (n workers, K elements, S slots); False if no memory."""
+    def set_managed(self, job_id: int) -> None:
+        """The job is a controller's: results go to its replicas."""
+    def is_managed(self, job_id: int) -> bool: ...
+    def set_replicas(self, job_id: int, replicas: list[tuple[int, int]]) -> None:
+        """Where a managed job's results go: [(addr_be, port_be)]."""
+    def clear_worker(self, job_id: int, worker: int) -> None:
+        """Forget a worker's address."""
+    def worker_at(self, job_id: int, worker: int, addr_be: int, port_be: int) -> bool:
+        """Whether the worker of the job is admitted at this address."""
+    def get_cell(self, job_id: int, cell: int, what: str | int) -> int:
+        """A cell's bitmap, count, proposal, chunk, epoch, or value ``what`` (an index)."""
+    def set_cell(self, job_id: int, cell: int, what: str | int, value: int) -> None: ...
+    def drop_count(self, reason: int) -> int: ...
+    def job_shape(self, job_id: int) -> tuple[int, int, int] | None:
+        """(n, K, S) of a job, or None."""
+    def set_worker(self, job_id: int, worker: int, addr_be: int, port_be: int) -> bool:
+        """Admit a worker at this address; False if its id is bound elsewhere."""
+    def leave(self, job_id: int, worker: int) -> bool:
+        """A worker left; True if that freed the job."""
+    def free_job(self, job_id: int) -> None: ...
+    def idle_jobs(self, idle_seconds: float) -> list[int]:
+        """Ids of the jobs that sent nothing for idle_seconds."""
+    def busy_slots(self) -> int:
+        """Slot versions with a partial aggregation, over all jobs."""
+    def drop_counts(self) -> dict[str, int]: ...
+    def reply(self, packet: bytes, addr_be: int, port_be: int) -> None:
+        """Send one control reply; SystemCallError if the kernel refuses."""
+    def run(self, timeout_ms: int) -> list[tuple[bytes, int, int]]:
+        """Aggregate until control packets arrive or timeout_ms pass idle; those packets."""

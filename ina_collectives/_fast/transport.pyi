@@ -1,0 +1,15 @@
+"""The worker's data path: a tensor streamed through the aggregator, windowed and reliable."""
+import numpy as np
+
+STATUS: tuple[str, ...]
+"""What stream() returns first, by index: done, silent, timeout, sendto failed."""
+
+def rtt_update(state: np.ndarray, sample: float, rto_min: float, rto_max: float) -> float:
+    """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
+
+def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
+           out: np.ndarray, local: np.ndarray, agreed: np.ndarray, versions: np.ndarray,
+           n: int, k: int, job: int, worker: int, average: bool, rto: float,
+           rto_min: float, rto_max: float, silence: float, deadline: float,
+           rtt: np.ndarray, epoch: int = 0) -> tuple[int, dict[str, float], np.ndarray]:
+    """Allreduce x into out through the aggregator: (status, counters, chunks missing)."""
