@@ -5,7 +5,7 @@ The per-element loops are the C kernels of blockfp.h; this module walks the bloc
 without the GIL and wraps them for Python. ina_collectives.ina.kernels selects it.
 """
 from blockfp_kernels cimport *
-from libc.stdint cimport INT32_MIN, int16_t, int32_t, int64_t, uint32_t
+from libc.stdint cimport INT32_MIN, int16_t, int32_t, uint32_t
 
 import numpy as np
 

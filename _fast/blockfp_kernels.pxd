@@ -41,7 +41,7 @@ cdef inline double result_scale(int exponent, int n, Kind kind, bint average) no
 
 
 cdef inline int32_t block_exponent(const char *x, size_t count, Kind kind,
-                            int32_t floor) noexcept nogil:
+                                   int32_t floor) noexcept nogil:
     if kind == KIND_F32:
         return ina_exponent_f32(ina_peak_bits_f32(<const float *>x, count), floor)
     if kind == KIND_F64:
@@ -50,8 +50,8 @@ cdef inline int32_t block_exponent(const char *x, size_t count, Kind kind,
     return e if e > floor else floor
 
 
-cdef inline void quantize_block(const char *x, size_t count, Kind kind, int exponent, int n,
-                         uint32_t *out) noexcept nogil:
+cdef inline void quantize_block(const char *x, size_t count, Kind kind, int exponent,
+                                int n, uint32_t *out) noexcept nogil:
     cdef double scale = ldexp(1.0, shift_for(exponent, n, kind))
     if kind == KIND_F32:
         ina_quantize_f32(<const float *>x, count, scale, out)
@@ -61,8 +61,9 @@ cdef inline void quantize_block(const char *x, size_t count, Kind kind, int expo
         ina_quantize_i32(<const int32_t *>x, count, out)
 
 
-cdef inline void dequantize_block(const uint32_t *q, size_t count, Kind kind, int exponent, int n,
-                           bint average, char *out) noexcept nogil:
+cdef inline void dequantize_block(const uint32_t *q, size_t count, Kind kind,
+                                  int exponent, int n, bint average,
+                                  char *out) noexcept nogil:
     cdef double scale = result_scale(exponent, n, kind, average)
     if kind == KIND_F32:
         ina_dequantize_f32(q, count, scale, <float *>out)

@@ -92,7 +92,7 @@ def sink(int fd, double seconds):
     pfd.fd = fd
     pfd.events = POLLIN
     cdef uint64_t count = 0
-    cdef int i, got
+    cdef int got
     cdef double start = 0
     with nogil:
         if poll(&pfd, 1, 10000) > 0:

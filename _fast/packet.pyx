@@ -5,7 +5,6 @@ The header layout is read from ina_collectives.protocol when this module is impo
 so the wire format is written in one place; payload loops are blockfp's C kernels.
 """
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
-from libc.string cimport memcpy
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def pack_chunks(x, Py_ssize_t k, int n, agreed, local, Py_ssize_t first, Py_ssiz
     cdef const unsigned char[::1] raw = x.view(np.uint8)
     cdef uint8_t[:, ::1] ring = rows
     cdef const int16_t[::1] a = agreed
-    cdef const int16_t[::1] l = local
+    cdef const int16_t[::1] loc = local
     lengths = np.empty(count, np.int32)
     cdef int32_t[::1] lens = lengths
     cdef Py_ssize_t size = x.size, nb = a.shape[0], i, c
@@ -53,7 +52,7 @@ def pack_chunks(x, Py_ssize_t k, int n, agreed, local, Py_ssize_t first, Py_ssiz
     with nogil:
         for i in range(count):
             c = first + i
-            proposal = l[c + slots] if c + slots < nb else PROPOSAL_NONE
+            proposal = loc[c + slots] if c + slots < nb else PROPOSAL_NONE
             lens[i] = write_packet(&ring[i, 0], <const char *>&raw[0], size, kind, c, k, n,
                                    a[c], proposal, c % slots,
                                    ((c // slots) + version_base) & 1, job, worker, flags,

@@ -59,9 +59,17 @@ ctypedef struct Job:
 
 cdef void job_free(Job *job) noexcept nogil:
     if job != NULL:
-        free(job.acc); free(job.seen); free(job.count); free(job.offset)
-        free(job.elements); free(job.exponent); free(job.proposal); free(job.epoch)
-        free(job.result); free(job.result_len); free(job)
+        free(job.acc)
+        free(job.seen)
+        free(job.count)
+        free(job.offset)
+        free(job.elements)
+        free(job.exponent)
+        free(job.proposal)
+        free(job.epoch)
+        free(job.result)
+        free(job.result_len)
+        free(job)
 
 
 include "switch_faults.pxi"

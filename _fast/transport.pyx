@@ -42,8 +42,8 @@ cdef inline void rtt_sample(double *state, double r, double rto_min,
         state[SRTT] = r
         state[RTTVAR] = r / 2
     else:
-        state[RTTVAR] = 0.75 * state[RTTVAR] + 0.25 * (state[SRTT] - r if state[SRTT] > r
-                                                         else r - state[SRTT])
+        state[RTTVAR] = (0.75 * state[RTTVAR]
+                         + 0.25 * (state[SRTT] - r if state[SRTT] > r else r - state[SRTT]))
         state[SRTT] = 0.875 * state[SRTT] + 0.125 * r
     state[RTO] = state[SRTT] + max(GRANULARITY, 4 * state[RTTVAR])
     state[RTO] = min(max(state[RTO], rto_min), rto_max)
@@ -53,6 +53,7 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
     rtt_sample(&state[0], sample, rto_min, rto_max)
     return state[RTO]
+
 
 # What stream() returns as its first value.
 cdef enum:
@@ -79,7 +80,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef Kind kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
     cdef const uint8_t[::1] xin = x.view(np.uint8)
     cdef uint8_t[::1] xout = out.view(np.uint8)
-    cdef Py_ssize_t size = x.size, itemsize = x.itemsize
+    cdef Py_ssize_t size = x.size
     cdef Py_ssize_t nb = local.shape[0], slots = versions.shape[0]
     cdef Py_ssize_t width = HEADER + 4 * k, i, c, s, got
     ring = np.zeros((slots, width), np.uint8)           # the packet in flight per slot

@@ -24,19 +24,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mpi4py
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-import mpi4py
 
 mpi4py.rc.initialize = False  # the harness never communicates: only its ranks initialise MPI
 
 from bench import netsim_report  # noqa: E402
 from bench.netsim_topology import SWITCH_IP, EmulatedCluster, stale_namespaces  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
-from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 from ina_collectives.launch import find_mpiexec  # noqa: E402
 from ina_collectives.settings import parse_size  # noqa: E402
+from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

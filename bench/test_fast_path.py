@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ina_collectives.ina import kernels
 from ina_collectives import protocol as P
+from ina_collectives.ina import kernels
 
 NBYTES = 64 << 20
 K = P.MAX_ELEMENTS

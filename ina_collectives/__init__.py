@@ -59,7 +59,6 @@ def init(comm: Any = None, **settings: Any) -> None:
     from mpi4py import MPI
 
     from .collectives import Collectives
-
     from .settings import Settings
 
     loaded = Settings.load(settings)

@@ -59,10 +59,17 @@ class SystemCallError(InaError, OSError):
     reads ``[Errno 111] Connection refused: sendto to 127.0.0.1:47474``.
     """
 
-    def __init__(self, errno: int, what: str):
-        import os
+    def __new__(cls, errno: int, what: str) -> "SystemCallError":
+        return OSError.__new__(cls, errno, _strerror(errno, what))
 
-        super().__init__(errno, f"{os.strerror(errno)}: {what}" if errno else what)
+    def __init__(self, errno: int, what: str):
+        OSError.__init__(self, errno, _strerror(errno, what))
+
+
+def _strerror(errno: int, what: str) -> str:
+    import os
+
+    return f"{os.strerror(errno)}: {what}" if errno else what
 
 
 class ControlError(InaError):

@@ -203,7 +203,8 @@ def table() -> str:
     """The settings as a Markdown table (docs/settings.md holds the same)."""
     rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(Settings):
-        rows.append(f"| `{f.name}` | `{env_name(f.name)}` | `{f.default!r}` | {f.metadata['doc']} |")
+        rows.append(f"| `{f.name}` | `{env_name(f.name)}` | `{f.default!r}` | "
+                    f"{f.metadata['doc']} |")
     return "\n".join(rows)
 
 

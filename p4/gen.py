@@ -6,11 +6,11 @@
 
 The per-element code (K value headers, parser states, registers, the add and the copy
 of each element) is repetitive; it is written here once, in loops. Names, ids and widths
-of everything the control plane touches come from ina_collectives.control.schema, which the
-controller and the software switch use too. The wire format (constants and the INA header) comes
-from ina_collectives.protocol, its one field table. The output depends only on the arguments: re-running this
-script changes nothing (tests/test_p4.py checks it). The P4Info text needs protobuf
-(the package's p4 extra).
+of everything the control plane touches come from ina_collectives.control.schema, which
+the controller and the software switch use too. The wire format (constants and the INA
+header) comes from ina_collectives.protocol, its one field table. The output depends only
+on the arguments: re-running this script changes nothing (tests/test_p4.py checks it).
+The P4Info text needs protobuf (the package's p4 extra).
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from ina_collectives.control import schema as S  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
+from ina_collectives.control import schema as S  # noqa: E402
 
 PROGRAM = "ina_aggregator.p4"
 P4INFO = "ina_aggregator.p4info.txt"

@@ -12,15 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ina_collectives.ina.reference import blockfp
 from ina_collectives.ina import kernels as kernel_module
-
-BACKENDS = ["fast", "numpy"]
-
-
-@pytest.fixture(params=BACKENDS)
-def kernels(request):
-    return kernel_module.load(request.param)
+from ina_collectives.ina.reference import blockfp
+from tests.conftest import BACKENDS
 
 
 def test_the_compiled_backend_is_built_and_default():

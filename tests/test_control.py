@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("p4runtime_sh", reason="the controller needs the p4 extra "
                     "(p4runtime-shell)")
 
-from ina_collectives.control import schema as S  # noqa: E402
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.control import ControlError, Controller, JobSpec, Worker  # noqa: E402
+from ina_collectives.control import schema as S  # noqa: E402
 from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 K, SLOTS = 8, 32  # a small build: K values per packet, S slots
@@ -33,10 +33,8 @@ def pipeline(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def switch():
-    with embedded_switch(p4runtime=True) as sw:
-        yield sw
-        assert sw.process.poll() is None, f"the switch died: {sw.lines}"
+def switch(p4runtime_switch):
+    return p4runtime_switch  # every test here reaches the switch through P4Runtime
 
 
 @pytest.fixture

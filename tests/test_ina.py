@@ -9,23 +9,15 @@ import time
 import numpy as np
 import pytest
 
-from ina_collectives.ina.reference import blockfp
 from ina_collectives import protocol as P
-from ina_collectives.switch.embedded import embedded_switch
+from ina_collectives.ina.reference import blockfp
 from ina_collectives.switch import send_faults
+from ina_collectives.switch.embedded import embedded_switch
 from tests import mpirun
 from tests.inputs import check_result, inputs_of_all_ranks
 
 pytestmark = pytest.mark.mpi
 K = P.MAX_ELEMENTS
-
-
-@pytest.fixture(scope="module")
-def switch():
-    with embedded_switch() as sw:
-        yield sw
-        assert sw.process.poll() is None, f"the switch died: {sw.lines}"
-        send_faults((sw.host, sw.port))  # leave it clean for the next test
 
 
 def run_ina(sw, n, cases, rounds=1, settings=None, timeout=240.0):
@@ -162,7 +154,7 @@ def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
         results = mpirun.run(3, "ina_worker_dies", params, env={"INA_SWITCH": sw.address_text},
                              timeout=120, survive_dead_ranks=True)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any("freed" in l for l in sw.lines):
+        while time.monotonic() < deadline and not any("freed" in line for line in sw.lines):
             time.sleep(0.1)
         lines = list(sw.lines)
     for r in results[:2]:
@@ -174,7 +166,7 @@ def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
         assert any(w in err["message"] for w in ("to enter allreduce", "to agree on the exponents",
                                                   "to report the outcome")), err
         assert r["seconds"] < 20
-    assert any("sent nothing for 1 s: freed" in l for l in lines), lines
+    assert any("sent nothing for 1 s: freed" in line for line in lines), lines
 
 
 def test_no_switch_listening_means_the_ring_with_the_reason():

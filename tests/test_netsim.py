@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch", reason="the gloo rows need torch")
 
 from bench import netsim_report  # noqa: E402
 from bench.netsim_topology import EmulatedCluster  # noqa: E402
+from tests.conftest import needs_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.mpi
 
 
 def namespaces() -> set[str]:
@@ -25,6 +25,8 @@ def namespaces() -> set[str]:
     return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
 
 
+@pytest.mark.mpi
+@needs_root
 def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
@@ -44,7 +46,7 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     records = json.loads(out.read_text())
     # Each record exists only if that system's result was checked correct on every rank.
     got = {(r["system"], r["loss"]) for r in records}
-    assert got == {(s, l) for s in ("ina", "ring", "mpi", "gloo") for l in (0.0, 0.05)}
+    assert got == {(s, loss) for s in ("ina", "ring", "mpi", "gloo") for loss in (0.0, 0.05)}
     for r in records:
         assert r["n"] == 2 and r["bytes"] == 256 << 10 and r["link_mbit"] == 400
         assert r["seconds"] > 0 and len(r["times"]) == 2
@@ -60,6 +62,7 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
         assert (tmp_path / name).stat().st_size > 1000
 
 
+@needs_root
 def test_cluster_is_removed_after_an_error():
     with pytest.raises(RuntimeError, match="on purpose"):
         with EmulatedCluster(2, 100.0, prefix="inatestcluster") as cluster:

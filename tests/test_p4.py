@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ina_collectives.control import schema as S
 from ina_collectives import protocol as P
+from ina_collectives.control import schema as S
 
 ROOT = Path(__file__).resolve().parent.parent
 P4DIR = ROOT / "p4"

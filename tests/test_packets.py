@@ -7,16 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ina_collectives.ina import kernels as kernel_module
 from ina_collectives import protocol as P
+from ina_collectives.ina import kernels as kernel_module
 from ina_collectives.protocol import INA
-
-BACKENDS = ["fast", "numpy"]
-
-
-@pytest.fixture(params=BACKENDS)
-def kernels(request):
-    return kernel_module.load(request.param)
+from tests.conftest import BACKENDS
 
 
 def ring(rows: int, k: int) -> np.ndarray:

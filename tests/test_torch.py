@@ -10,7 +10,6 @@ torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip in
                             "'ina-collectives[torch]'")
 
 from ina_collectives.runtime.background import split_rows  # noqa: E402
-from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 from tests import mpirun  # noqa: E402
 from tests.torch_cases import DTYPES, OPS, loss_of, optimizer_problem, torch_input  # noqa: E402
 
@@ -43,13 +42,6 @@ def close(got, want, dtype):
     want = np.asarray(want, np.float64)
     tol = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}.get(dtype, 0)
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=dtype)
-
-
-@pytest.fixture(scope="module")
-def switch():
-    with embedded_switch() as sw:
-        yield sw
-        assert sw.process.poll() is None, f"the switch died: {sw.lines}"
 
 
 @pytest.mark.parametrize("through", ["switch", "ring"])

@@ -230,6 +230,7 @@ def torch_dead_peer(comm: Any, p: dict) -> dict[str, Any]:
     """The last rank freezes (SIGSTOP): the others' pending operation fails within the
     timeout, naming what it waited for. Rank 0 then kills it."""
     import signal
+
     import ina_collectives.torch as hvd
     hvd.init(timeout=p["timeout"])
     pids = comm.allgather(os.getpid())

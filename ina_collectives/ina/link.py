@@ -102,5 +102,6 @@ class WorkerLink:
         self.totals["srtt"], self.totals["rto"] = float(self.rtt[0]), float(self.rtt[2])
         reason = transport.STATUS[status]
         if failure:  # the system call's own words, as OSError would say them
-            reason = f"{reason}: {SystemCallError(failure, f'to {self.switch[0]}:{self.switch[1]}')}"
+            where = f"to {self.switch[0]}:{self.switch[1]}"
+            reason = f"{reason}: {SystemCallError(failure, where)}"
         return StreamResult(status == 0, reason, counters, missing)

@@ -10,9 +10,11 @@ import sys
 from .. import protocol as P
 from .server import SoftwareSwitch
 
+DESCRIPTION = "The software INA aggregator (the protocol of p4/ina_aggregator.p4)."
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ina-switch", description="The software INA aggregator (the same protocol as p4/ina_aggregator.p4).".strip())
+    parser = argparse.ArgumentParser(prog="ina-switch", description=DESCRIPTION)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=P.UDP_PORT,
                         help=f"UDP port (default {P.UDP_PORT}; 0 picks a free one)")

@@ -45,7 +45,7 @@ class EmbeddedSwitch:
 
     @property
     def final_status(self) -> str:
-        return next((l for l in reversed(self.lines) if l.startswith("ina-switch ")), "")
+        return next((line for line in reversed(self.lines) if line.startswith("ina-switch ")), "")
 
     def stop(self, timeout: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; the exit code (None if it was killed)."""
@@ -94,13 +94,13 @@ def embedded_switch(*args: str, host: str = "127.0.0.1", start_timeout: float = 
             raise RuntimeError(f"ina-switch did not start within {start_timeout:g} s: "
                                f"{''.join(result)}{rest}")
         port = int(first.rsplit(":", 1)[1])
-        grpc_line = next((l for l in result if "p4runtime on" in l), None)
+        grpc_line = next((line for line in result if "p4runtime on" in line), None)
         if p4runtime and grpc_line is None:
             process.kill()
             raise RuntimeError(f"ina-switch did not serve P4Runtime: {''.join(result)}")
         switch = EmbeddedSwitch(process, host, port,
                                 grpc_line.split(" on ", 1)[1].strip() if grpc_line else None)
-        switch.lines.extend(l.rstrip("\n") for l in result)
+        switch.lines.extend(line.rstrip("\n") for line in result)
         yield switch
     finally:
         if process.poll() is None:

@@ -1,0 +1,105 @@
+"""The ranks' per-cycle agreement (ina_collectives.runtime.negotiation), without MPI: every
+rank feeds the same messages to its ReadinessTable, so one table stands for all."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ina_collectives.runtime.negotiation import Message, OpRequest, ReadinessTable
+
+
+def req(name, kind="allreduce", dtype="float32", shape=(4,), op="sum", root=-1, **more):
+    return OpRequest(kind, name, dtype, "float32", shape, op, root, **more)
+
+
+def test_an_operation_is_ready_once_every_rank_submitted_it():
+    table = ReadinessTable(3)
+    first = table.absorb([Message([req("a")]), Message([req("a")]), Message()], now=0.0)
+    assert first.ready == [] and first.failed == []
+    second = table.absorb([Message(), Message(), Message([req("a")])], now=1.0)
+    assert [r.name for r in second.ready] == ["a"]
+    assert sorted(second.ready[0].requests) == [0, 1, 2]
+    assert table.pending == {}
+
+
+def test_ready_operations_come_in_the_order_they_were_first_seen():
+    table = ReadinessTable(2)
+    table.absorb([Message([req("b"), req("a")]), Message()], now=0.0)
+    out = table.absorb([Message(), Message([req("a"), req("b")])], now=0.0)
+    assert [r.name for r in out.ready] == ["b", "a"]  # rank 0 submitted b first
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(dtype="float64"), "Mismatched dtype of allreduce 'x': rank 0: float32, "
+                            "rank 1: float64"),
+    (dict(shape=(5,)), "Mismatched shape"),
+    (dict(op="max"), "Mismatched reduction op"),
+    (dict(kind="broadcast", root=1), "Mismatched operation"),
+    (dict(prescale=2.0), "Mismatched prescale/postscale factors"),
+])
+def test_a_metadata_mismatch_fails_on_every_rank_naming_the_ranks(change, words):
+    table = ReadinessTable(2)
+    out = table.absorb([Message([req("x")]), Message([req("x", **change)])], now=0.0)
+    assert out.ready == []
+    assert [f.name for f in out.failed] == ["x"] and words in out.failed[0].message
+
+
+def test_allgather_may_differ_in_its_first_dimension_only():
+    table = ReadinessTable(2)
+    ok = table.absorb([Message([req("g", "allgather", shape=(2, 3))]),
+                       Message([req("g", "allgather", shape=(5, 3))])], now=0.0)
+    assert [r.name for r in ok.ready] == ["g"]
+    bad = table.absorb([Message([req("h", "allgather", shape=(2, 3))]),
+                        Message([req("h", "allgather", shape=(2, 4))])], now=0.0)
+    assert "shape beyond the first dimension" in bad.failed[0].message
+
+
+def test_broadcast_root_out_of_range_and_alltoall_splits_are_checked():
+    table = ReadinessTable(2)
+    out = table.absorb([Message([req("b", "broadcast", root=2)])] * 2, now=0.0)
+    assert "root rank 2 is not in 0..1" in out.failed[0].message
+    splits = table.absorb([Message([req("t", "alltoall", splits=(1,))])] * 2, now=0.0)
+    assert "rank 0 gave 1 splits for 2 ranks" in splits.failed[0].message
+
+
+def test_a_name_submitted_twice_while_pending_fails():
+    table = ReadinessTable(2)
+    table.absorb([Message([req("a")]), Message()], now=0.0)
+    out = table.absorb([Message([req("a")]), Message()], now=0.0)
+    assert "rank 0 submitted 'a' again" in out.failed[0].message
+    assert "a" not in table.pending
+
+
+def test_joined_ranks_count_as_present_for_allreduce_only():
+    table = ReadinessTable(2)
+    out = table.absorb([Message([req("a"), req("b", "broadcast", root=0)]),
+                        Message(join=True)], now=0.0)
+    assert [r.name for r in out.ready] == ["a"]
+    assert list(out.ready[0].requests) == [0]  # the joined rank adds nothing
+    assert "only allreduce continues with joined ranks" in out.failed[0].message
+    assert out.join_done is None
+    done = table.absorb([Message(join=True), Message()], now=0.0)
+    assert done.join_done == 0 and table.joined == {}  # the last rank to join
+
+
+def test_shutdown_names_the_first_rank_that_asked():
+    out = ReadinessTable(3).absorb([Message(), Message(shutdown=True),
+                                   Message(shutdown=True)], now=0.0)
+    assert out.shutdown_by == 1
+
+
+def test_stalled_names_warn_once_then_fail_naming_the_missing_ranks(caplog):
+    table = ReadinessTable(3)
+    table.absorb([Message([req("s")]), Message(), Message([req("s")])], now=10.0)
+    assert table.stalled(now=15.0, warn_after=60.0, fail_after=300.0) == ()
+    with caplog.at_level(logging.WARNING, logger="ina_collectives"):
+        assert table.stalled(now=80.0, warn_after=60.0, fail_after=300.0) == ()
+        assert table.stalled(now=90.0, warn_after=60.0, fail_after=300.0) == ()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "rank(s) [1] have not submitted it" in warnings[0]
+    assert table.stalled(now=310.0, warn_after=60.0, fail_after=300.0) == ("s",)
+    out = table.absorb([Message(stalled=("s",)), Message(), Message()], now=310.0)
+    assert out.failed[0].name == "s"
+    assert ("submitted by rank(s) [0, 2], but rank(s) [1] never submitted it"
+            in out.failed[0].message)

@@ -1,0 +1,100 @@
+"""The wire format written once (ina_collectives.protocol): every form made from the field
+table agrees with it, control packets and addresses round-trip, bad input is named."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ina_collectives import protocol as P
+from ina_collectives.protocol import header
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_docs_show_exactly_the_field_table():
+    assert header.markdown_table() in (ROOT / "docs" / "protocol.md").read_text()
+
+
+def test_the_p4_program_declares_the_header_from_the_table():
+    assert header.p4_header("ina_t") in (ROOT / "p4" / "ina_aggregator.p4").read_text()
+
+
+def test_offsets_follow_the_widths():
+    assert P.HEADER.size == P.HEADER_BYTES == sum(f.bits // 8 for f in P.FIELDS)
+    at = 0
+    for f in P.FIELDS:
+        assert P.OFFSETS[f.name] == at and f.bits % 8 == 0
+        at += f.bits // 8
+    assert (P.OFF_JOB, P.OFF_SLOT, P.OFF_PROPOSAL, P.OFF_EPOCH) == (
+        P.OFFSETS["job"], P.OFFSETS["slot"], P.OFFSETS["proposal"], P.OFFSETS["epoch"])
+
+
+@pytest.mark.parametrize("edge", ["low", "high"])
+def test_pack_and_unpack_at_the_fields_edges(edge):
+    values = {}
+    for f in P.FIELDS:
+        if f.name in P.RESERVED:
+            continue
+        lo, hi = ((-(1 << (f.bits - 1)), (1 << (f.bits - 1)) - 1) if f.signed
+                  else (0, (1 << f.bits) - 1))
+        values[f.name] = lo if edge == "low" else hi
+    packed = P.pack_header(**values)
+    assert len(packed) == P.HEADER_BYTES
+    assert P.unpack_header(packed) == values
+    assert P.unpack_header(packed + b"payload") == values
+
+
+def test_a_short_header_is_refused_by_length():
+    with pytest.raises(ValueError, match="at least 24 bytes, got 5"):
+        P.unpack_header(b"12345")
+
+
+def test_control_packets_round_trip():
+    packet = P.control_packet(7, 3, [P.CTRL_JOIN, 4, 362, 8])
+    head, body = P.read_control(packet)
+    assert head["flags"] == P.FLAG_CONTROL and (head["job"], head["worker"]) == (7, 3)
+    assert body.tolist() == [P.CTRL_JOIN, 4, 362, 8] and head["count"] == 4
+    reply_head, reply = P.read_control(P.control_packet(7, 3, [P.CTRL_JOIN, 0], reply=True))
+    assert reply_head["flags"] == P.FLAG_CONTROL | P.FLAG_RESULT and reply.tolist() == [1, 0]
+    _, partial = P.read_control(packet + b"\x01\x02")  # a trailing partial value: ignored
+    assert partial.tolist() == body.tolist()
+    assert P.status_text(P.JOIN_STATUS, 4) == "no room for the job"
+    assert P.status_text(P.JOIN_STATUS, 99) == "code 99"
+
+
+def test_fault_settings_round_trip_and_unknown_names_are_refused():
+    faults = {"drop_in": 0.25, "delay_ms_out": 12.5, "reorder_out": 1e-6}
+    values = P.encode_faults(faults)
+    assert len(values) == len(P.FAULT_FIELDS)
+    decoded = P.decode_faults(np.array(values, ">i4"))
+    assert {k: v for k, v in decoded.items() if v} == faults
+    with pytest.raises(ValueError, match="unknown fault.*jitter_in"):
+        P.encode_faults({"jitter_in": 0.1})
+
+
+def test_addresses():
+    assert P.parse_address("127.0.0.1:5000") == ("127.0.0.1", 5000)
+    assert P.parse_address("localhost") == ("127.0.0.1", P.UDP_PORT)
+    assert P.address_text(*P.sockaddr_be(("127.0.0.2", 47474))) == "127.0.0.2:47474"
+    assert P.ipv4_int_be(0x7F000001) == P.ipv4_be("127.0.0.1") == P.LOOPBACK_BE
+    for text, words in [("h:x", "the port 'x' is not a number"), ("h:0", "out of range"),
+                        ("no.such.host.invalid:1", "cannot resolve")]:
+        with pytest.raises(ValueError, match=words):
+            P.parse_address(text)
+
+
+def test_udp_socket_names_an_address_in_use():
+    with P.udp_socket("127.0.0.1", 0) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot bind UDP 127.0.0.1:{port}"):
+            P.udp_socket("127.0.0.1", port)
+
+
+def test_the_scapy_layer_has_the_tables_fields():
+    ina = P.INA(job=5, epoch=9, values=[1, -2])
+    names = [f.name for f in P.INA.fields_desc]
+    assert names == [f.name for f in P.FIELDS] + ["values"]
+    raw = bytes(ina)
+    assert P.unpack_header(raw)["epoch"] == 9 and P.unpack_header(raw)["count"] == 2
