@@ -456,35 +456,29 @@ class Target:
         if entry.data.WhichOneof("data") != "bitstring":
             raise P4RuntimeError(code_pb2.INVALID_ARGUMENT, "register data must be a bitstring")
         value = _bits_value(S.canonical(entry.data.bitstring), bits, f"register {what}")
-        cells = 2 * self.build.slots
-        if entry.HasField("index"):
-            if not 0 <= entry.index.index < cells:
-                raise P4RuntimeError(code_pb2.OUT_OF_RANGE,
-                                     f"register index {entry.index.index} (size {cells})")
-            indices: Iterator[int] | range = [entry.index.index]
-        else:
-            indices = range(cells)  # no index: every cell
-        for index in indices:
+        for index in self._register_indices(entry):
             owner = self._owner(index)
             if owner is not None:  # cells of no installed job hold nothing: always 0
                 self.aggregator.set_cell(owner[0], owner[1], what, value)
 
+    def _register_indices(self, entry: Any) -> list[int] | range:
+        """The cells a register entry names: its index, or every cell if it has none."""
+        cells = 2 * self.build.slots
+        if not entry.HasField("index"):
+            return range(cells)
+        if not 0 <= entry.index.index < cells:
+            raise P4RuntimeError(code_pb2.OUT_OF_RANGE,
+                                 f"register index {entry.index.index} (size {cells})")
+        return [entry.index.index]
+
     def _register_read(self, entry: Any) -> Iterator[Any]:
         registers = self._registers()
         ids = [entry.register_id] if entry.register_id else sorted(registers)
-        cells = 2 * self.build.slots
         for rid in ids:
             if rid not in registers:
                 raise P4RuntimeError(code_pb2.NOT_FOUND, f"no register with id {rid}")
             what, bits = registers[rid]
-            if entry.HasField("index"):
-                if not 0 <= entry.index.index < cells:
-                    raise P4RuntimeError(code_pb2.OUT_OF_RANGE,
-                                         f"register index {entry.index.index} (size {cells})")
-                indices: list[int] | range = [entry.index.index]
-            else:
-                indices = range(cells)
-            for index in indices:
+            for index in self._register_indices(entry):
                 owner = self._owner(index)
                 value = 0 if owner is None else self.aggregator.get_cell(owner[0], owner[1],
                                                                           what)
