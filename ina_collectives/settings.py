@@ -68,7 +68,14 @@ class Settings:
     switch_silence: float = _setting(
         3.0,
         "Seconds without any result after which a rank declares the aggregator dead; the "
-        "ranks then agree, finish that call on the ring and stay on the ring.",
+        "ranks then agree, finish that call on the ring and take the ring until the "
+        "aggregator serves again (switch_retry_calls).",
+    )
+    switch_retry_calls: int = _setting(
+        256,
+        "After the aggregator fails (or is absent at init), the ranks try it again at a "
+        "call boundary after 1, 2, 4 ... calls, at most this many apart, and return to it "
+        "when it serves (a restarted switch). 0: never; stay on the ring.",
     )
     job: int = _setting(
         0,
@@ -128,6 +135,8 @@ class Settings:
             raise ValueError(f"switch_slots must be 1..65536, got {self.switch_slots}")
         if not 0 <= self.switch_elements <= 16370:
             raise ValueError(f"switch_elements must be 0..16370, got {self.switch_elements}")
+        if self.switch_retry_calls < 0:
+            raise ValueError(f"switch_retry_calls must be >= 0, got {self.switch_retry_calls}")
         if not 0 <= self.job < 65536:
             raise ValueError(f"job must be 0..65535, got {self.job}")
         ports = self.worker_ports.replace(",", "").replace(" ", "")

@@ -98,6 +98,39 @@ def ina_switch_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 
 @case
+def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """One call through the switch; the test kills it; one call (handed to the ring); the
+    test starts a switch again at the same address; p["after"] more calls, which return to
+    it. Rank 0 and the test hand over through files in p["dir"]."""
+    ina.init(comm, **p.get("settings", {}))
+    flags = Path(p["dir"])
+
+    def step(done: str, wait_for: str) -> None:
+        if comm.rank == 0:
+            (flags / done).touch()
+            deadline = time.monotonic() + 60
+            while not (flags / wait_for).exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the test never wrote {wait_for}")
+                time.sleep(0.05)
+        comm.barrier()
+
+    dtype, op, count = p["case"]
+    out: dict[str, Any] = {"results": [], "engines": []}
+    for i in range(2 + p["after"]):
+        if i == 1:
+            step("served", "killed")
+        elif i == 2:
+            step("failed", "restarted")
+        x = make_input(dtype, op, count, 100 + i, comm.rank)
+        out["results"].append(ina.allreduce(x, op=op))
+        out["engines"].append(ina.stats()["last_call"]["engine"])
+    out["stats"] = ina.stats()
+    ina.finalize()
+    return out
+
+
+@case
 def ina_worker_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """The last rank freezes (SIGSTOP) during a stream of calls: to the switch and its
     peers it is dead. The others must raise within the bound, naming the wait; rank 0

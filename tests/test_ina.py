@@ -147,6 +147,65 @@ def test_switch_killed_mid_operation_falls_back_to_the_ring():
         assert any("aggregator failed" in k for k in r["stats"]["fallback_reasons"])
 
 
+def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
+    """The switch dies: that call finishes on the ring. A switch starts again at the same
+    address: within a few calls (tried after 1, 2, 4 ... calls) the ranks join it again and
+    their calls go through it, exact within the bound, every rank alike."""
+    import threading
+
+    from ina_collectives.launch import free_udp_ports
+
+    port = free_udp_ports(1)[0]
+    case = ("float32", "sum", 100_000)
+    params = {"case": case, "after": 8, "dir": str(tmp_path),
+              "settings": {"switch_min_bytes": 0, "switch_silence": 0.5}}
+    env = {"INA_SWITCH": f"127.0.0.1:{port}"}
+    outcome: dict = {}
+
+    def run_job() -> None:
+        try:
+            outcome["results"] = mpirun.run(2, "ina_switch_restarts", params, env=env,
+                                            timeout=120)
+        except Exception as exc:  # reported by the assertions below
+            outcome["error"] = exc
+
+    job = threading.Thread(target=run_job)
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / name).exists():
+            assert job.is_alive() and time.monotonic() < deadline, f"no {name}: {outcome}"
+            time.sleep(0.05)
+
+    with embedded_switch("--port", str(port)) as first:
+        job.start()
+        wait_for("served")
+        first.process.kill()
+        first.process.wait(5)
+    (tmp_path / "killed").touch()
+    wait_for("failed")
+    with embedded_switch("--port", str(port)) as second:
+        (tmp_path / "restarted").touch()
+        job.join(120)
+        assert not job.is_alive()
+        assert second.process.poll() is None
+    assert "error" not in outcome, outcome["error"]
+    results = outcome["results"]
+    for r in results:
+        engines = r["engines"]
+        assert engines[:2] == ["ina", "ring"], engines
+        back = engines.index("ina", 2)  # returned within the first retries
+        assert back <= 5 and set(engines[back:]) == {"ina"}, engines
+        assert r["stats"]["switch"] == {"serving": True, "outages": 1, "returns": 1}
+    for i in range(len(results[0]["results"])):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1
+        if results[0]["engines"][i] == "ina":
+            check_within_bound(per_rank[0], *case, 100 + i, 2)
+        else:
+            check_result(per_rank[0], *case, 100 + i, 2)
+
+
 def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
     with embedded_switch("--idle", "1") as sw:
         params = {"count": 1 << 20, "stop_after": 0.2,

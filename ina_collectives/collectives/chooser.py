@@ -38,8 +38,11 @@ class Collectives:
         self.fallback = RingEngine(self.comm, settings)
         # Without INA_SWITCH there is no INA engine at all (no fallback reason to count).
         self.ina = InaEngine(self.comm, settings) if settings.switch else None
-        if self.ina is not None and self.ina.link is not None:
-            self.stats.transport = self.ina.link.totals
+        if self.ina is not None:
+            self.stats.transport = self.ina.totals
+            ina = self.ina
+            self.stats.switch_state = lambda: {"serving": ina.link is not None,
+                                               "outages": ina.outages, "returns": ina.returns}
         self.engines: list[Engine] = ([self.ina] if self.ina else []) + [
             self.fallback, MpiEngine(self.comm)]
         self._seq = 0
@@ -115,6 +118,8 @@ class Collectives:
         self.check_agreement(CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
             f"{recv.size} x {recv.dtype} {op.name}"), deadline)
+        if self.ina is not None:  # a call boundary, the same on every rank
+            self.ina.at_call_boundary(self._seq)
         passed_over = []
         for engine in self.engines:
             reason = engine.declines(call)

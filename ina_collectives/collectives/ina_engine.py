@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from .. import protocol as P
 from ..errors import AggregatorUnavailable
+from ..ina.link import WorkerLink
 from ..settings import Settings
 from .engine import AllreduceCall, HandOver
 from .ops import FLOAT_DTYPES, Op
@@ -30,21 +31,40 @@ class InaEngine:
     Collective to construct: every rank joins the job at the aggregator (or, when a
     controller installed the job, settings.job, checks its entry with a probe) and the
     ranks agree; if any rank failed, no rank uses the aggregator (``unavailable`` says
-    why).
+    why). While it is unavailable, the chooser asks it to ``reconnect`` at call
+    boundaries, after 1, 2, 4 ... calls (at most ``switch_retry_calls`` apart): a restarted
+    switch serves again.
     """
 
     name = "ina"
+
     def __init__(self, comm: MPI.Intracomm, settings: Settings):
         from ..ina import kernels
-        from ..ina.link import WorkerLink
 
         self.comm, self.settings = comm, settings
         self.kernels = kernels
         self.link: WorkerLink | None = None
         self.unavailable: str | None = None
+        self.totals: dict[str, float] = {}  # the links' counters, over reconnections
+        self.outages = self.returns = 0
+        self._retry_at: int | None = None  # the call number of the next reconnection
+        self._retry_gap = 1
+        self._seq = 0  # the number of the call under way (at_call_boundary)
         if not settings.switch:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
+        self._connect()
+        if self.unavailable:
+            self._schedule(0)
+            log.warning("%s; calls take the ring (the aggregator is tried again from call "
+                        "#%s on)", self.unavailable, self._retry_at)
+
+    def _connect(self) -> None:
+        """Every rank makes its link and joins (or probes its installed entry); collective.
+        Sets ``link``, or ``unavailable`` with the first failing rank's reason."""
+        from ..ina.link import WorkerLink
+
+        comm, settings, kernels = self.comm, self.settings, self.kernels
         n, rank = comm.Get_size(), comm.Get_rank()
         k = settings.switch_elements or P.MAX_ELEMENTS
         error = None
@@ -71,6 +91,7 @@ class InaEngine:
                 self.link = WorkerLink(P.parse_address(settings.switch), job, rank, n, k,
                                        settings.switch_slots,
                                        ports[rank] if settings.job else 0, epoch)
+                self.link.totals = self.totals
                 if settings.job:  # installed by a controller: worker id = rank
                     self.link.probe(settings.switch_join_timeout)
                 else:
@@ -82,14 +103,58 @@ class InaEngine:
         if failed:
             r, e = failed[0]
             self.unavailable = f"ina: aggregator unavailable (rank {r}: {e})"
-            log.warning("%s; every call takes the ring", self.unavailable)
             self.close()
+        else:
+            self.unavailable = None
 
     def close(self) -> None:
         if self.link is not None:
             self.link.leave()
             self.link.close()
             self.link = None
+
+    # -- leaving the aggregator and coming back ----------------------------------------
+
+    def _lost(self, reason: str, seq: int) -> None:
+        """The aggregator failed mid-call (on every rank alike): ring until reconnected."""
+        self.unavailable = reason
+        self.outages += 1
+        self.close()
+        self._retry_gap = 1
+        self._schedule(seq)
+        log.warning("%s; calls take the ring, and the aggregator is tried again from call "
+                    "#%d on", reason, self._retry_at)
+
+    def _schedule(self, seq: int) -> None:
+        cap = self.settings.switch_retry_calls
+        self._retry_at = seq + self._retry_gap if cap else None
+        self._retry_gap = min(2 * self._retry_gap, max(cap, 1))
+
+    def at_call_boundary(self, seq: int) -> None:
+        """The chooser calls this before offering call number ``seq`` (the same number on
+        every rank): when a reconnection is due, it happens here, on every rank alike."""
+        self._seq = seq
+        if self._retry_at is not None and self.link is None and seq >= self._retry_at:
+            self._reconnect(seq)
+
+    def _reconnect(self, seq: int) -> bool:
+        """Collective: if rank 0 finds an aggregator answering at the address, every rank
+        joins again (a new job and epoch, or the installed entry); True if it serves."""
+        alive = None
+        if self.comm.Get_rank() == 0:
+            alive = _answers(self.settings.switch, min(0.5, self.settings.switch_join_timeout))
+        if self.comm.bcast(alive):
+            self._connect()
+        if self.link is None:
+            self._schedule(seq)
+            log.info("call #%d: the aggregator is still unavailable; next try at call #%d",
+                     seq, self._retry_at if self._retry_at is not None else -1)
+            return False
+        self.returns += 1
+        self._retry_at, self._retry_gap = None, 1
+        log.warning("call #%d: the aggregator at %s serves again; calls return to it",
+                    seq, self.settings.switch)
+        return True
 
     def declines(self, call: AllreduceCall) -> str | None:
         if self.unavailable:
@@ -135,10 +200,20 @@ class InaEngine:
         if anyone[0]:
             here = ("" if result.ok else f"; here: {result.reason}, {result.missing.size} "
                     f"chunks never completed (first {result.missing[:8].tolist()})")
-            self.unavailable = f"ina: aggregator failed mid-operation{here}"
-            log.warning("%s; this call and all later ones take the ring", self.unavailable)
-            self.close()
+            self._lost(f"ina: aggregator failed mid-operation{here}", self._seq)
             return HandOver(self.unavailable, x)
         if out is not call.recv:
             np.copyto(call.recv, out, casting="unsafe")
         return None
+
+
+def _answers(address: str, timeout: float) -> bool:
+    """Whether an aggregator answers a probe for job 0 at ``address`` within timeout."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            return P.control_exchange(s, P.parse_address(address), 0, 0, [P.CTRL_PROBE],
+                                      timeout, "probe") == 0
+    except (AggregatorUnavailable, ValueError, OSError):
+        return False

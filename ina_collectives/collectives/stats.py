@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("ina_collectives")
 
@@ -17,6 +17,8 @@ class Stats:
         self.fallback_reasons: Counter[str] = Counter()
         self.last: dict[str, Any] | None = None
         self.transport: dict[str, float] = {}  # the INA link's counters (ina/link.py)
+        # The aggregator's periods: serving now, failures mid-call, returns after them.
+        self.switch_state: Callable[[], dict[str, Any]] | None = None
 
     def record(self, engine: str, nbytes: int, passed_over: list[str]) -> None:
         """One call served by ``engine``; ``passed_over`` says why better engines declined."""
@@ -39,4 +41,5 @@ class Stats:
             "fallback_reasons": dict(self.fallback_reasons),
             "last_call": dict(self.last) if self.last else None,
             "transport": dict(self.transport),
+            "switch": self.switch_state() if self.switch_state else None,
         }
