@@ -5,7 +5,9 @@ One packet in flight per slot (S in all), self-clocked by results: the result of
 frees slot c mod S for chunk c + S, whose agreed exponent the result carries (the max of
 all workers' proposals). A per-slot timer resends with exponential backoff; each
 chunk's result is applied to the output exactly once (a result for a chunk not in
-flight in its slot, with its version, is stale and dropped). Runs without the GIL.
+flight in its slot, with its version, is stale and dropped). Runs without the GIL,
+taking it every 20 ms to let Python see signals: Ctrl-C ends a blocked stream with
+KeyboardInterrupt.
 
 The timeout adapts as TCP's does (RFC 6298): SRTT and RTTVAR from the round trips of
 chunks sent once (Karn), RTO = SRTT + max(G, 4 RTTVAR) within [rto_min, rto_max]; a
@@ -17,6 +19,7 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 import numpy as np
 
 from blockfp_kernels cimport KIND_F32
+from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport errno
 from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
                     prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in)
@@ -33,6 +36,7 @@ cdef enum:
     SRTT, RTTVAR, RTO
 
 cdef double GRANULARITY = 0.001     # poll() waits in whole milliseconds
+cdef double SIGNAL_CHECK = 0.02     # the GIL is taken this often to see Ctrl-C
 
 
 cdef inline void rtt_sample(double *state, double r, double rto_min,
@@ -110,6 +114,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef Py_ssize_t samples = 0
     cdef int status = DONE, wait_ms, parsed, ver, failure = 0
     cdef double now, start = monotonic(), last_result, next_timer
+    cdef double next_signal_check = start
     cdef Py_ssize_t offset, chunk
     cdef const uint8_t *pkt
     last_result = start
@@ -126,13 +131,17 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             sent += 1
         while status == DONE and completed < nb:
             now = monotonic()
+            if now >= next_signal_check:  # Ctrl-C ends the stream (KeyboardInterrupt)
+                next_signal_check = now + SIGNAL_CHECK
+                with gil:
+                    PyErr_CheckSignals()
             if now - start > deadline:
                 status = TIMEOUT
                 break
             if now - last_result > silence:
                 status = SILENT
                 break
-            next_timer = now + 0.05
+            next_timer = now + SIGNAL_CHECK
             for s in range(slots):
                 if inflight[s] >= 0 and sent_at[s] + timer[s] < next_timer:
                     next_timer = sent_at[s] + timer[s]

@@ -131,6 +131,33 @@ def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 
 @case
+def ina_interrupted(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """Rank 0 gets SIGINT (Ctrl-C) while a slow call streams through the switch: it must
+    raise KeyboardInterrupt at once; the other ranks a clear error within the bound."""
+    import signal
+    import threading
+    ina.init(comm, **p.get("settings", {}))
+    ina.allreduce(np.ones(1000, np.float32))  # the job is live at the switch
+    comm.barrier()
+    x = np.ones(p["count"], np.float32)
+    sent = {}
+    if comm.rank == 0:
+        def interrupt() -> None:
+            sent["at"] = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Timer(p["interrupt_after"], interrupt).start()
+    start = time.monotonic()
+    try:
+        ina.allreduce(x)
+        result: Any = "no error"
+    except BaseException as exc:  # KeyboardInterrupt here, CollectiveTimeout on the others
+        result = _error(exc)
+    ended = time.monotonic()
+    return {"abandoned": True, "error": result, "seconds": ended - start,
+            "after_signal": ended - sent["at"] if "at" in sent else None}
+
+
+@case
 def ina_worker_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """The last rank freezes (SIGSTOP) during a stream of calls: to the switch and its
     peers it is dead. The others must raise within the bound, naming the wait; rank 0

@@ -206,6 +206,27 @@ def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
             check_result(per_rank[0], *case, 100 + i, 2)
 
 
+def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch):
+    """The stream runs without the GIL; it takes it every 20 ms to see signals. With the
+    switch holding every result back 500 ms, a call of 8 MiB takes seconds: SIGINT on
+    rank 0 ends it with KeyboardInterrupt (well within a second; the bound of the issue,
+    100 ms, is what the 20 ms check gives on an idle machine), and rank 1 gets
+    CollectiveTimeout naming what it waited for."""
+    send_faults((switch.host, switch.port), delay_ms_out=500)
+    try:
+        params = {"count": 2 << 20, "interrupt_after": 0.3,
+                  "settings": {"switch_min_bytes": 0, "switch_silence": 2.0, "timeout": 6}}
+        results = mpirun.run(2, "ina_interrupted", params,
+                             env={"INA_SWITCH": switch.address_text}, timeout=120)
+    finally:
+        send_faults((switch.host, switch.port))
+    interrupted, other = results
+    assert interrupted["error"]["error"] == "KeyboardInterrupt", interrupted
+    assert interrupted["after_signal"] < 1.0, interrupted
+    assert other["error"]["error"] == "CollectiveTimeout", other
+    assert "to report the outcome" in other["error"]["message"], other
+
+
 def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
     with embedded_switch("--idle", "1") as sw:
         params = {"count": 1 << 20, "stop_after": 0.2,

@@ -192,9 +192,11 @@ class InaEngine:
                              self.settings.switch_silence,
                              max(0.0, deadline.expires - time.monotonic()))
         # Every rank learns whether any rank failed (bounded: a dead peer never reports).
+        # A bound of its own: a stream that ran out of the call's time must still reach
+        # the vote on every rank, or one rank would give up while another hands over.
         mine = np.array([0 if result.ok else 1], np.int32)
         anyone = np.empty_like(mine)
-        wait(self.comm.Iallreduce(mine, anyone, MPI.MAX), deadline,
+        wait(self.comm.Iallreduce(mine, anyone, MPI.MAX), Deadline(self.settings.timeout),
              lambda: f"all ranks to report the outcome of a {call.nbytes}-byte allreduce "
                      f"through the aggregator (this rank: {result.reason})")
         if anyone[0]:
