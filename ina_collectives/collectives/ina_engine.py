@@ -23,6 +23,7 @@ from .ops import FLOAT_DTYPES, Op
 from .waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
+REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank
 
 
 class InaEngine:
@@ -82,8 +83,9 @@ class InaEngine:
         # the switch takes a cell last used in another epoch for idle (an installed job's
         # cells are used again by each run, with no register reset).
         draw = random.SystemRandom().randrange
-        job, epoch = comm.bcast((settings.job or draw(1, 65536), draw(1, 65536))
-                                if rank == 0 else None)
+        ids = np.array([settings.job or draw(1, 65536), draw(1, 65536)], np.int32)
+        self._collective(comm.Ibcast(ids, root=0), "rank 0's job id and epoch")
+        job, epoch = int(ids[0]), int(ids[1])
         if error is None and settings.job != (job if settings.job else 0):
             error = f"INA_JOB is {settings.job} here but {job} on rank 0"
         if error is None:
@@ -98,14 +100,26 @@ class InaEngine:
                     self.link.join(settings.switch_join_timeout)
             except (AggregatorUnavailable, ValueError, OSError) as exc:
                 error = str(exc)
-        errors = comm.allgather(error)
-        failed = [(r, e) for r, e in enumerate(errors) if e]
-        if failed:
-            r, e = failed[0]
+        # Every rank learns whether any failed, and the first one's reason.
+        flags = np.empty(n, np.int8)
+        self._collective(comm.Iallgather(np.array([error is not None], np.int8), flags),
+                         "every rank's outcome of joining the aggregator")
+        if flags.any():
+            r = int(np.flatnonzero(flags)[0])
+            text = np.zeros(REASON_BYTES, np.uint8)
+            if rank == r:
+                raw = str(error).encode()[:REASON_BYTES]
+                text[:len(raw)] = np.frombuffer(raw, np.uint8)
+            self._collective(comm.Ibcast(text, root=r), f"rank {r}'s reason")
+            e = text.tobytes().rstrip(b"\0").decode(errors="replace")
             self.unavailable = f"ina: aggregator unavailable (rank {r}: {e})"
             self.close()
         else:
             self.unavailable = None
+
+    def _collective(self, request: MPI.Request, what: str) -> None:
+        wait(request, Deadline(self.settings.timeout),
+             lambda: f"all {self.comm.Get_size()} ranks to exchange {what}")
 
     def close(self) -> None:
         if self.link is not None:
@@ -140,10 +154,12 @@ class InaEngine:
     def _reconnect(self, seq: int) -> bool:
         """Collective: if rank 0 finds an aggregator answering at the address, every rank
         joins again (a new job and epoch, or the installed entry); True if it serves."""
-        alive = None
+        alive = np.zeros(1, np.int8)
         if self.comm.Get_rank() == 0:
-            alive = _answers(self.settings.switch, min(0.5, self.settings.switch_join_timeout))
-        if self.comm.bcast(alive):
+            alive[0] = _answers(self.settings.switch,
+                                min(0.5, self.settings.switch_join_timeout))
+        self._collective(self.comm.Ibcast(alive, root=0), "whether the aggregator answers")
+        if alive[0]:
             self._connect()
         if self.link is None:
             self._schedule(seq)
