@@ -51,14 +51,18 @@ class InaEngine:
         self._retry_at: int | None = None  # the call number of the next reconnection
         self._retry_gap = 1
         self._seq = 0  # the number of the call under way (at_call_boundary)
+        self._lasting = False  # the last failure was this job's setup: trying again is futile
         if not settings.switch:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
         self._connect()
         if self.unavailable:
-            self._schedule(0)
-            log.warning("%s; calls take the ring (the aggregator is tried again from call "
-                        "#%s on)", self.unavailable, self._retry_at)
+            if self._lasting:
+                log.warning("%s; calls take the ring", self.unavailable)
+            else:
+                self._schedule(0)
+                log.warning("%s; calls take the ring (the aggregator is tried again from "
+                            "call #%s on)", self.unavailable, self._retry_at)
 
     def _connect(self) -> None:
         """Every rank makes its link and joins (or probes its installed entry); collective.
@@ -68,7 +72,7 @@ class InaEngine:
         comm, settings, kernels = self.comm, self.settings, self.kernels
         n, rank = comm.Get_size(), comm.Get_rank()
         k = settings.switch_elements or P.MAX_ELEMENTS
-        error = None
+        error, lasting = None, True
         if n > P.MAX_WORKERS:
             error = f"{n} ranks exceed the aggregator's {P.MAX_WORKERS} workers"
         elif kernels.BACKEND != "fast":
@@ -98,12 +102,18 @@ class InaEngine:
                     self.link.probe(settings.switch_join_timeout)
                 else:
                     self.link.join(settings.switch_join_timeout)
-            except (AggregatorUnavailable, ValueError, OSError) as exc:
+            except AggregatorUnavailable as exc:  # the aggregator's doing: may pass
+                error, lasting = str(exc), False
+            except (ValueError, OSError) as exc:
                 error = str(exc)
-        # Every rank learns whether any failed, and the first one's reason.
+        # Every rank learns whether any failed (1: the aggregator did not answer or
+        # refused; 2: this job's setup, which another try would not change) and the first
+        # failing rank's reason.
         flags = np.empty(n, np.int8)
-        self._collective(comm.Iallgather(np.array([error is not None], np.int8), flags),
+        mine = 0 if error is None else (1 if not lasting else 2)
+        self._collective(comm.Iallgather(np.array([mine], np.int8), flags),
                          "every rank's outcome of joining the aggregator")
+        self._lasting = bool((flags == 2).any())
         if flags.any():
             r = int(np.flatnonzero(flags)[0])
             text = np.zeros(REASON_BYTES, np.uint8)
@@ -162,6 +172,10 @@ class InaEngine:
         if alive[0]:
             self._connect()
         if self.link is None:
+            if self._lasting:
+                self._retry_at = None
+                log.warning("call #%d: %s; the ring from now on", seq, self.unavailable)
+                return False
             self._schedule(seq)
             log.info("call #%d: the aggregator is still unavailable; next try at call #%d",
                      seq, self._retry_at if self._retry_at is not None else -1)
