@@ -116,10 +116,6 @@ PARSE_STATUS = ("ok", "short", "version", "not a result", "foreign job", "bad co
 (PARSE_SHORT, PARSE_VERSION, PARSE_NOT_RESULT, PARSE_JOB, PARSE_COUNT, PARSE_RANGE,
  PARSE_MISALIGNED, PARSE_EXPONENT) = range(1, len(PARSE_STATUS))
 
-# Exponent proposals: a worker with nothing more for a slot proposes this, which
-# loses every max; block exponents themselves never go below the dtype's floor.
-PROPOSAL_NONE = -32768
-
 
 _DATA_FIELDS = tuple(f.name for f in FIELDS if f.name not in RESERVED)
 
