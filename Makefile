@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider bench/test_fast_path.py --benchmark-json=bench/results/fast_path.json
 	$(PY) -m bench.mpi -n 4
 	$(PY) -m bench.mpi -n 4 bench/test_horovod.py --benchmark-json=bench/results/horovod-4.json
+	$(PY) -m bench.loadgen_build
 	$(PY) -m bench.switch_ceiling
 
 # INA against the ring, MPI and gloo on emulated shaped links (namespaces; needs root).

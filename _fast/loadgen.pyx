@@ -1,20 +1,51 @@
 # cython: language_level=3
 """Load generation for the switch benchmark (bench/switch_ceiling.py): pre-built packets
-replayed with no quantization cost, and a bare batched receiver, the machine's ceiling."""
+replayed with no quantization cost, and a bare batched receiver, the machine's ceiling.
+
+A datagram the kernel refuses for want of buffers (EAGAIN, ENOBUFS) or for a signal (EINTR)
+is lost, as on a link; any other failed system call raises SystemCallError."""
+from libc.errno cimport ENOBUFS
 from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from byteorder cimport get32
 from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in)
+                    prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in,
+                    try_again)
 
 from ina_collectives import protocol as P
 
-cdef Py_ssize_t OFF_SLOT = P.OFF_SLOT, OFF_SLOT_VERSION = P.OFF_SLOT_VERSION
-cdef Py_ssize_t HEADER = P.HEADER_BYTES
+include "header.pxi"
+include "syscall.pxi"
 
 cdef enum:
     BATCH = 64
+
+
+cdef int send_or_lose(int fd, const uint8_t *packet, Py_ssize_t length,
+                      const sockaddr_in *to) except -1 nogil:
+    """Send one datagram: 1 if sent, 0 if lost for want of buffers; else raise."""
+    if sendto(fd, packet, length, 0, <const sockaddr *>to, sizeof(sockaddr_in)) >= 0:
+        return 1
+    if try_again(errno) or errno == ENOBUFS:
+        return 0
+    return raise_errno(errno, "sendto of a load packet to", fd, to)
+
+
+cdef int wait_readable(pollfd *pfd, int timeout_ms) except -1 nogil:
+    """poll one socket: 1 if readable, 0 if not (timeout or a signal first); else raise."""
+    cdef int ready = poll(pfd, 1, timeout_ms)
+    if ready < 0 and not try_again(errno):
+        return raise_errno(errno, "poll of", pfd.fd, NULL)
+    return ready > 0
+
+
+cdef int receive_batch(int fd, mmsghdr *msgs, int count) except -1 nogil:
+    """recvmmsg without waiting: the datagrams received, 0 if none; else raise."""
+    cdef int got = recvmmsg(fd, msgs, count, MSG_DONTWAIT, NULL)
+    if got < 0 and not try_again(errno):
+        return raise_errno(errno, "recvmmsg on", fd, NULL)
+    return got if got > 0 else 0
 
 
 def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, ::1] rows,
@@ -39,15 +70,15 @@ def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, 
         memset(version, 0, sizeof(version))
         for s in range(slots):
             for w in range(n):
-                sendto(fds[w], &rows[w * slots + s, 0], length, 0, <sockaddr *>&to, sizeof(to))
+                send_or_lose(fds[w], &rows[w * slots + s, 0], length, &to)
         while True:
             now = monotonic()
             if now - start >= seconds:
                 break
             prepare_receive(msgs, iovs, &inbox[0][0], 2048, BATCH, NULL)
-            got = recvmmsg(fds[0], msgs, BATCH, MSG_DONTWAIT, NULL)
-            if got <= 0:
-                if poll(&pfd, 1, 100) <= 0:
+            got = receive_batch(fds[0], msgs, BATCH)
+            if got == 0:
+                if not wait_readable(&pfd, 100):
                     break  # the pipeline stalled (a loss): stop measuring
                 continue
             for i in range(got):
@@ -58,8 +89,7 @@ def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, 
                 version[s] ^= 1
                 for w in range(n):
                     rows[w * slots + s, OFF_SLOT_VERSION] = version[s]
-                    sendto(fds[w], &rows[w * slots + s, 0], length, 0, <sockaddr *>&to,
-                           sizeof(to))
+                    send_or_lose(fds[w], &rows[w * slots + s, 0], length, &to)
             # Other workers' results are left to their sockets' buffers to overflow.
         now = monotonic()
     return completed, now - start
@@ -76,8 +106,7 @@ def blast(int fd, uint32_t addr_be, uint16_t port_be, const uint8_t[::1] packet,
         start = monotonic()
         while monotonic() - start < seconds:
             for _ in range(64):
-                if sendto(fd, &packet[0], packet.shape[0], 0, <sockaddr *>&to, sizeof(to)) > 0:
-                    sent += 1
+                sent += send_or_lose(fd, &packet[0], packet.shape[0], &to)
     return sent
 
 
@@ -95,13 +124,13 @@ def sink(int fd, double seconds):
     cdef int got
     cdef double start = 0
     with nogil:
-        if poll(&pfd, 1, 10000) > 0:
+        if wait_readable(&pfd, 10000):
             start = monotonic()
             while monotonic() - start < seconds:
                 prepare_receive(msgs, iovs, &bufs[0, 0], 65536, BATCH, NULL)
-                got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
+                got = receive_batch(fd, msgs, BATCH)
                 if got > 0:
                     count += got
                 else:
-                    poll(&pfd, 1, 100)
+                    wait_readable(&pfd, 100)
     return count

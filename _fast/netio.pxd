@@ -3,6 +3,12 @@
 from libc.stdint cimport uint8_t, uint16_t, uint32_t
 from libc.string cimport memset
 
+cdef extern from "<errno.h>" nogil:
+    enum:
+        EAGAIN
+        EWOULDBLOCK
+        EINTR
+
 cdef extern from "<sys/uio.h>" nogil:
     struct iovec:
         void *iov_base
@@ -36,6 +42,7 @@ cdef extern from "<sys/socket.h>" nogil:
     int sendmmsg(int fd, mmsghdr *msgs, unsigned int vlen, int flags)
     ssize_t sendto(int fd, const void *buf, size_t n, int flags, const sockaddr *addr,
                    socklen_t addrlen)
+    int getsockname(int fd, sockaddr *addr, socklen_t *addrlen)
     int MSG_DONTWAIT
 
 cdef extern from "<poll.h>" nogil:
@@ -61,6 +68,14 @@ cdef inline void set_sockaddr(sockaddr_in *to, uint32_t addr_be, uint16_t port_b
     to.sin_family = AF_INET
     to.sin_addr.s_addr = addr_be
     to.sin_port = port_be
+
+
+cdef inline bint try_again(int err) noexcept nogil:
+    """Whether a failed non-blocking call did not fail: nothing to do now (EAGAIN,
+    EWOULDBLOCK) or a signal came first (EINTR). Any other errno is a failure."""
+    if err == EAGAIN or err == EINTR:
+        return True
+    return err == EWOULDBLOCK  # apart: it may be EAGAIN (a C switch may not say it twice)
 
 
 cdef inline double monotonic() noexcept nogil:

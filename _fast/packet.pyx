@@ -14,6 +14,7 @@ from ina_collectives.ina.reference import blockfp as ref_blockfp
 from ina_collectives.ina.reference import packet as ref
 from ina_collectives import protocol as P
 
+include "header.pxi"
 include "wire.pxi"
 
 

@@ -15,13 +15,14 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 
 from blockfp_kernels cimport ina_accumulate_be32, ina_load_be32, ina_store_be32
+from byteorder cimport get16, get32, put16
 from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
                     prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr, sockaddr,
-                    sockaddr_in)
+                    sockaddr_in, try_again)
 
 from ina_collectives import protocol as P
 
-include "wire.pxi"
+include "header.pxi"
 
 cdef enum:
     BATCH = 64          # datagrams per recvmmsg
@@ -72,6 +73,12 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job)
 
 
+cdef inline Job *find_job(Job **jobs, int job_id) noexcept nogil:
+    """The job of an id, NULL if there is none or the id is not 0..65535: the one bounds
+    check of every access by job id (the data path's and Python's)."""
+    return jobs[job_id] if 0 <= job_id < 65536 else NULL
+
+
 include "switch_faults.pxi"
 include "syscall.pxi"
 
@@ -119,14 +126,11 @@ cdef class Aggregator(FaultInjection):
 
     # -- configuration, from Python --------------------------------------------------
 
-    # Every accessor finds its job through _find (NULL for a missing or impossible id):
+    # Every accessor finds its job through find_job (NULL for a missing or impossible id):
     # _job raises KeyError for the ones that need the job; the queries answer False/None.
 
-    cdef Job *_find(self, int job_id) noexcept:
-        return self.jobs[job_id] if 0 <= job_id < 65536 else NULL
-
     cdef Job *_job(self, int job_id) except NULL:
-        cdef Job *job = self._find(job_id)
+        cdef Job *job = find_job(self.jobs, job_id)
         if job == NULL:
             raise KeyError(f"no job {job_id}")
         return job
@@ -140,7 +144,7 @@ cdef class Aggregator(FaultInjection):
         """Create job ``job_id`` (n workers, K elements, S slots); False if no memory."""
         if not 0 <= job_id < 65536:
             raise KeyError(f"job id {job_id} is not 0..65535")
-        if self.jobs[job_id] != NULL:
+        if find_job(self.jobs, job_id) != NULL:
             raise ValueError(f"job {job_id} exists")
         if not (1 <= n <= MAX_WORKERS and k >= 1 and slots >= 1):
             raise ValueError(f"job {job_id}: n {n} (1..{MAX_WORKERS}), K {k}, S {slots}")
@@ -174,7 +178,7 @@ cdef class Aggregator(FaultInjection):
         self._job(job_id).managed = True
 
     def is_managed(self, int job_id):
-        cdef Job *job = self._find(job_id)
+        cdef Job *job = find_job(self.jobs, job_id)
         return job != NULL and job.managed
 
     def set_replicas(self, int job_id, list replicas):
@@ -198,7 +202,7 @@ cdef class Aggregator(FaultInjection):
 
     def worker_at(self, int job_id, int worker, uint32_t addr_be, uint16_t port_be):
         """Whether ``worker`` of the job is admitted at this address."""
-        cdef Job *job = self._find(job_id)
+        cdef Job *job = find_job(self.jobs, job_id)
         return (job != NULL and 0 <= worker < job.n
                 and (job.joined >> worker) & 1
                 and job.addr[worker].sin_addr.s_addr == addr_be
@@ -260,14 +264,16 @@ cdef class Aggregator(FaultInjection):
 
     def job_shape(self, int job_id):
         """(n, K, S) of a job, or None."""
-        cdef Job *job = self._find(job_id)
+        cdef Job *job = find_job(self.jobs, job_id)
         return None if job == NULL else (job.n, job.k, job.slots)
 
     def set_worker(self, int job_id, int worker, uint32_t addr_be, uint16_t port_be):
         """Admit ``worker`` of a job at this address (network-order IPv4 and port).
-        False if that worker id is already bound to another address."""
-        cdef Job *job = self._job(job_id)
-        self._check_worker(job, job_id, worker)
+        False if that worker id is already bound to another address, or if there is no
+        such job or worker."""
+        cdef Job *job = find_job(self.jobs, job_id)
+        if job == NULL or not 0 <= worker < job.n:
+            return False
         cdef uint64_t bit = (<uint64_t>1) << worker
         if job.joined & bit:
             if (job.addr[worker].sin_addr.s_addr != addr_be
@@ -280,7 +286,7 @@ cdef class Aggregator(FaultInjection):
 
     def leave(self, int job_id, int worker):
         """A worker left; frees the job once all its joined workers have. True if freed."""
-        cdef Job *job = self._find(job_id)
+        cdef Job *job = find_job(self.jobs, job_id)
         if job == NULL or job.managed or not 0 <= worker < job.n:
             return False
         job.left |= (<uint64_t>1) << worker
@@ -292,24 +298,30 @@ cdef class Aggregator(FaultInjection):
     def free_job(self, int job_id):
         """Forget a job and its state; KeyError if there is none."""
         job_free(self._job(job_id))
-        self.jobs[job_id] = NULL
+        self.jobs[job_id] = NULL  # _job checked the id
 
     def idle_jobs(self, double idle_seconds):
         """Ids of the jobs that sent nothing for idle_seconds (their workers died)."""
         cdef double now = monotonic()
         cdef int i
-        return [i for i in range(65536)
-                if self.jobs[i] != NULL and not self.jobs[i].managed
-                and now - self.jobs[i].last_seen > idle_seconds]
+        cdef Job *job
+        idle = []
+        for i in range(65536):
+            job = find_job(self.jobs, i)
+            if job != NULL and not job.managed and now - job.last_seen > idle_seconds:
+                idle.append(i)
+        return idle
 
     def busy_slots(self):
         """Slot versions with a partial aggregation, over all jobs."""
         cdef int i, j
         cdef uint64_t busy = 0
+        cdef Job *job
         for i in range(65536):
-            if self.jobs[i] != NULL:
-                for j in range(2 * self.jobs[i].slots):
-                    busy += self.jobs[i].count[j] != 0
+            job = find_job(self.jobs, i)
+            if job != NULL:
+                for j in range(2 * job.slots):
+                    busy += job.count[j] != 0
         return busy
 
     def drop_counts(self):
@@ -322,14 +334,15 @@ cdef class Aggregator(FaultInjection):
         set_sockaddr(&to, addr_be, port_be)
         if sendto(self.fd, <const char *>packet, len(packet), 0, <sockaddr *>&to,
                   sizeof(to)) < 0:
-            raise_errno(errno, f"sendto {P.address_text(addr_be, port_be)} (control reply)")
+            raise_errno(errno, "sendto of a control reply to", self.fd, &to)
 
     # -- the data path ---------------------------------------------------------------
 
     def run(self, int timeout_ms):
         """Aggregate until a control packet arrives or timeout_ms pass without traffic;
-        returns the control packets as [(bytes, addr_be, port_be)]."""
-        cdef int got, i, wait_ms
+        returns the control packets as [(bytes, addr_be, port_be)]. SystemCallError if
+        receiving fails (not for EAGAIN or EINTR)."""
+        cdef int got, i, wait_ms, ready
         cdef pollfd pfd
         cdef double idle_since
         pfd.fd = self.fd
@@ -342,11 +355,16 @@ cdef class Aggregator(FaultInjection):
                 prepare_receive(self.msgs, self.iovs, self.bufs, self.bufsize, BATCH,
                                 self.names)
                 got = recvmmsg(self.fd, self.msgs, BATCH, MSG_DONTWAIT, NULL)
+                if got < 0 and not try_again(errno):
+                    raise_errno(errno, "recvmmsg on the aggregator's socket", self.fd, NULL)
                 if got <= 0:
                     self.flush_held_in()
                     self.flush_held_out()
                     wait_ms = self.next_due_ms(timeout_ms)
-                    if poll(&pfd, 1, wait_ms) <= 0:
+                    ready = poll(&pfd, 1, wait_ms)
+                    if ready < 0 and not try_again(errno):
+                        raise_errno(errno, "poll of the aggregator's socket", self.fd, NULL)
+                    if ready <= 0:
                         if (not self.holding_delayed()
                                 and monotonic() - idle_since >= timeout_ms / 1e3):
                             break
@@ -413,7 +431,7 @@ cdef class Aggregator(FaultInjection):
         if flags & FLAG_RESULT:
             self.drops[<int>DROP_RESULT_FROM_WORKER] += 1
             return
-        cdef Job *job = self.jobs[get16(pkt + OFF_JOB)]
+        cdef Job *job = find_job(self.jobs, get16(pkt + OFF_JOB))
         if job == NULL:
             self.drops[<int>DROP_UNKNOWN_JOB] += 1
             return

@@ -22,10 +22,12 @@ from blockfp_kernels cimport KIND_F32
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport errno
 from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in)
+                    prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in,
+                    try_again)
 
 from ina_collectives import protocol as P
 
+include "header.pxi"
 include "wire.pxi"
 
 cdef enum:
@@ -63,7 +65,14 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
 cdef enum:
     DONE, SILENT, TIMEOUT, SEND_FAILED
 STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
-          "the operation's deadline passed", "sendto failed")  # + errno: counters["errno"]
+          "the operation's deadline passed", "sendto failed")
+
+# The system call whose errno an unfinished stream reports: counters["errno"] and
+# counters["call"] (an index of CALLS). sendto's ends the stream (SEND_FAILED); a receive
+# failure does not, but is reported if the stream then ends without its results.
+cdef enum:
+    CALL_SENDTO, CALL_RECVMMSG, CALL_POLL
+CALLS = ("sendto", "recvmmsg", "poll")
 
 
 def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
@@ -78,8 +87,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     rto: the timeout until the first sample; rtt: [SRTT, RTTVAR, RTO], updated (zeros:
     no estimate yet). epoch: this run's epoch, in every packet; results of another epoch
     are stale.
-    Returns (status, counters dict, chunks not completed as an array); a failed sendto
-    leaves its errno in counters["errno"].
+    Returns (status, counters dict, chunks not completed as an array). A stream that did
+    not finish because a system call failed (or after receiving failed) has that call's
+    errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
     """
     cdef Kind kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
     cdef const uint8_t[::1] xin = x.view(np.uint8)
@@ -113,6 +123,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef Py_ssize_t completed = 0, sent = 0, retransmitted = 0, stale = 0, rejected = 0
     cdef Py_ssize_t samples = 0
     cdef int status = DONE, wait_ms, parsed, ver, failure = 0
+    cdef int receive_failure = 0, receive_call = CALL_RECVMMSG
     cdef double now, start = monotonic(), last_result, next_timer
     cdef double next_signal_check = start
     cdef Py_ssize_t offset, chunk
@@ -148,9 +159,11 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
             prepare_receive(msgs, iovs, &rx[0, 0], 65536, BATCH, NULL)
             got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
+            if got < 0 and not try_again(errno):
+                receive_failure, receive_call = errno, CALL_RECVMMSG
             if got <= 0:
-                if wait_ms > 0:
-                    poll(&pfd, 1, wait_ms)
+                if wait_ms > 0 and poll(&pfd, 1, wait_ms) < 0 and not try_again(errno):
+                    receive_failure, receive_call = errno, CALL_POLL
                 got = 0
             now = monotonic()
             for i in range(got):
@@ -209,8 +222,10 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     missing = np.flatnonzero(done_arr == 0)
     counters = {"sent": sent, "retransmitted": retransmitted, "rtt_samples": samples,
                 "stale": stale, "rejected": rejected, "seconds": monotonic() - start}
-    if failure:
-        counters["errno"] = failure
+    if failure:  # SEND_FAILED
+        counters["errno"], counters["call"] = failure, CALL_SENDTO
+    elif receive_failure and status != DONE:
+        counters["errno"], counters["call"] = receive_failure, receive_call
     return status, counters, missing
 
 

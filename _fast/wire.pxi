@@ -1,24 +1,9 @@
-# INA header access for the compiled modules (included, so each module has its own copy
-# of the offsets, read from ina_collectives.protocol at import: the format is written once).
-# The including module imports ina_collectives.protocol as P.
+# INA packets for the compiled modules: written (write_packet) and checked and read
+# (parse_result) at the offsets of header.pxi, which the including module includes first.
 from blockfp_kernels cimport KIND_F64, Kind, dequantize_block, quantize_block
 from byteorder cimport get16, get32, put16, put32
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
-
-cdef Py_ssize_t HEADER = P.HEADER_BYTES
-cdef Py_ssize_t OFF_VERSION = P.OFF_VERSION, OFF_FLAGS = P.OFF_FLAGS, OFF_JOB = P.OFF_JOB
-cdef Py_ssize_t OFF_WORKER = P.OFF_WORKER, OFF_SLOT_VERSION = P.OFF_SLOT_VERSION
-cdef Py_ssize_t OFF_SLOT = P.OFF_SLOT, OFF_OFFSET = P.OFF_OFFSET, OFF_COUNT = P.OFF_COUNT
-cdef Py_ssize_t OFF_EXPONENT = P.OFF_EXPONENT, OFF_PROPOSAL = P.OFF_PROPOSAL
-cdef Py_ssize_t OFF_EPOCH = P.OFF_EPOCH, OFF_RESERVED = P.OFF_RESERVED
-cdef int VERSION = P.PROTOCOL_VERSION, FLAG_RESULT = P.FLAG_RESULT
-cdef int PROPOSAL_NONE = P.PROPOSAL_NONE
-cdef int PARSE_OK = P.PARSE_OK, PARSE_SHORT = P.PARSE_SHORT
-cdef int PARSE_VERSION = P.PARSE_VERSION, PARSE_NOT_RESULT = P.PARSE_NOT_RESULT
-cdef int PARSE_JOB = P.PARSE_JOB, PARSE_COUNT = P.PARSE_COUNT, PARSE_RANGE = P.PARSE_RANGE
-cdef int PARSE_MISALIGNED = P.PARSE_MISALIGNED, PARSE_EXPONENT = P.PARSE_EXPONENT
-cdef int FLAG_RETRANSMIT = P.FLAG_RETRANSMIT, FLAG_CONTROL = P.FLAG_CONTROL
 
 
 cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind kind,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import sysconfig
 from pathlib import Path
 from types import ModuleType
 
@@ -15,15 +16,17 @@ HERE = Path(__file__).resolve().parent
 FAST = HERE.parent / "_fast"
 BUILD = HERE / "_build"
 NAME = "ina_loadgen"
-SOURCES = ("loadgen.pyx", "netio.pxd", "byteorder.pxd")
+# Everything loadgen.pyx includes or cimports: a change to any of them rebuilds it.
+SOURCES = ("loadgen.pyx", "netio.pxd", "byteorder.pxd", "header.pxi", "syscall.pxi")
 
 
 def _built() -> Path | None:
-    found = sorted(BUILD.glob(f"{NAME}.*.so")) if BUILD.is_dir() else []
-    if not found:
+    """The module built for this Python, if it is newer than its sources."""
+    path = BUILD / f"{NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not path.is_file():
         return None
     newest_source = max((FAST / s).stat().st_mtime for s in SOURCES)
-    return found[0] if found[0].stat().st_mtime >= newest_source else None
+    return path if path.stat().st_mtime >= newest_source else None
 
 
 def build() -> Path:
@@ -35,14 +38,19 @@ def build() -> Path:
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
 
+    # setup.py's macros, flags and directives
     ext = Extension(NAME, [str(FAST / "loadgen.pyx")],
                     include_dirs=[numpy.get_include(), str(FAST)],
-                    define_macros=[("_GNU_SOURCE", None)], extra_compile_args=["-O3"])
+                    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                                   ("_GNU_SOURCE", None)],
+                    extra_compile_args=["-O3", "-fno-math-errno"])
     modules = cythonize([ext], include_path=[str(FAST)], build_dir=str(BUILD / "c"),
-                        language_level=3, quiet=True,
-                        compiler_directives={"boundscheck": False, "wraparound": False})
+                        language_level=3, quiet=True, force=True,  # _built() found it stale
+                        compiler_directives={"boundscheck": False, "wraparound": False,
+                                             "cdivision": True, "initializedcheck": False})
     command = Distribution({"ext_modules": modules}).get_command_obj("build_ext")
     command.build_lib, command.build_temp = str(BUILD), str(BUILD / "tmp")
+    command.force = True
     command.ensure_finalized()
     command.run()
     path = _built()

@@ -19,35 +19,41 @@ class Aggregator(FaultInjection):
     retransmits_answered: int
     send_failures: int
     last_errno: int
-    def __init__(self, fd: int, seed: int = ...) -> None: ...
+    def __init__(self, fd: int, seed: int = ...) -> None:
+        """Aggregate the datagrams of UDP socket ``fd``; seed: the fault injection's RNG."""
     def add_job(self, job_id: int, n: int, k: int, slots: int) -> bool:
         """Create a job (n workers, K elements, S slots); False if no memory."""
     def set_managed(self, job_id: int) -> None:
-        """The job is a controller's: results go to its replicas."""
-    def is_managed(self, job_id: int) -> bool: ...
+        """The job is a controller's: results go to its replicas; KeyError if no job."""
+    def is_managed(self, job_id: int) -> bool:
+        """Whether the job is a controller's (False if there is no such job)."""
     def set_replicas(self, job_id: int, replicas: list[tuple[int, int]]) -> None:
-        """Where a managed job's results go: [(addr_be, port_be)]."""
+        """Where a managed job's results go: [(addr_be, port_be)]; KeyError if no job."""
     def clear_worker(self, job_id: int, worker: int) -> None:
-        """Forget a worker's address."""
+        """Forget a worker's address; KeyError if no job, IndexError if no such worker."""
     def worker_at(self, job_id: int, worker: int, addr_be: int, port_be: int) -> bool:
         """Whether the worker of the job is admitted at this address."""
     def get_cell(self, job_id: int, cell: int, what: str | int) -> int:
         """A cell's bitmap, count, proposal, chunk, epoch, or value ``what`` (an index)."""
-    def set_cell(self, job_id: int, cell: int, what: str | int, value: int) -> None: ...
-    def drop_count(self, reason: int) -> int: ...
+    def set_cell(self, job_id: int, cell: int, what: str | int, value: int) -> None:
+        """Write a cell's register ``what`` (as get_cell names them) or value ``what``."""
+    def drop_count(self, reason: int) -> int:
+        """Packets dropped for reason ``reason`` (an index of DROP_REASONS)."""
     def job_shape(self, job_id: int) -> tuple[int, int, int] | None:
         """(n, K, S) of a job, or None."""
     def set_worker(self, job_id: int, worker: int, addr_be: int, port_be: int) -> bool:
-        """Admit a worker at this address; False if its id is bound elsewhere."""
+        """Admit a worker at this address; False if bound elsewhere, or no such job/worker."""
     def leave(self, job_id: int, worker: int) -> bool:
         """A worker left; True if that freed the job."""
-    def free_job(self, job_id: int) -> None: ...
+    def free_job(self, job_id: int) -> None:
+        """Forget a job and its state; KeyError if there is none."""
     def idle_jobs(self, idle_seconds: float) -> list[int]:
         """Ids of the jobs that sent nothing for idle_seconds."""
     def busy_slots(self) -> int:
         """Slot versions with a partial aggregation, over all jobs."""
-    def drop_counts(self) -> dict[str, int]: ...
+    def drop_counts(self) -> dict[str, int]:
+        """The nonzero drop counters, by reason."""
     def reply(self, packet: bytes, addr_be: int, port_be: int) -> None:
         """Send one control reply; SystemCallError if the kernel refuses."""
     def run(self, timeout_ms: int) -> list[tuple[bytes, int, int]]:
-        """Aggregate until control packets arrive or timeout_ms pass idle; those packets."""
+        """Aggregate until control packets come or timeout_ms pass idle; those packets."""

@@ -3,6 +3,8 @@ import numpy as np
 
 STATUS: tuple[str, ...]
 """What stream() returns first, by index: done, silent, timeout, sendto failed."""
+CALLS: tuple[str, ...]
+"""The failed system call of counters["call"], by index: sendto, recvmmsg, poll."""
 
 def rtt_update(state: np.ndarray, sample: float, rto_min: float, rto_max: float) -> float:
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""

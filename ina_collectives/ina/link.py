@@ -97,11 +97,16 @@ class WorkerLink:
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch)
         failure = counters.pop("errno", 0)
+        call = transport.CALLS[int(counters.pop("call", 0))]
         for name, value in counters.items():
             self.totals[name] = self.totals.get(name, 0) + value
         self.totals["srtt"], self.totals["rto"] = float(self.rtt[0]), float(self.rtt[2])
         reason = transport.STATUS[status]
-        if failure:  # the system call's own words, as OSError would say them
-            where = f"to {self.switch[0]}:{self.switch[1]}"
-            reason = f"{reason}: {SystemCallError(failure, where)}"
+        switch = f"{self.switch[0]}:{self.switch[1]}"
+        # The system call's own words, as OSError would say them: "sendto failed: [Errno
+        # 111] Connection refused: to 127.0.0.1:47474", or a receive failure beside a silence.
+        if failure and call == "sendto":
+            reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"
+        elif failure:
+            reason = f"{reason}; {call} failed: {SystemCallError(failure, f'from {switch}')}"
         return StreamResult(status == 0, reason, counters, missing)
