@@ -1,7 +1,11 @@
-"""Deterministic per-rank inputs and their exact reductions, shared by ranks and the checks."""
+"""Deterministic per-rank inputs, their exact reductions and the INA error bound, shared
+by the ranks and the checks."""
 from __future__ import annotations
 
 import numpy as np
+
+from ina_collectives.ina.reference import blockfp
+from ina_collectives.protocol import MAX_ELEMENTS
 
 OPS = ("sum", "prod", "min", "max", "average")
 FLOATS = ("float16", "float32", "float64")
@@ -58,3 +62,21 @@ def check_result(result: np.ndarray, dtype: str, op: str, count: int, seed: int,
     assert (error <= bound).all(), (
         f"{op} {dtype} n={n}: element {worst} is {result[worst]!r}, exact {exact[worst]!r}, "
         f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
+
+
+def check_within_bound(result, dtype, op, count, seed, n, k=MAX_ELEMENTS):
+    """The bound of docs/quantization.md for every element, from all ranks' inputs."""
+    xs = inputs_of_all_ranks(dtype, op, count, seed, n)
+    wide = np.float32 if dtype == "float16" else dtype
+    agreed = np.max([blockfp.block_exponents(x.astype(wide), k)[0] for x in xs], axis=0)
+    average = op == "average"
+    exact = xs.astype(np.longdouble).sum(axis=0) / (n if average else 1)
+    exps = np.repeat(agreed, k)[:count]
+    bound = blockfp.error_bound(n, exps, wide, result.astype(wide), average)
+    if dtype == "float16":  # float32 result rounded once more to float16
+        bound = bound + np.spacing(np.abs(result)).astype(np.float64)
+    error = np.abs(result.astype(np.longdouble) - exact).astype(np.float64)
+    bad = np.flatnonzero(error > bound * (1 + 1e-9) + np.abs(exact).astype(float) * 2**-60)
+    assert bad.size == 0, (f"{dtype} {op} n={n}: element {bad[0]} = {result[bad[0]]}, exact "
+                           f"{exact[bad[0]]}, error {error[bad[0]]:.3g} > {bound[bad[0]]:.3g}")
+

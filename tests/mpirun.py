@@ -35,7 +35,9 @@ def run(n: int, case: str, params: dict[str, Any] | None = None, *,
         cmd = [mpiexec(), *(["-disable-auto-cleanup"] if survive_dead_ranks else []),
                "-n", str(n), sys.executable, "-m", module,
                case, json.dumps(params or {}), out]
-        full_env = dict(os.environ, **(env or {}))
+        # The caller's INA_* settings stay out: a test's job gets the settings it names.
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
+        full_env.update(env or {})
         full_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,

@@ -60,6 +60,13 @@ def test_bytes_and_memoryviews_are_read_by_their_format():
     ("bytes that are no whole element", lambda: [bytearray(10), MPI.INT32_T], True),
     ("a structured dtype", lambda: np.zeros(3, [("a", "i4"), ("b", "f8")]), True),
     ("a spec of five items", lambda: [np.zeros(4), 1, 2, 3, MPI.DOUBLE], True),
+    ("count and displacement past the end", lambda: [np.zeros(8, np.int32), (3, 6),
+                                                     MPI.INT32_T], True),
+    ("a negative count", lambda: [np.zeros(4, np.int32), -1, MPI.INT32_T], True),
+    ("bytes (read-only) to be written", lambda: bytes(16), True),
+    ("a datatype NumPy lacks", lambda: [np.zeros(4, np.int32), MPI.DATATYPE_NULL], True),
+    ("an unknown typecode", lambda: [np.zeros(4, np.int32), "not a type"], True),
+    ("not a buffer at all", lambda: [object(), MPI.INT32_T], False),
 ])
 def test_what_only_mpi_can_take_is_left_to_it(why, spec_of, writable):
     spec = spec_of()
@@ -74,3 +81,13 @@ def test_what_only_mpi_can_take_is_left_to_it(why, spec_of, writable):
 def test_read_only_input_is_fine_when_only_read():
     ro = np.frombuffer(b"\0" * 16, np.float32)
     assert buffers.parse(ro, writable=False).size == 4
+
+
+def test_the_view_is_the_callers_memory_up_to_the_last_element():
+    a = np.zeros(8, np.int32)
+    view = buffers.parse([a, 2, 6, MPI.INT32_T], writable=True)  # exactly to the end
+    view[:] = [7, 9]
+    assert a.tolist() == [0, 0, 0, 0, 0, 0, 7, 9]
+    assert buffers.parse((a, 3, MPI.INT32_T), writable=True).size == 3  # a tuple spec
+    assert buffers.parse([a, 0, MPI.INT32_T], writable=True).size == 0  # nothing: fine
+    assert buffers.parse(bytes(16), writable=False).dtype == np.uint8

@@ -5,22 +5,26 @@ fan-out, drops counted, other jobs' slots untouched); an allreduce whose job was
 configured only through P4Runtime."""
 from __future__ import annotations
 
+import json
+import pickle
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytest.importorskip("p4runtime_sh", reason="the controller needs the p4 extra "
-                    "(p4runtime-shell)")
+from ina_collectives import protocol as P
+from ina_collectives.control import ControlError, Controller, JobSpec, Worker
+from ina_collectives.control import schema as S
+from ina_collectives.switch.embedded import embedded_switch
+from tests import mpirun
+from tests.conftest import ROOT, needs_p4_extra
+from tests.inputs import check_within_bound
 
-from ina_collectives import protocol as P  # noqa: E402
-from ina_collectives.control import ControlError, Controller, JobSpec, Worker  # noqa: E402
-from ina_collectives.control import schema as S  # noqa: E402
-from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
-
+pytestmark = needs_p4_extra
 K, SLOTS = 8, 32  # a small build: K values per packet, S slots
 
 
@@ -148,10 +152,9 @@ def test_a_pipeline_that_is_not_the_aggregator_is_refused(switch, tmp_path, pipe
         assert c.build.k == K
 
 
-def test_unreachable_target_fails_within_the_bound_and_never_exits(pipeline):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here once closed
+def test_unreachable_target_fails_within_the_bound_and_never_exits(pipeline, closed_tcp_port,
+                                                                 run_python):
+    port = closed_tcp_port
     code = f"""
 import sys
 from ina_collectives.control import Controller, TargetUnavailable
@@ -163,14 +166,13 @@ except TargetUnavailable as exc:
 print("still running")
 """
     # In a child: a hang on the shell's non-daemon stream thread would show as a timeout.
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert f"refused: no P4Runtime target answers at 127.0.0.1:{port}" in out.stdout
     assert "still running" in out.stdout
 
 
-def test_a_silent_target_fails_the_handshake_without_hanging(pipeline):
+def test_a_silent_target_fails_the_handshake_without_hanging(pipeline, run_python):
     """A TCP listener that never speaks gRPC: connect must fail, bounded, and the child
     must exit (the shell's stream thread is not a daemon)."""
     code = f"""
@@ -189,8 +191,7 @@ except ControlError as exc:
     print("refused:", type(exc).__name__)
 print("done")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert "refused: TargetUnavailable" in out.stdout and "done" in out.stdout
 
@@ -289,9 +290,6 @@ def test_join_cannot_take_a_controllers_job(controller, switch):
 def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch, n):
     """ina-run's path without ina-run: the controller installs the job, the ranks get
     its id and their ports, probe their entries (no join) and aggregate through it."""
-    from tests import mpirun
-    from tests.test_ina import check_within_bound
-
     socks = free_udp_sockets(n, "0.0.0.0")
     ports = [s.getsockname()[1] for s in socks]
     for s in socks:
@@ -321,17 +319,12 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
         controller.teardown(job)
 
 
-
-
 @pytest.mark.mpi
 def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, switch):
     """Each run of the ranks starts its slots at version 0, so a cell's state from the
     previous run (every worker's bit set) would answer the new run's first packets with
     the old sums. The run's epoch makes that state idle: three runs against one job,
     configured once and never reset, each exact for its own inputs."""
-    from tests import mpirun
-    from tests.test_ina import check_within_bound
-
     n = 2
     socks = free_udp_sockets(n, "0.0.0.0")
     ports = [s.getsockname()[1] for s in socks]
@@ -354,34 +347,26 @@ def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, 
     finally:
         controller.teardown(job)
 
-def ina_run(args, outdir, cases, timeout=240):
-    """ina-run ARGS -- python -m tests.rank_cases ina_cases ... : (exit code, output,
-    per-rank results)."""
-    import json
-    import os
-    import pickle
-    from pathlib import Path
 
-    from tests.mpirun import ROOT
-    params = {"cases": cases, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for name in ("INA_SWITCH", "INA_JOB", "INA_WORKER_PORTS", "INA_SWITCH_ELEMENTS",
-                 "INA_SWITCH_SLOTS"):
-        env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", *args, "--",
-                           sys.executable, "-m", "tests.rank_cases", "ina_cases",
-                           json.dumps(params), str(outdir)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    results = [pickle.loads(p.read_bytes()) for p in sorted(Path(outdir).glob("rank*.pkl"))]
-    return proc.returncode, proc.stdout + proc.stderr, results
+@pytest.fixture
+def ina_run_cases(ina_run):
+    """``ina_run_cases(args, outdir, cases)``: ina-run ARGS -- python -m tests.rank_cases
+    ina_cases ...; (exit code, output, per-rank results)."""
+    def run(args, outdir, cases, timeout=240):
+        params = {"cases": cases, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+        proc = ina_run(*args, "--", sys.executable, "-m", "tests.rank_cases", "ina_cases",
+                       json.dumps(params), str(outdir), timeout=timeout)
+        results = [pickle.loads(p.read_bytes())
+                   for p in sorted(Path(outdir).glob("rank*.pkl"))]
+        return proc.returncode, proc.stdout + proc.stderr, results
+    return run
 
 
 @pytest.mark.mpi
-def test_ina_run_configures_the_embedded_switch_through_p4runtime(tmp_path):
-    from tests.test_ina import check_within_bound
+def test_ina_run_configures_the_embedded_switch_through_p4runtime(tmp_path, ina_run_cases):
     cases = [("float32", "sum", 300_000, 1), ("float64", "average", 5000, 2)]
-    code, output, results = ina_run(["-np", "3", "--elements", "512", "--slots", "6"],
-                                    tmp_path, cases)
+    code, output, results = ina_run_cases(["-np", "3", "--elements", "512", "--slots", "6"],
+                                          tmp_path, cases)
     assert code == 0, output
     assert "configured on 127.0.0.1:" in output and "(K 512, S 6, 3 workers)" in output
     assert len(results) == 3, output
@@ -393,18 +378,16 @@ def test_ina_run_configures_the_embedded_switch_through_p4runtime(tmp_path):
 
 
 @pytest.mark.mpi
-def test_ina_run_on_a_p4runtime_target_with_the_committed_p4info(tmp_path):
+def test_ina_run_on_a_p4runtime_target_with_the_committed_p4info(tmp_path, ina_run_cases):
     """--p4runtime with p4/ina_aggregator.p4info.txt (K 64, S 4096): here the target is
     a software switch serving P4Runtime; a BMv2 takes the same arguments."""
-    from tests.mpirun import ROOT
-    from tests.test_ina import check_within_bound
     p4info = ROOT / "p4" / "ina_aggregator.p4info.txt"
     (tmp_path / "dev").write_bytes(b"no device config needed")
     cases = [("float32", "sum", 10_000, 3)]
     with embedded_switch(p4runtime=True) as sw:
         out = tmp_path / "out"
         out.mkdir()
-        code, output, results = ina_run(
+        code, output, results = ina_run_cases(
             ["-np", "2", "--p4runtime", sw.p4runtime_address, "--p4info", str(p4info),
              "--device-config", str(tmp_path / "dev"), "--switch", sw.address_text,
              "--slot-base", "4000", "--slots", "16"], out, cases)
@@ -418,13 +401,13 @@ def test_ina_run_on_a_p4runtime_target_with_the_committed_p4info(tmp_path):
             assert c.read_workers() == [] and c.read_groups() == {}
 
 
-def test_ina_run_names_a_missing_target(tmp_path, pipeline):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code, output, _ = ina_run(["-np", "2", "--p4runtime", f"127.0.0.1:{port}", "--p4info",
-                               str(pipeline[0]), "--device-config", str(pipeline[1]),
-                               "--control-timeout", "1"], tmp_path, [], timeout=120)
+@pytest.mark.mpi  # ina-run finds its launcher before it tries the target
+def test_ina_run_names_a_missing_target(tmp_path, pipeline, closed_tcp_port, ina_run_cases):
+    port = closed_tcp_port
+    code, output, _ = ina_run_cases(["-np", "2", "--p4runtime", f"127.0.0.1:{port}",
+                                     "--p4info", str(pipeline[0]), "--device-config",
+                                     str(pipeline[1]), "--control-timeout", "1"], tmp_path, [],
+                                    timeout=120)
     assert code == 2
     assert (f"ina-run: error: no P4Runtime target answers at 127.0.0.1:{port} within 1 s"
             in output)
@@ -517,32 +500,31 @@ def test_server_follows_p4runtime_conventions(pipeline):
         channel.close()
 
 
-def test_ina_run_names_a_missing_switch(tmp_path):
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code, output, _ = ina_run(["-np", "2", "--switch", f"127.0.0.1:{port}",
-                               "--control-timeout", "1", "--require-switch"], tmp_path, [],
-                              timeout=120)
+@pytest.mark.mpi
+def test_ina_run_names_a_missing_switch(tmp_path, closed_udp_port, ina_run_cases):
+    port = closed_udp_port
+    code, output, _ = ina_run_cases(["-np", "2", "--switch", f"127.0.0.1:{port}",
+                                     "--control-timeout", "1", "--require-switch"], tmp_path,
+                                    [], timeout=120)
     assert code == 2
     assert f"ina-run: error: no aggregator listens at 127.0.0.1:{port}" in output or \
         f"ina-run: error: the aggregator at 127.0.0.1:{port} did not answer" in output, output
     # Without --require-switch: a warning, and the job runs (on the ring).
-    code, output, results = ina_run(["-np", "2", "--switch", f"127.0.0.1:{port}",
-                                     "--control-timeout", "1"], tmp_path,
-                                    [("float32", "sum", 1000, 1)], timeout=120)
+    code, output, results = ina_run_cases(["-np", "2", "--switch", f"127.0.0.1:{port}",
+                                           "--control-timeout", "1"], tmp_path,
+                                          [("float32", "sum", 1000, 1)], timeout=120)
     assert code == 0, output
     assert "ina-run: warning: " in output and "the ranks will take the ring" in output
     assert all(r["stats"]["engines"] == {"ring": 1} for r in results) and len(results) == 2
 
 
 @pytest.mark.mpi
-def test_ina_run_with_a_running_switch_lets_the_ranks_join(tmp_path):
+def test_ina_run_with_a_running_switch_lets_the_ranks_join(tmp_path, ina_run_cases):
     """--switch HOST:PORT without --p4runtime: the plain path, ranks join themselves."""
     cases = [("float32", "sum", 50_000, 4)]
     with embedded_switch() as sw:
-        code, output, results = ina_run(["-np", "2", "--switch", sw.address_text], tmp_path,
-                                        cases)
+        code, output, results = ina_run_cases(["-np", "2", "--switch", sw.address_text],
+                                              tmp_path, cases)
         assert code == 0, output
         assert "configured" not in output
         for r in results:
@@ -552,7 +534,6 @@ def test_ina_run_with_a_running_switch_lets_the_ranks_join(tmp_path):
 
 
 def test_control_command_line(switch, pipeline, tmp_path):
-    import json
     (tmp_path / "workers.json").write_text(json.dumps(
         [{"ip": "127.0.0.1", "udp_port": 41600 + i} for i in range(2)]))
     base = [sys.executable, "-m", "ina_collectives.control"]
@@ -577,7 +558,6 @@ def test_control_command_line(switch, pipeline, tmp_path):
 
 @pytest.mark.mpi
 def test_ranks_at_ports_not_installed_take_the_ring_and_say_why(controller, switch):
-    from tests import mpirun
     installed = [41700, 41701]
     job = JobSpec(71, [Worker("127.0.0.1", p) for p in installed], slots=2)
     controller.configure(job)

@@ -2,8 +2,6 @@
 a call, which engine serves it, the reasons recorded, and the chooser's argument checks."""
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -21,12 +19,6 @@ def call(dtype="float32", size=16, op=Op.SUM):
     return AllreduceCall(None, np.zeros(size, dtype), op)
 
 
-def closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ring_declines_small_arrays_mpi_reduces_and_dtypes_it_lacks():
     ring = RingEngine(MPI.COMM_SELF, Settings(ring_min_bytes=1024))
     assert ring.declines(call(size=1024 // 4)) is None
@@ -40,8 +32,8 @@ def test_mpi_declines_what_it_cannot_reduce():
     assert "no MPI reduction for object" in mpi.declines(call("object"))
 
 
-def test_ina_with_no_aggregator_answering_is_unavailable_with_the_reason():
-    settings = Settings(switch=f"127.0.0.1:{closed_port()}", switch_join_timeout=0.3)
+def test_ina_with_no_aggregator_answering_is_unavailable_with_the_reason(closed_udp_port):
+    settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.3)
     engine = InaEngine(MPI.COMM_SELF, settings)
     try:
         reason = engine.declines(call(size=1 << 20))
@@ -79,8 +71,13 @@ def test_the_chooser_records_which_engine_served_and_why_others_declined(one_ran
     snap = one_rank.stats.snapshot()
     assert snap["engines"] == {"mpi": 1, "ring": 1} and snap["calls"] == 2
     assert snap["fallback_reasons"] == {"ring: below ring_min_bytes (64)": 1}
-    one_rank.allreduce(np.ones(3, np.complex64))
+    z = np.array([1 + 2j, -3j], np.complex64)
+    np.testing.assert_array_equal(one_rank.allreduce(z, op="average"), z)
     assert one_rank.stats.last["engine"] == "mpi"
+    assert one_rank.stats.last["passed_over"] == ["ring: dtype complex64 is left to MPI"]
+    ints = np.arange(-50, 50, dtype=np.int32)
+    np.testing.assert_array_equal(one_rank.allreduce(ints, op=MPI.SUM), ints)
+    assert one_rank.stats.last["engine"] == "ring" and one_rank.stats.calls == 4
 
 
 def test_the_chooser_checks_its_arguments(one_rank):
@@ -89,6 +86,10 @@ def test_the_chooser_checks_its_arguments(one_rank):
         one_rank.allreduce(np.ones(8, np.int32), op=Op.AVERAGE)
     with pytest.raises(TypeError, match="dtype object"):
         one_rank.allreduce(np.array([None] * 3))
+    with pytest.raises(TypeError, match="dtype bool with op SUM is not supported"):
+        one_rank.allreduce(np.ones(8, bool))
+    with pytest.raises(TypeError, match="op MAX is not defined for dtype complex64"):
+        one_rank.allreduce(np.ones(8, np.complex64), op="max")
     with pytest.raises(ValueError, match="out has shape"):
         one_rank.allreduce(x, out=np.empty(4, np.float32))
     with pytest.raises(TypeError, match="out has dtype"):
@@ -106,3 +107,66 @@ def test_non_contiguous_and_in_place_calls(one_rank):
     y = np.arange(10, dtype=np.float64)
     assert one_rank.allreduce(y, out=y) is y
     np.testing.assert_array_equal(y, np.arange(10, dtype=np.float64))
+
+
+def test_mpi_declines_dtypes_this_mpi_cannot_reduce():
+    mpi = MpiEngine(MPI.COMM_SELF)
+    for taken in ("int8", "uint64", "float16", "complex64"):
+        assert mpi.declines(call(taken)) is None, taken
+    for refused in ("bool", "longdouble", "clongdouble", "datetime64[s]"):
+        assert mpi.declines(call(refused)) == f"mpi: no MPI reduction for {np.dtype(refused)}"
+
+
+def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
+        closed_udp_port, monkeypatch):
+    """Absent at init: every call takes the ring, stats say why, and the aggregator is
+    probed again at calls 1, 3, 7, 15 (after 1, 2, 4, 8 calls)."""
+    from ina_collectives.collectives import ina_engine
+
+    settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.2,
+                        switch_min_bytes=0, ring_min_bytes=0)
+    coll = Collectives(MPI.COMM_SELF, settings)
+    probes = []
+    monkeypatch.setattr(ina_engine, "_answers",
+                        lambda address, timeout: probes.append(coll.stats.calls + 1) or False)
+    try:
+        x = np.arange(1000, dtype=np.float32)
+        for _ in range(16):
+            np.testing.assert_array_equal(coll.allreduce(x, op="average"), x)
+        snap = coll.stats.snapshot()
+        assert snap["engines"] == {"ring": 16}
+        (reason,) = snap["fallback_reasons"]
+        assert reason.startswith("ina: aggregator unavailable (rank 0: ") and \
+            str(closed_udp_port) in reason, reason
+        assert snap["fallback_reasons"][reason] == 16
+        assert snap["switch"] == {"serving": False, "outages": 0, "returns": 0}
+        assert probes == [1, 3, 7, 15]
+    finally:
+        coll.free()
+
+
+def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
+    """The switch is absent at init and listens from the second call on: the third call
+    (the second probe) joins it, and from then on calls go through it, within the bound."""
+    from ina_collectives.switch.embedded import embedded_switch
+    from tests.inputs import check_within_bound, make_input
+
+    settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.5,
+                        switch_min_bytes=0, ring_min_bytes=0)
+    coll = Collectives(MPI.COMM_SELF, settings)
+    try:
+        x = make_input("float32", "sum", 5000, 7, 0)
+        np.testing.assert_array_equal(coll.allreduce(x), x)
+        with embedded_switch("--port", str(closed_udp_port)) as sw:
+            engines = []
+            for _ in range(3):
+                check_within_bound(coll.allreduce(x), "float32", "sum", 5000, 7, 1)
+                engines.append(coll.stats.last["engine"])
+            assert engines == ["ring", "ina", "ina"]
+            assert coll.stats.snapshot()["switch"] == {"serving": True, "outages": 0,
+                                                       "returns": 1}
+            coll.free()  # leaves the job while the switch runs
+            assert sw.process.poll() is None, sw.lines
+    finally:
+        if coll.comm != MPI.COMM_NULL:
+            coll.free()

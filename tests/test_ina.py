@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
-from ina_collectives.ina.reference import blockfp
 from ina_collectives.switch import send_faults
 from ina_collectives.switch.embedded import embedded_switch
 from tests import mpirun
-from tests.inputs import check_result, inputs_of_all_ranks
+from tests.inputs import check_result, check_within_bound
 
-pytestmark = pytest.mark.mpi
 K = P.MAX_ELEMENTS
 
 
@@ -25,23 +23,6 @@ def run_ina(sw, n, cases, rounds=1, settings=None, timeout=240.0):
               "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0, **(settings or {})}}
     return mpirun.run(n, "ina_cases", params, env={"INA_SWITCH": sw.address_text},
                       timeout=timeout)
-
-
-def check_within_bound(result, dtype, op, count, seed, n, k=K):
-    """The bound of docs/quantization.md for every element, from all ranks' inputs."""
-    xs = inputs_of_all_ranks(dtype, op, count, seed, n)
-    wide = np.float32 if dtype == "float16" else dtype
-    agreed = np.max([blockfp.block_exponents(x.astype(wide), k)[0] for x in xs], axis=0)
-    average = op == "average"
-    exact = xs.astype(np.longdouble).sum(axis=0) / (n if average else 1)
-    exps = np.repeat(agreed, k)[:count]
-    bound = blockfp.error_bound(n, exps, wide, result.astype(wide), average)
-    if dtype == "float16":  # float32 result rounded once more to float16
-        bound = bound + np.spacing(np.abs(result)).astype(np.float64)
-    error = np.abs(result.astype(np.longdouble) - exact).astype(np.float64)
-    bad = np.flatnonzero(error > bound * (1 + 1e-9) + np.abs(exact).astype(float) * 2**-60)
-    assert bad.size == 0, (f"{dtype} {op} n={n}: element {bad[0]} = {result[bad[0]]}, exact "
-                           f"{exact[bad[0]]}, error {error[bad[0]]:.3g} > {bound[bad[0]]:.3g}")
 
 
 def check_job(results, cases, n, rounds=1, engine="ina"):
@@ -53,6 +34,7 @@ def check_job(results, cases, n, rounds=1, engine="ina"):
         assert r["stats"]["engines"] == {engine: len(cases) * rounds}, r["stats"]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_results_within_bound_and_identical(switch, n):
     cases = [("float32", "sum", 0, 0), ("float32", "sum", 1, 1), ("float32", "sum", K - 1, 2),
@@ -64,12 +46,14 @@ def test_results_within_bound_and_identical(switch, n):
     check_job(results, cases, n, rounds=2)
 
 
+@pytest.mark.mpi
 def test_64_mib_on_four_ranks(switch):
     cases = [("float32", "sum", 16 << 20, 11)]
     check_job(run_ina(switch, 4, cases), cases, 4)
 
 
-@pytest.mark.parametrize("faults", [
+@pytest.mark.mpi
+@pytest.mark.parametrize("injected", [
     {"drop_in": 0.005, "drop_out": 0.005},
     {"drop_in": 0.025, "drop_out": 0.025},
     {"drop_in": 0.1, "drop_out": 0.1},
@@ -78,15 +62,11 @@ def test_64_mib_on_four_ranks(switch):
     {"delay_ms_in": 3, "delay_ms_out": 4},
     {"drop_in": 0.02, "duplicate_out": 0.05, "reorder_in": 0.1, "delay_ms_out": 1},
 ], ids=["loss-1%", "loss-5%", "loss-20%", "duplicate", "reorder", "delay", "mixed"])
-def test_faults_give_the_same_results(switch, faults):
-    send_faults((switch.host, switch.port), **faults)
-    try:
-        cases = [("float32", "sum", 2 * K * 8 + 3, 21), ("float64", "average", 40_000, 22)]
-        results = run_ina(switch, 3, cases, rounds=3, settings={"retransmit_timeout": 0.01})
-    finally:
-        send_faults((switch.host, switch.port))
+def test_faults_give_the_same_results(switch, faults, injected):
+    faults(**injected)
+    cases = [("float32", "sum", 2 * K * 8 + 3, 21), ("float64", "average", 40_000, 22)]
+    results = run_ina(switch, 3, cases, rounds=3, settings={"retransmit_timeout": 0.01})
     check_job(results, cases, 3, rounds=3)
-
 
 
 def test_rtt_estimator_follows_rfc6298():
@@ -104,17 +84,15 @@ def test_rtt_estimator_follows_rfc6298():
     assert transport.rtt_update(state, 10.0, 0.005, 0.5) == 0.5
 
 
-def test_timeout_adapts_to_a_slow_aggregator(switch):
+@pytest.mark.mpi
+def test_timeout_adapts_to_a_slow_aggregator(switch, faults):
     """Results 30 ms late (above the initial 20 ms timeout): after the first window's
     resends the measured round trip raises the timeout, instead of resending every chunk
     (as a fixed 20 ms timeout does)."""
     chunks = 96
-    send_faults((switch.host, switch.port), delay_ms_out=30)
-    try:
-        cases = [("float32", "sum", chunks * K, 23)]
-        results = run_ina(switch, 2, cases, settings={"retransmit_timeout": 0.02})
-    finally:
-        send_faults((switch.host, switch.port))
+    faults(delay_ms_out=30)
+    cases = [("float32", "sum", chunks * K, 23)]
+    results = run_ina(switch, 2, cases, settings={"retransmit_timeout": 0.02})
     check_job(results, cases, 2)
     for r in results:
         t = r["stats"]["transport"]
@@ -123,6 +101,7 @@ def test_timeout_adapts_to_a_slow_aggregator(switch):
         assert t["rtt_samples"] > chunks / 2 and t["retransmitted"] < chunks / 2, t
 
 
+@pytest.mark.mpi
 def test_switch_killed_mid_operation_falls_back_to_the_ring():
     with embedded_switch() as sw:
         cases = [("float32", "sum", 1 << 20, 31), ("float32", "sum", 8 << 20, 32),
@@ -147,6 +126,7 @@ def test_switch_killed_mid_operation_falls_back_to_the_ring():
         assert any("aggregator failed" in k for k in r["stats"]["fallback_reasons"])
 
 
+@pytest.mark.mpi
 def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
     """The switch dies: that call finishes on the ring. A switch starts again at the same
     address: within a few calls (tried after 1, 2, 4 ... calls) the ranks join it again and
@@ -206,20 +186,18 @@ def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
             check_result(per_rank[0], *case, 100 + i, 2)
 
 
-def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch):
+@pytest.mark.mpi
+def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch, faults):
     """The stream runs without the GIL; it takes it every 20 ms to see signals. With the
     switch holding every result back 500 ms, a call of 8 MiB takes seconds: SIGINT on
     rank 0 ends it with KeyboardInterrupt (well within a second; the bound of the issue,
     100 ms, is what the 20 ms check gives on an idle machine), and rank 1 gets
     CollectiveTimeout naming what it waited for."""
-    send_faults((switch.host, switch.port), delay_ms_out=500)
-    try:
-        params = {"count": 2 << 20, "interrupt_after": 0.3,
-                  "settings": {"switch_min_bytes": 0, "switch_silence": 2.0, "timeout": 6}}
-        results = mpirun.run(2, "ina_interrupted", params,
-                             env={"INA_SWITCH": switch.address_text}, timeout=120)
-    finally:
-        send_faults((switch.host, switch.port))
+    faults(delay_ms_out=500)
+    params = {"count": 2 << 20, "interrupt_after": 0.3,
+              "settings": {"switch_min_bytes": 0, "switch_silence": 2.0, "timeout": 6}}
+    results = mpirun.run(2, "ina_interrupted", params, env={"INA_SWITCH": switch.address_text},
+                         timeout=120)
     interrupted, other = results
     assert interrupted["error"]["error"] == "KeyboardInterrupt", interrupted
     assert interrupted["after_signal"] < 1.0, interrupted
@@ -227,6 +205,7 @@ def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch):
     assert "to report the outcome" in other["error"]["message"], other
 
 
+@pytest.mark.mpi
 def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
     with embedded_switch("--idle", "1") as sw:
         params = {"count": 1 << 20, "stop_after": 0.2,
@@ -249,10 +228,9 @@ def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
     assert any("sent nothing for 1 s: freed" in line for line in lines), lines
 
 
-def test_no_switch_listening_means_the_ring_with_the_reason():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+@pytest.mark.mpi
+def test_no_switch_listening_means_the_ring_with_the_reason(closed_udp_port):
+    port = closed_udp_port
     cases = [("float32", "sum", 300_000, 41)]
     results = mpirun.run(2, "ina_cases", {"cases": cases, "settings": {
         "switch_min_bytes": 0, "ring_min_bytes": 0, "switch_join_timeout": 1.0}},
@@ -262,6 +240,7 @@ def test_no_switch_listening_means_the_ring_with_the_reason():
     assert reason.startswith("ina: aggregator unavailable") and str(port) in reason, reason
 
 
+@pytest.mark.mpi
 def test_a_refused_job_means_the_ring_with_the_reason():
     with embedded_switch("--pool-slots", "4") as sw:
         cases = [("float32", "sum", 300_000, 42)]
@@ -271,6 +250,7 @@ def test_a_refused_job_means_the_ring_with_the_reason():
     assert "refused job" in reason and "no room for the job" in reason, reason
 
 
+@pytest.mark.mpi
 def test_per_call_choices_nan_ints_ops_and_small_tensors(switch):
     params = {"cases": [("float32", "sum", 50_000, 51), ("int32", "sum", 50_000, 52),
                         ("float32", "max", 50_000, 53), ("float32", "sum", 10, 54)],
@@ -289,6 +269,7 @@ def test_per_call_choices_nan_ints_ops_and_small_tensors(switch):
         assert "ina: NaN or Inf in the input (exact path)" in r["stats"]["last_call"]["passed_over"]
 
 
+@pytest.mark.mpi
 def test_malformed_and_foreign_packets_are_dropped_and_counted():
     from ina_collectives.protocol import INA
 

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
+from ina_collectives.mpi import Intracomm
 from tests import mpirun
 
-pytestmark = pytest.mark.mpi
 
-
+@pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_every_buffer_form_matches_mpi(n):
     (first, *others) = results = mpirun.run(n, "intracomm_forms")
@@ -35,8 +36,21 @@ def test_every_buffer_form_matches_mpi(n):
     assert stats["engines"].get("mpi", 0) >= 1, stats  # complex goes to MPI's reduction
 
 
+@pytest.mark.mpi
 def test_disagreeing_buffers_raise_on_every_rank():
     results = mpirun.run(2, "intracomm_disagree")
     for r in results:
         assert r["error"] == "AgreementError", r
         assert "rank 0: 65 x float64" in r["message"] and "rank 1: 64 x float64" in r["message"]
+
+
+@pytest.mark.parametrize("datatype", ["BYTE", "PACKED"])
+def test_a_sum_of_untyped_bytes_is_refused_as_mpi_refuses_it(datatype):
+    t = getattr(MPI, datatype)
+    a, b = np.ones(8, np.uint8), np.zeros(8, np.uint8)
+    with pytest.raises(MPI.Exception, match="not defined for this datatype"):
+        MPI.COMM_SELF.Allreduce([a, t], [b, t], op=MPI.SUM)
+    comm = Intracomm(MPI.COMM_SELF)  # a predefined communicator: never freed
+    with pytest.raises(MPI.Exception, match="not defined for this datatype"):
+        comm.Allreduce([a, t], [b, t], op=MPI.SUM)
+    assert comm.ina_stats()["calls"] == 0  # handed to MPI, not reduced as bytes

@@ -30,19 +30,38 @@ def test_ready_operations_come_in_the_order_they_were_first_seen():
     assert [r.name for r in out.ready] == ["b", "a"]  # rank 0 submitted b first
 
 
-@pytest.mark.parametrize("change, words", [
-    (dict(dtype="float64"), "Mismatched dtype of allreduce 'x': rank 0: float32, "
-                            "rank 1: float64"),
-    (dict(shape=(5,)), "Mismatched shape"),
-    (dict(op="max"), "Mismatched reduction op"),
-    (dict(kind="broadcast", root=1), "Mismatched operation"),
-    (dict(prescale=2.0), "Mismatched prescale/postscale factors"),
+@pytest.mark.parametrize("base, change, words", [
+    ({}, dict(dtype="float64"), "Mismatched dtype of allreduce 'x': rank 0: float32, "
+                                "rank 1: float32, rank 2: float64"),
+    ({}, dict(shape=(5,)), "Mismatched shape of allreduce 'x': rank 0: (4,), rank 1: (4,), "
+                           "rank 2: (5,)"),
+    ({}, dict(op="max"), "Mismatched reduction op of allreduce 'x': rank 0: sum, rank 1: sum, "
+                         "rank 2: max"),
+    (dict(kind="broadcast", root=0), dict(kind="broadcast", root=1),
+     "Mismatched root rank of broadcast 'x': rank 0: 0, rank 1: 0, rank 2: 1"),
+    ({}, dict(kind="broadcast", root=1), "Mismatched operation of allreduce 'x': "
+                                         "rank 0: allreduce, rank 1: allreduce, rank 2: broadcast"),
+    ({}, dict(prescale=2.0), "Mismatched prescale/postscale factors of allreduce 'x': "
+                             "rank 0: (1.0, 1.0), rank 1: (1.0, 1.0), rank 2: (2.0, 1.0)"),
 ])
-def test_a_metadata_mismatch_fails_on_every_rank_naming_the_ranks(change, words):
+def test_a_metadata_mismatch_fails_naming_each_ranks_value(base, change, words):
+    table = ReadinessTable(3)
+    out = table.absorb([Message([req("x", **base), req("y")]), Message([req("x", **base)]),
+                        Message([req("x", **change), req("y")])], now=0.0)
+    assert [f.name for f in out.failed] == ["x"] and out.failed[0].message == words
+    assert out.ready == [] and list(table.pending) == ["y"]  # x is gone; y waits for rank 1
+    later = table.absorb([Message(), Message([req("y")]), Message()], now=1.0)
+    assert [r.name for r in later.ready] == ["y"] and later.failed == []
+
+
+def test_a_mismatch_is_found_only_once_every_rank_has_submitted():
     table = ReadinessTable(2)
-    out = table.absorb([Message([req("x")]), Message([req("x", **change)])], now=0.0)
-    assert out.ready == []
-    assert [f.name for f in out.failed] == ["x"] and words in out.failed[0].message
+    first = table.absorb([Message([req("x")]), Message()], now=0.0)
+    assert first.failed == [] and list(table.pending) == ["x"]
+    out = table.absorb([Message(), Message([req("x", dtype="int32")])], now=1.0)
+    assert "rank 0: float32, rank 1: int32" in out.failed[0].message
+    again = table.absorb([Message([req("x")]), Message([req("x")])], now=2.0)
+    assert [r.name for r in again.ready] == ["x"]  # the name can be used afresh
 
 
 def test_allgather_may_differ_in_its_first_dimension_only():
@@ -103,3 +122,43 @@ def test_stalled_names_warn_once_then_fail_naming_the_missing_ranks(caplog):
     assert out.failed[0].name == "s"
     assert ("submitted by rank(s) [0, 2], but rank(s) [1] never submitted it"
             in out.failed[0].message)
+
+
+def test_a_name_repeated_within_one_message_fails():
+    table = ReadinessTable(2)
+    out = table.absorb([Message([req("a"), req("a")]), Message()], now=0.0)
+    assert [(f.name, f.message) for f in out.failed] == [
+        ("a", "rank 0 submitted 'a' again while its first one was pending")]
+    assert table.pending == {}
+
+
+def test_ranks_joining_in_one_cycle_report_the_highest_and_no_shutdown_by_default():
+    table = ReadinessTable(3)
+    out = table.absorb([Message(join=True), Message(), Message(join=True)], now=0.0)
+    assert out.join_done is None and out.shutdown_by is None
+    done = table.absorb([Message(), Message(join=True), Message(join=True)], now=0.0)
+    assert done.join_done == 1  # rank 1 joined last (rank 2's second join changes nothing)
+    assert table.joined == {}
+
+
+def test_stall_warning_starts_at_warn_after_and_skips_joined_ranks(caplog):
+    table = ReadinessTable(3)
+    table.absorb([Message([req("s")]), Message(join=True), Message()], now=100.0)
+    with caplog.at_level(logging.WARNING, logger="ina_collectives"):
+        assert table.stalled(now=159.9, warn_after=60.0, fail_after=120.0) == ()
+        assert caplog.records == []
+        assert table.stalled(now=160.0, warn_after=60.0, fail_after=120.0) == ()
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("stalled: allreduce 's' float32[4] sum was submitted by "
+                              "rank(s) [0], but rank(s) [2] have not submitted it for 60 s")
+    assert table.stalled(now=219.9, warn_after=60.0, fail_after=120.0) == ()
+    assert table.stalled(now=220.0, warn_after=60.0, fail_after=120.0) == ("s",)
+
+
+def test_only_rank_0s_stalled_list_counts_and_unknown_names_are_ignored():
+    table = ReadinessTable(2)
+    table.absorb([Message([req("s")]), Message()], now=0.0)
+    out = table.absorb([Message(stalled=("gone",)), Message(stalled=("s",))], now=500.0)
+    assert out.failed == [] and list(table.pending) == ["s"]
+    out = table.absorb([Message(stalled=("s",)), Message()], now=500.0)
+    assert [f.name for f in out.failed] == ["s"] and table.pending == {}

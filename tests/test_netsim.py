@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,9 +14,7 @@ torch = pytest.importorskip("torch", reason="the gloo rows need torch")
 
 from bench import netsim_report  # noqa: E402
 from bench.netsim_topology import EmulatedCluster  # noqa: E402
-from tests.conftest import needs_root  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, needs_nft, needs_root  # noqa: E402
 
 
 def namespaces() -> set[str]:
@@ -25,8 +22,9 @@ def namespaces() -> set[str]:
     return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
 
 
-@pytest.mark.mpi
+@pytest.mark.mpi  # bench.netsim runs the ranks under mpiexec
 @needs_root
+@needs_nft
 def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
@@ -63,6 +61,7 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
 
 
 @needs_root
+@needs_nft
 def test_cluster_is_removed_after_an_error():
     with pytest.raises(RuntimeError, match="on purpose"):
         with EmulatedCluster(2, 100.0, prefix="inatestcluster") as cluster:

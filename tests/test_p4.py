@@ -11,22 +11,20 @@ import pytest
 
 from ina_collectives import protocol as P
 from ina_collectives.control import schema as S
+from tests.conftest import ROOT, needs_p4_extra
 
-ROOT = Path(__file__).resolve().parent.parent
 P4DIR = ROOT / "p4"
 
 
 def read_p4info(path: Path):
-    pytest.importorskip("p4.config.v1.p4info_pb2", reason="the p4 extra (p4runtime) is "
-                        "not installed")
     from google.protobuf import text_format
     from p4.config.v1 import p4info_pb2
 
     return text_format.Parse(path.read_text(), p4info_pb2.P4Info())
 
 
+@needs_p4_extra  # gen.py writes the P4Info with protobuf
 def test_gen_is_reproducible(tmp_path):
-    pytest.importorskip("google.protobuf", reason="gen.py writes the P4Info with protobuf")
     subprocess.run([sys.executable, str(P4DIR / "gen.py"), "--out-dir", str(tmp_path)],
                    check=True)
     for name in ("ina_aggregator.p4", "ina_aggregator.p4info.txt"):
@@ -34,8 +32,8 @@ def test_gen_is_reproducible(tmp_path):
             f"p4/{name} is not what p4/gen.py writes: run python p4/gen.py and commit")
 
 
+@needs_p4_extra
 def test_gen_other_sizes(tmp_path):
-    pytest.importorskip("google.protobuf", reason="gen.py writes the P4Info with protobuf")
     subprocess.run([sys.executable, str(P4DIR / "gen.py"), "--elements", "8", "--slots",
                     "16", "--out-dir", str(tmp_path)], check=True)
     program = (tmp_path / "ina_aggregator.p4").read_text()
@@ -45,6 +43,7 @@ def test_gen_other_sizes(tmp_path):
     assert (build.k, build.slots) == (8, 16)
 
 
+@needs_p4_extra
 def test_p4info_names_every_entity_the_controller_uses():
     info = read_p4info(P4DIR / "ina_aggregator.p4info.txt")
     build = S.read_build(info)  # raises, naming what is missing
@@ -59,6 +58,7 @@ def test_p4info_names_every_entity_the_controller_uses():
             assert (table.name, key.name) in fields
 
 
+@needs_p4_extra
 def test_program_and_p4info_agree():
     """Every P4Info entity is declared in the program with its id, and every @id in the
     program is in the P4Info; key names, parameters and sizes match."""
@@ -107,16 +107,10 @@ def test_program_uses_the_wire_constants():
     assert sum(widths) == 8 * P.HEADER_BYTES
 
 
-def test_core_imports_without_the_p4_extra():
+def test_core_imports_without_the_p4_extra(run_python):
     """grpc, p4runtime, p4runtime-shell and protobuf are the p4 extra's: the package, the
     switch, the controller module and ina-run import without them."""
     code = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("grpc", "p4runtime_sh", "p4", "google"):
-            raise ImportError(f"blocked: {name}")
-sys.meta_path.insert(0, Block())
 import ina_collectives, ina_collectives.switch, ina_collectives.control
 import ina_collectives.launch, ina_collectives.control.schema, ina_collectives.switch.embedded
 from ina_collectives.launch import p4_extra_installed
@@ -126,34 +120,24 @@ try:
 except ina_collectives.control.ControlError as exc:
     print(exc)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    out = run_python(code, block=("grpc", "p4runtime_sh", "p4", "google"))
     assert out.returncode == 0, out.stderr
     assert "the controller needs the p4 extra" in out.stdout
 
 
 @pytest.mark.mpi
-def test_ina_run_without_the_p4_extra_lets_the_ranks_join(tmp_path):
+def test_ina_run_without_the_p4_extra_lets_the_ranks_join(tmp_path, run_python):
     import json
-    import os
     import pickle
     params = {"cases": [("float32", "sum", 30_000, 1)],
               "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
     code = f"""
 import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("grpc", "p4runtime_sh", "p4"):
-            raise ImportError(f"blocked: {{name}}")
-sys.meta_path.insert(0, Block())
 from ina_collectives.launch import main
 sys.exit(main(["-np", "2", "--", sys.executable, "-m", "tests.rank_cases", "ina_cases",
                {json.dumps(params)!r}, {str(tmp_path)!r}]))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
-    env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=240, cwd=ROOT, env=env)
+    out = run_python(code, block=("grpc", "p4runtime_sh", "p4"), timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "the p4 extra is not installed: the ranks join" in out.stderr
     for path in sorted(tmp_path.glob("rank*.pkl")):

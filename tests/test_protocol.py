@@ -2,19 +2,24 @@
 table agrees with it, control packets and addresses round-trip, bad input is named."""
 from __future__ import annotations
 
-from pathlib import Path
+import struct
 
 import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
 from ina_collectives.protocol import header
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
 
 
 def test_the_docs_show_exactly_the_field_table():
-    assert header.markdown_table() in (ROOT / "docs" / "protocol.md").read_text()
+    docs = (ROOT / "docs" / "protocol.md").read_text()
+    table = header.markdown_table()
+    assert docs.count(table) == 1
+    before, _, after = docs.partition(table)
+    # Exactly: no stale row of the docs' table right above or below the generated one.
+    assert before.endswith("\n") and not before.splitlines()[-1].startswith("|")
+    assert after.startswith("\n") and not after.splitlines()[1].startswith("|")
 
 
 def test_the_p4_program_declares_the_header_from_the_table():
@@ -44,6 +49,25 @@ def test_pack_and_unpack_at_the_fields_edges(edge):
     assert len(packed) == P.HEADER_BYTES
     assert P.unpack_header(packed) == values
     assert P.unpack_header(packed + b"payload") == values
+
+
+def test_values_past_a_fields_edges_are_refused_not_wrapped():
+    base = {f.name: 0 for f in P.FIELDS if f.name not in P.RESERVED}
+    for f in P.FIELDS:
+        if f.name in P.RESERVED:
+            continue
+        lo, hi = ((-(1 << (f.bits - 1)), (1 << (f.bits - 1)) - 1) if f.signed
+                  else (0, (1 << f.bits) - 1))
+        for bad in (lo - 1, hi + 1):
+            with pytest.raises(struct.error):
+                P.pack_header(**{**base, f.name: bad})
+
+
+def test_negative_exponents_and_no_proposal_round_trip():
+    values = dict(version=P.PROTOCOL_VERSION, flags=P.FLAG_RESULT, job=3, worker=1,
+                  slot_version=1, slot=7, offset=4096, count=12, exponent=-1,
+                  proposal=P.PROPOSAL_NONE, epoch=65535)
+    assert P.unpack_header(P.pack_header(**values)) == values
 
 
 def test_a_short_header_is_refused_by_length():
@@ -79,8 +103,14 @@ def test_addresses():
     assert P.parse_address("localhost") == ("127.0.0.1", P.UDP_PORT)
     assert P.address_text(*P.sockaddr_be(("127.0.0.2", 47474))) == "127.0.0.2:47474"
     assert P.ipv4_int_be(0x7F000001) == P.ipv4_be("127.0.0.1") == P.LOOPBACK_BE
+    assert P.parse_address(" 127.0.0.1:9 ", default_port=1) == ("127.0.0.1", 9)
+    assert P.parse_address("127.0.0.1", default_port=1) == ("127.0.0.1", 1)
+    for host, port in [("0.0.0.0", 1), ("10.1.2.3", 47474), ("255.255.255.255", 65535)]:
+        assert P.address_text(*P.sockaddr_be((host, port))) == f"{host}:{port}"
     for text, words in [("h:x", "the port 'x' is not a number"), ("h:0", "out of range"),
-                        ("no.such.host.invalid:1", "cannot resolve")]:
+                        ("h:65536", "port 65536 is out of range"),
+                        ("h:", "the port '' is not a number"),
+                        ("no.such.host.invalid:1", "cannot resolve 'no.such.host.invalid'")]:
         with pytest.raises(ValueError, match=words):
             P.parse_address(text)
 

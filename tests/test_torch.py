@@ -13,8 +13,6 @@ from ina_collectives.runtime.background import split_rows  # noqa: E402
 from tests import mpirun  # noqa: E402
 from tests.torch_cases import DTYPES, OPS, loss_of, optimizer_problem, torch_input  # noqa: E402
 
-pytestmark = pytest.mark.mpi
-
 
 def run(n, case, params=None, env=None, timeout=120.0, **options):
     return mpirun.run(n, case, params, env=env, timeout=timeout, module="tests.torch_cases",
@@ -44,6 +42,7 @@ def close(got, want, dtype):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=dtype)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("through", ["switch", "ring"])
 def test_every_operation_and_dtype(switch, through, tmp_path):
     n, shape = 3, (5, 7)
@@ -107,6 +106,7 @@ def test_every_operation_and_dtype(switch, through, tmp_path):
             assert "ina" not in engines, out["stats"]
 
 
+@pytest.mark.mpi
 def test_async_poll_and_fusion():
     results = run(2, "torch_async", {"settings": {"fusion_threshold": 1 << 20}})
     assert results[0]["poll_before_peer"] is False
@@ -120,6 +120,7 @@ def test_async_poll_and_fusion():
         assert out["sync_twice"]["error"] == "ValueError"
 
 
+@pytest.mark.mpi
 def test_fusion_off_reduces_each_tensor_alone():
     results = run(2, "torch_async", {"settings": {"fusion_threshold": 0}})
     for out in results:
@@ -128,6 +129,7 @@ def test_fusion_off_reduces_each_tensor_alone():
             np.testing.assert_array_equal(got, np.full(100, 2.0 * i))
 
 
+@pytest.mark.mpi
 def test_gradients_flow_through_every_collective():
     n = 3
     results = run(n, "torch_autograd")
@@ -151,6 +153,7 @@ def test_gradients_flow_through_every_collective():
                                       np.concatenate([w(j, 2) for j in range(n)]))
 
 
+@pytest.mark.mpi
 def test_disagreeing_ranks_all_raise_and_the_runtime_goes_on():
     results = run(3, "torch_errors")
     for r, out in enumerate(results):
@@ -177,6 +180,7 @@ def test_disagreeing_ranks_all_raise_and_the_runtime_goes_on():
         assert out["after_shutdown"]["error"] == "ValueError"
 
 
+@pytest.mark.mpi
 def test_a_tensor_some_ranks_never_submit_fails_naming_them():
     results = run(3, "torch_stall", {"stall": 2.0})
     for r in (0, 1):
@@ -188,6 +192,7 @@ def test_a_tensor_some_ranks_never_submit_fails_naming_them():
         np.testing.assert_array_equal(out["after"], np.full(4, 3.0))
 
 
+@pytest.mark.mpi
 def test_a_dead_peer_fails_pending_operations_within_the_timeout():
     results = run(3, "torch_dead_peer", {"timeout": 3.0}, timeout=90,
                   survive_dead_ranks=True)
@@ -199,6 +204,7 @@ def test_a_dead_peer_fails_pending_operations_within_the_timeout():
         assert "stopped" in results[r]["later"]["message"], results[r]["later"]
 
 
+@pytest.mark.mpi
 def test_join_lets_ranks_with_fewer_batches_finish():
     n = 3
     results = run(n, "torch_join")
@@ -211,6 +217,7 @@ def test_join_lets_ranks_with_fewer_batches_finish():
         np.testing.assert_array_equal(out["after"], np.full(2, float(n)))
 
 
+@pytest.mark.mpi
 def test_init_on_a_subset_and_again():
     results = run(3, "torch_init")
     for r, out in enumerate(results):
@@ -255,6 +262,7 @@ def reference_steps(n, steps, passes=1, compression=None):
     return out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("options", [{}, {"passes": 2, "predivide": 2.0},
                                      {"compression": "fp16"}])
 def test_distributed_optimizer_matches_one_process(options):
@@ -277,6 +285,7 @@ def test_distributed_optimizer_matches_one_process(options):
         np.testing.assert_array_equal(a, b)  # every rank holds the same model
 
 
+@pytest.mark.mpi
 def test_training_demo_through_ina_run_matches_one_process():
     """The README's main job, smaller: ina-run starts the embedded switch and 2 ranks;
     the demo exits 0 only if its final loss is within its tolerance of one process's."""
@@ -284,7 +293,8 @@ def test_training_demo_through_ina_run_matches_one_process():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    from tests.conftest import ROOT as root
+
     ina_run = Path(sys.executable).parent / "ina-run"
     command = [str(ina_run)] if ina_run.exists() else [sys.executable, "-m",
                                                         "ina_collectives.launch"]

@@ -81,8 +81,9 @@ def _dtype_of(buf: Any, datatype: MPI.Datatype | str | None) -> np.dtype | None:
             return np.dtype(memoryview(buf).format)
         if isinstance(datatype, str):
             return np.dtype(datatype)
-        if not datatype.is_predefined or datatype == MPI.DATATYPE_NULL:
-            return None
+        if not datatype.is_predefined or datatype in (MPI.DATATYPE_NULL, MPI.BYTE,
+                                                         MPI.PACKED):
+            return None  # untyped bytes: MPI reduces none of them, and says so
         dtype = dtlib.to_numpy_dtype(datatype)
         return dtype if dtype.fields is None and dtype.subdtype is None else None
     except (TypeError, ValueError, KeyError):
