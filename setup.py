@@ -1,7 +1,8 @@
 """Build the Cython hot loops in _fast/ into the package as ina_collectives._fast.*.
 
 Flags are portable (-O3, no -march=native) so a wheel built here runs on any x86-64.
--fno-math-errno lets gcc vectorize the libm calls of the kernels; nothing reads errno.
+-fno-math-errno lets gcc vectorize the libm calls of the kernels (no libm errno is read;
+the socket calls' errno is unaffected). loadgen.pyx is bench/'s: bench/loadgen_build.py.
 """
 from pathlib import Path
 

@@ -16,7 +16,7 @@ from libc.string cimport memcpy, memset
 
 from blockfp_kernels cimport ina_accumulate_be32, ina_load_be32, ina_store_be32
 from byteorder cimport get16, get32, put16
-from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
+from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
                     prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr, sockaddr,
                     sockaddr_in, try_again)
 
@@ -408,6 +408,8 @@ cdef class Aggregator(FaultInjection):
         cdef int sent = 0, r
         while sent < self.nout:
             r = sendmmsg(self.fd, &self.out_msgs[sent], self.nout - sent, 0)
+            if r < 0 and errno == EINTR:  # a signal came first: nothing was sent, again
+                continue
             if r < 0:  # the first one was refused: count it with its errno, go on
                 self.send_failures += 1
                 self.last_errno = errno
