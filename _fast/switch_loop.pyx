@@ -28,6 +28,8 @@ cdef enum:
     BATCH = 64          # datagrams per recvmmsg
     MAX_WORKERS = 64    # bits of a slot's bitmap (protocol.MAX_WORKERS)
     MAX_CONTROL = 64    # control packets held for Python per run()
+    MAX_GAP = 64        # more packet numbers missing than this: lost track, no NACK
+    NACK_BUFFERS = 4    # NACKs of one worker that may wait in the outbox at once
 
 # Why packets are dropped; the index is the counter's (the P4 program's drop counter
 # uses the same indices). The enum below follows protocol.DROP_REASONS.
@@ -54,6 +56,11 @@ ctypedef struct Job:
     int16_t *proposal      # [2 S] max of the proposals
     uint16_t *epoch        # [2 S] the epoch of the run that last used the cell
     uint8_t *result        # [2 S][HEADER + 4 K] the last result packet of each slot
+    uint8_t next_seq[MAX_WORKERS]      # each worker's next packet number (check_sequence)
+    uint8_t seq_known[MAX_WORKERS]
+    uint16_t seq_epoch[MAX_WORKERS]
+    uint8_t *nack          # [MAX_WORKERS][NACK_BUFFERS][HEADER]: NACKs sent from here
+    uint8_t nack_at[MAX_WORKERS]
     int32_t *result_len    # [2 S]
     double last_seen
 
@@ -69,6 +76,7 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.proposal)
         free(job.epoch)
         free(job.result)
+        free(job.nack)
         free(job.result_len)
         free(job)
 
@@ -98,6 +106,8 @@ cdef class Aggregator(FaultInjection):
     cdef mmsghdr out_msgs[BATCH]
     cdef int nout
     cdef public uint64_t packets_in, packets_out, results, retransmits_answered
+    cdef public uint64_t nacks  # workers told that their packet for a chunk never came
+    cdef public uint64_t result_requests  # header-only retransmissions (answer_request)
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
     cdef public int last_errno          # why the last one was refused
     cdef uint64_t drops[<int>DROP_COUNT]
@@ -163,9 +173,11 @@ cdef class Aggregator(FaultInjection):
         job.epoch = <uint16_t *>calloc(cells, 2)
         job.result = <uint8_t *>calloc(cells, width)
         job.result_len = <int32_t *>calloc(cells, 4)
+        job.nack = <uint8_t *>calloc(MAX_WORKERS * NACK_BUFFERS, HEADER)
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.exponent == NULL or job.proposal == NULL
-                or job.epoch == NULL or job.result == NULL or job.result_len == NULL):
+                or job.epoch == NULL or job.result == NULL or job.result_len == NULL
+                or job.nack == NULL):
             job_free(job)
             return False
         job.last_seen = monotonic()
@@ -417,6 +429,56 @@ cdef class Aggregator(FaultInjection):
             sent += r
         self.nout = 0
 
+    cdef void answer_request(self, Job *job, const uint8_t *pkt, int worker, uint64_t bit,
+                             Py_ssize_t cell) noexcept nogil:
+        """A result request (a retransmission with no values: the worker's packet came,
+        it thinks, but not the result): the result again if the cell is done with that
+        chunk; nothing while it is not (the missing worker is NACKed)."""
+        self.result_requests += 1
+        if (job.epoch[cell] == get16(pkt + OFF_EPOCH) and job.seen[cell] & bit
+                and job.count[cell] == 0 and job.result_len[cell]
+                and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)):
+            self.retransmits_answered += 1
+            self.send(job.result + cell * (HEADER + 4 * job.k), job.result_len[cell],
+                      &job.addr[worker])
+
+    cdef void check_sequence(self, Job *job, const uint8_t *pkt, int worker,
+                             uint16_t epoch) noexcept nogil:
+        """A worker numbers its new packets (seq, mod 256) and the network keeps their
+        order: numbers skipped were lost on the way. Tell the worker at once (one NACK:
+        the first missing number and how many), so that it resends those packets without
+        waiting for its timeout, and the workers whose packets came resend nothing
+        (docs/protocol.md, Loss). Called for new packets only (a retransmission repeats
+        an old number)."""
+        cdef int seq = pkt[OFF_SEQ]
+        cdef int gap = (seq - job.next_seq[worker]) & 255
+        if not job.seq_known[worker] or job.seq_epoch[worker] != epoch:
+            gap = 0  # the first packet of the worker in this run: nothing to compare
+        elif gap >= 256 - MAX_GAP:
+            return  # late (reordered on the way): the expectation stands
+        elif gap > MAX_GAP:
+            gap = 0  # lost track (more missing than a window): start again from here
+        if gap:
+            self.nack(job, pkt, worker, job.next_seq[worker], gap)
+        job.seq_known[worker] = 1
+        job.seq_epoch[worker] = epoch
+        job.next_seq[worker] = <uint8_t>(seq + 1)
+
+    cdef void nack(self, Job *job, const uint8_t *pkt, int worker, int first,
+                   int count) noexcept nogil:
+        """Send the worker a NACK for its packets numbered first .. first + count - 1."""
+        cdef int at = job.nack_at[worker]
+        job.nack_at[worker] = (at + 1) % NACK_BUFFERS
+        cdef uint8_t *nack = job.nack + (worker * NACK_BUFFERS + at) * HEADER
+        memset(nack, 0, HEADER)
+        memcpy(nack, pkt, OFF_JOB + 4)  # version, flags, job, worker
+        nack[OFF_FLAGS] = FLAG_NACK
+        nack[OFF_SEQ] = <uint8_t>first
+        put16(nack + OFF_COUNT, <uint16_t>count)
+        put16(nack + OFF_EPOCH, get16(pkt + OFF_EPOCH))
+        self.nacks += 1
+        self.send(nack, HEADER, &job.addr[worker])
+
     cdef void handle(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         """The aggregation rule (docs/protocol.md) for one packet as the switch sees it."""
         if length < HEADER or pkt[OFF_VERSION] != VERSION:
@@ -450,6 +512,9 @@ cdef class Aggregator(FaultInjection):
         if slot >= <uint32_t>job.slots or ver > 1:
             self.drops[<int>DROP_BAD_SLOT] += 1
             return
+        if elements == 0 and length == HEADER and flags & FLAG_RETRANSMIT:
+            self.answer_request(job, pkt, worker, bit, ver * job.slots + slot)
+            return
         if elements < 1 or elements > job.k or length != HEADER + 4 * elements:
             self.drops[<int>DROP_MALFORMED] += 1
             return
@@ -462,6 +527,8 @@ cdef class Aggregator(FaultInjection):
         cdef uint16_t epoch = get16(pkt + OFF_EPOCH)
         cdef uint8_t *result
         cdef int w
+        if not flags & FLAG_RETRANSMIT:
+            self.check_sequence(job, pkt, worker, epoch)
         if job.epoch[cell] != epoch:
             # Last used by another run of the job (its ranks started their slots at version
             # 0 again): that state is not this run's, the cell is idle.

@@ -13,6 +13,16 @@ The timeout adapts as TCP's does (RFC 6298): SRTT and RTTVAR from the round trip
 chunks sent once (Karn), RTO = SRTT + max(G, 4 RTTVAR) within [rto_min, rto_max]; a
 timeout doubles it until the next sample. The estimate lives in the caller's array, so
 it carries over from one call to the next.
+
+Each new packet carries the worker's packet number (seq, mod 256, counted across calls);
+the software aggregator NACKs numbers it never saw, and the packets in flight with those
+numbers are resent at once, without backing off: only the worker whose packet was lost
+resends, before the timeouts of the others fire (a P4 switch sends no NACKs; there the
+timers recover). Once the aggregator has sent a NACK (so it is one that answers them), a
+packet in flight that OVERTAKEN results of later packets have passed asks for its result
+again with a header alone (a result request): its result was lost on the way back, or
+another worker's packet was (then the request is ignored, and that worker NACKed). Full
+resends are left to the timeouts.
 """
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 
@@ -39,6 +49,9 @@ cdef enum:
 
 cdef double GRANULARITY = 0.001     # poll() waits in whole milliseconds
 cdef double SIGNAL_CHECK = 0.02     # the GIL is taken this often to see Ctrl-C
+# Results of later packets after which a packet in flight asks for its result: more than
+# one, so that a little reordering on the way asks nothing (TCP's duplicate-ACK threshold).
+cdef int OVERTAKEN = 3
 
 
 cdef inline void rtt_sample(double *state, double r, double rto_min,
@@ -79,14 +92,15 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            const int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
            int n, Py_ssize_t k, int job, int worker, bint average,
            double rto, double rto_min, double rto_max, double silence, double deadline,
-           double[::1] rtt, int epoch=0):
+           double[::1] rtt, int epoch=0, uint8_t[::1] seq=None):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's block exponents; agreed: the first window's agreed exponents
     (the rest are filled in from results); versions: each slot's next version, updated.
     rto: the timeout until the first sample; rtt: [SRTT, RTTVAR, RTO], updated (zeros:
     no estimate yet). epoch: this run's epoch, in every packet; results of another epoch
-    are stale.
+    are stale. seq: [the number of this worker's next new packet, 1 if the aggregator has
+    sent a NACK], updated (None: zeros).
     Returns (status, counters dict, chunks not completed as an array). A stream that did
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
@@ -111,6 +125,16 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     if est[SRTT] > 0:
         rto = est[RTO]
     cdef int32_t[::1] lengths = np.zeros(slots, np.int32)
+    if seq is None:
+        seq = np.zeros(2, np.uint8)
+    cdef uint8_t *next_seq = &seq[0]
+    cdef uint8_t *nacking = &seq[1]
+    cdef int32_t[::1] overtaken = np.zeros(slots, np.int32)  # results of later packets
+    cdef uint8_t request[64]
+    cdef Py_ssize_t requests = 0, q
+    cdef double sent_last
+    cdef uint8_t[::1] slot_seq = np.zeros(slots, np.uint8)  # the number of each's packet
+    cdef Py_ssize_t nack_first, nack_count
     done_arr = np.zeros(nb, np.uint8)
     cdef uint8_t[::1] done = done_arr
     cdef sockaddr_in to
@@ -121,6 +145,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     pfd.fd = fd
     pfd.events = POLLIN
     cdef Py_ssize_t completed = 0, sent = 0, retransmitted = 0, stale = 0, rejected = 0
+    cdef Py_ssize_t nacked = 0, nacks = 0
     cdef Py_ssize_t samples = 0
     cdef int status = DONE, wait_ms, parsed, ver, failure = 0
     cdef int receive_failure = 0, receive_call = CALL_RECVMMSG
@@ -134,9 +159,10 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     with nogil:
         for c in range(min(slots, nb)):
             if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born, resent,
-                          versions,
-                          <const char *>&xin[0], size, kind, c, k, n, agreed, local,
-                          slots, nb, job, worker, rto, 0, epoch) < 0:
+                          versions, overtaken, next_seq, slot_seq, <const char *>&xin[0],
+                          size, kind,
+                          c, k, n, agreed, local, slots, nb, job, worker, rto, 0,
+                          epoch) < 0:
                 status, failure = SEND_FAILED, errno
                 break
             sent += 1
@@ -171,6 +197,24 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if msgs[i].msg_len < <unsigned int>HEADER:
                     rejected += 1
                     continue
+                if (pkt[OFF_FLAGS] & FLAG_NACK and get16(pkt + OFF_JOB) == job
+                        and get16(pkt + OFF_EPOCH) == <uint16_t>epoch):
+                    # Packets the aggregator never saw: resend them now.
+                    nacks += 1
+                    nacking[0] = 1
+                    nack_first, nack_count = pkt[OFF_SEQ], get16(pkt + OFF_COUNT)
+                    for s in range(slots):
+                        if (inflight[s] >= 0
+                                and ((slot_seq[s] - nack_first) & 255) < nack_count):
+                            if resend(fd, &to, rows, lengths, s) < 0:
+                                status, failure = SEND_FAILED, errno
+                                break
+                            resent[s] = 1
+                            sent_at[s] = now
+                            nacked += 1
+                    if status != DONE:
+                        break
+                    continue
                 s = get32(pkt + OFF_SLOT)
                 offset = get32(pkt + OFF_OFFSET)
                 chunk = offset // k
@@ -195,12 +239,31 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     samples += 1
                 inflight[s] = -1
                 versions[s] ^= 1
+                if nacking[0]:  # results of earlier packets still missing: ask for them
+                    sent_last = sent_at[s]
+                    for q in range(slots):
+                        if inflight[q] < 0 or sent_at[q] >= sent_last:
+                            continue
+                        overtaken[q] += 1
+                        if overtaken[q] == OVERTAKEN:
+                            overtaken[q] = 0
+                            memcpy(request, &rows[q, 0], HEADER)
+                            request[OFF_FLAGS] = FLAG_RETRANSMIT
+                            put16(request + OFF_COUNT, 0)
+                            if sendto(fd, request, HEADER, 0, <const sockaddr *>&to,
+                                      sizeof(to)) < 0:
+                                status, failure = SEND_FAILED, errno
+                                break
+                            resent[q] = 1  # Karn: its round trip is no sample now
+                            requests += 1
+                    if status != DONE:
+                        break
                 c = chunk + slots
                 if c < nb:
                     agreed[c] = <int16_t>get16(pkt + OFF_PROPOSAL)
                     if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born,
-                                  resent, versions, <const char *>&xin[0], size, kind, c, k,
-                                  n, agreed, local,
+                                  resent, versions, overtaken, next_seq, slot_seq,
+                                  <const char *>&xin[0], size, kind, c, k, n, agreed, local,
                                   slots, nb, job, worker, rto, 0, epoch) < 0:
                         status, failure = SEND_FAILED, errno
                         break
@@ -209,18 +272,19 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             # timeout until a sample says otherwise (RFC 6298 5.5-5.7).
             for s in range(slots):
                 if status == DONE and inflight[s] >= 0 and now - sent_at[s] >= timer[s]:
-                    rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
-                    if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>&to,
-                              sizeof(to)) < 0:
+                    if resend(fd, &to, rows, lengths, s) < 0:
                         status, failure = SEND_FAILED, errno
                         break
                     resent[s] = 1
                     sent_at[s] = now
+                    overtaken[s] = 0
                     timer[s] = min(timer[s] * 2, rto_max)
                     rto = max(rto, timer[s])
                     retransmitted += 1
     missing = np.flatnonzero(done_arr == 0)
-    counters = {"sent": sent, "retransmitted": retransmitted, "rtt_samples": samples,
+    counters = {"sent": sent, "retransmitted": retransmitted, "nacks": nacks,
+                "nack_resent": nacked, "result_requests": requests,
+                "rtt_samples": samples,
                 "stale": stale, "rejected": rejected, "seconds": monotonic() - start}
     if failure:  # SEND_FAILED
         counters["errno"], counters["call"] = failure, CALL_SENDTO
@@ -229,10 +293,21 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     return status, counters, missing
 
 
+cdef inline int resend(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] lengths,
+                       Py_ssize_t s) noexcept nogil:
+    """Send slot s's packet again, marked as a retransmission; -1 if sendto failed."""
+    rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
+    if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>to, sizeof(sockaddr_in)) < 0:
+        return -1
+    return 0
+
+
 cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] lengths,
                     int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
                     double[::1] born, uint8_t[::1] resent,
-                    uint8_t[::1] versions, const char *x, Py_ssize_t size, Kind kind,
+                    uint8_t[::1] versions, int32_t[::1] overtaken, uint8_t *next_seq,
+                    uint8_t[::1] slot_seq,
+                    const char *x, Py_ssize_t size, Kind kind,
                     Py_ssize_t c, Py_ssize_t k, int n, int16_t[::1] agreed,
                     const int16_t[::1] local, Py_ssize_t slots, Py_ssize_t nb, int job,
                     int worker, double rto, int flags, int epoch) noexcept nogil:
@@ -241,6 +316,10 @@ cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] 
     lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, n, agreed[c],
                                        proposal, <uint32_t>s, versions[s], job, worker, flags,
                                        epoch)
+    rows[s, OFF_SEQ] = next_seq[0]
+    slot_seq[s] = next_seq[0]
+    next_seq[0] += 1
+    overtaken[s] = 0
     inflight[s] = c
     sent_at[s] = monotonic()
     born[s] = sent_at[s]

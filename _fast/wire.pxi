@@ -19,7 +19,7 @@ cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind 
     put16(row + OFF_JOB, job)
     put16(row + OFF_WORKER, worker)
     row[OFF_SLOT_VERSION] = slot_version
-    row[OFF_RESERVED] = 0
+    row[OFF_SEQ] = 0  # the transport numbers its packets itself
     put32(row + OFF_SLOT, slot)
     put32(row + OFF_OFFSET, <uint32_t>start)
     put16(row + OFF_COUNT, <uint16_t>count)

@@ -117,7 +117,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                 "times": m["times"], "engines": m["engines"],
                                 "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
                                 "dropped_packets": (cluster.dropped() - dropped0
-                                                    if loss else 0)})
+                                                    if loss else 0),
+                                **({"packets": m["packets"]} if "packets" in m else {})})
                         progress.advance(task)
                         if args.json:
                             write_json(args.json, records, args)  # partial results kept

@@ -43,6 +43,10 @@ def timed(run: Callable[[], None], barrier: Callable[[], None],
     return times, (busy1 - busy0) / max(total1 - total0, 1.0)
 
 
+# The worker link's counters that say how loss was recovered (_fast/transport.pyx).
+LINK_COUNTERS = ("sent", "retransmitted", "nacks", "nack_resent", "result_requests", "stale")
+
+
 def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     from mpi4py import MPI
 
@@ -64,12 +68,19 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
         else:
             run = lambda: collectives.allreduce(send, out=recv)  # noqa: E731
         before = dict(collectives.stats.by_engine) if collectives else {}
+        link_before = dict(collectives.stats.transport) if collectives else {}
         times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps)
         if not (recv == comm.Get_size()).all():
             raise SystemExit(f"{system}: wrong allreduce result for {nbytes} bytes")
         engines = ({e: c - before.get(e, 0) for e, c in collectives.stats.by_engine.items()
                     if c - before.get(e, 0)} if collectives else {"mpi": reps + 1})
-        records.append({"bytes": nbytes, "times": times, "engines": engines, "cpu": cpu})
+        record = {"bytes": nbytes, "times": times, "engines": engines, "cpu": cpu}
+        if system == "ina":  # the packet counters of the timed and warm-up calls, all ranks
+            mine = {key: collectives.stats.transport.get(key, 0) - link_before.get(key, 0)
+                    for key in LINK_COUNTERS}
+            record["packets"] = {key: sum(c[key] for c in comm.allgather(mine))
+                                 for key in LINK_COUNTERS}
+        records.append(record)
     if collectives is not None:
         collectives.free()
     return records

@@ -66,7 +66,7 @@ header ina_t {
     bit<16> job_id;
     bit<16> worker_id;
     bit<8>  slot_version;
-    bit<8>  reserved0;
+    bit<8>  seq;
     bit<32> slot;
     bit<32> offset;
     bit<16> count;

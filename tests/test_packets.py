@@ -49,7 +49,7 @@ def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, versio
         assert (pkt.offset, pkt.count) == (start, stop - start)
         assert pkt.exponent == agreed[c]
         assert pkt.proposal == (local[c + slots] if c + slots < nb else P.PROPOSAL_NONE)
-        assert pkt.reserved0 == 0 and pkt.epoch == epoch
+        assert pkt.seq == 0 and pkt.epoch == epoch
         assert pkt.values == payload_all[start:stop].astype(np.int64).tolist()
         assert lengths[i] == P.HEADER_BYTES + 4 * (stop - start) == len(pkt)
 
@@ -159,9 +159,9 @@ def test_header_constants():
         P.elements_for_mtu(40)
     fields = P.unpack_header(P.pack_header(flags=1, job=2, worker=3, slot_version=1, slot=4,
                                            offset=5, count=6, exponent=-7, proposal=8,
-                                           epoch=65535))
+                                           epoch=65535, seq=9))
     assert fields == {"version": 1, "flags": 1, "job": 2, "worker": 3, "slot_version": 1,
                       "slot": 4, "offset": 5, "count": 6, "exponent": -7, "proposal": 8,
-                      "epoch": 65535}
+                      "epoch": 65535, "seq": 9}
     with pytest.raises(ValueError, match="at least 24 bytes"):
         P.unpack_header(b"\x01\x00")

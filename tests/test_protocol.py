@@ -66,7 +66,7 @@ def test_values_past_a_fields_edges_are_refused_not_wrapped():
 def test_negative_exponents_and_no_proposal_round_trip():
     values = dict(version=P.PROTOCOL_VERSION, flags=P.FLAG_RESULT, job=3, worker=1,
                   slot_version=1, slot=7, offset=4096, count=12, exponent=-1,
-                  proposal=P.PROPOSAL_NONE, epoch=65535)
+                  proposal=P.PROPOSAL_NONE, epoch=65535, seq=255)
     assert P.unpack_header(P.pack_header(**values)) == values
 
 

@@ -17,6 +17,8 @@ class Aggregator(FaultInjection):
     packets_out: int
     results: int
     retransmits_answered: int
+    nacks: int
+    result_requests: int
     send_failures: int
     last_errno: int
     def __init__(self, fd: int, seed: int = ...) -> None:

@@ -13,5 +13,6 @@ def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
            out: np.ndarray, local: np.ndarray, agreed: np.ndarray, versions: np.ndarray,
            n: int, k: int, job: int, worker: int, average: bool, rto: float,
            rto_min: float, rto_max: float, silence: float, deadline: float,
-           rtt: np.ndarray, epoch: int = 0) -> tuple[int, dict[str, float], np.ndarray]:
+           rtt: np.ndarray, epoch: int = 0, seq: np.ndarray | None = None
+           ) -> tuple[int, dict[str, float], np.ndarray]:
     """Allreduce x into out through the aggregator: (status, counters, chunks missing)."""

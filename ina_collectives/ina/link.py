@@ -39,6 +39,7 @@ class WorkerLink:
         self.joined = False
         self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
         self.rtt = np.zeros(3)  # SRTT, RTTVAR, RTO (_fast/transport.pyx), kept across calls
+        self.seq = np.zeros(2, np.uint8)  # next packet number, aggregator NACKs: kept
         self.totals: dict[str, float] = {}  # the streams' counters, summed
         self._addr_be, self._port_be = sockaddr_be(switch)
 
@@ -95,7 +96,7 @@ class WorkerLink:
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
-            rto_max, silence, deadline, self.rtt, self.epoch)
+            rto_max, silence, deadline, self.rtt, self.epoch, self.seq)
         failure = counters.pop("errno", 0)
         call = transport.CALLS[int(counters.pop("call", 0))]
         for name, value in counters.items():

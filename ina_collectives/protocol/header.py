@@ -18,7 +18,8 @@ UDP_PORT = 47474  # the aggregator's well-known port (workers listen on any port
 FLAG_RESULT = 0x01       # aggregator -> worker: the slot's sum
 FLAG_RETRANSMIT = 0x02   # worker -> aggregator: a resend after a timeout
 FLAG_CONTROL = 0x04      # join / leave / probe, no payload aggregation
-FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL")  # bit 0, 1, 2
+FLAG_NACK = 0x08         # aggregator -> one worker: your packet for this chunk never came
+FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL", "NACK")  # bit 0, 1, 2, 3
 
 # Exponent proposals: a worker with nothing more for a slot proposes this, which
 # loses every max; block exponents themselves never go below the dtype's floor.
@@ -37,13 +38,18 @@ class Field(NamedTuple):
 FIELDS: tuple[Field, ...] = (
     Field("version", "version", 8, False, "version", f"`{PROTOCOL_VERSION}`"),
     Field("flags", "flags", 8, False, "flags",
-          "`0x01` RESULT (aggregator to worker), `0x02` RETRANSMIT (a worker's resend after "
-          "a timeout), `0x04` CONTROL (join/leave/probe: no aggregation)"),
+          "`0x01` RESULT (aggregator to worker), `0x02` RETRANSMIT (a worker's resend; "
+          "with count 0 and no payload, a result request), `0x04` CONTROL "
+          "(join/leave/probe: no aggregation), `0x08` NACK (software aggregator to one "
+          "worker, header only: its packets numbered seq .. seq + count - 1 never came)"),
     Field("job", "job_id", 16, False, "job id", "the job this packet belongs to"),
     Field("worker", "worker_id", 16, False, "worker id", "0 .. n-1 within the job"),
     Field("slot_version", "slot_version", 8, False, "slot version",
           "0 or 1: which of the slot's two shadow copies (SwitchML)"),
-    Field("reserved0", "reserved0", 8, False, "reserved", "0"),
+    Field("seq", "seq", 8, False, "packet number",
+          "worker to aggregator: the worker's count of new packets mod 256 (a "
+          "retransmission repeats its original's); in a NACK the first missing number, "
+          "count saying how many (docs/protocol.md, Loss)"),
     Field("slot", "slot", 32, False, "slot index", "0 .. S-1"),
     Field("offset", "offset", 32, False, "element offset",
           "index of the chunk's first element in the tensor"),
@@ -59,7 +65,7 @@ FIELDS: tuple[Field, ...] = (
           "a cell last used in another epoch counts as idle (stale state of an earlier run "
           "is never answered)"),
 )
-RESERVED = ("reserved0",)
+RESERVED: tuple[str, ...] = ()  # fields that must be 0 (none now)
 
 _CODES = {(8, False): "B", (16, False): "H", (16, True): "h", (32, False): "I",
           (32, True): "i"}
@@ -83,7 +89,7 @@ OFF_COUNT = OFFSETS["count"]
 OFF_EXPONENT = OFFSETS["exponent"]
 OFF_PROPOSAL = OFFSETS["proposal"]
 OFF_EPOCH = OFFSETS["epoch"]
-OFF_RESERVED = OFFSETS["reserved0"]
+OFF_SEQ = OFFSETS["seq"]
 OFF_PAYLOAD = HEADER_BYTES
 
 ELEMENT_BYTES = 4  # int32
@@ -122,10 +128,10 @@ _DATA_FIELDS = tuple(f.name for f in FIELDS if f.name not in RESERVED)
 
 def pack_header(*, flags: int, job: int, worker: int, slot_version: int, slot: int,
                 offset: int, count: int, exponent: int, proposal: int, epoch: int = 0,
-                version: int = PROTOCOL_VERSION) -> bytes:
+                seq: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
     values = dict(version=version, flags=flags, job=job, worker=worker,
                   slot_version=slot_version, slot=slot, offset=offset, count=count,
-                  exponent=exponent, proposal=proposal, epoch=epoch, reserved0=0)
+                  exponent=exponent, proposal=proposal, epoch=epoch, seq=seq)
     return HEADER.pack(*(values[f.name] for f in FIELDS))
 
 

@@ -103,6 +103,7 @@ class SoftwareSwitch:
         a = self.aggregator
         return {"packets_in": a.packets_in, "packets_out": a.packets_out,
                 "results": a.results, "retransmits_answered": a.retransmits_answered,
+                "nacks": a.nacks, "result_requests": a.result_requests,
                 "slots_busy": a.busy_slots(), "drops": a.drop_counts(),
                 "send_failures": a.send_failures,
                 **({"last_send_errno": a.last_errno} if a.send_failures else {}),
@@ -115,6 +116,7 @@ class SoftwareSwitch:
         return (f"ina-switch {self.address[0]}:{self.address[1]}: in {s['packets_in']} "
                 f"out {s['packets_out']} results {s['results']} busy slots "
                 f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
+                f"nacks {s['nacks']} result requests {s['result_requests']} "
                 + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
                 + (f"sends refused {s['send_failures']} (last: "
                    f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")

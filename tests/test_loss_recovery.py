@@ -1,0 +1,139 @@
+"""Loss recovery between the software switch and a worker, packet by packet
+(docs/protocol.md, Loss): a NACK for packet numbers that never came, none for late or
+retransmitted packets, and result requests answered only when the cell is done. Two
+workers of a job joined by hand (WorkerLink), packets written here."""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from ina_collectives import protocol as P
+from ina_collectives.ina.link import WorkerLink
+from ina_collectives.switch.embedded import embedded_switch
+
+K, S, EPOCH = 4, 8, 77
+QUIET = 0.3  # seconds a socket is watched to show that nothing arrives
+
+
+@pytest.fixture
+def job():
+    """Two joined workers of a fresh job on a switch of its own (its counters are the
+    test's), and the switch."""
+    with embedded_switch() as sw:
+        job_id = 900
+        links = [WorkerLink((sw.host, sw.port), job_id, w, 2, K, S, epoch=EPOCH)
+                 for w in range(2)]
+        for link in links:
+            link.join(5.0)
+        yield sw, links
+        for link in links:
+            link.leave()
+            link.close()
+
+
+def packet(link: WorkerLink, chunk: int, seq: int, flags: int = 0, values=None) -> bytes:
+    values = np.full(K, chunk + 1, ">i4") if values is None else values
+    return P.pack_header(flags=flags, job=link.job, worker=link.worker, slot_version=0,
+                         slot=chunk % S, offset=chunk * K, count=len(values), exponent=0,
+                         proposal=P.PROPOSAL_NONE, epoch=EPOCH, seq=seq) + values.tobytes()
+
+
+def send(link: WorkerLink, data: bytes) -> None:
+    link.sock.sendto(data, link.switch)
+
+
+def receive(link: WorkerLink, timeout: float = 5.0) -> tuple[dict[str, int], bytes]:
+    link.sock.settimeout(timeout)
+    data = link.sock.recv(65536)
+    return P.unpack_header(data), data
+
+
+def silent(link: WorkerLink) -> bool:
+    link.sock.settimeout(QUIET)
+    try:
+        link.sock.recv(65536)
+    except socket.timeout:
+        return True
+    return False
+
+
+def test_numbers_skipped_are_nacked_to_that_worker_alone(job):
+    sw, (a, b) = job
+    send(a, packet(a, 0, seq=10))
+    send(a, packet(a, 3, seq=13))  # 11 and 12 never came
+    head, data = receive(a)
+    assert head["flags"] == P.FLAG_NACK and (head["seq"], head["count"]) == (11, 2)
+    assert (head["job"], head["worker"], head["epoch"]) == (a.job, 0, EPOCH)
+    assert len(data) == P.HEADER_BYTES
+    assert silent(b)
+    # Their retransmissions, a late copy and the next in order ask for nothing more.
+    send(a, packet(a, 1, seq=11, flags=P.FLAG_RETRANSMIT))
+    send(a, packet(a, 2, seq=12, flags=P.FLAG_RETRANSMIT))
+    send(a, packet(a, 4, seq=14))
+    send(a, packet(a, 0, seq=10))  # a late duplicate: behind the expectation
+    assert silent(a)
+    # Numbers wrap at 256; a jump past the window is taken as lost track, not 200 losses.
+    send(b, packet(b, 5, seq=254))  # chunks a never sent: no result comes
+    send(b, packet(b, 6, seq=1))  # 255 and 0 missing
+    head, _ = receive(b)
+    assert head["flags"] == P.FLAG_NACK and (head["seq"], head["count"]) == (255, 2)
+    send(b, packet(b, 7, seq=201))
+    assert silent(b)
+    assert sw.stop() == 0
+    assert "nacks 2 " in sw.final_status, sw.final_status
+
+
+def test_a_result_request_is_answered_only_by_a_done_cell(job):
+    sw, (a, b) = job
+    send(a, packet(a, 0, seq=0))
+    send(b, packet(b, 0, seq=0))
+    results = [receive(link)[1] for link in (a, b)]
+    assert results[0] == results[1] and P.unpack_header(results[0])["flags"] == P.FLAG_RESULT
+    request = packet(a, 0, seq=0, flags=P.FLAG_RETRANSMIT, values=np.zeros(0, ">i4"))
+    assert len(request) == P.HEADER_BYTES
+    send(a, request)
+    assert receive(a)[1] == results[0]  # the same result again, to a alone
+    assert silent(b)
+    # Chunk 1 waits for b: a request from a is not answered, and adds nothing.
+    send(a, packet(a, 1, seq=1))
+    send(a, packet(a, 1, seq=1, flags=P.FLAG_RETRANSMIT, values=np.zeros(0, ">i4")))
+    assert silent(a)
+    send(b, packet(b, 1, seq=1))
+    done = [P.unpack_header(receive(link)[1]) for link in (a, b)]
+    assert all(d["flags"] == P.FLAG_RESULT and d["offset"] == K for d in done)
+    # b never sent chunk 0 of another offset: a request naming it is not answered.
+    send(b, P.pack_header(flags=P.FLAG_RETRANSMIT, job=b.job, worker=1, slot_version=0,
+                          slot=0, offset=8 * K, count=0, exponent=0, proposal=0,
+                          epoch=EPOCH))
+    assert silent(b)
+    assert sw.stop() == 0
+    assert "result requests 3 " in sw.final_status, sw.final_status
+    assert "retransmissions answered 1 " in sw.final_status, sw.final_status
+
+
+def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, faults):
+    """One worker (a job of one) streams 400 chunks through 20% loss each way: it resends
+    exactly the NACKed packets, asks for lost results with headers, and the output is the
+    input (integers: exact)."""
+    from ina_collectives.ina import kernels
+
+    k, slots, chunks = 64, 8, 400
+    faults(drop_in=0.2, drop_out=0.2)
+    link = WorkerLink((switch.host, switch.port), 901, 0, 1, k, slots, epoch=5)
+    try:
+        link.join(5.0)
+        x = np.arange(k * chunks, dtype=np.float32) % 1000 - 500
+        local, _ = kernels.load("fast").block_exponents(x, k)
+        out = np.full_like(x, np.nan)
+        result = link.stream(x, out, local, local.copy(), False, 0.01, 0.005, 0.5,
+                             silence=10.0, deadline=60.0)
+    finally:
+        link.leave()
+        link.close()
+    assert result.ok, result.reason
+    np.testing.assert_array_equal(out, x)
+    counters = result.counters
+    assert counters["nacks"] > 0 and counters["nack_resent"] > 0, counters
+    assert counters["result_requests"] > 0, counters
