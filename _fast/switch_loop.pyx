@@ -36,7 +36,8 @@ cdef enum:
 DROP_REASONS = P.DROP_REASONS
 cdef enum Drop:
     DROP_MALFORMED, DROP_UNKNOWN_JOB, DROP_UNKNOWN_WORKER, DROP_BAD_SLOT, DROP_MISMATCH,
-    DROP_DUPLICATE, DROP_INJECTED_IN, DROP_INJECTED_OUT, DROP_RESULT_FROM_WORKER, DROP_COUNT
+    DROP_DUPLICATE, DROP_INJECTED_IN, DROP_INJECTED_OUT, DROP_RESULT_FROM_WORKER, DROP_STALE,
+    DROP_COUNT
 assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop differ"
 
 
@@ -57,9 +58,11 @@ ctypedef struct Job:
     uint16_t *epoch        # [2 S] the epoch of the run that last used the cell
     uint8_t *result        # [2 S][HEADER + 4 K] the last result packet of each slot
     uint8_t next_seq[MAX_WORKERS]      # each worker's next packet number (check_sequence)
-    uint8_t seq_known[MAX_WORKERS]
-    uint16_t seq_epoch[MAX_WORKERS]
+    uint16_t seq_epoch[MAX_WORKERS]    # the run those numbers are of
     uint8_t *nack          # [MAX_WORKERS][NACK_BUFFERS][HEADER]: NACKs sent from here
+    # [S][MAX_WORKERS] each worker's latest two packets to each slot, 16 bits each (the
+    # older above): 0x200 | version << 8 | seq (is_stale); 0: none
+    uint32_t *last_seq
     uint8_t nack_at[MAX_WORKERS]
     int32_t *result_len    # [2 S]
     double last_seen
@@ -77,6 +80,7 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.epoch)
         free(job.result)
         free(job.nack)
+        free(job.last_seq)
         free(job.result_len)
         free(job)
 
@@ -110,6 +114,7 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t result_requests  # header-only retransmissions (answer_request)
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
     cdef public int last_errno          # why the last one was refused
+    cdef public uint64_t control_overflow  # control packets lost: MAX_CONTROL held already
     cdef uint64_t drops[<int>DROP_COUNT]
     cdef uint8_t *ctrl              # control packets for Python, [MAX_CONTROL][65536]
     cdef int32_t ctrl_len[MAX_CONTROL]
@@ -174,10 +179,11 @@ cdef class Aggregator(FaultInjection):
         job.result = <uint8_t *>calloc(cells, width)
         job.result_len = <int32_t *>calloc(cells, 4)
         job.nack = <uint8_t *>calloc(MAX_WORKERS * NACK_BUFFERS, HEADER)
+        job.last_seq = <uint32_t *>calloc(slots * MAX_WORKERS, 4)
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.exponent == NULL or job.proposal == NULL
                 or job.epoch == NULL or job.result == NULL or job.result_len == NULL
-                or job.nack == NULL):
+                or job.nack == NULL or job.last_seq == NULL):
             job_free(job)
             return False
         job.last_seen = monotonic()
@@ -444,25 +450,53 @@ cdef class Aggregator(FaultInjection):
 
     cdef void check_sequence(self, Job *job, const uint8_t *pkt, int worker,
                              uint16_t epoch) noexcept nogil:
-        """A worker numbers its new packets (seq, mod 256) and the network keeps their
-        order: numbers skipped were lost on the way. Tell the worker at once (one NACK:
-        the first missing number and how many), so that it resends those packets without
-        waiting for its timeout, and the workers whose packets came resend nothing
-        (docs/protocol.md, Loss). Called for new packets only (a retransmission repeats
+        """A worker numbers its new packets (seq, mod 256) and a link keeps their order:
+        numbers a new packet skips were lost on the way. Tell the worker at once (one
+        NACK: the first missing number and how many), so that it resends those packets
+        without waiting for its timeout, and the workers whose packets came resend
+        nothing (docs/protocol.md, Loss). For new packets only (a retransmission repeats
         an old number)."""
         cdef int seq = pkt[OFF_SEQ]
         cdef int gap = (seq - job.next_seq[worker]) & 255
-        if not job.seq_known[worker] or job.seq_epoch[worker] != epoch:
-            gap = 0  # the first packet of the worker in this run: nothing to compare
-        elif gap >= 256 - MAX_GAP:
+        if gap >= 256 - MAX_GAP:
             return  # late (reordered on the way): the expectation stands
-        elif gap > MAX_GAP:
-            gap = 0  # lost track (more missing than a window): start again from here
-        if gap:
+        if 0 < gap <= MAX_GAP:
             self.nack(job, pkt, worker, job.next_seq[worker], gap)
-        job.seq_known[worker] = 1
-        job.seq_epoch[worker] = epoch
+        # (more missing than MAX_GAP: lost track, no NACK; go on from here)
         job.next_seq[worker] = <uint8_t>(seq + 1)
+
+    cdef bint is_stale(self, Job *job, const uint8_t *pkt, int worker, uint32_t slot,
+                       int ver, int flags, uint16_t epoch) noexcept nogil:
+        """Whether a retransmission is of the worker's packet of an earlier use of the
+        slot, held up on the way and arriving after the worker moved on. It would find
+        its bit cleared in the cell it names (cleared when the worker used the slot's
+        other version) and open a chunk no other worker completes, or, with the same
+        offset, add old values to a later call's sum (found by bench/soak.py). Per slot
+        and worker the switch keeps the (version, seq) of the latest two packets: a
+        retransmission is stale if it has the latest's version but not its number, or
+        the other version and the number of the one before. (Equality, not order: seq
+        wraps at 256, and a slot may wait for hundreds of the worker's packets.)"""
+        cdef Py_ssize_t s
+        cdef uint32_t *uses
+        cdef uint32_t mine = 0x200 | ver << 8 | pkt[OFF_SEQ], latest, before
+        if job.seq_epoch[worker] != epoch:  # the worker's first packet of this run
+            job.seq_epoch[worker] = epoch
+            job.next_seq[worker] = <uint8_t>pkt[OFF_SEQ]
+            for s in range(job.slots):
+                job.last_seq[s * MAX_WORKERS + worker] = 0
+        uses = &job.last_seq[slot * MAX_WORKERS + worker]
+        latest, before = uses[0] & 0xffff, uses[0] >> 16
+        if flags & FLAG_RETRANSMIT and latest:
+            if (latest & 0x100) == (mine & 0x100):
+                if latest != mine:
+                    return True
+            elif before == mine:
+                return True
+        if not flags & FLAG_RETRANSMIT:
+            self.check_sequence(job, pkt, worker, epoch)
+        if latest != mine:
+            uses[0] = latest << 16 | mine
+        return False
 
     cdef void nack(self, Job *job, const uint8_t *pkt, int worker, int first,
                    int count) noexcept nogil:
@@ -486,11 +520,16 @@ cdef class Aggregator(FaultInjection):
             return
         cdef int flags = pkt[OFF_FLAGS]
         if flags & FLAG_CONTROL:
+            # For Python (server.py), which counts each by what became of it. More than
+            # MAX_CONTROL in one run() (only with injected duplication or delay: run()
+            # returns after the batch that brought one) are lost, and counted here.
             if self.nctrl < MAX_CONTROL:
                 memcpy(self.ctrl + self.nctrl * self.bufsize, pkt, length)
                 self.ctrl_len[self.nctrl] = length
                 self.ctrl_addr[self.nctrl] = src[0]
                 self.nctrl += 1
+            else:
+                self.control_overflow += 1
             return
         if flags & FLAG_RESULT:
             self.drops[<int>DROP_RESULT_FROM_WORKER] += 1
@@ -512,6 +551,10 @@ cdef class Aggregator(FaultInjection):
         if slot >= <uint32_t>job.slots or ver > 1:
             self.drops[<int>DROP_BAD_SLOT] += 1
             return
+        cdef uint16_t epoch = get16(pkt + OFF_EPOCH)
+        if self.is_stale(job, pkt, worker, slot, ver, flags, epoch):
+            self.drops[<int>DROP_STALE] += 1
+            return
         if elements == 0 and length == HEADER and flags & FLAG_RETRANSMIT:
             self.answer_request(job, pkt, worker, bit, ver * job.slots + slot)
             return
@@ -524,11 +567,8 @@ cdef class Aggregator(FaultInjection):
         cdef Py_ssize_t width = HEADER + 4 * job.k
         cdef int32_t offset = <int32_t>get32(pkt + OFF_OFFSET)
         cdef int16_t proposal = <int16_t>get16(pkt + OFF_PROPOSAL)
-        cdef uint16_t epoch = get16(pkt + OFF_EPOCH)
         cdef uint8_t *result
         cdef int w
-        if not flags & FLAG_RETRANSMIT:
-            self.check_sequence(job, pkt, worker, epoch)
         if job.epoch[cell] != epoch:
             # Last used by another run of the job (its ranks started their slots at version
             # 0 again): that state is not this run's, the cell is idle.

@@ -131,6 +131,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef uint8_t *nacking = &seq[1]
     cdef int32_t[::1] overtaken = np.zeros(slots, np.int32)  # results of later packets
     cdef uint8_t request[64]
+    cdef uint8_t[::1] asked = np.zeros(slots, np.uint8)  # a timeout sent a request
     cdef Py_ssize_t requests = 0, q
     cdef double sent_last
     cdef uint8_t[::1] slot_seq = np.zeros(slots, np.uint8)  # the number of each's packet
@@ -238,6 +239,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     rto = est[RTO]
                     samples += 1
                 inflight[s] = -1
+                asked[s] = 0
                 versions[s] ^= 1
                 if nacking[0]:  # results of earlier packets still missing: ask for them
                     sent_last = sent_at[s]
@@ -247,11 +249,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                         overtaken[q] += 1
                         if overtaken[q] == OVERTAKEN:
                             overtaken[q] = 0
-                            memcpy(request, &rows[q, 0], HEADER)
-                            request[OFF_FLAGS] = FLAG_RETRANSMIT
-                            put16(request + OFF_COUNT, 0)
-                            if sendto(fd, request, HEADER, 0, <const sockaddr *>&to,
-                                      sizeof(to)) < 0:
+                            if request_result(fd, &to, rows, q, request) < 0:
                                 status, failure = SEND_FAILED, errno
                                 break
                             resent[q] = 1  # Karn: its round trip is no sample now
@@ -269,18 +267,31 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                         break
                     sent += 1
             # Retransmit what timed out, backing off; new chunks start from the backed-off
-            # timeout until a sample says otherwise (RFC 6298 5.5-5.7).
+            # timeout until a sample says otherwise (RFC 6298 5.5-5.7). With an aggregator
+            # that NACKs, the first timeout of a packet asks for its result with a header
+            # alone: had the packet been lost, it would most likely have been NACKed, so
+            # another worker's packet is missing (that worker is NACKed) or the result
+            # was lost. Only the next timeout resends the whole packet: a lost packet
+            # stalls every worker's timer, and n full resends where one is needed were
+            # most of the bytes loss cost (docs/reliability.md).
             for s in range(slots):
                 if status == DONE and inflight[s] >= 0 and now - sent_at[s] >= timer[s]:
-                    if resend(fd, &to, rows, lengths, s) < 0:
-                        status, failure = SEND_FAILED, errno
-                        break
+                    if nacking[0] and not asked[s]:
+                        if request_result(fd, &to, rows, s, request) < 0:
+                            status, failure = SEND_FAILED, errno
+                            break
+                        asked[s] = 1
+                        requests += 1
+                    else:
+                        if resend(fd, &to, rows, lengths, s) < 0:
+                            status, failure = SEND_FAILED, errno
+                            break
+                        retransmitted += 1
                     resent[s] = 1
                     sent_at[s] = now
                     overtaken[s] = 0
                     timer[s] = min(timer[s] * 2, rto_max)
                     rto = max(rto, timer[s])
-                    retransmitted += 1
     missing = np.flatnonzero(done_arr == 0)
     counters = {"sent": sent, "retransmitted": retransmitted, "nacks": nacks,
                 "nack_resent": nacked, "result_requests": requests,
@@ -300,6 +311,17 @@ cdef inline int resend(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::
     if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>to, sizeof(sockaddr_in)) < 0:
         return -1
     return 0
+
+
+cdef inline int request_result(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, Py_ssize_t s,
+                               uint8_t *request) noexcept nogil:
+    """Ask for slot s's result with its packet's header alone (a result request: count
+    0, RETRANSMIT); -1 if sendto failed."""
+    memcpy(request, &rows[s, 0], HEADER)
+    request[OFF_FLAGS] = FLAG_RETRANSMIT
+    put16(request + OFF_COUNT, 0)
+    return -1 if sendto(fd, request, HEADER, 0, <const sockaddr *>to,
+                        sizeof(sockaddr_in)) < 0 else 0
 
 
 cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] lengths,

@@ -13,14 +13,29 @@ group and the result rewrites, and resets the job's registers; the ranks get the
 and their ports (INA_JOB, INA_WORKER_PORTS), K and S, and check their entries with a
 probe. Afterwards it removes the job and stops the embedded switch, whatever happened.
 Without the p4 extra, the embedded switch is started without P4Runtime and the ranks
-join it themselves (the plain-mpiexec path). The exit code is the job's; 2 when the
-launcher or the target is missing, the embedded switch cannot start, the target refuses
-the job, or (with --require-switch) a given switch does not answer; without that flag a
-silent --switch HOST:PORT is a warning and the ranks take the ring.
+join it themselves (the plain-mpiexec path).
+
+Each rank starts through runtime/rank_status.py, which records its pid and how it ended
+in a temporary folder, and Hydra runs with -disable-auto-cleanup: ina-run does the
+cleanup. When a rank fails (a non-zero exit or a signal), ina-run prints which, e.g.
+``ina-run: rank 1 (pid 1234) was killed by signal 9 (SIGKILL)`` (the first to fail);
+the others' bounded waits raise CollectiveTimeout at once, naming that rank; they get
+GRACE_SECONDS (5) to end, then SIGTERM, then SIGKILL 3 s later, so no rank is left and
+ina-run never waits unbounded; the job is then removed from the switch as after any
+run. (A rank that ends with sys.exit(code) while the others still call runs mpi4py's
+MPI_Finalize at exit, which waits for them: it has not ended, and the others see it
+only at INA_TIMEOUT.) Ctrl-C and SIGTERM are passed to the ranks, with the same bounds.
+
+Exit code: the failed rank's code, or 128 + N when signal N killed it; 128 + N when
+ina-run itself got signal N (Ctrl-C: 130); else the job's (0). 2 when the launcher or
+the target is missing, the embedded switch cannot start, the target refuses the job,
+or (with --require-switch) a given switch does not answer; without that flag a silent
+--switch HOST:PORT is a warning and the ranks take the ring.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -29,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
@@ -52,26 +68,175 @@ def find_mpiexec() -> str:
     return found
 
 
+# After the first rank fails: how long the others get to end by themselves (their waits
+# raise at once, naming the failed rank), then SIGTERM, then SIGKILL STOP_KILL_AFTER later.
+GRACE_SECONDS = 5.0
+STOP_KILL_AFTER = 3.0
+RANK_WRAPPER = Path(__file__).resolve().parent / "runtime" / "rank_status.py"
+
+
+def describe_exit(rank: int, pid: Any, returncode: int) -> str:
+    """``rank 1 (pid 1234) was killed by signal 9 (SIGKILL)`` or ``... exited with code 3``."""
+    who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+    if returncode < 0:
+        try:
+            name = f" ({signal.Signals(-returncode).name})"
+        except ValueError:
+            name = ""
+        return f"{who} was killed by signal {-returncode}{name}"
+    return f"{who} exited with code {returncode}"
+
+
+def exit_code_of(returncode: int) -> int:
+    """A rank's end as a shell reports it: its code, or 128 + the signal that killed it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class RankWatch:
+    """The ranks' pid and exit records in a temporary folder (written by
+    runtime/rank_status.py, which starts each rank), and the marker that tells the
+    survivors' bounded waits that a rank failed (collectives/waiting.py reads it)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def _records(self, suffix: str) -> dict[int, dict[str, Any]]:
+        found = {}
+        for path in self.folder.glob(f"rank*{suffix}"):
+            try:
+                record = json.loads(path.read_text())
+                found[int(record["rank"])] = record
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written (it is renamed into place) or foreign
+        return found
+
+    def exits(self) -> dict[int, dict[str, Any]]:
+        return self._records(".exit")
+
+    def first_failure(self) -> dict[str, Any] | None:
+        failed = [r for r in self.exits().values() if r.get("returncode")]
+        return min(failed, key=lambda r: (r.get("time", 0), r["rank"])) if failed else None
+
+    def running(self) -> dict[int, dict[str, Any]]:
+        """Ranks started and not reported ended: {rank: pid record}."""
+        ended = self.exits()
+        return {r: rec for r, rec in self._records(".pid").items() if r not in ended}
+
+    def mark_failed(self, message: str) -> None:
+        tmp = self.folder / ".failed.tmp"
+        tmp.write_text(message)
+        tmp.replace(self.folder / "failed")
+
+    def signal_running(self, signum: int) -> list[int]:
+        """Send ``signum`` to each running rank; the ranks signalled. SIGKILL goes to the
+        rank's process group (the rank and whatever it started) and its wrapper; other
+        signals to the wrapper, which passes them on once (to the group if it is gone)."""
+        hit = []
+        for rank, record in sorted(self.running().items()):
+            targets = [(record.get("wrapper"), os.kill), (record.get("pid"), os.killpg)]
+            for target, send in targets:
+                if not (isinstance(target, int) and target > 1):
+                    continue
+                try:
+                    send(target, signum)
+                except (ProcessLookupError, PermissionError):
+                    continue
+                hit.append(rank)
+                if signum != signal.SIGKILL:
+                    break
+        return sorted(set(hit))
+
+
 def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
-              mpiexec: str | None = None) -> int:
-    """mpiexec -n np_ COMMAND; Ctrl-C and SIGTERM are passed to the launcher, which stops
-    the ranks. Returns the launcher's exit code."""
+              mpiexec: str | None = None, grace: float = GRACE_SECONDS) -> int:
+    """mpiexec -n np_ COMMAND, each rank started through runtime/rank_status.py, which
+    records its pid and how it ended. Returns the job's exit code.
+
+    Hydra runs with -disable-auto-cleanup: ina-run does the cleanup itself, so that it
+    knows which rank failed first. When a rank fails (a non-zero exit or a signal),
+    ina-run names it on stderr, tells the others' bounded waits (they raise
+    CollectiveTimeout naming the failed rank), gives them ``grace`` seconds to end, then
+    sends SIGTERM to those still running and SIGKILL STOP_KILL_AFTER seconds later; the
+    exit code is the failed rank's (128 + N for signal N). Ctrl-C and SIGTERM are
+    passed to the launcher, which passes them to the ranks, with the same bounds."""
     launcher = mpiexec or find_mpiexec()
-    process = subprocess.Popen([launcher, "-n", str(np_), *command], env=env)
+    with tempfile.TemporaryDirectory(prefix="ina-run-ranks-") as folder:
+        watch = RankWatch(Path(folder))
+        env = dict(env, INA_RUN_DIR=folder)
+        process = subprocess.Popen(
+            [launcher, "-disable-auto-cleanup", "-n", str(np_), sys.executable,
+             str(RANK_WRAPPER), folder, *command], env=env)
+        received: list[int] = []
 
-    def forward(signum: int, _frame: object) -> None:
-        if process.poll() is None:
-            process.send_signal(signum)
+        def forward(signum: int, _frame: object) -> None:
+            received.append(signum)
+            if process.poll() is None:
+                process.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return process.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return _supervise(process, watch, grace, received)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            watch.signal_running(signal.SIGKILL)  # none should be left; none may be
+
+
+def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
+               received: list[int]) -> int:
+    failure: dict[str, Any] | None = None
+    stop_at: float | None = None  # when the ranks still running get SIGTERM
+    stage = 0  # 0 running, 1 grace, 2 SIGTERM sent, 3 SIGKILL sent
+    while True:
+        try:
+            code = process.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            code = None
+        now = time.monotonic()
+        if stage == 0 and received:
+            stage, stop_at = 1, now + grace
+        if failure is None and not received:
+            failure = watch.first_failure()
+            if failure is not None:
+                what = describe_exit(failure["rank"], failure.get("pid"), failure["returncode"])
+                watch.mark_failed(f"ina-run: {what}")
+                others = sorted(watch.running())
+                print(f"ina-run: {what}" + (
+                    f"; the other ranks ({', '.join(map(str, others))}) get {grace:g} s to "
+                    f"end, then SIGTERM" if others else ""), file=sys.stderr, flush=True)
+                if stage == 0:
+                    stage, stop_at = 1, now + grace
+        if code is not None:
+            break
+        if stage == 1 and stop_at is not None and now >= stop_at:
+            hit = watch.signal_running(signal.SIGTERM)
+            if hit:
+                print(f"ina-run: sent SIGTERM to rank(s) {', '.join(map(str, hit))}",
+                      file=sys.stderr, flush=True)
+            stage, stop_at = 2, now + STOP_KILL_AFTER
+        elif stage == 2 and stop_at is not None and now >= stop_at:
+            hit = watch.signal_running(signal.SIGKILL)
+            if hit:
+                print(f"ina-run: sent SIGKILL to rank(s) {', '.join(map(str, hit))}",
+                      file=sys.stderr, flush=True)
+            stage, stop_at = 3, now + STOP_KILL_AFTER
+        elif stage == 3 and stop_at is not None and now >= stop_at:
+            process.kill()  # the launcher itself did not end with its ranks
+            stop_at = None
+    if received:
+        return 128 + received[0]
+    if failure is not None:
+        return exit_code_of(failure["returncode"])
+    if code != 0:  # the launcher failed without a rank's record (or a rank elsewhere)
+        late = watch.first_failure()
+        if late is not None:
+            print("ina-run: " + describe_exit(late["rank"], late.get("pid"),
+                                              late["returncode"]), file=sys.stderr, flush=True)
+            return exit_code_of(late["returncode"])
+    return code
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

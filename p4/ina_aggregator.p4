@@ -29,6 +29,7 @@ const bit<8> DROP_DUPLICATE_IN_PROGRESS = 5;   // duplicate in progress
 const bit<8> DROP_INJECTED_LOSS_IN = 6;   // injected loss in
 const bit<8> DROP_INJECTED_LOSS_OUT = 7;   // injected loss out
 const bit<8> DROP_RESULT_FROM_A_WORKER = 8;   // result from a worker
+const bit<8> DROP_STALE = 9;   // stale
 
 header ethernet_t {
     bit<48> dst_addr;
@@ -717,7 +718,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
     @id(0x1600013e) register<bit<32>>(CELLS) value_62;
     @id(0x1600013f) register<bit<32>>(CELLS) value_63;
     @id(0x12000001)
-    counter(9, CounterType.packets) ina_drops;
+    counter(10, CounterType.packets) ina_drops;
 
     bit<32> cell;
     bit<32> other;

@@ -1,10 +1,13 @@
 """ina-run: the job's exit code, the embedded switch's address in the ranks' environment,
 clear errors for a missing command or a malformed switch address (a missing launcher:
-tests/test_control.py), and MPI never initialised by the launcher itself."""
+tests/test_control.py), MPI never initialised by the launcher itself, and a rank that
+fails: named, the others told and stopped within a bound, no process left."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -74,3 +77,103 @@ def test_importing_the_launcher_side_leaves_mpi_uninitialised(run_python):
         "print('mpi4py.MPI' in sys.modules)\n")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "False", proc.stdout
+
+
+# A rank of three that ends itself after one allreduce through the switch; the others go
+# on calling. {end} is how it ends. Each rank prints its pid first, for the orphan check.
+DYING_RANK = """\
+import os, signal, sys, time
+import numpy as np
+import ina_collectives as ina
+ina.init()
+print(f"pid={{os.getpid()}}", flush=True)
+x = np.ones(300_000, np.float32)
+ina.allreduce(x)
+if ina.rank() == {rank}:
+    {end}
+start = time.monotonic()
+try:
+    while True:
+        ina.allreduce(x)
+except ina.CollectiveTimeout as exc:
+    print(f"rank {{ina.rank()}} after {{time.monotonic() - start:.1f}} s: {{exc}}", flush=True)
+    raise
+"""
+
+
+def _alive(pids: list[int]) -> list[str]:
+    """``ps`` lines of those of ``pids`` still running (zombies count as gone)."""
+    out = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-p", ",".join(map(str, pids))],
+                         capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split()[1:2] != ["Z"]]
+
+
+def _leftovers(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines()
+            if marker in line and line.split()[1:2] != ["Z"]]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("end, words, code", [
+    ("os.kill(os.getpid(), signal.SIGKILL)", "was killed by signal 9 (SIGKILL)", 128 + 9),
+    # os._exit: sys.exit would run mpi4py's MPI_Finalize at exit, which waits for the
+    # others, still calling: the process would not end (see the module's docstring).
+    ("os._exit(3)", "exited with code 3", 3),
+])
+def test_a_failed_rank_is_named_and_the_others_stop_within_the_bound(ina_run, tmp_path,
+                                                                        end, words, code):
+    """Rank 1 of 3 dies (SIGKILL) or exits with 3 (without MPI_Finalize) after an
+    allreduce through the embedded switch: ina-run names it, the others raise
+    CollectiveTimeout naming it at once (not after INA_TIMEOUT, 300 s here), are stopped
+    within the grace period, and the job is removed from the switch; ina-run exits
+    with the rank's code (128 + 9 for SIGKILL)."""
+    script = tmp_path / "rank.py"
+    script.write_text(DYING_RANK.format(rank=1, end=end))
+    start = time.monotonic()
+    proc = ina_run("-np", "3", "--", sys.executable, str(script), timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == code, proc.stderr
+    pid = re.search(r"ina-run: rank 1 \(pid (\d+)\) " + re.escape(words), proc.stderr)
+    assert pid, proc.stderr
+    # The others learn it from their bounded waits, named: well before INA_TIMEOUT.
+    for rank in (0, 2):
+        told = re.search(rf"rank {rank} after ([\d.]+) s: .*ina-run: rank 1 \(pid",
+                         proc.stdout)
+        assert told and float(told.group(1)) < 5, proc.stdout
+    # The job is removed from the switch (its final status: no job left).
+    assert re.search(r"ina-switch 127\.0\.0\.1:\d+: .*p4runtime jobs 0", proc.stderr) or \
+        "no P4Runtime" in proc.stderr, proc.stderr
+    assert took < 30, (took, proc.stderr)
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", proc.stdout)]
+    assert len(pids) == 3 and int(pid.group(1)) in pids, proc.stdout
+    assert not _alive(pids), _alive(pids)
+    assert not _leftovers(str(script)), _leftovers(str(script))
+
+
+@pytest.mark.mpi
+def test_ranks_stuck_outside_the_library_get_sigterm_then_sigkill(ina_run, tmp_path):
+    """Survivors that never call into the library (one ignores SIGTERM) are stopped by
+    ina-run itself: SIGTERM after the grace period, SIGKILL 3 s later; no process left."""
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "rank = int(os.environ['PMI_RANK'])\n"
+        "print(f'pid={os.getpid()}', flush=True)\n"
+        "if rank == 2:\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "time.sleep(1 if rank == 0 else 600)\n"
+        "if rank == 0:\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)\n")
+    start = time.monotonic()
+    proc = ina_run("-np", "3", "--switch", "none", "--", sys.executable, str(script),
+                   timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == 128 + 11, proc.stderr
+    assert "ina-run: rank 0 (pid" in proc.stderr and "SIGSEGV" in proc.stderr, proc.stderr
+    assert "sent SIGTERM to rank(s) 1, 2" in proc.stderr, proc.stderr
+    assert "sent SIGKILL to rank(s) 2" in proc.stderr, proc.stderr
+    assert took < 20, (took, proc.stderr)
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", proc.stdout)]
+    assert len(pids) == 3 and not _alive(pids), (pids, proc.stdout)
+    assert not _leftovers(str(script))

@@ -137,3 +137,42 @@ def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, fault
     counters = result.counters
     assert counters["nacks"] > 0 and counters["nack_resent"] > 0, counters
     assert counters["result_requests"] > 0, counters
+
+
+def test_a_late_retransmission_is_stale_not_summed_into_a_later_call():
+    """Worker a's retransmission of call 1, held up on the way, arrives after a's packet of
+    call 2 (the slot's other version, which cleared a's bit in call 1's cell). Taken for
+    new data, it would open call 1's cell again and be summed into call 3, which uses
+    that cell with the same offset: older than a's latest packet to the slot, it is
+    dropped as stale (found by bench/soak.py)."""
+    with embedded_switch() as sw:
+        links = [WorkerLink((sw.host, sw.port), 902, w, 2, K, 1, epoch=EPOCH)
+                 for w in range(2)]
+        for link in links:
+            link.join(5.0)
+        a, b = links
+
+        def send_use(link, version, seq, value, flags=0):
+            head = P.pack_header(flags=flags, job=link.job, worker=link.worker,
+                                 slot_version=version, slot=0, offset=0, count=K,
+                                 exponent=0, proposal=P.PROPOSAL_NONE, epoch=EPOCH, seq=seq)
+            send(link, head + np.full(K, value, ">i4").tobytes())
+
+        def sums():
+            return [np.frombuffer(receive(link)[1][P.HEADER_BYTES:], ">i4")[0] for link in links]
+
+        send_use(a, 0, 0, 1)
+        send_use(b, 0, 0, 10)
+        assert sums() == [11, 11]
+        send_use(a, 1, 1, 100)
+        send_use(a, 0, 0, 1, flags=P.FLAG_RETRANSMIT)  # late: a's call 1 again
+        send_use(b, 1, 1, 1000)
+        assert sums() == [1100, 1100]
+        send_use(b, 0, 2, 100000)
+        send_use(a, 0, 2, 10000)
+        assert sums() == [110000, 110000]
+        for link in links:
+            link.leave()
+            link.close()
+        assert sw.stop() == 0
+    assert "stale 1" in sw.final_status, sw.final_status

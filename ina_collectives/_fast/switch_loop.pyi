@@ -19,6 +19,7 @@ class Aggregator(FaultInjection):
     retransmits_answered: int
     nacks: int
     result_requests: int
+    control_overflow: int
     send_failures: int
     last_errno: int
     def __init__(self, fd: int, seed: int = ...) -> None:

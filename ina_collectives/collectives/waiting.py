@@ -9,6 +9,28 @@ from mpi4py import MPI
 
 from ..errors import CollectiveTimeout
 
+# Under ina-run, the folder where it marks a failed rank (launch.py: RankWatch): a wait
+# that finds the mark gives up at once, naming the rank, instead of at its deadline.
+_RUN_FAILED = os.path.join(os.environ["INA_RUN_DIR"], "failed") \
+    if os.environ.get("INA_RUN_DIR") else None
+_next_look = 0.0
+
+
+def peer_failure() -> str | None:
+    """ina-run's word that a rank of this job failed, or None; looks at most every 0.1 s."""
+    global _next_look
+    if _RUN_FAILED is None:
+        return None
+    now = time.monotonic()
+    if now < _next_look:
+        return None
+    _next_look = now + 0.1
+    try:
+        with open(_RUN_FAILED) as f:
+            return f.read().strip() or "ina-run: a rank failed"
+    except OSError:
+        return None
+
 
 class Deadline:
     """The moment by which one collective call must finish."""
@@ -38,8 +60,14 @@ def wait(request: MPI.Request, deadline: Deadline, what: Callable[[], str],
     polls, pause = 0, 0.0
     while not request.Test():
         polls += 1
-        if (background or polls & 63 == 0) and deadline.expired():
-            raise CollectiveTimeout(f"waited {deadline.seconds:g} s for {what()}")
+        if background or polls & 63 == 0:
+            if deadline.expired():
+                raise CollectiveTimeout(f"waited {deadline.seconds:g} s for {what()}")
+            failed = peer_failure()
+            if failed is not None:
+                waited = deadline.seconds - (deadline.expires - time.monotonic())
+                raise CollectiveTimeout(f"gave up after {waited:.1f} s waiting for {what()}: "
+                                        f"{failed}")
         if background and pause:
             time.sleep(pause)
         else:

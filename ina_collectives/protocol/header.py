@@ -111,7 +111,7 @@ def elements_for_mtu(mtu: int) -> int:
 # program's drop counter share this order (the index is the counter's).
 DROP_REASONS = ("malformed", "unknown job", "unknown worker", "bad slot", "mismatched chunk",
                 "duplicate in progress", "injected loss in", "injected loss out",
-                "result from a worker")
+                "result from a worker", "stale")
 
 
 # What a worker's parser says of a received packet: 0 accepts it, any other value is

@@ -22,6 +22,16 @@ from ..errors import SystemCallError
 
 log = logging.getLogger("ina_collectives.switch")
 
+# What became of a control packet: the switch counts each under one of these (stats(),
+# the status line). Every JOIN is a join or a refusal, every LEAVE and PROBE from a worker
+# a leave or a probe; "foreign control" is a LEAVE of a worker from another address, or
+# fault settings from another machine; "malformed control" anything not taken whole.
+CONTROL_OUTCOMES = ("joins", "refusals", "leaves", "probes", "wakes", "fault settings",
+                    "foreign control", "malformed control")
+# The int32 values each op's request carries (the op included).
+CONTROL_VALUES = {P.CTRL_JOIN: 4, P.CTRL_LEAVE: 1, P.CTRL_PROBE: 1, P.CTRL_WAKE: 1,
+                  P.CTRL_FAULTS: 1 + len(P.FAULT_FIELDS)}
+
 
 class SoftwareSwitch:
     """An aggregator on one UDP socket."""
@@ -41,8 +51,11 @@ class SoftwareSwitch:
         # and a largest K. A job that does not fit is refused (its ranks take the ring).
         self.pool_slots, self.max_elements = pool_slots, max_elements
         self.job_slots: dict[int, int] = {}
-        self.control_counts = {"joins": 0, "refusals": 0, "leaves": 0, "jobs freed idle": 0,
-                               "malformed control": 0}
+        # Every control packet the loop hands over is counted once, by what became of it
+        # (CONTROL_OUTCOMES); "jobs freed idle" counts the idle sweep.
+        self.control_counts = {name: 0 for name in CONTROL_OUTCOMES + ("jobs freed idle",)}
+        self._warned_at = 0.0  # rate limit of the warnings about refused control packets
+        self._unwarned = 0
         self._stop = False
         self.p4runtime = self._runner = None
         if p4runtime_port is not None:
@@ -72,13 +85,7 @@ class SoftwareSwitch:
         started = last_stats = last_idle = time.monotonic()
         while not self._stop:
             for packet, addr, port in self.aggregator.run(100):
-                try:
-                    self._control(packet, addr, port)
-                except (ValueError, IndexError) as exc:  # a malformed request, not a crash
-                    self.control_counts["malformed control"] += 1
-                    log.warning("malformed control packet dropped: %s", exc)
-                except SystemCallError as exc:  # the reply was refused: the sender retries
-                    log.warning("%s", exc)
+                self._control(packet, addr, port)
             if self._runner is not None:
                 self._runner.run_pending()
             now = time.monotonic()
@@ -108,11 +115,14 @@ class SoftwareSwitch:
                 "send_failures": a.send_failures,
                 **({"last_send_errno": a.last_errno} if a.send_failures else {}),
                 "faults": a.faults(), **self.control_counts,
+                "control overflow": a.control_overflow,
                 **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
     def status_line(self) -> str:
         s = self.stats()
         drops = ", ".join(f"{k} {v}" for k, v in s["drops"].items()) or "none"
+        control = ", ".join(f"{k} {s[k]}" for k in CONTROL_OUTCOMES + (
+            "jobs freed idle", "control overflow") if s[k]) or "none"
         return (f"ina-switch {self.address[0]}:{self.address[1]}: in {s['packets_in']} "
                 f"out {s['packets_out']} results {s['results']} busy slots "
                 f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
@@ -120,69 +130,112 @@ class SoftwareSwitch:
                 + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
                 + (f"sends refused {s['send_failures']} (last: "
                    f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")
-                + f"drops: {drops}")
+                + f"control: {control}; drops: {drops}")
 
     # -- control packets -------------------------------------------------------------
 
     def _control(self, packet: bytes, addr_be: int, port_be: int) -> None:
-        head, body = P.read_control(packet)
-        if body.size < 1:
+        """One control packet: carried out and answered, or refused; counted either way
+        under one of CONTROL_OUTCOMES. Nothing a packet holds ends the loop."""
+        try:
+            outcome, status, why = self._control_request(packet, addr_be, port_be)
+        except Exception as exc:  # a bug shown by a strange packet: count it, keep serving
+            outcome, status, why = "malformed control", None, f"{type(exc).__name__}: {exc}"
+            log.exception("control packet from %s dropped",
+                          P.address_text(addr_be, port_be))
+        self.control_counts[outcome] += 1
+        if why:
+            self._warn_refused(outcome, why, addr_be, port_be)
+        if status is None:
             return
+        head = P.unpack_header(packet)
+        op = int.from_bytes(packet[P.HEADER_BYTES:P.HEADER_BYTES + 4], "big", signed=True)
+        try:
+            self.aggregator.reply(P.control_packet(head["job"], head["worker"], [op, status],
+                                                   reply=True), addr_be, port_be)
+        except SystemCallError as exc:  # the reply was refused: the sender retries
+            log.warning("%s", exc)
+
+    def _warn_refused(self, outcome: str, why: str, addr_be: int, port_be: int) -> None:
+        """A warning about a refused control packet, at most one a second (a flood of
+        them must not flood the log); the counters have them all."""
+        now = time.monotonic()
+        if now - self._warned_at < 1.0:
+            self._unwarned += 1
+            return
+        more = f" (and {self._unwarned} more since the last warning)" if self._unwarned else ""
+        log.warning("%s from %s: %s%s", outcome, P.address_text(addr_be, port_be), why, more)
+        self._warned_at, self._unwarned = now, 0
+
+    def _control_request(self, packet: bytes, addr_be: int, port_be: int
+                         ) -> tuple[str, int | None, str]:
+        """What to do with a control packet: (its outcome, the status to answer or None
+        for no answer, why it was refused or ""). A request is taken only whole
+        (docs/protocol.md, Control packets): flags CONTROL alone, count = the number of
+        int32 values the datagram carries, as many as its op takes."""
+        head, body = P.read_control(packet)
+        malformed = "malformed control"
+        if head["flags"] != P.FLAG_CONTROL:
+            return malformed, None, f"flags {head['flags']:#04x} (a request has CONTROL alone)"
+        values = (len(packet) - P.HEADER_BYTES) / 4
+        if head["count"] != values or not body.size:
+            return malformed, None, f"count {head['count']} for {values:g} values"
         op, job, worker = int(body[0]), head["job"], head["worker"]
-        if op == P.CTRL_JOIN and body.size >= 4:
+        if CONTROL_VALUES.get(op) != body.size:
+            return malformed, None, f"op {op} with {body.size} values"
+        if op == P.CTRL_JOIN:
             status = self._join(job, worker, int(body[1]), int(body[2]), int(body[3]),
                                 addr_be, port_be)
-        elif op == P.CTRL_LEAVE:
-            self.control_counts["leaves"] += 1
-            if self.aggregator.leave(job, worker):  # never a controller's job
+            return ("joins" if status == 0 else "refusals"), status, ""
+        if op == P.CTRL_LEAVE:
+            # Only the worker itself, from its address, leaves a job (a stranger's LEAVE
+            # would free a running job); a job not here (left already, or freed idle) or
+            # a controller's (never left by packets) has nothing to do.
+            if (self.aggregator.job_shape(job) is not None
+                    and not self.aggregator.is_managed(job)
+                    and not self.aggregator.worker_at(job, worker, addr_be, port_be)):
+                return "foreign control", 1, f"LEAVE of worker {worker} of job {job}"
+            if self.aggregator.leave(job, worker):
                 self.job_slots.pop(job, None)
                 log.info("job %d: every worker left, slots freed", job)
-            status = 0
-        elif op == P.CTRL_PROBE:
+            return "leaves", 0, ""
+        if op == P.CTRL_PROBE:
             # Job 0: is anyone there? Else: is the sender worker `worker` of the job?
-            status = 0 if job == 0 or self.aggregator.worker_at(job, worker, addr_be,
-                                                                 port_be) else 1
-        elif op == P.CTRL_WAKE:
-            return  # the P4Runtime thread woke the loop: run_pending follows
-        elif op == P.CTRL_FAULTS and body.size >= 1 + len(P.FAULT_FIELDS):
-            if addr_be != P.LOOPBACK_BE:
-                return  # faults only from this machine
-            faults = P.decode_faults(body[1:])
-            try:
-                self.aggregator.set_faults(**faults)
-                status = 0
-            except ValueError as exc:
-                log.warning("fault settings refused: %s", exc)
-                status = 1
+            return "probes", (0 if job == 0 or self.aggregator.worker_at(
+                job, worker, addr_be, port_be) else 1), ""
+        if op == P.CTRL_WAKE:
+            return "wakes", None, ""  # the P4Runtime thread woke the loop: run_pending
+        # CTRL_FAULTS: a test facility, from this machine only (127.0.0.1).
+        if addr_be != P.LOOPBACK_BE:
+            return "foreign control", None, "fault settings from another address"
+        if job != 0 or worker != 0:
+            return malformed, None, f"fault settings for job {job} worker {worker}"
+        was = self.aggregator.faults()
+        try:
+            self.aggregator.set_faults(**P.decode_faults(body[1:]))
+        except ValueError as exc:
+            return malformed, 1, f"fault settings refused: {exc}"
+        if self.aggregator.faults() != was:
             log.warning("fault injection now %s", self.aggregator.faults() or "off")
-        else:
-            return
-        self.aggregator.reply(P.control_packet(job, worker, [op, status], reply=True),
-                              addr_be, port_be)
+        return "fault settings", 0, ""
 
     def _join(self, job: int, worker: int, n: int, k: int, slots: int, addr_be: int,
               port_be: int) -> int:
         if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= k <= self.max_elements
                 and 1 <= slots <= 65536):
-            self.control_counts["refusals"] += 1
             return 1
         if self.aggregator.is_managed(job):
-            self.control_counts["refusals"] += 1
             return 5
         shape = self.aggregator.job_shape(job)
         if shape is None:
             if sum(self.job_slots.values()) + slots > self.pool_slots:
-                self.control_counts["refusals"] += 1
                 return 4
             if not self.aggregator.add_job(job, n, k, slots):
                 return 4
             self.job_slots[job] = slots
             log.info("job %d: %d workers, K %d, S %d", job, n, k, slots)
         elif shape != (n, k, slots):
-            self.control_counts["refusals"] += 1
             return 2
         if not self.aggregator.set_worker(job, worker, addr_be, port_be):
-            self.control_counts["refusals"] += 1
             return 3
-        self.control_counts["joins"] += 1
         return 0
