@@ -118,7 +118,9 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                 "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
                                 "dropped_packets": (cluster.dropped() - dropped0
                                                     if loss else 0),
-                                **({"packets": m["packets"]} if "packets" in m else {})})
+                                **{k: m[k] for k in ("packets", "tcp_retransmits",
+                                                     "stream_seconds")
+                                   if k in m}})
                         progress.advance(task)
                         if args.json:
                             write_json(args.json, records, args)  # partial results kept

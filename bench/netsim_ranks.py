@@ -27,18 +27,38 @@ def cpu_jiffies() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
+def tcp_retransmits() -> int:
+    """Segments TCP resent in this rank's network namespace so far (/proc/net/snmp is
+    per namespace): MPI's and gloo's messages cross the same lossy links, and a lost
+    segment waits for TCP's timeout (200 ms at least on Linux)."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("RetransSegs")])
+
+
 def timed(run: Callable[[], None], barrier: Callable[[], None],
-          slowest: Callable[[float], float], reps: int) -> tuple[list[float], float]:
+          slowest: Callable[[float], float], reps: int,
+          resent: list[int] | None = None, streamed: Callable[[], float] | None = None,
+          streams: list[float] | None = None) -> tuple[list[float], float]:
     """Each repetition's time (the slowest rank's) and the machine's CPU utilisation
-    while they ran (near 1: the CPU, not the links, limits the figure)."""
+    while they ran (near 1: the CPU, not the links, limits the figure). ``resent``, if
+    given, gets this rank's TCP retransmissions during each repetition; ``streams`` the
+    seconds ``streamed()`` grew by (INA: the time inside the packet stream)."""
     run()  # warm-up: connections, buffers, the switch's job state
     times = []
     busy0, total0 = cpu_jiffies()
     for _ in range(reps):
         barrier()
+        before = tcp_retransmits()
+        stream0 = streamed() if streamed else 0.0
         start = time.perf_counter()
         run()
-        times.append(slowest(time.perf_counter() - start))
+        elapsed = time.perf_counter() - start
+        if resent is not None:
+            resent.append(tcp_retransmits() - before)
+        if streams is not None and streamed is not None:
+            streams.append(streamed() - stream0)
+        times.append(slowest(elapsed))
     busy1, total1 = cpu_jiffies()
     return times, (busy1 - busy0) / max(total1 - total0, 1.0)
 
@@ -69,12 +89,20 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
             run = lambda: collectives.allreduce(send, out=recv)  # noqa: E731
         before = dict(collectives.stats.by_engine) if collectives else {}
         link_before = dict(collectives.stats.transport) if collectives else {}
-        times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps)
+        resent: list[int] = []
+        streams: list[float] = []
+        streamed = ((lambda: float(collectives.stats.transport.get("seconds", 0.0)))
+                    if system == "ina" else None)
+        times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps,
+                           resent, streamed, streams)
         if not (recv == comm.Get_size()).all():
             raise SystemExit(f"{system}: wrong allreduce result for {nbytes} bytes")
         engines = ({e: c - before.get(e, 0) for e, c in collectives.stats.by_engine.items()
                     if c - before.get(e, 0)} if collectives else {"mpi": reps + 1})
-        record = {"bytes": nbytes, "times": times, "engines": engines, "cpu": cpu}
+        record = {"bytes": nbytes, "times": times, "engines": engines, "cpu": cpu,
+                  "tcp_retransmits": [int(v) for v in np.sum(comm.allgather(resent), 0)]}
+        if streams:  # the slowest rank's seconds in the packet stream, per repetition
+            record["stream_seconds"] = [float(v) for v in np.max(comm.allgather(streams), 0)]
         if system == "ina":  # the packet counters of the timed and warm-up calls, all ranks
             mine = {key: collectives.stats.transport.get(key, 0) - link_before.get(key, 0)
                     for key in LINK_COUNTERS}
