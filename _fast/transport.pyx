@@ -18,8 +18,8 @@ Each new packet carries the worker's packet number (seq, mod 256, counted across
 the software aggregator NACKs numbers it never saw, and the packets in flight with those
 numbers are resent at once, without backing off: only the worker whose packet was lost
 resends, before the timeouts of the others fire (a P4 switch sends no NACKs; there the
-timers recover). Once the aggregator has sent a NACK (so it is one that answers them), a
-packet in flight that OVERTAKEN results of later packets have passed asks for its result
+timers recover). With an aggregator that answers them (its join or probe reply says so,
+or it has sent a NACK), a packet in flight that OVERTAKEN results of later packets have passed asks for its result
 again with a header alone (a result request): its result was lost on the way back, or
 another worker's packet was (then the request is ignored, and that worker NACKed). Full
 resends are left to the timeouts.
@@ -99,8 +99,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     (the rest are filled in from results); versions: each slot's next version, updated.
     rto: the timeout until the first sample; rtt: [SRTT, RTTVAR, RTO], updated (zeros:
     no estimate yet). epoch: this run's epoch, in every packet; results of another epoch
-    are stale. seq: [the number of this worker's next new packet, 1 if the aggregator has
-    sent a NACK], updated (None: zeros).
+    are stale. seq: [the number of this worker's next new packet, 1 if the aggregator
+    NACKs (CAP_NACKS)], updated (None: zeros).
     Returns (status, counters dict, chunks not completed as an array). A stream that did
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).

@@ -176,3 +176,11 @@ def test_a_late_retransmission_is_stale_not_summed_into_a_later_call():
             link.close()
         assert sw.stop() == 0
     assert "stale 1" in sw.final_status, sw.final_status
+
+
+def test_the_software_switch_states_that_it_nacks(job):
+    """Its join replies carry CAP_NACKS: the worker's first timeout of a packet then asks
+    for the result with a header before it resends the whole packet (a P4 switch's
+    two-value replies leave the flag clear)."""
+    _, links = job
+    assert [int(link.seq[1]) for link in links] == [1, 1]

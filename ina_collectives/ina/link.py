@@ -1,7 +1,7 @@
 """The worker's link to the aggregator: its UDP socket, joining a job, streaming tensors.
 
 Control exchanges (join, leave, probe) are rare and live here in Python, each with a
-bounded wait (protocol.control_exchange); the data path is ``_fast/transport.pyx``.
+bounded wait (protocol.control_request); the data path is ``_fast/transport.pyx``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import protocol as P
 from ..errors import AggregatorUnavailable, SystemCallError
-from ..protocol import control_exchange, sockaddr_be, status_text, udp_socket
+from ..protocol import control_request, sockaddr_be, status_text, udp_socket
 
 
 @dataclass
@@ -39,7 +39,8 @@ class WorkerLink:
         self.joined = False
         self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
         self.rtt = np.zeros(3)  # SRTT, RTTVAR, RTO (_fast/transport.pyx), kept across calls
-        self.seq = np.zeros(2, np.uint8)  # next packet number, aggregator NACKs: kept
+        # [the next packet's number, 1 if the aggregator NACKs], kept across calls
+        self.seq = np.zeros(2, np.uint8)
         self.totals: dict[str, float] = {}  # the streams' counters, summed
         self._addr_be, self._port_be = sockaddr_be(switch)
 
@@ -47,8 +48,11 @@ class WorkerLink:
         self.sock.close()
 
     def _control(self, body: list[int], timeout: float, what: str) -> int:
-        return control_exchange(self.sock, self.switch, self.job, self.worker, body,
-                                timeout, what)
+        status, capabilities = control_request(self.sock, self.switch, self.job,
+                                               self.worker, body, timeout, what)
+        if capabilities & P.CAP_NACKS:  # the stream may ask for results with headers alone
+            self.seq[1] = 1
+        return status
 
     def join(self, timeout: float) -> None:
         status = self._control([P.CTRL_JOIN, self.n, self.k, self.slots], timeout, "join")

@@ -3,7 +3,8 @@ both ends (the worker's link, ina-run's probe, send_faults, and the software swi
 
 A control packet is an INA header with FLAG_CONTROL and a payload of int32 values, the
 first one the op. The reply carries FLAG_CONTROL | FLAG_RESULT and the payload
-[op, status].
+[op, status], and from the software switch a third value, its capabilities (CAP_*; a P4
+switch's two-value reply means none).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ CTRL_LEAVE = 2    # [LEAVE]: the sender is done; the job is freed when all have 
 CTRL_PROBE = 3    # [PROBE]: job 0: is an aggregator there? job j: am I worker w of job j?
 CTRL_FAULTS = 4   # [FAULTS, then FAULT_FIELDS in order] (probabilities in ppm, delays in us)
 CTRL_WAKE = 5     # [WAKE]: the software switch's P4Runtime thread wakes its data path
+# Capabilities an aggregator states in its replies (docs/protocol.md, Loss).
+CAP_NACKS = 1     # it NACKs skipped packet numbers and answers result requests
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
                 "reorder_out", "delay_ms_in", "delay_ms_out")
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
@@ -80,6 +83,12 @@ def control_exchange(sock: socket.socket, switch: tuple[str, int], job: int, wor
                      body: list[int], timeout: float, what: str) -> int:
     """Send a control request, resending every RETRY_SECONDS, until the aggregator answers
     or ``timeout`` passes; the status it answered. AggregatorUnavailable otherwise."""
+    return control_request(sock, switch, job, worker, body, timeout, what)[0]
+
+
+def control_request(sock: socket.socket, switch: tuple[str, int], job: int, worker: int,
+                    body: list[int], timeout: float, what: str) -> tuple[int, int]:
+    """control_exchange, answering (status, the aggregator's capabilities: CAP_*)."""
     packet = control_packet(job, worker, body)
     where = f"{switch[0]}:{switch[1]}"
     deadline = time.monotonic() + timeout
@@ -106,7 +115,7 @@ def control_exchange(sock: socket.socket, switch: tuple[str, int], job: int, wor
                 wanted = FLAG_CONTROL | FLAG_RESULT
                 if head["flags"] & wanted == wanted and head["job"] == job and \
                         reply[0] == body[0]:
-                    return int(reply[1])
+                    return int(reply[1]), int(reply[2]) if len(reply) > 2 else 0
             if time.monotonic() >= deadline:
                 raise AggregatorUnavailable(
                     f"the aggregator at {where} did not answer the {what} within {timeout:g} s")
@@ -114,7 +123,8 @@ def control_exchange(sock: socket.socket, switch: tuple[str, int], job: int, wor
         sock.settimeout(None)
 
 
-__all__ = [name for name in dir() if name.startswith(("CTRL_", "FAULT_")) or
+__all__ = [name for name in dir() if name.startswith(("CTRL_", "FAULT_", "CAP_")) or
            name.endswith("_STATUS")] + ["RETRY_SECONDS", "control_packet", "read_control",
-                                         "status_text", "control_exchange", "encode_faults",
+                                         "status_text", "control_exchange", "control_request",
+                                         "encode_faults",
                                          "decode_faults"]
