@@ -15,7 +15,7 @@ probe. Afterwards it removes the job and stops the embedded switch, whatever hap
 Without the p4 extra, the embedded switch is started without P4Runtime and the ranks
 join it themselves (the plain-mpiexec path).
 
-Each rank starts through runtime/rank_status.py, which records its pid and how it ended
+Each rank starts through launch_rank.py, which records its pid and how it ended
 in a temporary folder, and Hydra runs with -disable-auto-cleanup: ina-run does the
 cleanup. When a rank fails (a non-zero exit or a signal), ina-run prints which, e.g.
 ``ina-run: rank 1 (pid 1234) was killed by signal 9 (SIGKILL)`` (the first to fail);
@@ -72,7 +72,7 @@ def find_mpiexec() -> str:
 # raise at once, naming the failed rank), then SIGTERM, then SIGKILL STOP_KILL_AFTER later.
 GRACE_SECONDS = 5.0
 STOP_KILL_AFTER = 3.0
-RANK_WRAPPER = Path(__file__).resolve().parent / "runtime" / "rank_status.py"
+RANK_WRAPPER = Path(__file__).resolve().parent / "launch_rank.py"
 
 
 def describe_exit(rank: int, pid: Any, returncode: int) -> str:
@@ -94,7 +94,7 @@ def exit_code_of(returncode: int) -> int:
 
 class RankWatch:
     """The ranks' pid and exit records in a temporary folder (written by
-    runtime/rank_status.py, which starts each rank), and the marker that tells the
+    launch_rank.py, which starts each rank), and the marker that tells the
     survivors' bounded waits that a rank failed (collectives/waiting.py reads it)."""
 
     def __init__(self, folder: Path):
@@ -149,7 +149,7 @@ class RankWatch:
 
 def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
               mpiexec: str | None = None, grace: float = GRACE_SECONDS) -> int:
-    """mpiexec -n np_ COMMAND, each rank started through runtime/rank_status.py, which
+    """mpiexec -n np_ COMMAND, each rank started through launch_rank.py, which
     records its pid and how it ended. Returns the job's exit code.
 
     Hydra runs with -disable-auto-cleanup: ina-run does the cleanup itself, so that it
