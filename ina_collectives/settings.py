@@ -73,9 +73,11 @@ class Settings:
     )
     switch_retry_calls: int = _setting(
         256,
-        "After the aggregator fails (or is absent at init), the ranks try it again at a "
-        "call boundary after 1, 2, 4 ... calls, at most this many apart, and return to it "
-        "when it serves (a restarted switch). 0: never; stay on the ring.",
+        "After the aggregator fails (or is absent at init), rank 0 probes it at each call "
+        "without waiting, and the call after it answers, the ranks join it again (a "
+        "restarted switch); a join that fails waits 1, 2, 4 ... calls, at most this many, "
+        "before the next. Without check_agreement, rank 0 probes with a wait at those "
+        "calls instead. 0: never; stay on the ring.",
     )
     job: int = _setting(
         0,

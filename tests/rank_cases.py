@@ -99,9 +99,10 @@ def ina_switch_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 @case
 def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
-    """One call through the switch; the test kills it; one call (handed to the ring); the
-    test starts a switch again at the same address; p["after"] more calls, which return to
-    it. Rank 0 and the test hand over through files in p["dir"]."""
+    """One call through the switch; the test kills it; one call (handed to the ring) and
+    p["outage"] more on the ring; the test starts a switch again at the same address;
+    p["after"] more calls, which return to it, each after p["pause"] seconds (a training
+    step's compute). Rank 0 and the test hand over through files in p["dir"]."""
     ina.init(comm, **p.get("settings", {}))
     flags = Path(p["dir"])
 
@@ -117,11 +118,14 @@ def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
     dtype, op, count = p["case"]
     out: dict[str, Any] = {"results": [], "engines": []}
-    for i in range(2 + p["after"]):
+    outage = p.get("outage", 0)
+    for i in range(2 + outage + p["after"]):
         if i == 1:
             step("served", "killed")
-        elif i == 2:
+        elif i == 2 + outage:
             step("failed", "restarted")
+        if i >= 2 + outage:
+            time.sleep(p.get("pause", 0.0))
         x = make_input(dtype, op, count, 100 + i, comm.rank)
         out["results"].append(ina.allreduce(x, op=op))
         out["engines"].append(ina.stats()["last_call"]["engine"])

@@ -2,6 +2,8 @@
 a call, which engine serves it, the reasons recorded, and the chooser's argument checks."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -117,18 +119,24 @@ def test_mpi_declines_dtypes_this_mpi_cannot_reduce():
         assert mpi.declines(call(refused)) == f"mpi: no MPI reduction for {np.dtype(refused)}"
 
 
+@pytest.mark.parametrize("check_agreement", [True, False])
 def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
-        closed_udp_port, monkeypatch):
-    """Absent at init: every call takes the ring, stats say why, and the aggregator is
-    probed again at calls 1, 3, 7, 15 (after 1, 2, 4, 8 calls)."""
+        closed_udp_port, monkeypatch, check_agreement):
+    """Absent at init: every call takes the ring and stats say why. Rank 0 looks for an
+    answer at every call without waiting (its news rides on the call's agreement) and
+    never blocks on a probe; with the agreement check off, it probes with a wait at calls
+    1, 3, 7, 15 (after 1, 2, 4, 8 calls) instead."""
     from ina_collectives.collectives import ina_engine
 
     settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.2,
-                        switch_min_bytes=0, ring_min_bytes=0)
+                        switch_min_bytes=0, ring_min_bytes=0, check_agreement=check_agreement)
     coll = Collectives(MPI.COMM_SELF, settings)
-    probes = []
+    probes, looks = [], []
     monkeypatch.setattr(ina_engine, "_answers",
                         lambda address, timeout: probes.append(coll.stats.calls + 1) or False)
+    look = ina_engine._AnswerWatch.answered
+    monkeypatch.setattr(ina_engine._AnswerWatch, "answered",
+                        lambda self: looks.append(coll.stats.calls + 1) or look(self))
     try:
         x = np.arange(1000, dtype=np.float32)
         for _ in range(16):
@@ -140,14 +148,18 @@ def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
             str(closed_udp_port) in reason, reason
         assert snap["fallback_reasons"][reason] == 16
         assert snap["switch"] == {"serving": False, "outages": 0, "returns": 0}
-        assert probes == [1, 3, 7, 15]
+        if check_agreement:
+            assert probes == [] and looks == list(range(1, 17)), (probes, looks)
+        else:
+            assert probes == [1, 3, 7, 15] and looks == [], (probes, looks)
     finally:
         coll.free()
 
 
 def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
-    """The switch is absent at init and listens from the second call on: the third call
-    (the second probe) joins it, and from then on calls go through it, within the bound."""
+    """The switch is absent at init and listens from the second call on: that call
+    finds no answer yet and sends a probe; the third, 50 ms later, has the answer and
+    joins; from then on calls go through the switch, within the bound."""
     from ina_collectives.switch.embedded import embedded_switch
     from tests.inputs import check_within_bound, make_input
 
@@ -162,6 +174,7 @@ def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
             for _ in range(3):
                 check_within_bound(coll.allreduce(x), "float32", "sum", 5000, 7, 1)
                 engines.append(coll.stats.last["engine"])
+                time.sleep(0.05)  # a training step: the probe's answer comes meanwhile
             assert engines == ["ring", "ina", "ina"]
             assert coll.stats.snapshot()["switch"] == {"serving": True, "outages": 0,
                                                        "returns": 1}

@@ -32,16 +32,20 @@ class CallSignature:
         return np.array([self.kind, self.count, self.dtype, self.op], dtype=np.int64)
 
 
-def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline) -> None:
-    """Raise AgreementError on every rank unless all ranks passed the same signature."""
-    mine = call.as_array()
+def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,
+          news: int = 0) -> int:
+    """Raise AgreementError on every rank unless all ranks passed the same signature.
+    ``news``: a value that rides along, not compared (rank 0's tells every rank whether
+    the aggregator answers again); returns rank 0's."""
+    mine = np.append(call.as_array(), news)
     everyone = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
     request = comm.Iallgather(mine, everyone)
     wait(request, deadline,
          lambda: f"all {comm.Get_size()} ranks to enter allreduce #{seq} "
                  f"(this rank: {call.description})")
-    if (everyone == everyone[0]).all():
-        return
+    compared = everyone[:, :-1]
+    if (compared == compared[0]).all():
+        return int(everyone[0, -1])
     # Every rank saw the same table, so every rank takes this branch together.
     descriptions = comm.allgather(call.description)
     calls = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))

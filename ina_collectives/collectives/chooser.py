@@ -115,11 +115,13 @@ class Collectives:
         check_supported(recv.dtype, op)
         call = AllreduceCall(send, recv, op)
         deadline = Deadline(self.settings.timeout)
-        self.check_agreement(CallSignature(
+        answers = self.check_agreement(CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
-            f"{recv.size} x {recv.dtype} {op.name}"), deadline)
+            f"{recv.size} x {recv.dtype} {op.name}"), deadline,
+            self.ina.answers_again()
+            if self.ina is not None and self.settings.check_agreement else 0)
         if self.ina is not None:  # a call boundary, the same on every rank
-            self.ina.at_call_boundary(self._seq)
+            self.ina.at_call_boundary(self._seq, answers)
         passed_over = []
         for engine in self.engines:
             reason = engine.declines(call)
@@ -143,15 +145,17 @@ class Collectives:
             raise
         self.stats.record(engine.name, recv.nbytes, passed_over)
 
-    def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None
-                        ) -> None:
-        """Count the call and, if enabled, check that all ranks made it alike."""
+    def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None,
+                        news: int = 0) -> int | None:
+        """Count the call and, if enabled, check that all ranks made it alike; rank 0's
+        ``news`` (see agree), or None when the check is off."""
         self._check_usable()
         self._seq += 1
         if not self.settings.check_agreement:
-            return
+            return None
         try:
-            agree(self.comm, signature, self._seq, deadline or Deadline(self.settings.timeout))
+            return agree(self.comm, signature, self._seq,
+                         deadline or Deadline(self.settings.timeout), news)
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable
         except BaseException as exc:

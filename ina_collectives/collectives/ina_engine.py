@@ -32,9 +32,11 @@ class InaEngine:
     Collective to construct: every rank joins the job at the aggregator (or, when a
     controller installed the job, settings.job, checks its entry with a probe) and the
     ranks agree; if any rank failed, no rank uses the aggregator (``unavailable`` says
-    why). While it is unavailable, the chooser asks it to ``reconnect`` at call
-    boundaries, after 1, 2, 4 ... calls (at most ``switch_retry_calls`` apart): a restarted
-    switch serves again.
+    why). While it is unavailable, rank 0 probes the address without waiting (a
+    datagram per call, _AnswerWatch) and its news rides on each call's agreement: the call
+    after the aggregator answers again, every rank joins it again. A join that fails
+    backs off: the next try waits 1, 2, 4 ... calls (at most ``switch_retry_calls``).
+    With the agreement check off, rank 0 probes with a wait at those calls instead.
     """
 
     name = "ina"
@@ -52,6 +54,7 @@ class InaEngine:
         self._retry_gap = 1
         self._seq = 0  # the number of the call under way (at_call_boundary)
         self._lasting = False  # the last failure was this job's setup: trying again is futile
+        self._watch: _AnswerWatch | None = None  # rank 0's probes while unavailable
         if not settings.switch:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
@@ -132,6 +135,9 @@ class InaEngine:
              lambda: f"all {self.comm.Get_size()} ranks to exchange {what}")
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         if self.link is not None:
             self.link.leave()
             self.link.close()
@@ -154,22 +160,45 @@ class InaEngine:
         self._retry_at = seq + self._retry_gap if cap else None
         self._retry_gap = min(2 * self._retry_gap, max(cap, 1))
 
-    def at_call_boundary(self, seq: int) -> None:
-        """The chooser calls this before offering call number ``seq`` (the same number on
-        every rank): when a reconnection is due, it happens here, on every rank alike."""
-        self._seq = seq
-        if self._retry_at is not None and self.link is None and seq >= self._retry_at:
-            self._reconnect(seq)
+    def answers_again(self) -> int:
+        """Rank 0's news for the next call's agreement: 1 if the aggregator answered one
+        of its probes since the last call (it may serve again), else 0. While the
+        aggregator is unavailable (and tried again), rank 0 sends a probe now and then
+        and reads the answers without waiting."""
+        if self.link is not None or self._retry_at is None or self.comm.Get_rank() != 0:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
+            return 0
+        if self._watch is None:
+            self._watch = _AnswerWatch(P.parse_address(self.settings.switch))
+        return int(self._watch.answered())
 
-    def _reconnect(self, seq: int) -> bool:
-        """Collective: if rank 0 finds an aggregator answering at the address, every rank
-        joins again (a new job and epoch, or the installed entry); True if it serves."""
-        alive = np.zeros(1, np.int8)
-        if self.comm.Get_rank() == 0:
-            alive[0] = _answers(self.settings.switch,
-                                min(0.5, self.settings.switch_join_timeout))
-        self._collective(self.comm.Ibcast(alive, root=0), "whether the aggregator answers")
-        if alive[0]:
+    def at_call_boundary(self, seq: int, answers: int | None = None) -> None:
+        """The chooser calls this before offering call number ``seq`` (the same number on
+        every rank), with rank 0's news (``answers_again``; None when the agreement check
+        is off): when a reconnection is due, it happens here, on every rank alike."""
+        self._seq = seq
+        if self._retry_at is None or self.link is not None or seq < self._retry_at:
+            return
+        if answers is None:
+            self._reconnect(seq)
+        elif answers:
+            self._reconnect(seq, alive=True)
+
+    def _reconnect(self, seq: int, alive: bool | None = None) -> bool:
+        """Collective: if the aggregator answers (``alive``, or None: rank 0 probes now
+        and tells the others), every rank joins again (a new job and epoch, or the
+        installed entry); True if it serves."""
+        if alive is None:
+            answer = np.zeros(1, np.int8)
+            if self.comm.Get_rank() == 0:
+                answer[0] = _answers(self.settings.switch,
+                                     min(0.5, self.settings.switch_join_timeout))
+            self._collective(self.comm.Ibcast(answer, root=0),
+                             "whether the aggregator answers")
+            alive = bool(answer[0])
+        if alive:
             self._connect()
         if self.link is None:
             if self._lasting:
@@ -237,6 +266,53 @@ class InaEngine:
         if out is not call.recv:
             np.copyto(call.recv, out, casting="unsafe")
         return None
+
+
+class _AnswerWatch:
+    """Rank 0's probes of an aggregator's address while it is unavailable: a job-0 PROBE
+    at each call, at most one per PROBE_INTERVAL seconds, answers read without waiting
+    (so the call after the next probe's answer can rejoin)."""
+
+    PROBE_INTERVAL = 0.001
+
+    def __init__(self, address: tuple[str, int]):
+        import socket
+
+        self.address = address
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.probe = P.control_packet(0, 0, [P.CTRL_PROBE])
+        self.sent_at = -float("inf")
+
+    def answered(self) -> bool:
+        """Whether an answer came since the last look; sends the next probe if due."""
+        seen = False
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # ICMP port unreachable from an earlier probe: nobody there
+                continue
+            try:
+                head, reply = P.read_control(data)
+            except ValueError:
+                continue
+            wanted = P.FLAG_CONTROL | P.FLAG_RESULT
+            if (head["flags"] & wanted == wanted and len(reply) >= 2
+                    and reply[0] == P.CTRL_PROBE and reply[1] == 0):
+                seen = True
+        now = time.monotonic()
+        if now - self.sent_at >= self.PROBE_INTERVAL:
+            self.sent_at = now
+            try:
+                self.sock.sendto(self.probe, self.address)
+            except OSError:
+                pass  # unreachable now: the next probe tries again
+        return seen
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def _answers(address: str, timeout: float) -> bool:
