@@ -97,6 +97,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
             with EmulatedCluster(n, args.rates[0], mtu=args.mtu) as cluster, \
                     embedded_switch("--idle", "30", host=SWITCH_IP,
                                     launcher=cluster.in_switch([])) as switch:
+                if args.tcp_rto_min is not None:
+                    cluster.set_tcp_rto_min(args.tcp_rto_min)
                 for rate, loss in itertools.product(args.rates, args.loss):
                     cluster.set_rate(rate)
                     cluster.set_loss(loss)
@@ -116,6 +118,7 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                 "link_mbit": rate, "loss": loss, "seconds": m["seconds"],
                                 "times": m["times"], "engines": m["engines"],
                                 "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
+                                "tcp_rto_min_ms": args.tcp_rto_min,
                                 "dropped_packets": (cluster.dropped() - dropped0
                                                     if loss else 0),
                                 **{k: m[k] for k in ("packets", "tcp_retransmits",
@@ -148,6 +151,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     parser.add_argument("--reps", type=int, help="timed calls per size (median reported)")
     parser.add_argument("--mtu", type=int, default=9000, help="link MTU (K follows from it)")
+    parser.add_argument("--tcp-rto-min", type=float, metavar="MS",
+                        help="TCP's smallest retransmission timeout in the workers' "
+                             "namespaces (default: the kernel's, 200 ms); applies to every "
+                             "system's TCP (MPI, gloo, INA's agreements)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "netsim.json",
                         help="output records (the table and plots go beside it)")
     args = parser.parse_args(argv)
