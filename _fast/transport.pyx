@@ -19,10 +19,11 @@ the software aggregator NACKs numbers it never saw, and the packets in flight wi
 numbers are resent at once, without backing off: only the worker whose packet was lost
 resends, before the timeouts of the others fire (a P4 switch sends no NACKs; there the
 timers recover). With an aggregator that answers them (its join or probe reply says so,
-or it has sent a NACK), a packet in flight that OVERTAKEN results of later packets have passed asks for its result
-again with a header alone (a result request): its result was lost on the way back, or
-another worker's packet was (then the request is ignored, and that worker NACKed). Full
-resends are left to the timeouts.
+or it has sent a NACK), a packet in flight that OVERTAKEN results of later packets have
+passed asks for its result again with a header alone (a result request): its result was
+lost on the way back, or another worker's packet was (then the request is ignored, and
+that worker NACKed). The first timeout of a packet asks the same way; full resends are
+left to the second and later timeouts.
 """
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 
