@@ -8,7 +8,7 @@
 const bit<16> ETHERTYPE_IPV4  = 0x0800;
 const bit<8>  IPPROTO_UDP     = 17;
 const bit<16> INA_PORT        = 47474;
-const bit<8>  INA_VERSION     = 1;
+const bit<8>  INA_VERSION     = 2;
 const bit<8>  FLAG_RESULT     = 0x01;
 const bit<8>  FLAG_CONTROL    = 0x04;
 const bit<32> CTRL_PROBE      = 3;

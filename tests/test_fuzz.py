@@ -160,7 +160,7 @@ class Fuzzer:
     def header(self, **fields: int) -> dict[str, int]:
         job = fields.get("job", self._pick(self.ids))
         n, k, s = self.jobs.get(job, (2, 64, 8))
-        values = dict(version=1, flags=self._pick([0, 0, P.FLAG_RETRANSMIT]), job=job,
+        values = dict(version=P.PROTOCOL_VERSION, flags=self._pick([0, 0, P.FLAG_RETRANSMIT]), job=job,
                       worker=self._int(0, n - 1), slot_version=self._int(0, 1),
                       seq=self._int(0, 255), slot=self._int(0, s - 1),
                       offset=k * self._int(0, 1000), count=1, exponent=self._int(-126, 128),
@@ -185,7 +185,7 @@ class Fuzzer:
         job = values["job"]
         n, k, s = self.jobs.get(job, (2, 64, 8))
         edge = {
-            "version": [0, 2, 0x7F, 0x80, top],
+            "version": [0, P.PROTOCOL_VERSION - 1, P.PROTOCOL_VERSION + 1, 0x7F, 0x80, top],
             "flags": list(range(256)),
             "job": [0, 1, top, *self.ids, *(i + 1 for i in self.ids), *(i - 1 for i in self.ids)],
             "worker": [0, 1, n - 1, n, n + 1, 63, 64, top],
@@ -248,7 +248,7 @@ class Fuzzer:
                                             if v != CONTROL_VALUES[op] - 1])
         else:  # a real worker's join, as is: refused (taken), or from a fuzzer: anything
             job, worker, body = real, 0, [P.CTRL_JOIN, n, k, s]
-        values = dict(version=1, flags=P.FLAG_CONTROL, job=job, worker=worker,
+        values = dict(version=P.PROTOCOL_VERSION, flags=P.FLAG_CONTROL, job=job, worker=worker,
                       slot_version=0, seq=0, slot=0, offset=0, count=len(body), exponent=0,
                       proposal=P.PROPOSAL_NONE, epoch=0)
         if self.rng.random() < 0.05:  # a reply (CONTROL | RESULT) sent to the switch
@@ -571,7 +571,8 @@ def test_fuzzed_packets_from_a_workers_own_address():
                 return st.one_of(st.sampled_from([lo, hi, *more]), st.integers(lo, hi))
 
             fields = st.fixed_dictionaries({
-                "version": st.sampled_from([1, 1, 1, 0, 2, 255]),
+                "version": st.sampled_from([P.PROTOCOL_VERSION] * 3
+                                           + [0, P.PROTOCOL_VERSION - 1, 255]),
                 "flags": edges(0, 255, P.FLAG_RETRANSMIT, P.FLAG_NACK, P.FLAG_CONTROL),
                 "job": st.sampled_from([job, job, job, 0, job + 1, 65535]),
                 "worker": edges(0, 65535, 1, 2, 63, 64),
@@ -596,7 +597,7 @@ def test_fuzzed_packets_from_a_workers_own_address():
                 workers[who].sendto(pkt, sw.address)
                 deadline = time.monotonic() + 2
                 while sw.aggregator.packets_in == got_in or (
-                        values["flags"] & P.FLAG_CONTROL and values["version"] == 1
+                        values["flags"] & P.FLAG_CONTROL and values["version"] == P.PROTOCOL_VERSION
                         and sum((counters(sw) - before).values()) == 0):
                     assert time.monotonic() < deadline, "the switch did not take the packet"
                     time.sleep(0.0002)

@@ -105,7 +105,8 @@ def _result_row(k: int, **fields) -> tuple[np.ndarray, int]:
 
 @pytest.mark.parametrize("fields, length_delta, reason", [
     ({}, -(P.HEADER_BYTES + 16) + 10, P.PARSE_SHORT),
-    ({"version": 2}, 0, P.PARSE_VERSION),
+    ({"version": P.PROTOCOL_VERSION + 1}, 0, P.PARSE_VERSION),
+    ({"version": P.PROTOCOL_VERSION - 1}, 0, P.PARSE_VERSION),
     ({"flags": 0}, 0, P.PARSE_NOT_RESULT),
     ({"flags": P.FLAG_RETRANSMIT}, 0, P.PARSE_NOT_RESULT),
     ({"job": 2}, 0, P.PARSE_JOB),
@@ -160,7 +161,7 @@ def test_header_constants():
     fields = P.unpack_header(P.pack_header(flags=1, job=2, worker=3, slot_version=1, slot=4,
                                            offset=5, count=6, exponent=-7, proposal=8,
                                            epoch=65535, seq=9))
-    assert fields == {"version": 1, "flags": 1, "job": 2, "worker": 3, "slot_version": 1,
+    assert fields == {"version": P.PROTOCOL_VERSION, "flags": 1, "job": 2, "worker": 3, "slot_version": 1,
                       "slot": 4, "offset": 5, "count": 6, "exponent": -7, "proposal": 8,
                       "epoch": 65535, "seq": 9}
     with pytest.raises(ValueError, match="at least 24 bytes"):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-PROTOCOL_VERSION = 1
+# 2: the reserved byte became seq, the flag NACK came (docs/protocol.md, Loss); a packet
+# of another version is dropped as malformed, so a mixed job fails to join, not to add.
+PROTOCOL_VERSION = 2
 UDP_PORT = 47474  # the aggregator's well-known port (workers listen on any port)
 
 FLAG_RESULT = 0x01       # aggregator -> worker: the slot's sum
