@@ -160,7 +160,8 @@ class Fuzzer:
     def header(self, **fields: int) -> dict[str, int]:
         job = fields.get("job", self._pick(self.ids))
         n, k, s = self.jobs.get(job, (2, 64, 8))
-        values = dict(version=P.PROTOCOL_VERSION, flags=self._pick([0, 0, P.FLAG_RETRANSMIT]), job=job,
+        values = dict(version=P.PROTOCOL_VERSION,
+                      flags=self._pick([0, 0, P.FLAG_RETRANSMIT]), job=job,
                       worker=self._int(0, n - 1), slot_version=self._int(0, 1),
                       seq=self._int(0, 255), slot=self._int(0, s - 1),
                       offset=k * self._int(0, 1000), count=1, exponent=self._int(-126, 128),
