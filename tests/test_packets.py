@@ -162,7 +162,7 @@ def test_header_constants():
                                            offset=5, count=6, exponent=-7, proposal=8,
                                            epoch=65535, seq=9))
     assert fields == {"version": P.PROTOCOL_VERSION, "flags": 1, "job": 2, "worker": 3,
-                      "slot_version": 1, "slot": 4, "offset": 5, "count": 6, "exponent": -7, "proposal": 8,
-                      "epoch": 65535, "seq": 9}
+                      "slot_version": 1, "slot": 4, "offset": 5, "count": 6,
+                      "exponent": -7, "proposal": 8, "epoch": 65535, "seq": 9}
     with pytest.raises(ValueError, match="at least 24 bytes"):
         P.unpack_header(b"\x01\x00")
