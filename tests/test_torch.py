@@ -234,6 +234,99 @@ def test_init_on_a_subset_and_again():
         assert (size, rank, local_size, local_rank, cross_size, cross_rank) == (3, r, 3, r, 1, 0)
         assert threads is True
         np.testing.assert_array_equal(out["world_sum"], np.full(3, 3.0))
+        assert out["homogeneous"] is True
+
+
+def test_built_and_enabled_flags_tell_the_truth():
+    """Horovod's basics: scripts and Horovod's tests branch on them (hvd.ccl_built())."""
+    import ina_collectives.torch as hvd
+    assert hvd.mpi_built() is True and hvd.mpi_enabled() is True
+    for flag in ("gloo_built", "gloo_enabled", "ddl_built", "ccl_built", "cuda_built",
+                 "rocm_built"):
+        assert getattr(hvd, flag)() is False, flag
+        assert flag in hvd.__all__, flag
+    assert hvd.nccl_built() == 0 and isinstance(hvd.nccl_built(), int)  # a version code
+    if not hvd.is_initialized():
+        with pytest.raises(ValueError, match="not been initialized"):
+            hvd.mpi_threads_supported()
+        with pytest.raises(ValueError, match="not been initialized"):
+            hvd.is_homogeneous()
+
+
+def half_scaled(values, factor):
+    """Horovod's CPU scaling of float16: float32 math, one rounding back to float16."""
+    return (np.asarray(values, np.float16).astype(np.float32) * np.float32(factor)
+            ).astype(np.float16)
+
+
+@pytest.mark.mpi
+def test_float16_prescale_and_postscale_match_horovod_exactly():
+    n, f, g = 2, 0.1915194503788923, 0.6221087710398319   # Horovod's test draws such f
+    results = run(n, "torch_half_scaling", {"factors": [f, g]}, env={"INA_SWITCH": ""})
+    x = lambda seed: [torch_input("float16", (17, 3), r, seed).numpy() for r in range(n)]  # noqa: E731,E501
+
+    def want(seed, pre=1.0, post=1.0, average=False):
+        total = np.zeros((17, 3), np.float16)
+        for part in x(seed):
+            total = total + half_scaled(part, pre)        # summed in float16, as Horovod
+        return half_scaled(total, post / n if average else post)
+
+    for out in results:
+        exact = np.testing.assert_array_equal
+        exact(out["allreduce/pre"], want(0, pre=f))
+        exact(out["allreduce/post"], want(1, post=f))
+        exact(out["allreduce/average"], want(2, f, g, average=True))
+        exact(out["allreduce_"], want(3, f, g))
+        exact(out["allreduce_async"], want(4, f, g))
+        assert out["input_kept"], "allreduce_async with factors modified its input"
+        exact(out["allreduce_async_"], want(5, f, g, average=True))
+        exact(out["grouped"][0], want(6, f, g))
+        exact(out["grouped"][1], want(7, f, g))
+        exact(out["grouped_"][0], want(8, f, g))
+        exact(out["grouped_"][1], want(9, f, g))
+
+
+@pytest.mark.mpi
+def test_alltoall_without_splits_returns_the_tensor_alone():
+    n = 2
+    results = run(n, "torch_alltoall_forms")
+    x = lambda r: np.arange(2 * n) + 100 * r  # noqa: E731
+    for r, out in enumerate(results):
+        want = np.concatenate([x(q)[2 * r:2 * r + 2] for q in range(n)])
+        kind, got = out["plain"]
+        assert kind == "Tensor"
+        np.testing.assert_array_equal(got, want)
+        kind, got, received = out["pair"]
+        assert kind == "tuple" and received == [2] * n
+        np.testing.assert_array_equal(got, want)
+        # Row 2q + i of this rank landed at 2r + i on rank q, weighted there by weight(q).
+        weight = lambda q: np.arange(2 * n) + 10 * q  # noqa: E731
+        np.testing.assert_array_equal(
+            out["grad"], np.concatenate([weight(q)[2 * r:2 * r + 2] for q in range(n)]))
+
+
+@pytest.mark.mpi
+def test_distributed_optimizer_names_unnamed_parameters_as_horovod():
+    results = run(2, "torch_optimizer_unnamed")
+    want = ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0",
+            "allreduce.noname.1.1"]
+    for out in results:
+        assert out["names"] == want
+        assert out["all_names"] == [want, want]
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        np.testing.assert_array_equal(a, b)  # gradients were reduced: same step everywhere
+
+
+@pytest.mark.mpi
+def test_broadcast_optimizer_state_scalars_none_and_fresh_optimizers():
+    results = run(2, "torch_optimizer_state")
+    for out in results:
+        assert out["lr"] == 0.1
+        assert [entry[:3] for entry in out["counting"]] == [(3, 1.5, None)] * 2
+        assert out["counting"][0][3] == [[3.0, 3.0], [3.0, 3.0]]
+        assert out["frozen_grad"] is None
+        np.testing.assert_array_equal(out["trained_grad"], np.zeros(4))
+        assert out["momentum"] == ["momentum_buffer"]
 
 
 def reference_steps(n, steps, passes=1, compression=None):

@@ -280,6 +280,7 @@ def torch_init(comm: Any, p: dict) -> dict[str, Any]:
     out["world"] = (hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
                     hvd.cross_size(), hvd.cross_rank(), hvd.mpi_threads_supported())
     out["world_sum"] = _np(hvd.allreduce(torch.ones(3), op=hvd.Sum))
+    out["homogeneous"] = hvd.is_homogeneous()
     hvd.shutdown()
     hvd.shutdown()  # idempotent
     out["initialized_after"] = hvd.is_initialized()
@@ -343,6 +344,119 @@ def torch_optimizer(comm: Any, p: dict) -> dict[str, Any]:
     out["unnamed"] = _attempt(lambda: hvd.DistributedOptimizer(
         torch.optim.SGD(model2.parameters(), lr=0.1),
         named_parameters=list(model2.named_parameters())[:1]))
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_half_scaling(comm: Any, p: dict) -> dict[str, Any]:
+    """float16 allreduces with prescale/postscale factors, through every variant."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r = hvd.rank()
+    f, g = p["factors"]
+    x = lambda seed: torch_input("float16", (17, 3), r, seed)  # noqa: E731
+    out: dict[str, Any] = {}
+    out["allreduce/pre"] = _np(hvd.allreduce(x(0), op=hvd.Sum, prescale_factor=f))
+    out["allreduce/post"] = _np(hvd.allreduce(x(1), op=hvd.Sum, postscale_factor=f))
+    out["allreduce/average"] = _np(hvd.allreduce(x(2), prescale_factor=f, postscale_factor=g))
+    out["allreduce_"] = _np(hvd.allreduce_(x(3), op=hvd.Sum, prescale_factor=f,
+                                           postscale_factor=g))
+    kept = x(4)
+    out["allreduce_async"] = _np(hvd.synchronize(hvd.allreduce_async(
+        kept, op=hvd.Sum, prescale_factor=f, postscale_factor=g)))
+    out["input_kept"] = bool(torch.equal(kept, x(4)))
+    out["allreduce_async_"] = _np(hvd.synchronize(hvd.allreduce_async_(
+        x(5), op=hvd.Average, prescale_factor=f, postscale_factor=g)))
+    out["grouped"] = [_np(t) for t in hvd.grouped_allreduce(
+        [x(6), x(7)], op=hvd.Sum, prescale_factor=f, postscale_factor=g)]
+    out["grouped_"] = [_np(t) for t in hvd.grouped_allreduce_(
+        [x(8), x(9)], op=hvd.Sum, prescale_factor=f, postscale_factor=g)]
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_alltoall_forms(comm: Any, p: dict) -> dict[str, Any]:
+    """alltoall returns the output alone without splits, (output, splits) with them."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {}
+    x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    plain = hvd.alltoall(x)
+    out["plain"] = (type(plain).__name__, _np(plain))
+    pair = hvd.alltoall(x, splits=[2] * n)
+    out["pair"] = (type(pair).__name__, _np(pair[0]), pair[1].tolist())
+    t = x.clone().requires_grad_(True)
+    y = hvd.alltoall(t)
+    (y * (torch.arange(2 * n, dtype=torch.float32) + 10 * r)).sum().backward()
+    out["grad"] = _np(t.grad)
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_optimizer_unnamed(comm: Any, p: dict) -> dict[str, Any]:
+    """DistributedOptimizer without named_parameters over two parameter groups."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r = hvd.rank()
+    model, x, y = optimizer_problem(r)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(
+        [{"params": model[0].parameters()}, {"params": model[2].parameters()}], lr=0.1))
+    names = opt._parameter_names
+    out: dict[str, Any] = {"names": [names[q] for q in model.parameters()],
+                           "all_names": hvd.allgather_object(sorted(names.values()))}
+    opt.zero_grad()
+    loss_of(model, x, y).backward()
+    opt.step()
+    out["params"] = [_np(t) for t in model.parameters()]
+    hvd.shutdown()
+    return out
+
+
+class _CountingOptimizer(torch.optim.Optimizer):
+    """State of Python scalars, None and a tensor, as some optimizers keep."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for q in group["params"]:
+                state = self.state[q]
+                state["count"] = state.get("count", 0) + 1
+                state["scale"] = 0.5 * state["count"]
+                state["nothing"] = None
+                state["buffer"] = torch.full_like(q, float(state["count"]))
+
+
+@case
+def torch_optimizer_state(comm: Any, p: dict) -> dict[str, Any]:
+    """broadcast_optimizer_state: scalar and None state entries; a fresh optimizer's
+    state and gradients created as Horovod does (frozen parameters keep no gradient)."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r = hvd.rank()
+    out: dict[str, Any] = {}
+    model = torch.nn.Linear(2, 2)
+    counting = _CountingOptimizer(model.parameters(), lr=0.1 + r)
+    for _ in range(3 if r == 0 else 0):
+        counting.step()
+    hvd.broadcast_optimizer_state(counting, root_rank=0)
+    out["counting"] = [(s["count"], s["scale"], s["nothing"], _np(s["buffer"]).tolist())
+                       for s in counting.state.values()]
+    out["lr"] = counting.param_groups[0]["lr"]
+    frozen = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+    trained = torch.nn.Parameter(torch.rand(4))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([frozen, trained], lr=0.01, momentum=0.9),
+                                   named_parameters=[("frozen", frozen), ("trained", trained)])
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    out["frozen_grad"] = None if frozen.grad is None else _np(frozen.grad)
+    out["trained_grad"] = None if trained.grad is None else _np(trained.grad)
+    out["momentum"] = [k for s in opt.state.values() for k in s]
     hvd.shutdown()
     return out
 

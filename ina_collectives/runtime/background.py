@@ -373,8 +373,12 @@ def split_rows(rows: int, parts: int, index: int) -> tuple[int, int]:
 
 
 def _scale(buffer: np.ndarray, factor: float) -> None:
-    """buffer *= factor in its own dtype; integers truncate toward zero."""
-    if buffer.dtype.kind == "f":
+    """buffer *= factor as Horovod's CPU ScaleBuffer does: floats in their own dtype,
+    float16 in float32 math rounded once (not by a factor rounded to float16 first),
+    integers in float64, truncated toward zero."""
+    if buffer.dtype == np.float16:
+        buffer[...] = buffer.astype(np.float32) * np.float32(factor)
+    elif buffer.dtype.kind == "f":
         np.multiply(buffer, buffer.dtype.type(factor), out=buffer)
     else:
         buffer[...] = np.trunc(buffer * factor)

@@ -41,14 +41,36 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Give every rank root_rank's optimizer state (hyperparameters and buffers, such as
-    momentum), loaded through the optimizer's own load_state_dict."""
+    momentum; tensors, Python scalars and None alike), loaded through the optimizer's own
+    load_state_dict.
+
+    As Horovod, a rank whose optimizer has no state yet first creates it with one local
+    step on zero gradients (of the parameters that require them), so that the state and
+    the gradients exist afterwards even where root_rank has none to give."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state takes a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    if not optimizer.state and not isinstance(optimizer, torch.optim.LBFGS):
+        _initialize_state(optimizer)
     state = broadcast_object(optimizer.state_dict() if mpi_ops.rank() == root_rank else None,
                              root_rank, name="optimizer_state")
     if mpi_ops.rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """One step on zero gradients, local to this rank: a DistributedOptimizer's own step
+    would start allreduces that the other ranks, whose state may exist, never join."""
+    from .optimizer import _DistributedOptimizer
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()  # the wrapped class's step
+    else:
+        optimizer.step()
 
 
 def _dumps(obj: Any) -> np.ndarray:

@@ -42,6 +42,7 @@ class _State:
     local_size: int
     cross_rank: int
     cross_size: int
+    homogeneous: bool
 
 
 _state: _State | None = None
@@ -91,8 +92,9 @@ def init(comm: Any = None, **settings: Any) -> None:
             _names[kind] = itertools.count()
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         cross = comm.Split(local.Get_rank(), comm.Get_rank())
+        homogeneous = len(set(comm.allgather(local.Get_size()))) == 1
         _state = _State(runtime, comm.Get_rank(), comm.Get_size(), local.Get_rank(),
-                        local.Get_size(), cross.Get_rank(), cross.Get_size())
+                        local.Get_size(), cross.Get_rank(), cross.Get_size(), homogeneous)
         local.Free()
         cross.Free()
 
@@ -163,9 +165,19 @@ def cross_rank() -> int:
 
 
 def mpi_threads_supported() -> bool:
+    """Whether MPI runs with THREAD_MULTIPLE. Like Horovod, only after init()."""
+    _require()
     from mpi4py import MPI
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
+
+def is_homogeneous() -> bool:
+    """Whether every node runs the same number of ranks."""
+    return _require().homogeneous
+
+
+# What this library is built with, under Horovod's names: MPI is its controller and
+# transport; it has no Gloo controller and no GPU (NCCL, CUDA, ROCm), DDL or oneCCL code.
 
 def mpi_enabled() -> bool:
     return True
@@ -183,7 +195,24 @@ def gloo_built() -> bool:
     return False
 
 
-def nccl_built() -> bool:
+def nccl_built() -> int:
+    """0: Horovod returns the NCCL version code here, or 0 without NCCL."""
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
     return False
 
 
@@ -590,23 +619,26 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 
 class _AlltoallFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None) -> tuple:
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None) -> Any:
         output, received = synchronize(alltoall_async(tensor, splits, name))
         ctx.received = received
+        if splits is None:
+            return output
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple:
+    def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple:
         # Rows travel back to where they came from.
         returned, _ = alltoall(grad.contiguous(), splits=ctx.received)
         return returned, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scatter rows of ``tensor`` to the ranks and gather theirs: returns (output,
-    received_splits). Gradients flow."""
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scatter rows of ``tensor`` to the ranks and gather theirs. As Horovod: returns the
+    output alone when ``splits`` is None (equal parts), else (output, received_splits).
+    Gradients flow."""
     return _AlltoallFunction.apply(tensor, splits, name)
 
 
@@ -669,8 +701,9 @@ def join(device: int = -1) -> int:
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
-    "cross_size", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built",
-    "gloo_enabled", "gloo_built", "nccl_built", "stats",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built", "stats",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",

@@ -40,8 +40,13 @@ class _DistributedOptimizer:
                                  f"optimizer's {len(params)} parameters (indices "
                                  f"{unnamed[:8]})")
         else:
-            by_id = {id(p): f"param.{i}" for i, p in enumerate(params)}
+            # Horovod's names, so that every rank names the same parameter alike.
+            by_id = {id(p): f"allreduce.noname.{i}.{j}"
+                     for i, group in enumerate(self.param_groups)
+                     for j, p in enumerate(group["params"])}
         self._ina_names = {p: f"grad.{by_id[id(p)]}" for p in params}
+        # Horovod's attribute (parameter -> name), which scripts and its tests read.
+        self._parameter_names = {p: by_id[id(p)] for p in params}
         self._ina_compression = compression
         self._ina_passes = backward_passes_per_step
         self._ina_op = op
