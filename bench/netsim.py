@@ -158,6 +158,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "netsim.json",
                         help="output records (the table and plots go beside it)")
     args = parser.parse_args(argv)
+    if args.tcp_rto_min is not None and not 1 <= args.tcp_rto_min <= 200:
+        parser.error(f"--tcp-rto-min must be 1..200 ms (the kernel's range of interest; its "
+                     f"default is 200), got {args.tcp_rto_min:g}")
     quick = args.quick
     args.n = args.n or ([4] if quick else [2, 4, 8])
     args.rates = args.rates or ([200.0] if quick else [100.0, 200.0, 500.0, 1000.0])

@@ -185,6 +185,14 @@ def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
             watch.signal_running(signal.SIGKILL)  # none should be left; none may be
 
 
+def _signal_ranks(watch: RankWatch, signum: int) -> None:
+    """Send ``signum`` to the ranks still running, saying which."""
+    hit = watch.signal_running(signum)
+    if hit:
+        print(f"ina-run: sent {signal.Signals(signum).name} to rank(s) "
+              f"{', '.join(map(str, hit))}", file=sys.stderr, flush=True)
+
+
 def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
                received: list[int]) -> int:
     failure: dict[str, Any] | None = None
@@ -211,18 +219,9 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
                     stage, stop_at = 1, now + grace
         if code is not None:
             break
-        if stage == 1 and stop_at is not None and now >= stop_at:
-            hit = watch.signal_running(signal.SIGTERM)
-            if hit:
-                print(f"ina-run: sent SIGTERM to rank(s) {', '.join(map(str, hit))}",
-                      file=sys.stderr, flush=True)
-            stage, stop_at = 2, now + STOP_KILL_AFTER
-        elif stage == 2 and stop_at is not None and now >= stop_at:
-            hit = watch.signal_running(signal.SIGKILL)
-            if hit:
-                print(f"ina-run: sent SIGKILL to rank(s) {', '.join(map(str, hit))}",
-                      file=sys.stderr, flush=True)
-            stage, stop_at = 3, now + STOP_KILL_AFTER
+        if stage in (1, 2) and stop_at is not None and now >= stop_at:
+            _signal_ranks(watch, signal.SIGTERM if stage == 1 else signal.SIGKILL)
+            stage, stop_at = stage + 1, now + STOP_KILL_AFTER
         elif stage == 3 and stop_at is not None and now >= stop_at:
             process.kill()  # the launcher itself did not end with its ranks
             stop_at = None
