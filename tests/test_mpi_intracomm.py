@@ -54,3 +54,16 @@ def test_a_sum_of_untyped_bytes_is_refused_as_mpi_refuses_it(datatype):
     with pytest.raises(MPI.Exception, match="not defined for this datatype"):
         comm.Allreduce([a, t], [b, t], op=MPI.SUM)
     assert comm.ina_stats()["calls"] == 0  # handed to MPI, not reduced as bytes
+
+
+def test_a_call_mpi_refuses_raises_its_error_and_the_communicator_goes_on():
+    """MPI refuses a send buffer that is the receive buffer (not MPI.IN_PLACE) before
+    anything starts: the caller gets MPI's own exception, as with mpi4py, and the next
+    call works (mpi4py's test_cco_buf runs on after such a refusal)."""
+    comm = Intracomm(MPI.COMM_SELF)
+    a = np.arange(4, dtype=np.int32)
+    with pytest.raises(MPI.Exception):
+        comm.Allreduce([a, MPI.INT], [a, MPI.INT], MPI.SUM)
+    out = np.empty_like(a)
+    comm.Allreduce([a, MPI.INT], [out, MPI.INT], MPI.SUM)
+    np.testing.assert_array_equal(out, a)

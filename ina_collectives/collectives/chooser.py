@@ -12,7 +12,7 @@ from mpi4py import MPI
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import CallSignature, agree
-from .engine import AllreduceCall, Engine
+from .engine import AllreduceCall, Engine, was_refused
 from .ina_engine import InaEngine
 from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_supported, dtype_code
@@ -140,8 +140,12 @@ class Collectives:
                 # The bound restarts: the engine that gave up may have used it all.
                 engine.run(AllreduceCall(None, call.recv, op), Deadline(self.settings.timeout))
         except BaseException as exc:
-            # Part of the operation may still be in flight: nothing later is safe.
-            self._broken = f"allreduce #{self._seq} failed in engine {engine.name}: {exc!r}"
+            # Part of the operation may still be in flight: nothing later is safe. (Not
+            # when MPI refused the call's arguments before it started: mpi4py's caller
+            # gets MPI's exception and goes on.)
+            if not was_refused(exc):
+                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
+                                f"{exc!r}")
             raise
         self.stats.record(engine.name, recv.nbytes, passed_over)
 

@@ -60,3 +60,13 @@ class Engine(Protocol):
 def mpi_reduces(dtype: np.dtype) -> bool:
     """Whether this MPI's own reductions take dtype (MPICH has float16, not every MPI does)."""
     return dtype.kind in "fiuc" and dtype.itemsize <= 16 and dtype != np.dtype("longdouble")
+
+
+def mark_refused(exc: BaseException) -> None:
+    """Mark an engine's exception as raised before anything started (MPI refused the
+    arguments): nothing is in flight, so the communicator stays usable, as with mpi4py."""
+    exc.ina_nothing_in_flight = True  # type: ignore[attr-defined]
+
+
+def was_refused(exc: BaseException) -> bool:
+    return bool(getattr(exc, "ina_nothing_in_flight", False))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .engine import AllreduceCall, mpi_reduces
+from .engine import AllreduceCall, mark_refused, mpi_reduces
 from .ops import Op, mpi_op
 from .waiting import Deadline, wait
 
@@ -22,7 +22,11 @@ class MpiEngine:
 
     def run(self, call: AllreduceCall, deadline: Deadline) -> None:
         send = MPI.IN_PLACE if call.send is None else call.send
-        request = self.comm.Iallreduce(send, call.recv, mpi_op(call.op))
+        try:
+            request = self.comm.Iallreduce(send, call.recv, mpi_op(call.op))
+        except MPI.Exception as exc:  # refused at the start (arguments): nothing started
+            mark_refused(exc)
+            raise
         wait(request, deadline,
              lambda: f"MPI_Iallreduce of {call.recv.size} x {call.dtype} to complete on all "
                      f"{self.comm.Get_size()} ranks")
