@@ -12,6 +12,7 @@ ValueError, as in NumPy and mpi4py.
     ├── CollectiveTimeout (TimeoutError)    a peer never arrived
     ├── CommunicatorBroken                  an earlier call failed midway
     ├── OperationError                      a named Horovod-API operation failed
+    │   └── OperationTimeout (CollectiveTimeout)   ... because a peer never arrived
     ├── AggregatorUnavailable (ConnectionError)
     ├── SystemCallError (OSError)           a socket call of the fast path failed
     ├── ControlError                        the P4Runtime target refused or failed
@@ -45,7 +46,13 @@ class CommunicatorBroken(InaError):
 
 
 class OperationError(InaError):
-    """A named operation failed: its ranks disagreed, it stalled, or the runtime stopped."""
+    """A named operation failed: its ranks disagreed, it stalled, or the runtime stopped.
+
+    The Horovod API's ``HorovodInternalError``: every failure of an operation is one."""
+
+
+class OperationTimeout(OperationError, CollectiveTimeout):
+    """A named operation failed because a peer never arrived (also a CollectiveTimeout)."""
 
 
 class AggregatorUnavailable(InaError, ConnectionError):

@@ -5,6 +5,14 @@
         --device-config build/ina.json --workers workers.json -- python train.py
     ina-run -np 4 --switch 10.0.0.1:47474 -- python train.py   # ranks join it themselves
     ina-run -np 4 --switch none -- python train.py    # ring only
+    ina-run -np 2 -H localhost:2 --verbose --fusion-threshold-mb 32 python train.py
+
+horovodrun's command line works where it applies (``ina-run --help`` lists the options
+taken and refused): -H/--hostfile must name this machine only, since the ranks all run
+here beside the embedded switch; the setting options (--fusion-threshold-mb,
+--cycle-time-ms, ...) become HOROVOD_* and INA_* variables of the ranks; options for
+remote or other controllers (--gloo, --ssh-port, --network-interface, ...) exit 2
+naming the option.
 
 With the embedded switch (the default) or a P4Runtime target, ina-run configures the
 job through the controller (ina_collectives.control): it pushes the pipeline, installs
@@ -29,7 +37,8 @@ only at INA_TIMEOUT.) Ctrl-C and SIGTERM are passed to the ranks, with the same 
 Exit code: the failed rank's code, or 128 + N when signal N killed it; 128 + N when
 ina-run itself got signal N (Ctrl-C: 130); else the job's (0). 2 when the launcher or
 the target is missing, the embedded switch cannot start, the target refuses the job,
-or (with --require-switch) a given switch does not answer; without that flag a silent
+(with --require-switch) a given switch does not answer, or (with --start-timeout) the
+switch or a rank did not start in time; without --require-switch a silent
 --switch HOST:PORT is a warning and the ranks take the ring.
 """
 from __future__ import annotations
@@ -38,6 +47,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -49,6 +59,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import launch_horovodrun as horovodrun
 from .errors import AggregatorUnavailable, LaunchError
 
 # K of the embedded switch's pipeline. Its P4Info lists one register per element, which
@@ -117,6 +128,11 @@ class RankWatch:
         failed = [r for r in self.exits().values() if r.get("returncode")]
         return min(failed, key=lambda r: (r.get("time", 0), r["rank"])) if failed else None
 
+    def not_started(self, np_: int) -> list[int]:
+        """The ranks of 0 .. np_ - 1 with neither a pid nor an exit record yet."""
+        seen = set(self._records(".pid")) | set(self.exits())
+        return [r for r in range(np_) if r not in seen]
+
     def running(self) -> dict[int, dict[str, Any]]:
         """Ranks started and not reported ended: {rank: pid record}."""
         ended = self.exits()
@@ -148,7 +164,8 @@ class RankWatch:
 
 
 def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
-              mpiexec: str | None = None, grace: float = GRACE_SECONDS) -> int:
+              mpiexec: str | None = None, grace: float = GRACE_SECONDS, *,
+              start_timeout: float | None = None, verbose: bool = False) -> int:
     """mpiexec -n np_ COMMAND, each rank started through launch_rank.py, which
     records its pid and how it ended. Returns the job's exit code.
 
@@ -158,14 +175,21 @@ def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
     CollectiveTimeout naming the failed rank), gives them ``grace`` seconds to end, then
     sends SIGTERM to those still running and SIGKILL STOP_KILL_AFTER seconds later; the
     exit code is the failed rank's (128 + N for signal N). Ctrl-C and SIGTERM are
-    passed to the launcher, which passes them to the ranks, with the same bounds."""
+    passed to the launcher, which passes them to the ranks, with the same bounds.
+
+    ``start_timeout`` (seconds, default unbounded): every rank must have started by
+    then; if not, ina-run names the ranks missing, stops the job (SIGTERM, then SIGKILL
+    STOP_KILL_AFTER later) and returns 2. ``verbose`` prints the mpiexec command."""
     launcher = mpiexec or find_mpiexec()
     with tempfile.TemporaryDirectory(prefix="ina-run-ranks-") as folder:
         watch = RankWatch(Path(folder))
         env = dict(env, INA_RUN_DIR=folder)
-        process = subprocess.Popen(
-            [launcher, "-disable-auto-cleanup", "-n", str(np_), sys.executable,
-             str(RANK_WRAPPER), folder, *command], env=env)
+        line = [launcher, "-disable-auto-cleanup", "-n", str(np_), sys.executable,
+                str(RANK_WRAPPER), folder, *command]
+        if verbose:
+            say(f"mpiexec command: {shlex.join(line)}")
+        start_by = None if start_timeout is None else time.monotonic() + start_timeout
+        process = subprocess.Popen(line, env=env)
         received: list[int] = []
 
         def forward(signum: int, _frame: object) -> None:
@@ -175,7 +199,7 @@ def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
 
         previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            return _supervise(process, watch, grace, received)
+            return _supervise(process, watch, grace, received, np_, start_by)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -194,10 +218,11 @@ def _signal_ranks(watch: RankWatch, signum: int) -> None:
 
 
 def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
-               received: list[int]) -> int:
+               received: list[int], np_: int = 0, start_by: float | None = None) -> int:
     failure: dict[str, Any] | None = None
     stop_at: float | None = None  # when the ranks still running get SIGTERM
     stage = 0  # 0 running, 1 grace, 2 SIGTERM sent, 3 SIGKILL sent
+    late_start = False  # some rank had not started by start_by
     while True:
         try:
             code = process.wait(timeout=0.05)
@@ -206,7 +231,22 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
         now = time.monotonic()
         if stage == 0 and received:
             stage, stop_at = 1, now + grace
-        if failure is None and not received:
+        if start_by is not None and stage == 0:
+            missing = watch.not_started(np_)
+            if not missing:
+                start_by = None
+            elif now >= start_by:
+                # A rank that never started leaves no grace to wait out: stop them all.
+                late_start, start_by = True, None
+                message = (f"ina-run: rank(s) {', '.join(map(str, missing))} of {np_} did "
+                           f"not start within the start timeout; stopping the job")
+                watch.mark_failed(message)
+                print(message, file=sys.stderr, flush=True)
+                _signal_ranks(watch, signal.SIGTERM)
+                if code is None:
+                    process.send_signal(signal.SIGTERM)  # mpiexec, still starting ranks
+                stage, stop_at = 2, now + STOP_KILL_AFTER
+        if failure is None and not received and not late_start:
             failure = watch.first_failure()
             if failure is not None:
                 what = describe_exit(failure["rank"], failure.get("pid"), failure["returncode"])
@@ -227,6 +267,8 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
             stop_at = None
     if received:
         return 128 + received[0]
+    if late_start:
+        return 2
     if failure is not None:
         return exit_code_of(failure["returncode"])
     if code != 0:  # the launcher failed without a rank's record (or a rank elsewhere)
@@ -236,6 +278,10 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
                                               late["returncode"]), file=sys.stderr, flush=True)
             return exit_code_of(late["returncode"])
     return code
+
+
+def say(text: str) -> None:
+    print(f"ina-run: {text}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -283,6 +329,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     job.add_argument("--elements", type=int, default=0,
                      help=f"K of the embedded switch's pipeline (default INA_SWITCH_ELEMENTS "
                           f"or {EMBEDDED_ELEMENTS}); a P4 target's K is its build's")
+    horovodrun.add_options(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program each rank runs (after an optional --)")
     args = parser.parse_args(argv)
@@ -296,6 +343,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--p4runtime needs --p4info and --device-config")
     if args.p4runtime and args.switch == "none":
         parser.error("--p4runtime and --switch none contradict each other")
+    horovodrun.check_options(parser, args)
     return args
 
 
@@ -354,7 +402,7 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                     "INA_SWITCH_ELEMENTS": str(controller.build.k),
                     "INA_SWITCH_SLOTS": str(job.slots)})
         try:
-            return run_ranks(args.np, args.command, env, mpiexec)
+            return start_ranks(args, env, mpiexec)
         finally:
             try:
                 controller.teardown(job)
@@ -363,28 +411,55 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
 
 
 def check_switch(address: str, timeout: float) -> None:
-    """A running software switch answers a probe for job 0; LaunchError if none does."""
+    """A running software switch answers a probe for job 0 within ``timeout`` seconds;
+    LaunchError if none does."""
     from . import protocol as P
 
     where = P.parse_address(address)  # a clear error for a malformed address
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            P.control_exchange(s, where, 0, 0, [P.CTRL_PROBE], min(timeout, 3.0), "probe")
+            P.control_exchange(s, where, 0, 0, [P.CTRL_PROBE], timeout, "probe")
         except AggregatorUnavailable as exc:
             raise LaunchError(f"{exc} (start one with ina-switch, or leave --switch out "
                               f"for the embedded one)") from None
 
 
+def start_left(args: argparse.Namespace, default: float | None) -> float | None:
+    """Seconds left of --start-timeout (counted from ina-run's start), or ``default``."""
+    if args.start_by is None:
+        return default
+    return max(0.0, args.start_by - time.monotonic())
+
+
+def start_ranks(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> int:
+    """run_ranks with what the command line says: the start bound, --verbose."""
+    if args.verbose:
+        given = {k: v for k, v in env.items() if os.environ.get(k) != v and
+                 k.startswith(("INA_", "HOROVOD_"))}
+        say(f"{args.np} rank(s), environment for them: "
+            + (" ".join(f"{k}={v}" for k, v in sorted(given.items())) or "unchanged"))
+    return run_ranks(args.np, args.command, env, mpiexec,
+                     start_timeout=start_left(args, None), verbose=args.verbose)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    args.start_by = (None if args.start_timeout is None
+                     else time.monotonic() + args.start_timeout)
     from .control import ControlError
 
     try:
         mpiexec = find_mpiexec()
-        env = dict(os.environ)
+        env = dict(os.environ, **horovodrun.environment(args))
+        if args.verbose:
+            say(f"mpiexec {mpiexec}; "
+                + (f"hosts: this machine, {args.host_slots} slot(s)" if args.host_slots
+                   else "hosts: this machine"))
         if args.switch == "none":
             env["INA_SWITCH"] = ""
-            return run_ranks(args.np, args.command, env, mpiexec)
+            if args.verbose:
+                say("no switch (--switch none): the ranks take the ring")
+            return start_ranks(args, env, mpiexec)
         if args.p4runtime:
             from .protocol import parse_address
             if not p4_extra_installed():
@@ -398,14 +473,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   args.device_config, switch_address, args.push)
         if args.switch != "embedded":
             try:
-                check_switch(args.switch, args.control_timeout)
+                check_switch(args.switch, start_left(args, min(args.control_timeout, 3.0)))
+                if args.verbose:
+                    say(f"the switch at {args.switch} answered its probe")
             except LaunchError as exc:
                 if args.require_switch:
                     raise
                 print(f"ina-run: warning: {exc}; the ranks will take the ring",
                       file=sys.stderr, flush=True)
             env["INA_SWITCH"] = args.switch
-            return run_ranks(args.np, args.command, env, mpiexec)
+            return start_ranks(args, env, mpiexec)
         return run_embedded(args, env, mpiexec)
     except (LaunchError, ControlError, ValueError, RuntimeError, OSError) as exc:
         print(f"ina-run: error: {exc}", file=sys.stderr)
@@ -422,7 +499,13 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
         print("ina-run: the p4 extra is not installed: the ranks join the embedded switch "
               "themselves (no P4Runtime)", file=sys.stderr, flush=True)
     with ExitStack() as stack:
-        switch = stack.enter_context(embedded_switch(*args.switch_arg, p4runtime=configured))
+        try:
+            switch = stack.enter_context(embedded_switch(
+                *args.switch_arg, p4runtime=configured, start_timeout=start_left(args, 15.0)))
+        except RuntimeError as exc:
+            if args.start_timeout is None:
+                raise
+            raise LaunchError(f"{exc} (--start-timeout {args.start_timeout:g} s)") from None
         print(f"ina-run: embedded ina-switch on {switch.address_text}", file=sys.stderr,
               flush=True)
         if configured:
@@ -436,7 +519,7 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
                                   files / "device_config", switch.address_text, "always")
         else:
             env["INA_SWITCH"] = switch.address_text
-            code = run_ranks(args.np, args.command, env, mpiexec)
+            code = start_ranks(args, env, mpiexec)
         switch.stop()
         print(f"ina-run: {switch.final_status}", file=sys.stderr, flush=True)
         return code

@@ -1,16 +1,22 @@
 """ina-run: the job's exit code, the embedded switch's address in the ranks' environment,
 clear errors for a missing command or a malformed switch address (a missing launcher:
 tests/test_control.py), MPI never initialised by the launcher itself, and a rank that
-fails: named, the others told and stopped within a bound, no process left."""
+fails: named, the others told and stopped within a bound, no process left. horovodrun's
+options: hosts on this machine only, the setting options as the ranks' variables, the
+unsupported ones refused by name, --verbose, and --start-timeout's bounds."""
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from ina_collectives import launch
+from ina_collectives import launch_horovodrun as horovodrun
 from ina_collectives.switch.embedded import embedded_switch
 
 PRINT_SWITCH = "import os; print('switch=' + os.environ.get('INA_SWITCH', '?'))"
@@ -177,3 +183,162 @@ def test_ranks_stuck_outside_the_library_get_sigterm_then_sigkill(ina_run, tmp_p
     pids = [int(p) for p in re.findall(r"pid=(\d+)", proc.stdout)]
     assert len(pids) == 3 and not _alive(pids), (pids, proc.stdout)
     assert not _leftovers(str(script))
+
+
+# -- horovodrun's options ----------------------------------------------------------------
+
+def _refused(capsys, *argv: str) -> str:
+    """parse_args(argv) must exit 2; its message."""
+    with pytest.raises(SystemExit) as ended:
+        launch.parse_args(argv)
+    assert ended.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hosts, slots", [
+    ("localhost:2", 2),
+    ("localhost:1,127.0.0.1:1", 2),
+    (f"{socket.gethostname()}:4", 4),
+    ("127.0.1.1:3", 3),
+    ("localhost", 1),          # no :slots, one slot (as mpiexec's host lists)
+])
+def test_hosts_on_this_machine_are_accepted(hosts, slots):
+    args = launch.parse_args(["-np", "1", "-H", hosts, "python", "train.py"])
+    assert args.host_slots == slots and args.command == ["python", "train.py"]
+
+
+def test_a_hostfile_as_horovodrun_reads_it(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# this machine\nlocalhost slots=2\n\n127.0.0.1:1\n"
+                        f"{socket.gethostname()} slots = 1\n")
+    args = launch.parse_args(["-np", "4", "--hostfile", str(hostfile), "true"])
+    assert args.host_slots == 4
+
+
+def test_hosts_elsewhere_or_too_few_slots_are_refused(capsys, tmp_path):
+    err = _refused(capsys, "-np", "2", "-H", "localhost:1,node7:4,10.254.0.9:2", "true")
+    assert "ina-run starts ranks on this machine only" in err, err
+    assert "will not use host(s) 10.254.0.9, node7" in err, err
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=1\nworker-2 slots=8\n")
+    err = _refused(capsys, "-np", "2", "--hostfile", str(hostfile), "true")
+    assert "will not use host(s) worker-2" in err, err
+    err = _refused(capsys, "-np", "3", "-H", "localhost:2", "true")
+    assert "-np 3 asks for more ranks than the hosts' 2 slot(s)" in err, err
+    err = _refused(capsys, "-np", "1", "-H", "localhost:two", "true")
+    assert "slots must be a whole number" in err, err
+    hostfile.write_text("localhost max_slots=2\n")
+    err = _refused(capsys, "-np", "1", "--hostfile", str(hostfile), "true")
+    assert "expected 'host slots=N'" in err, err
+    err = _refused(capsys, "-np", "1", "--hostfile", str(tmp_path / "missing"), "true")
+    assert "cannot read" in err, err
+
+
+@pytest.mark.parametrize("option", [
+    ["--gloo"], ["-p", "2222"], ["--ssh-port", "2222"], ["--network-interface", "eth0"],
+    ["--timeline-filename", "t.json"], ["--autotune"], ["--hierarchical-allreduce"],
+    ["--min-np", "2"],
+])
+def test_unsupported_horovodrun_options_are_refused_by_name(capsys, option):
+    err = _refused(capsys, "-np", "2", *option, "python", "train.py")
+    assert f"{option[0]} (a horovodrun option) is not supported by ina-run" in err, err
+
+
+def test_the_command_keeps_its_own_options():
+    """Options after the command are the program's, even horovodrun-looking ones."""
+    args = launch.parse_args(["-np", "2", "python", "train.py", "-p", "3", "--gloo"])
+    assert args.command == ["python", "train.py", "-p", "3", "--gloo"]
+
+
+def test_setting_options_become_the_ranks_variables(capsys):
+    """Both Horovod's variable (what scripts read) and ours (which wins over an INA_*
+    one already in the environment), in each one's unit."""
+    args = launch.parse_args(["-np", "2", "--mpi", "--fusion-threshold-mb", "32",
+                              "--cycle-time-ms", "5", "--stall-check-warning-time-seconds",
+                              "30", "--stall-check-shutdown-time-seconds", "90",
+                              "--log-level", "trace", "true"])
+    assert horovodrun.environment(args) == {
+        "HOROVOD_FUSION_THRESHOLD": str(32 << 20), "INA_FUSION_THRESHOLD": str(32 << 20),
+        "HOROVOD_CYCLE_TIME": "5", "INA_CYCLE_TIME": "0.005",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "INA_STALL_WARNING_TIME": "30",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90", "INA_STALL_SHUTDOWN_TIME": "90",
+        "HOROVOD_LOG_LEVEL": "TRACE", "INA_LOG_LEVEL": "DEBUG"}
+    from ina_collectives.settings import Settings
+    settings = Settings.load(environ=horovodrun.environment(args))
+    assert (settings.fusion_threshold, settings.cycle_time, settings.log_level) == (
+        32 << 20, 0.005, "DEBUG")
+    assert horovodrun.environment(launch.parse_args(["-np", "1", "true"])) == {}
+    assert "--cycle-time-ms must be > 0" in _refused(capsys, "-np", "1", "--cycle-time-ms",
+                                                     "0", "true")
+    assert "--log-level must be one of" in _refused(capsys, "-np", "1", "--log-level",
+                                                    "LOUD", "true")
+    assert "--start-timeout must be > 0" in _refused(capsys, "-np", "1", "--start-timeout",
+                                                     "-1", "true")
+
+
+def test_help_names_the_horovodrun_options_taken_and_refused(capsys):
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in ("-H", "--hostfile", "--verbose", "--start-timeout", "--fusion-threshold-mb",
+                   "--cycle-time-ms", "--gloo", "--ssh-port", "--network-interface",
+                   "--timeline-filename", "--autotune"):
+        assert option in text, option
+    assert "It refuses, naming them" in text
+
+
+def test_ranks_that_do_not_start_within_the_start_timeout_stop_the_job(tmp_path, capsys):
+    """A launcher that starts rank 0 of 2 and never rank 1: at --start-timeout ina-run
+    names rank 1, stops rank 0 and returns 2, without waiting for the job."""
+    fake = tmp_path / "mpiexec"
+    # Given "-disable-auto-cleanup -n N python launch_rank.py DIR COMMAND": rank 0 only.
+    fake.write_text('#!/bin/sh\nshift 3\nPMI_RANK=0 exec "$@"\n')
+    fake.chmod(0o755)
+    marker = str(tmp_path / "never-started-rank")
+    start = time.monotonic()
+    code = launch.run_ranks(2, ["sh", "-c", f"sleep 60 # {marker}"], dict(os.environ),
+                            str(fake), start_timeout=1.0)
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "rank(s) 1 of 2 did not start within the start timeout" in err, err
+    assert 1.0 <= took < 6, took
+    assert not _leftovers(marker), _leftovers(marker)
+
+
+@pytest.mark.mpi
+def test_start_timeout_bounds_the_embedded_switch_start(ina_run):
+    proc = ina_run("-np", "2", "--start-timeout", "0.001", "--", sys.executable, "-c",
+                   PRINT_SWITCH)
+    assert proc.returncode == 2, proc.stderr
+    assert "ina-switch did not start within" in proc.stderr, proc.stderr
+    assert "(--start-timeout 0.001 s)" in proc.stderr, proc.stderr
+    assert "switch=" not in proc.stdout
+
+
+PRINT_SETTINGS = ("import os; print('rank', os.environ['PMI_RANK'], *(f'{k}=' + os.environ"
+                  ".get(k, '?') for k in ('INA_SWITCH', 'HOROVOD_FUSION_THRESHOLD', "
+                  "'INA_CYCLE_TIME')), flush=True)")
+
+
+@pytest.mark.mpi
+def test_horovodrun_command_line_runs_two_ranks_here(ina_run):
+    """What a Horovod user types: -np 2 -H localhost:2 with --verbose, --start-timeout
+    and setting options. Both ranks run beside the embedded switch with the settings;
+    --verbose says the hosts, the switch, the ranks' variables and the mpiexec command."""
+    proc = ina_run("-np", "2", "-H", "localhost:2", "--verbose", "--start-timeout", "60",
+                   "--fusion-threshold-mb", "32", "--cycle-time-ms", "5", "--",
+                   sys.executable, "-c", PRINT_SETTINGS)
+    assert proc.returncode == 0, proc.stderr
+    ranks = re.findall(r"rank (\d) INA_SWITCH=(127\.0\.0\.1:\d+) "
+                       rf"HOROVOD_FUSION_THRESHOLD={32 << 20} INA_CYCLE_TIME=0\.005",
+                       proc.stdout)
+    assert sorted(r for r, _ in ranks) == ["0", "1"], proc.stdout
+    address = ranks[0][1]
+    assert "ina-run: mpiexec " in proc.stderr and "hosts: this machine, 2 slot(s)" in \
+        proc.stderr, proc.stderr
+    assert f"embedded ina-switch on {address}" in proc.stderr, proc.stderr
+    assert re.search(r"ina-run: 2 rank\(s\), environment for them: .*"
+                     rf"INA_SWITCH={re.escape(address)}", proc.stderr), proc.stderr
+    assert re.search(r"ina-run: mpiexec command: \S*mpiexec -disable-auto-cleanup -n 2 ",
+                     proc.stderr), proc.stderr

@@ -140,17 +140,106 @@ def test_gradients_flow_through_every_collective():
         np.testing.assert_array_equal(out["allreduce_sum"], sum_w(6))
         np.testing.assert_allclose(out["allreduce_avg"], sum_w(6) / n, rtol=1e-6)
         np.testing.assert_array_equal(out["grouped"], 2 * sum_w(6))
+        # Horovod's gradients: allgather and broadcast average the incoming gradient
+        # over the ranks; reducescatter scales it by size (Sum) and its scale factors.
         start = sum(rows[:r])
-        np.testing.assert_array_equal(
-            out["allgather"], sum_w(2 * sum(rows)).reshape(-1, 2)[start:start + rows[r]])
-        np.testing.assert_array_equal(out["broadcast"], sum_w(6) if r == 1 else np.zeros(6))
+        mine = sum_w(2 * sum(rows)).reshape(-1, 2)[start:start + rows[r]] / n
+        np.testing.assert_allclose(out["allgather"], mine, rtol=1e-6)
+        np.testing.assert_allclose(out["grouped_allgather"], 3 * mine, rtol=1e-6)
+        np.testing.assert_allclose(out["broadcast"], sum_w(6) / n if r == 1 else np.zeros(6),
+                                   rtol=1e-6)
         splits = [1] * (n - 1) + [2]
         # Row k of this rank went to rank j = owner(k), landing at offset r * splits[j].
         want = [w(j, n * splits[j])[r * splits[j] + i] for j in range(n)
                 for i in range(splits[j])]
         np.testing.assert_array_equal(out["alltoall"], want)
-        np.testing.assert_array_equal(out["reducescatter"],
-                                      np.concatenate([w(j, 2) for j in range(n)]))
+        gathered = np.concatenate([w(j, 2) for j in range(n)])
+        np.testing.assert_array_equal(out["reducescatter"], n * gathered)
+        np.testing.assert_array_equal(out["reducescatter_scaled"], 6 * gathered)
+        np.testing.assert_array_equal(out["grouped_reducescatter"], 3 * n * gathered)
+
+
+@pytest.mark.mpi
+def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter():
+    n = 3
+    results = run(n, "torch_grouped_and_scaled", env={"INA_SWITCH": ""})
+    for r, out in enumerate(results):
+        for dtype in ("int32", "float16", "float32", "float64"):
+            for key in ("grouped_allgather", "grouped_allgather_async"):
+                got = out[f"{key}/{dtype}"]
+                close(got[0], np.concatenate([as_np(torch_input(dtype, (q + 1, 2), q, 60))
+                                              for q in range(n)]), dtype)
+                close(got[1], np.concatenate([as_np(torch_input(dtype, (2, 3), q, 61))
+                                              for q in range(n)]), dtype)
+            first = expected_allreduce(dtype, "sum", (2 * n + 1, 2), n, 62)
+            start, stop = split_rows(2 * n + 1, n, r)
+            got = out[f"grouped_reducescatter/{dtype}"]
+            close(got[0], first[start:stop], dtype)
+            close(got[1], expected_allreduce(dtype, "sum", (n,), n, 63)[r:r + 1], dtype)
+            if dtype != "int32":  # (x * 0.5) summed, times 3 / n
+                close(out[f"reducescatter_scaled/{dtype}"],
+                      first[start:stop] * 0.5 * 3 / n, dtype)
+
+
+@pytest.mark.mpi
+def test_process_sets(switch):
+    """Even and odd ranks in their own sets (each its own job at the switch), a set given
+    to init, Horovod's errors, a DistributedOptimizer over one set, removal."""
+    n = 3
+    results = run(n, "torch_process_sets", {"settings": {"switch_min_bytes": 0}},
+                  env={"INA_SWITCH": switch.address_text})
+    for r, out in enumerate(results):
+        assert out["static"] == (1, 2, [1, 2].index(r) if r in (1, 2) else -1)
+        assert out["ids"] == (2, 3)
+        ranks = [0, 2] if r % 2 == 0 else [1]
+        assert out["mine"] == (ranks, len(ranks), ranks.index(r), True, False)
+        total = sum(as_np(torch_input("float32", (3000,), q, 70)) for q in ranks)
+        np.testing.assert_array_equal(out["allreduce"], total)
+        np.testing.assert_array_equal(out["grouped_allreduce"][1], 2 * total)
+        np.testing.assert_array_equal(out["allgather"],
+                                      np.concatenate([[q] * (q + 1) for q in ranks]))
+        np.testing.assert_array_equal(out["broadcast"], [ranks[-1]] * 3)
+        i, m = ranks.index(r), len(ranks)
+        np.testing.assert_array_equal(out["alltoall"], np.concatenate(
+            [np.arange(2.0 * m)[2 * i:2 * i + 2] + 10 * q for q in ranks]))
+        np.testing.assert_array_equal(out["reducescatter"], [sum(q + 1 for q in ranks)] * 4)
+        assert out["object"] == {"from": ranks[0]}
+        assert out["objects"] == [q * q for q in ranks]
+        if r in (1, 2):
+            np.testing.assert_array_equal(out["static_allreduce"], [2, 2])
+        else:
+            assert out["static_allreduce"] is None
+        if len(ranks) > 1:  # the even set reduced through the switch, as its own job
+            assert out["stats"]["engines"].get("ina", 0) > 0, out["stats"]
+        for key, error, words in [
+                ("not_member", "ValueError", f"rank {r} is not in"),
+                ("root_outside", "ValueError", "is not in the process set"),
+                ("duplicate_set", "ValueError", "duplicate process set"),
+                ("disagree", "ValueError", "ranks disagree"),
+                ("bad_rank", "ValueError", f"0..{n - 1}"),
+                ("not_a_set", "TypeError", "must be a ProcessSet")]:
+            assert out[key]["error"] == error and words in out[key]["message"], (key, out[key])
+        assert out["remove_global"] is False
+        assert list(out["removed"]) == [True, True, False, None]
+        assert "not registered" in out["after_remove"]["message"]
+        np.testing.assert_array_equal(out["global_still"], [n, n])
+    weights = [out["weights"] for out in results]
+    np.testing.assert_array_equal(weights[0], weights[2])   # reduced over the even set
+    assert not np.allclose(weights[0], weights[1])          # rank 1 stepped on its own
+
+
+@pytest.mark.mpi
+def test_a_name_reused_at_once_is_a_duplicate_and_free_after_another_submission():
+    n = 2
+    for out in run(n, "torch_name_reuse"):
+        assert out["at_once"]["error"] == "ValueError", out["at_once"]
+        assert "already in flight" in out["at_once"]["message"]
+        np.testing.assert_array_equal(out["after_another"], [n] * 3)
+        assert {"OperationError", "RuntimeError"} <= set(out["internal_error_is"])
+        assert len(out["step_warning"]) == 1
+        assert "optimizer.step() called without optimizer.skip_synchronize()" in \
+            out["step_warning"][0]
+        assert out["skip_warning"] == []
 
 
 @pytest.mark.mpi
@@ -199,7 +288,8 @@ def test_a_dead_peer_fails_pending_operations_within_the_timeout():
     assert results[2].get("dead"), "the frozen rank should have been killed"
     for r in (0, 1):
         error = results[r]["error"]
-        assert isinstance(error, dict) and error["error"] == "CollectiveTimeout", error
+        assert isinstance(error, dict) and error["error"] == "OperationTimeout", error
+        assert {"CollectiveTimeout", "TimeoutError", "OperationError"} <= set(error["types"])
         assert "negotiation cycle" in error["message"], error
         assert "stopped" in results[r]["later"]["message"], results[r]["later"]
 

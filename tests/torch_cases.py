@@ -166,6 +166,133 @@ def torch_autograd(comm: Any, p: dict) -> dict[str, Any]:
                               torch.ones(n + 1))
     out["reducescatter"] = grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum),
                                    torch.ones(2 * n))
+    out["reducescatter_scaled"] = grad_of(lambda t: hvd.reducescatter(
+        t, op=hvd.Average, prescale_factor=2.0, postscale_factor=3.0), torch.ones(2 * n))
+    out["grouped_allgather"] = grad_of(
+        lambda t: hvd.grouped_allgather([t, 3 * t])[1], torch.ones(r + 1, 2))
+    out["grouped_reducescatter"] = grad_of(
+        lambda t: hvd.grouped_reducescatter([t, 3 * t], op=hvd.Sum)[1], torch.ones(2 * n))
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_grouped_and_scaled(comm: Any, p: dict) -> dict[str, Any]:
+    """grouped_allgather, grouped_reducescatter and reducescatter's scale factors."""
+    import ina_collectives.torch as hvd
+    hvd.init(**p.get("settings", {}))
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {}
+    for dtype in ("int32", "float16", "float32", "float64"):
+        xs = [torch_input(dtype, (r + 1, 2), r, 60), torch_input(dtype, (2, 3), r, 61)]
+        out[f"grouped_allgather/{dtype}"] = [_np(t) for t in hvd.grouped_allgather(xs)]
+        handle = hvd.grouped_allgather_async(xs, name=f"gag.{dtype}")
+        out[f"grouped_allgather_async/{dtype}"] = [_np(t) for t in hvd.synchronize(handle)]
+        ys = [torch_input(dtype, (2 * n + 1, 2), r, 62), torch_input(dtype, (n,), r, 63)]
+        out[f"grouped_reducescatter/{dtype}"] = [
+            _np(t) for t in hvd.grouped_reducescatter(ys, op=hvd.Sum)]
+        if dtype != "int32":
+            out[f"reducescatter_scaled/{dtype}"] = _np(hvd.reducescatter(
+                ys[0], op=hvd.Average, prescale_factor=0.5, postscale_factor=3.0))
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_process_sets(comm: Any, p: dict) -> dict[str, Any]:
+    """Collectives restricted to process sets: even and odd ranks, each set its own job
+    at the switch; the errors Horovod raises; a set registered at init."""
+    import ina_collectives.torch as hvd
+    statics = [hvd.ProcessSet([1, 2])]
+    hvd.init(process_sets=statics, **p.get("settings", {}))
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, Any] = {"static": (statics[0].process_set_id, statics[0].size(),
+                                      statics[0].rank())}
+    even = hvd.add_process_set(range(0, n, 2))
+    odd = hvd.add_process_set(hvd.ProcessSet(list(range(1, n, 2))))
+    mine, other = (even, odd) if r % 2 == 0 else (odd, even)
+    out["ids"] = (even.process_set_id, odd.process_set_id)
+    out["mine"] = (mine.ranks, mine.size(), mine.rank(), mine.included(), other.included())
+    x = torch_input("float32", (3000,), r, 70)
+    out["allreduce"] = _np(hvd.allreduce(x, op=hvd.Sum, process_set=mine))
+    out["grouped_allreduce"] = [_np(t) for t in hvd.grouped_allreduce(
+        [x, 2 * x], op=hvd.Sum, process_set=mine)]
+    out["allgather"] = _np(hvd.allgather(torch.full((r + 1,), float(r)), process_set=mine))
+    out["broadcast"] = _np(hvd.broadcast(torch.full((3,), float(r)), mine.ranks[-1],
+                                         process_set=mine))
+    out["alltoall"] = _np(hvd.alltoall(torch.arange(2.0 * len(mine.ranks)) + 10 * r,
+                                       process_set=mine))
+    out["reducescatter"] = _np(hvd.reducescatter(torch.ones(4 * len(mine.ranks)) * (r + 1),
+                                                 op=hvd.Sum, process_set=mine))
+    hvd.barrier(process_set=mine)
+    out["object"] = hvd.broadcast_object({"from": r}, root_rank=mine.ranks[0],
+                                         process_set=mine)
+    out["objects"] = hvd.allgather_object(r * r, process_set=mine)
+    out["static_allreduce"] = (_np(hvd.allreduce(torch.ones(2), op=hvd.Sum,
+                                                 process_set=statics[0]))
+                               if statics[0].included() else None)
+    out["stats"] = hvd.stats(process_set=mine)
+    # Horovod's errors.
+    out["not_member"] = _attempt(lambda: hvd.allreduce(x, process_set=other))
+    out["root_outside"] = _attempt(lambda: hvd.broadcast(x, other.ranks[0],
+                                                         process_set=mine))
+    out["duplicate_set"] = _attempt(lambda: hvd.add_process_set(list(range(0, n, 2))))
+    out["disagree"] = _attempt(lambda: hvd.add_process_set([0, 1] if r == 0 else [1, 2]))
+    out["bad_rank"] = _attempt(lambda: hvd.add_process_set([0, n]))
+    out["not_a_set"] = _attempt(lambda: hvd.allreduce(x, process_set=[0, 1]))
+    out["remove_global"] = hvd.remove_process_set(hvd.global_process_set)
+    # A DistributedOptimizer over the even set: odd ranks step on their own gradients.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   process_set=even)
+    loss = (model(torch.full((3, 4), float(r + 1))) ** 2).sum()
+    loss.backward()
+    opt.step()
+    out["weights"] = _np(model.weight)
+    out["removed"] = (hvd.remove_process_set(odd), hvd.remove_process_set(even),
+                      hvd.remove_process_set(even), even.process_set_id)
+    out["after_remove"] = _attempt(lambda: hvd.allreduce(x, process_set=even))
+    out["global_still"] = _np(hvd.allreduce(torch.ones(2), op=hvd.Sum))
+    hvd.shutdown()
+    return out
+
+
+@case
+def torch_name_reuse(comm: Any, p: dict) -> dict[str, Any]:
+    """A name given again at once is a duplicate even when the first operation already
+    finished; after another submission it is free (as Horovod, where finishing frees it);
+    a step after an explicit synchronize() warns, as Horovod's does."""
+    import warnings
+
+    import ina_collectives.torch as hvd
+    hvd.init()
+    out: dict[str, Any] = {}
+    handle = hvd.allreduce_async(torch.ones(3), name="again")
+    while not hvd.poll(handle):
+        time.sleep(0.01)
+    out["at_once"] = _attempt(lambda: hvd.allreduce_async(torch.ones(3), name="again"))
+    hvd.barrier()
+    out["after_another"] = _np(hvd.synchronize(hvd.allreduce_async(
+        torch.ones(3), name="again", op=hvd.Sum)))
+    out["internal_error_is"] = [c.__name__ for c in hvd.HorovodInternalError.__mro__]
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    out["step_warning"] = [str(w.message) for w in caught]
+    model(torch.ones(1, 2)).sum().backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with opt.skip_synchronize():
+            opt.step()
+    out["skip_warning"] = [str(w.message) for w in caught]
     hvd.shutdown()
     return out
 

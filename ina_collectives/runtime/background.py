@@ -33,16 +33,18 @@ log = logging.getLogger("ina_collectives")
 
 
 
+
 class Handle:
     """An operation in flight; ``result`` once ``done``."""
 
-    __slots__ = ("request", "data", "_done", "result", "error")
+    __slots__ = ("request", "data", "_done", "result", "error", "on_claim")
 
     def __init__(self, request: OpRequest | None, data: dict[str, Any]):
         self.request, self.data = request, data
         self._done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        self.on_claim: Any = None   # called once the caller has taken the outcome
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -59,6 +61,9 @@ class Handle:
         while not self._done.wait(0.1):
             if time.monotonic() >= deadline:
                 raise CollectiveTimeout(f"waited {seconds:g} s for {what}")
+        if self.on_claim is not None:
+            self.on_claim, claimed = None, self.on_claim
+            claimed()
         if self.error is not None:
             raise self.error
         return self.result
@@ -91,6 +96,9 @@ class BackgroundRuntime:
         self._fusion_buffer = np.empty(0, np.uint8)
         self._lock = threading.Lock()
         self._local = _Local()
+        self._names_taken: dict[str, Handle] = {}
+        self._latest: Handle | None = None
+        self._sweep_at = 64
         self._shutdown = False
         self._stopped: str | None = None   # why the loop ended, once it has
         self._stalled: tuple[str, ...] = ()
@@ -104,12 +112,26 @@ class BackgroundRuntime:
         handle = Handle(request, data)
         with self._lock:
             self._check_running()
-            if request.name in self._local.inflight or any(
-                    h.request.name == request.name for h in self._local.queue):
+            # Horovod frees a name when its operation finishes. Here a finished one
+            # that was not synchronized stays taken until the next submission, so that
+            # submitting it again at once fails alike however fast the first one ran.
+            earlier = self._names_taken.get(request.name)
+            if earlier is not None and (earlier is self._latest or not earlier.done()):
                 raise ValueError(f"an operation named '{request.name}' is already in flight "
                                  f"on this rank; names of in-flight operations must differ")
+            if len(self._names_taken) > self._sweep_at:  # amortized: names never synced
+                for name in [n for n, h in self._names_taken.items() if h.done()]:
+                    del self._names_taken[name]
+                self._sweep_at = 2 * len(self._names_taken) + 64
+            self._names_taken[request.name] = self._latest = handle
+            handle.on_claim = lambda: self._release(handle)
             self._local.queue.append(handle)
         return handle
+
+    def _release(self, handle: Handle) -> None:
+        with self._lock:
+            if self._names_taken.get(handle.request.name) is handle:
+                del self._names_taken[handle.request.name]
 
     def join(self) -> Handle:
         """This rank has no more data: it contributes zeros to others' allreduces until

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from . import mpi_ops
+from .process_sets import ProcessSet, global_process_set
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:
@@ -83,24 +84,28 @@ def _loads(data: np.ndarray) -> Any:
     return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    """root_rank's ``obj`` (anything picklable) on every rank; returns it."""
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """root_rank's ``obj`` (anything picklable) on every rank of ``process_set``;
+    returns it. ``root_rank`` is a global rank, as in Horovod."""
     base = name or "broadcast_object"
     payload = _dumps(obj) if mpi_ops.rank() == root_rank else np.empty(0, np.uint8)
     length = torch.tensor([payload.size], dtype=torch.int64)
-    mpi_ops.broadcast_(length, root_rank, name=f"{base}.length")
+    mpi_ops.broadcast_(length, root_rank, name=f"{base}.length", process_set=process_set)
     data = torch.from_numpy(payload) if mpi_ops.rank() == root_rank else torch.empty(
         int(length.item()), dtype=torch.uint8)
-    mpi_ops.broadcast_(data, root_rank, name=f"{base}.data")
+    mpi_ops.broadcast_(data, root_rank, name=f"{base}.data", process_set=process_set)
     return obj if mpi_ops.rank() == root_rank else _loads(data.numpy())
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Every rank's ``obj`` (anything picklable), as a list indexed by rank."""
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """The ranks' ``obj`` (anything picklable), as a list in rank order within
+    ``process_set``."""
     base = name or "allgather_object"
     payload = torch.from_numpy(_dumps(obj))
     lengths = mpi_ops.allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                                name=f"{base}.lengths")
-    data = mpi_ops.allgather(payload, name=f"{base}.data").numpy()
+                                name=f"{base}.lengths", process_set=process_set)
+    data = mpi_ops.allgather(payload, name=f"{base}.data", process_set=process_set).numpy()
     offsets = np.concatenate(([0], np.cumsum(lengths.numpy())))
-    return [_loads(data[offsets[r]:offsets[r + 1]]) for r in range(mpi_ops.size())]
+    return [_loads(data[offsets[r]:offsets[r + 1]]) for r in range(len(lengths))]

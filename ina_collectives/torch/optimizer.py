@@ -7,12 +7,14 @@ runtime fuses the gradients that are ready together. ``step()`` waits for them a
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Iterable, Iterator
 
 import torch
 
 from . import mpi_ops
 from .compression import Compression, Compressor
+from .process_sets import ProcessSet, global_process_set
 
 
 class _DistributedOptimizer:
@@ -20,7 +22,7 @@ class _DistributedOptimizer:
 
     def _ina_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                    compression: type[Compressor], backward_passes_per_step: int, op: str,
-                   gradient_predivide_factor: float) -> None:
+                   gradient_predivide_factor: float, process_set: ProcessSet) -> None:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got "
                              f"{backward_passes_per_step}")
@@ -53,11 +55,13 @@ class _DistributedOptimizer:
         self._ina_prescale = 1.0 / gradient_predivide_factor
         self._ina_postscale = gradient_predivide_factor
         self._ina_delay = {p: backward_passes_per_step for p in params}
+        self.process_set = process_set
         self._ina_handles: dict[torch.Tensor, tuple[int, Any, torch.Tensor]] = {}
         self._ina_synchronized = False
         self._ina_skip_sync = False
+        # A rank outside the process set steps on its own gradients, as in Horovod.
         self._ina_hooks = [p.register_post_accumulate_grad_hook(self._ina_hook)
-                           for p in params if p.requires_grad]
+                           for p in params if p.requires_grad and process_set.included()]
 
     def _ina_hook(self, p: torch.Tensor) -> None:
         if p in self._ina_handles and self._ina_delay[p] <= 0:
@@ -74,12 +78,16 @@ class _DistributedOptimizer:
         compressed, ctx = self._ina_compression.compress(p.grad)
         handle = mpi_ops.allreduce_async_(compressed, name=self._ina_names[p], op=self._ina_op,
                                           prescale_factor=self._ina_prescale,
-                                          postscale_factor=self._ina_postscale)
+                                          postscale_factor=self._ina_postscale,
+                                          process_set=self.process_set)
         return handle, ctx, compressed
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce; parameters whose hook did not fire (no
         gradient on this rank) are reduced now, so that all ranks submit the same names."""
+        if not self.process_set.included():
+            self._ina_synchronized = True
+            return
         for p in self._ina_names:
             if p.requires_grad and p not in self._ina_handles:
                 self._ina_handles[p] = self._ina_start(p)
@@ -102,9 +110,14 @@ class _DistributedOptimizer:
             self._ina_skip_sync = False
 
     def step(self, closure: Any = None) -> Any:
-        if not self._ina_skip_sync:
+        if not self._ina_skip_sync and self.process_set.included():
             if self._ina_synchronized and not self._ina_handles:
-                pass  # synchronize() was called explicitly; gradients are reduced
+                # Gradients are reduced already; Horovod warns here (and so do we),
+                # since the step may have been meant to sit in skip_synchronize().
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(): the gradients were reduced "
+                              "already and are not reduced again; wrap step() in "
+                              "skip_synchronize() to say so", stacklevel=2)
             else:
                 self.synchronize()
         self._ina_synchronized = False
@@ -121,14 +134,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: type[Compressor] = Compression.none,
                          backward_passes_per_step: int = 1, op: Any = mpi_ops.Average,
-                         gradient_predivide_factor: float = 1.0) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` so that step() applies gradients reduced over all ranks.
+                         gradient_predivide_factor: float = 1.0, groups: Any = None,
+                         sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set
+                         ) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that step() applies gradients reduced over the ranks of
+    ``process_set`` (all ranks by default).
 
     The returned optimizer shares the wrapped one's parameter groups and state and is an
     instance of its class. ``named_parameters`` (model.named_parameters()) names the
     gradients in errors and stall reports; ``op`` is Average (default) or Sum;
     ``gradient_predivide_factor`` f divides before the sum and multiplies after
-    (Average: overall 1/size either way)."""
+    (Average: overall 1/size either way). ``groups`` (Horovod's hint of which gradients to
+    fuse together) is checked and accepted: the runtime already fuses every gradient
+    that is ready in a cycle, so results do not depend on it. Sparse gradients are not
+    supported, so ``sparse_as_dense`` changes nothing."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -136,9 +156,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if op not in (mpi_ops.Average, mpi_ops.Sum):
         raise ValueError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
     mpi_ops._require()
+    if groups is not None and not (isinstance(groups, int) and groups > 0 or
+                                   isinstance(groups, (list, tuple))):
+        raise ValueError(f"groups must be a positive int or a list of parameter lists, "
+                         f"got {groups!r}")
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._ina_setup(named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor)
+                       gradient_predivide_factor, process_set)
     return wrapped
