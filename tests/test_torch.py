@@ -229,6 +229,20 @@ def test_process_sets(switch):
 
 
 @pytest.mark.mpi
+def test_process_sets_given_to_init_as_communicators():
+    n = 3
+    for r, out in enumerate(run(n, "torch_process_sets_from_communicators")):
+        assert out["refused"]["error"] == "ValueError", out["refused"]
+        assert "duplicate process set" in out["refused"]["message"]
+        assert out["initialized_after_refusal"] is False
+        ranks = [0, 2] if r % 2 == 0 else [1]
+        # Ids in the order of the list; within one entry, the sets in order of ranks.
+        assert out["half"] == ((1 if r % 2 == 0 else 2), ranks, ranks.index(r))
+        assert out["first"] == (3, [0], r == 0)
+        np.testing.assert_array_equal(out["sum"], [sum(ranks)] * 4)
+
+
+@pytest.mark.mpi
 def test_a_name_reused_at_once_is_a_duplicate_and_free_after_another_submission():
     n = 2
     for out in run(n, "torch_name_reuse"):
@@ -341,6 +355,20 @@ def test_built_and_enabled_flags_tell_the_truth():
             hvd.mpi_threads_supported()
         with pytest.raises(ValueError, match="not been initialized"):
             hvd.is_homogeneous()
+
+
+def test_what_is_out_of_scope_says_so_under_horovods_names():
+    import ina_collectives.torch as hvd
+    for call, words in [(lambda: hvd.sparse_allreduce_async(torch.ones(2).to_sparse()),
+                         "sparse allreduce"),
+                        (lambda: hvd.start_timeline("/tmp/timeline.json"), "timeline"),
+                        (hvd.stop_timeline, "timeline")]:
+        with pytest.raises(NotImplementedError, match=words):
+            call()
+    for name in ("ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+                 "grouped_allgather", "grouped_reducescatter_async", "HorovodInternalError",
+                 "sparse_allreduce_async", "start_timeline"):
+        assert name in hvd.__all__, name
 
 
 def half_scaled(values, factor):

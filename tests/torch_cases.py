@@ -260,6 +260,29 @@ def torch_process_sets(comm: Any, p: dict) -> dict[str, Any]:
 
 
 @case
+def torch_process_sets_from_communicators(comm: Any, p: dict) -> dict[str, Any]:
+    """Sets given to init as communicators, each rank its own (as Horovod's multi-comm
+    test): every distinct one becomes a set; a set that repeats another is refused and
+    leaves nothing initialized."""
+    from mpi4py import MPI
+
+    import ina_collectives.torch as hvd
+    r = MPI.COMM_WORLD.rank
+    halves = MPI.COMM_WORLD.Split(color=r % 2, key=r)
+    out: dict[str, Any] = {}
+    clone = hvd.ProcessSet(MPI.COMM_WORLD.Dup())
+    out["refused"] = _attempt(lambda: hvd.init(process_sets=[hvd.ProcessSet(halves), clone]))
+    out["initialized_after_refusal"] = hvd.is_initialized()
+    half, first = hvd.ProcessSet(halves), hvd.ProcessSet([0])
+    hvd.init(process_sets=[half, first])
+    out["half"] = (half.process_set_id, half.ranks, half.rank())
+    out["first"] = (first.process_set_id, first.ranks, first.included())
+    out["sum"] = _np(hvd.allreduce(torch.full((4,), float(r)), op=hvd.Sum, process_set=half))
+    hvd.shutdown()
+    return out
+
+
+@case
 def torch_name_reuse(comm: Any, p: dict) -> dict[str, Any]:
     """A name given again at once is a duplicate even when the first operation already
     finished; after another submission it is free (as Horovod, where finishing frees it);

@@ -11,6 +11,7 @@ import atexit
 import dataclasses
 import itertools
 import os
+import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -120,8 +121,11 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         local.Free()
         cross.Free()
     if isinstance(process_sets, list):
-        for ps in process_sets:
-            add_process_set(ps)
+        try:
+            _register_at_init(process_sets)
+        except BaseException:
+            shutdown()  # as Horovod: a refused init leaves nothing initialized
+            raise
 
 
 def _horovod_environment() -> dict[str, Any]:
@@ -170,23 +174,38 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set of global ranks and return it. Collective: every rank
     calls it with the same ranks, members or not (ValueError on every rank if they
     differ or the set exists already)."""
-    state = _require()
+    _require()
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.ranks is None:
-        raise NotImplementedError("a process set from an MPI communicator: build it from "
-                                  "the list of its global ranks instead")
-    ranks = tuple(process_set.ranks)
-    if not ranks or ranks[0] < 0 or ranks[-1] >= state.size or len(set(ranks)) < len(ranks):
-        raise ValueError(f"add_process_set: ranks {list(ranks)} must be distinct and in "
-                         f"0..{state.size - 1}")
+        raise NotImplementedError("adding a process set made from an MPI communicator after "
+                                  "init: build it from the list of its ranks (or give it "
+                                  "to init(process_sets=...))")
+    ranks = _checked_ranks(process_set.ranks, "add_process_set")
     _agree("add_process_set", list(ranks))
+    process_set.process_set_id = _register_set(ranks, process_set)
+    return process_set
+
+
+def _checked_ranks(ranks: Sequence[int], what: str) -> tuple[int, ...]:
+    size = _require().size
+    ranks = tuple(sorted(ranks))
+    if not ranks or ranks[0] < 0 or ranks[-1] >= size or len(set(ranks)) < len(ranks):
+        raise ValueError(f"{what}: ranks {list(ranks)} must be distinct and in "
+                         f"0..{size - 1}")
+    return ranks
+
+
+def _register_set(ranks: tuple[int, ...], shown: Any) -> int:
+    """Give ``ranks`` (agreed on every rank) an id, and its members a communicator and a
+    runtime; returns the id."""
+    state = _require()
     if any(member.ranks == ranks for member in state.sets.values()):
-        raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
+        raise ValueError(f"Attempted to add a duplicate process set: {shown}")
     set_id = next(state.set_ids)
     runtime = comm = None
     if state.rank in ranks:
-        # Only the members take part; all of them have passed the agreement above.
+        # Only the members take part; all of them have agreed on the set already.
         group = state.control.Get_group().Incl(list(ranks))
         comm = state.control.Create_group(group, tag=set_id)
         group.Free()
@@ -194,8 +213,55 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         runtime = BackgroundRuntime(comm, dataclasses.replace(state.settings, job=0,
                                                               worker_ports=""))
     state.sets[set_id] = SetMember(ranks, state.rank, runtime, comm)
-    process_set.process_set_id = set_id
-    return process_set
+    return set_id
+
+
+def _register_at_init(process_sets: list[ProcessSet]) -> None:
+    """The sets given to init: lists of ranks, alike on every rank, or communicators, one
+    per rank (as Horovod: every distinct communicator among the ranks' becomes a set, and
+    each rank's ProcessSet object names its own)."""
+    from mpi4py import MPI
+
+    state = _require()
+    world = state.control.Get_group()
+    mine = []
+    for ps in process_sets:
+        if ps.mpi_comm is None:
+            mine.append(_checked_ranks(ps.ranks, "init(process_sets=...)"))
+            continue
+        group = ps.mpi_comm.Get_group()
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+        group.Free()
+        if MPI.UNDEFINED in ranks:
+            raise ValueError(f"init(process_sets=...): {ps} has processes outside the "
+                             f"communicator init was given")
+        mine.append(tuple(sorted(ranks)))
+    world.Free()
+    handle = state.runtime.submit(OpRequest(
+        "allgather", _global().next_name("init.process_sets"), "uint8", "uint8",
+        (len(pickle.dumps(mine)),)), send=np.frombuffer(pickle.dumps(mine), np.uint8))
+    gathered, rows = handle.wait(state.runtime.wait_seconds(),
+                                 "every rank's process sets given to init")
+    offsets = np.cumsum([0, *rows]).tolist()
+    every = [pickle.loads(gathered[offsets[r]:offsets[r + 1]].tobytes())
+             for r in range(state.size)]
+    if len({len(lists) for lists in every}) > 1:
+        raise ValueError(f"init(process_sets=...): ranks gave different numbers of sets: "
+                         f"{[len(lists) for lists in every]}")
+    for i, ps in enumerate(process_sets):
+        seen = [lists[i] for lists in every]
+        if ps.mpi_comm is None and len(set(seen)) > 1:
+            raise ValueError(f"init(process_sets=...): set {i} differs between ranks: "
+                             f"{', '.join(f'rank {r}: {list(v)}' for r, v in enumerate(seen))}")
+        for ranks in sorted(set(seen)):
+            strays = [q for q in ranks if seen[q] != ranks]
+            if strays:
+                raise ValueError(f"init(process_sets=...): set {i} of rank(s) "
+                                 f"{[q for q in range(state.size) if seen[q] == ranks]} is "
+                                 f"{list(ranks)}, but rank(s) {strays} gave another")
+            set_id = _register_set(ranks, ProcessSet(list(ranks)))
+            if ranks == seen[state.rank]:
+                ps.process_set_id, ps.ranks = set_id, list(ranks)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
@@ -963,6 +1029,26 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
     return [compression.decompress(t, c) for t, (_, c) in zip(reduced, pairs)]
 
 
+# -- what is out of scope, named --------------------------------------------------------------
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average,
+                           process_set: ProcessSet = global_process_set) -> int:
+    """Not supported: sparse tensors have no path to the switch here."""
+    raise NotImplementedError("sparse allreduce is not implemented by ina_collectives; "
+                              "reduce tensor.to_dense() with allreduce_async instead")
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Not supported: ina_collectives writes no Horovod timeline (its counters are in
+    stats())."""
+    raise NotImplementedError("the Horovod timeline is not implemented by ina_collectives; "
+                              "hvd.stats() reports the calls, engines and fusion")
+
+
+def stop_timeline() -> None:
+    raise NotImplementedError("the Horovod timeline is not implemented by ina_collectives")
+
+
 # -- barrier and join ------------------------------------------------------------------------
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -994,5 +1080,5 @@ __all__ = [
     "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join", "poll",
-    "synchronize",
+    "synchronize", "sparse_allreduce_async", "start_timeline", "stop_timeline",
 ]
