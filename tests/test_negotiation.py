@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from ina_collectives.runtime.negotiation import Message, OpRequest, ReadinessTable
@@ -162,3 +163,25 @@ def test_only_rank_0s_stalled_list_counts_and_unknown_names_are_ignored():
     assert out.failed == [] and list(table.pending) == ["s"]
     out = table.absorb([Message(stalled=("s",)), Message()], now=500.0)
     assert [f.name for f in out.failed] == ["s"] and table.pending == {}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "float16", "float32",
+                                   "float64"])
+@pytest.mark.parametrize("n", [2, 3, 7])
+def test_average_divides_exactly_as_horovods_tests_expect(dtype, n):
+    """Average is a true division: floats correctly rounded (float16 through float32, one
+    rounding), integers truncated toward zero; Horovod's tests at 3 ranks compare against
+    t / n with no tolerance, which a multiplication by (float)(1 / n) misses by an ulp."""
+    from ina_collectives.runtime.background import _divide
+    rng = np.random.default_rng(n)
+    low = 0 if dtype == "uint8" else -100
+    values = rng.integers(low, 100, 1000).astype(dtype) * (
+        1 if np.dtype(dtype).kind != "f" else np.asarray(1.37, dtype))
+    got = values.copy()
+    _divide(got, n)
+    if np.dtype(dtype).kind == "f":
+        wide = values.astype(np.float32 if dtype == "float16" else dtype)
+        want = (wide / wide.dtype.type(n)).astype(dtype)
+    else:
+        want = np.trunc(values.astype(np.float64) / n).astype(dtype)
+    np.testing.assert_array_equal(got, want)
