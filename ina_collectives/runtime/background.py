@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -34,10 +34,21 @@ log = logging.getLogger("ina_collectives")
 
 
 
+_CALLBACKS = threading.Lock()  # orders a handle's finish against callbacks being added
+
+
+def _run_callback(callback: Callable[[Handle], None], handle: Handle) -> None:
+    try:
+        callback(handle)
+    except Exception:  # noqa: BLE001 - the runtime must go on; the caller hears of it
+        log.exception("a completion callback of '%s' failed",
+                      handle.request.name if handle.request else "join")
+
+
 class Handle:
     """An operation in flight; ``result`` once ``done``."""
 
-    __slots__ = ("request", "data", "_done", "result", "error", "on_claim")
+    __slots__ = ("request", "data", "_done", "result", "error", "on_claim", "_callbacks")
 
     def __init__(self, request: OpRequest | None, data: dict[str, Any]):
         self.request, self.data = request, data
@@ -45,6 +56,7 @@ class Handle:
         self.result: Any = None
         self.error: BaseException | None = None
         self.on_claim: Any = None   # called once the caller has taken the outcome
+        self._callbacks: list[Callable[[Handle], None]] = []
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -52,7 +64,26 @@ class Handle:
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
         self.data = {}  # the runtime is done with the caller's buffers
-        self._done.set()
+        with _CALLBACKS:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _run_callback(callback, self)
+
+    def claim(self) -> None:
+        """The caller has taken the outcome: the operation's name is free again."""
+        if self.on_claim is not None:
+            self.on_claim, claimed = None, self.on_claim
+            claimed()
+
+    def add_done_callback(self, callback: Callable[[Handle], None]) -> None:
+        """Call ``callback(handle)`` once it is done: at once if it is, else from the
+        thread that finishes it (the background thread: keep it short)."""
+        with _CALLBACKS:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
 
     def wait(self, seconds: float, what: str) -> Any:
         """The result, or the operation's error; CollectiveTimeout after ``seconds``.
@@ -61,9 +92,7 @@ class Handle:
         while not self._done.wait(0.1):
             if time.monotonic() >= deadline:
                 raise CollectiveTimeout(f"waited {seconds:g} s for {what}")
-        if self.on_claim is not None:
-            self.on_claim, claimed = None, self.on_claim
-            claimed()
+        self.claim()
         if self.error is not None:
             raise self.error
         return self.result

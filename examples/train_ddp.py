@@ -1,0 +1,112 @@
+"""The training demo with DistributedDataParallel on the torch.distributed backend "ina":
+the gradients' buckets are reduced through the (software) switch, and training ends
+where one process training on the same data ends.
+
+    ina-run -np 4 -- python examples/train_ddp.py
+    ina-run -np 2 -- python examples/train_ddp.py --hook fp16   # DDP's fp16 comm hook
+
+Same model, data and check as examples/train_mlp.py (the Horovod API's demo): rank 0
+prints the loss per epoch and the engines that served the group's calls, then trains
+the same model on one process with the same global batches and exits 1 unless the final
+losses agree within --tolerance.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_mlp import global_batches, make_data, make_model, single_process  # noqa: E402
+
+import ina_collectives.torch.distributed as ina_dist  # noqa: E402 - registers "ina"
+
+
+def mpi_rendezvous() -> None:
+    """Under ina-run or mpiexec the ranks are MPI's; torch's rendezvous needs an address
+    that every rank agrees on: rank 0 picks a free port and tells the others."""
+    if "MASTER_PORT" in os.environ:
+        return
+    import socket
+
+    from mpi4py import MPI
+    port = 0
+    if MPI.COMM_WORLD.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(MPI.COMM_WORLD.bcast(port, root=0))
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = (str(MPI.COMM_WORLD.rank),
+                                                    str(MPI.COMM_WORLD.size))
+
+
+def train(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if args.batch % size:
+        raise SystemExit(f"--batch {args.batch} must divide among {size} ranks")
+    model = DistributedDataParallel(make_model(x.shape[1], args.hidden, int(y.max()) + 1))
+    if args.hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if rank == 0:
+        print(f"{size} ranks, backend {dist.get_backend()}, comm hook {args.hook}",
+              flush=True)
+    for epoch in range(1, args.epochs + 1):
+        for batch in global_batches(x.shape[0], args.batch, epoch):
+            mine = batch.chunk(size)[rank]
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+            optimizer.step()
+        with torch.no_grad():
+            part = torch.arange(rank, x.shape[0], size)
+            total = torch.nn.functional.cross_entropy(model.module(x[part]), y[part],
+                                                      reduction="sum").reshape(1)
+        dist.all_reduce(total)
+        loss = float(total) / x.shape[0]
+        if rank == 0:
+            print(f"epoch {epoch}: loss {loss:.5f}, engines {ina_dist.stats()['engines']}",
+                  flush=True)
+    return loss
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--features", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=256, help="global batch size")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--hook", choices=("none", "fp16"), default="none",
+                        help="a DDP communication hook (fp16: default_hooks' compression)")
+    parser.add_argument("--tolerance", type=float, default=0.01,
+                        help="largest relative difference of the final loss from the "
+                             "single-process run's")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the ranks share the cores
+    mpi_rendezvous()
+    dist.init_process_group("ina")
+    x, y = make_data(args.samples, args.features, 10)
+    loss = train(args, x, y)
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    if rank != 0:
+        return 0
+    reference = single_process(args, x, y)
+    difference = abs(loss - reference) / reference
+    verdict = "OK" if difference <= args.tolerance else "FAILED"
+    print(f"final loss {loss:.5f}; one process on the same data: {reference:.5f}; "
+          f"relative difference {difference:.2e} (tolerance {args.tolerance:g}): {verdict}",
+          flush=True)
+    return 0 if verdict == "OK" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

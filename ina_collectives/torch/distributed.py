@@ -1,0 +1,357 @@
+"""The ``torch.distributed`` backend "ina": DistributedDataParallel through the switch.
+
+    import torch.distributed as dist
+    import ina_collectives.torch.distributed   # registers the backend "ina"
+    dist.init_process_group("ina")              # ranks started by ina-run or mpiexec
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Each process group is one communicator of the job's MPI ranks with its own background
+runtime (ina_collectives.runtime), as a Horovod process set is: collectives are named in
+the order the group issues them, so every rank's call is compared with the others'
+before any data moves (a different shape, dtype or op fails on every rank, naming each
+rank's), reduced through the switch where it serves (floats, SUM and AVG) and exactly
+elsewhere, and bounded by the group's timeout. Every call returns a Work whose future
+completes from the runtime's thread, as DDP's communication hooks need.
+
+MPI is the peer transport for now: the ranks must be MPI ranks (torch's rank = MPI's
+rank in COMM_WORLD). Point-to-point send/recv is not offered.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import weakref
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from ..errors import InaError
+from ..runtime.background import BackgroundRuntime, Handle
+from ..runtime.negotiation import OpRequest
+from ..settings import Settings
+from . import mpi_ops
+from .process_sets import SetMember
+
+BACKEND = "ina"
+
+# torch's reduction ops -> the runtime's (AVG divides exactly, as the runtime's Average).
+_OPS = {"SUM": "sum", "AVG": "average", "PRODUCT": "product", "MIN": "min", "MAX": "max"}
+_BITWISE = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
+
+_groups: "weakref.WeakSet[ProcessGroupIna]" = weakref.WeakSet()
+
+
+class ProcessGroupIna(dist.ProcessGroup):
+    """One torch process group over MPI ranks; see the module's docstring."""
+
+    def __init__(self, rank: int, size: int, timeout: datetime.timedelta,
+                 global_ranks: Sequence[int] | None = None):
+        super().__init__(rank, size)
+        comm = _communicator(rank, size, global_ranks)
+        seconds = timeout.total_seconds()
+        settings = Settings.load()
+        # The group's timeout bounds every wait: a peer gone, and a call some ranks
+        # never make (reported as a stall naming them).
+        settings = dataclasses.replace(
+            settings, timeout=min(settings.timeout, seconds),
+            stall_shutdown_time=min(settings.stall_shutdown_time, seconds),
+            stall_warning_time=min(settings.stall_warning_time, seconds / 2))
+        if global_ranks and len(global_ranks) < comm.Get_size() or size < _world_size():
+            # A subgroup is a job of its own at the aggregator; an installed job (ina-run's
+            # controller) is the whole world's.
+            settings = dataclasses.replace(settings, job=0, worker_ports="")
+        self._runtime = BackgroundRuntime(comm, settings)
+        self._comm = comm
+        self._member = SetMember(tuple(range(size)), rank, self._runtime)
+        self._calls = itertools.count()
+        _groups.add(self)
+
+    # -- identity ------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND
+
+    def stats(self) -> dict[str, Any]:
+        """This group's counters: calls, bytes, engines and why, fusion."""
+        return self._runtime.stats()
+
+    def shutdown(self) -> None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.shutdown(runtime.settings.timeout + 5)
+            self._comm.Free()
+
+    # -- collectives ------------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = _op_name(opts)
+        if op in _BITWISE:
+            return self._bitwise_allreduce(tensors, op)
+        started = [mpi_ops._allreduce_async(t, t, self._name("allreduce"), op, 1.0, 1.0,
+                                            self._live()) for t in tensors]
+        return self._work([h for h, _ in started], lambda results: [
+            finish(r) for (_, finish), r in zip(started, results)], "allreduce")
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        # One name each; the runtime fuses the ones ready together into one reduction.
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        root = opts.rootRank if opts is not None else 0
+        handles, finishes = [], []
+        for t in tensors:
+            request = mpi_ops._data_request("broadcast", t, self._name("broadcast"),
+                                            self._live(), root=root)
+            buf = np.array(mpi_ops._numpy(t), copy=True)
+            handles.append(self._runtime.submit(request, buf=buf))
+            finishes.append(_copy_into(t, buf))
+        return self._work(handles, lambda results: [f() for f in finishes], "broadcast")
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]],
+                  input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        for outputs in output_tensors:
+            _check_count(outputs, self.size(), "allgather")
+        handles = [self._gather(t) for t in input_tensors]
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            for outputs, t, (gathered, _) in zip(output_tensors, input_tensors, results):
+                for out, row in zip(outputs, gathered.reshape((len(outputs),) +
+                                                              tuple(t.shape))):
+                    _copy_from(out, row)
+            return output_tensors
+        return self._work(handles, finish, "allgather")
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: Any = None) -> Any:
+        return self.allgather([list(output.view(self.size(), *input.shape).unbind(0))],
+                              [input], opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Any:
+        return self._allgather_base(output, input, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self.allgather([list(o.view(self.size(), *i.shape).unbind(0))
+                               for o, i in zip(outputs, inputs)], inputs, opts)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+                       input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        op = _op_name(opts)
+        if op in _BITWISE:
+            raise ValueError(f"reduce_scatter with {op} is not supported by backend 'ina'")
+        handles, finishes = [], []
+        for out, inputs in zip(output_tensors, input_tensors):
+            _check_count(inputs, self.size(), "reduce_scatter")
+            stacked = torch.stack([i.detach() for i in inputs])
+            request = OpRequest("reducescatter", self._name("reduce_scatter"),
+                                mpi_ops._dtype_name(stacked), _wire(stacked),
+                                tuple(stacked.shape), op)
+            handles.append(self._runtime.submit(request, send=np.ascontiguousarray(
+                mpi_ops._numpy(stacked, widen=True))))
+            finishes.append(lambda result, o=out: _copy_from(o, result))
+        return self._work(handles, lambda results: [f(r) for f, r in zip(finishes, results)],
+                          "reduce_scatter")
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> Any:
+        return self.reduce_scatter([output], [list(input.view(self.size(), *output.shape)
+                                                   .unbind(0))], opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> Any:
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self.reduce_scatter(outputs, [list(i.view(self.size(), *o.shape).unbind(0))
+                                             for o, i in zip(outputs, inputs)], opts)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int], input_split_sizes: list[int],
+                      opts: Any = None) -> Any:
+        n = self.size()
+        splits = list(input_split_sizes) or [input.shape[0] // n] * n
+        if sum(splits) != input.shape[0] or len(splits) != n:
+            raise ValueError(f"all_to_all_single: input split sizes {splits} must be {n} "
+                             f"counts summing to the first dimension {input.shape[0]}")
+        request = mpi_ops._data_request("alltoall", input, self._name("alltoall"),
+                                        self._live(), splits=tuple(splits))
+        handle = self._runtime.submit(request, send=np.ascontiguousarray(
+            mpi_ops._numpy(input)))
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            received, counts = results[0]
+            expected = list(output_split_sizes) or [output.shape[0] // n] * n
+            if counts != expected:
+                raise ValueError(f"all_to_all_single: received {counts} rows from the "
+                                 f"ranks, the output's split sizes say {expected}")
+            _copy_from(output, received)
+            return [output]
+        return self._work([handle], finish, "all_to_all_single")
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> Any:
+        n = self.size()
+        _check_count(input_tensors, n, "all_to_all")
+        _check_count(output_tensors, n, "all_to_all")
+        if len({tuple(t.shape) for t in [*input_tensors, *output_tensors]}) > 1:
+            raise ValueError("all_to_all: backend 'ina' needs tensors of one shape for "
+                             "every rank (all_to_all_single takes uneven splits)")
+        stacked = torch.stack([t.detach() for t in input_tensors])
+        received = torch.empty((n,) + tuple(output_tensors[0].shape),
+                               dtype=stacked.dtype)
+        work = self.alltoall_base(received, stacked, [], [], opts)
+        fut = work.get_future().then(lambda f: [
+            o.copy_(r) for o, r in zip(output_tensors, received.unbind(0))] and output_tensors)
+        return _create_work_from_future(fut)
+
+    def barrier(self, opts: Any = None) -> Any:
+        request = OpRequest("barrier", self._name("barrier"), "none", "uint8")
+        return self._work([self._runtime.submit(request)], lambda results: [], "barrier")
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        # Every rank gets the result, as an allreduce: only the root is required to.
+        options = dist.AllreduceOptions()
+        options.reduceOp = opts.reduceOp
+        return self.allreduce(tensors, options)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _live(self) -> SetMember:
+        if self._runtime is None:
+            raise RuntimeError("the process group of backend 'ina' has been shut down")
+        return self._member
+
+    def _name(self, kind: str) -> str:
+        # torch issues a group's collectives in one order on every rank: number them.
+        return f"c10d.{kind}.{next(self._calls)}"
+
+    def _gather(self, tensor: torch.Tensor) -> Handle:
+        row = tensor.detach().reshape((1,) + tuple(tensor.shape))
+        request = mpi_ops._data_request("allgather", row, self._name("allgather"),
+                                        self._live())
+        return self._runtime.submit(request, send=np.ascontiguousarray(mpi_ops._numpy(row)))
+
+    def _bitwise_allreduce(self, tensors: list[torch.Tensor], op: str) -> Any:
+        if any(t.is_floating_point() for t in tensors):
+            raise ValueError(f"all_reduce with {op} needs integer or bool tensors")
+        handles = [self._gather(t) for t in tensors]
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            for t, (gathered, _) in zip(tensors, results):
+                _copy_from(t, _BITWISE[op].reduce(gathered, axis=0))
+            return tensors
+        return self._work(handles, finish, f"allreduce {op}")
+
+    def _work(self, handles: list[Handle], complete: Callable[[list[Any]], Any],
+              what: str) -> Any:
+        """A Work whose future completes (or fails) when every handle has finished."""
+        future: torch.futures.Future = torch.futures.Future()
+        left = [len(handles)]
+
+        def one_done(_: Handle) -> None:
+            left[0] -= 1  # callbacks run on the runtime's one thread: no race
+            if left[0]:
+                return
+            errors = [h.error for h in handles if h.error is not None]
+            for h in handles:
+                h.claim()  # the names are free again
+            if errors:
+                future.set_exception(_torch_error(errors[0], what))
+                return
+            try:
+                future.set_result(complete([h.result for h in handles]))
+            except Exception as exc:  # noqa: BLE001 - reaches the waiter
+                future.set_exception(exc)
+        if not handles:
+            future.set_result(complete([]))
+        for h in handles:
+            h.add_done_callback(one_done)
+        return _create_work_from_future(future)
+
+
+def _communicator(rank: int, size: int, global_ranks: Sequence[int] | None) -> Any:
+    """The MPI communicator of the group's ranks; torch's global rank must be MPI's."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    members = list(global_ranks) if global_ranks else list(range(size))
+    if world.Get_size() < len(members) or (not global_ranks and (
+            world.Get_size(), world.Get_rank()) != (size, rank)):
+        raise RuntimeError(
+            f"backend 'ina' runs over the job's MPI ranks, but this process is MPI rank "
+            f"{world.Get_rank()} of {world.Get_size()} and torch rank {rank} of {size}: "
+            f"start the job with ina-run or mpiexec (under torchrun alone there is no MPI "
+            f"job yet)")
+    if len(members) == world.Get_size():
+        return world.Dup()
+    group = world.Get_group().Incl(members)
+    comm = world.Create_group(group)
+    group.Free()
+    return comm
+
+
+def _world_size() -> int:
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.Get_size()
+
+
+def _op_name(opts: Any) -> str:
+    op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+    name = str(getattr(op, "op", op)).rsplit(".", 1)[-1]
+    if name in _BITWISE:
+        return name
+    if name not in _OPS:
+        raise ValueError(f"backend 'ina' does not support reduce op {name}")
+    return _OPS[name]
+
+
+def _wire(tensor: torch.Tensor) -> str:
+    return "float32" if tensor.dtype == torch.bfloat16 else mpi_ops._WIRE[tensor.dtype]
+
+
+def _check_count(tensors: Sequence[torch.Tensor], n: int, what: str) -> None:
+    if len(tensors) != n:
+        raise ValueError(f"{what}: expected one tensor per rank ({n}), got {len(tensors)}")
+
+
+def _copy_from(target: torch.Tensor, array: np.ndarray) -> torch.Tensor:
+    with torch.no_grad():
+        target.copy_(mpi_ops._from_numpy(np.ascontiguousarray(array), target, target.shape))
+    return target
+
+
+def _copy_into(target: torch.Tensor, buf: np.ndarray) -> Callable[[], torch.Tensor]:
+    return lambda: _copy_from(target, buf)
+
+
+def _torch_error(error: BaseException, what: str) -> BaseException:
+    if isinstance(error, InaError):
+        return dist.DistBackendError(f"backend 'ina', {what}: {error}")
+    return error
+
+
+def _create(options: Any, backend_options: Any = None) -> ProcessGroupIna:
+    return ProcessGroupIna(options.group_rank, options.group_size, options.timeout,
+                           list(options.global_ranks_in_group or []))
+
+
+def stats(group: Any = None) -> dict[str, Any]:
+    """The counters of ``group`` (default: the default process group) of backend ina."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupIna):
+        backend = pg._get_backend(torch.device("cpu")) if hasattr(pg, "_get_backend") else pg
+        pg = backend
+    if not isinstance(pg, ProcessGroupIna):
+        raise ValueError(f"{group!r} is not a process group of backend 'ina'")
+    return pg.stats()
+
+
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+__all__ = ["BACKEND", "ProcessGroupIna", "stats"]
