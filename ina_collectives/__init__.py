@@ -103,7 +103,12 @@ def allreduce(array: Any, op: Any = SUM, out: np.ndarray | None = None) -> np.nd
 
 def stats() -> dict[str, Any]:
     """Counters since init(): calls, bytes, calls and bytes per engine, fallback reasons
-    (why a faster engine declined a call, with counts), and the last call's engine."""
+    (why a faster engine declined a call, with counts), and the last call's engine.
+    Without init(), those of torch.distributed's default group of backend "ina"."""
+    import sys
+    backend = sys.modules.get("ina_collectives.torch.distributed")
+    if _state is None and backend is not None and backend.default_group() is not None:
+        return backend.default_group().stats()
     return _require().stats.snapshot()
 
 

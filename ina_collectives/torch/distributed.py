@@ -27,7 +27,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from ..errors import InaError
 from ..runtime.background import BackgroundRuntime, Handle
@@ -203,12 +202,17 @@ class ProcessGroupIna(dist.ProcessGroup):
             raise ValueError("all_to_all: backend 'ina' needs tensors of one shape for "
                              "every rank (all_to_all_single takes uneven splits)")
         stacked = torch.stack([t.detach() for t in input_tensors])
-        received = torch.empty((n,) + tuple(output_tensors[0].shape),
-                               dtype=stacked.dtype)
-        work = self.alltoall_base(received, stacked, [], [], opts)
-        fut = work.get_future().then(lambda f: [
-            o.copy_(r) for o, r in zip(output_tensors, received.unbind(0))] and output_tensors)
-        return _create_work_from_future(fut)
+        request = mpi_ops._data_request("alltoall", stacked, self._name("alltoall"),
+                                        self._live(), splits=(1,) * n)
+        handle = self._runtime.submit(request, send=np.ascontiguousarray(
+            mpi_ops._numpy(stacked)))
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            received, _ = results[0]
+            for out, row in zip(output_tensors, received):
+                _copy_from(out, row)
+            return output_tensors
+        return self._work([handle], finish, "all_to_all")
 
     def barrier(self, opts: Any = None) -> Any:
         request = OpRequest("barrier", self._name("barrier"), "none", "uint8")
@@ -228,8 +232,10 @@ class ProcessGroupIna(dist.ProcessGroup):
         return self._member
 
     def _name(self, kind: str) -> str:
-        # torch issues a group's collectives in one order on every rank: number them.
-        return f"c10d.{kind}.{next(self._calls)}"
+        # torch issues a group's collectives in one order on every rank: number them,
+        # whatever their kind, so that a rank calling another collective is reported
+        # as a mismatch rather than waited for.
+        return f"c10d.{next(self._calls)}"
 
     def _gather(self, tensor: torch.Tensor) -> Handle:
         row = tensor.detach().reshape((1,) + tuple(tensor.shape))
@@ -272,7 +278,34 @@ class ProcessGroupIna(dist.ProcessGroup):
             future.set_result(complete([]))
         for h in handles:
             h.add_done_callback(one_done)
-        return _create_work_from_future(future)
+        return _Work(future, handles, what, self._runtime.wait_seconds())
+
+
+class _Work(dist._Work):
+    """A collective in flight: wait() raises torch's DistBackendError if it failed."""
+
+    def __init__(self, future: torch.futures.Future, handles: list[Handle], what: str,
+                 seconds: float):
+        super().__init__()
+        self._future, self._handles, self._what, self._seconds = (future, handles, what,
+                                                                   seconds)
+
+    def wait(self, timeout: Any = None) -> bool:
+        for h in self._handles:  # in short slices: Ctrl-C interrupts
+            try:
+                h.wait(self._seconds, self._what)
+            except InaError:
+                if not h.done():
+                    raise dist.DistBackendError(f"backend 'ina': waited {self._seconds:g} s "
+                                                f"for {self._what}") from None
+        self._future.wait()  # set by the runtime's thread; raises the failure
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
 
 
 def _communicator(rank: int, size: int, global_ranks: Sequence[int] | None) -> Any:
@@ -341,17 +374,32 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupIna:
                            list(options.global_ranks_in_group or []))
 
 
+def default_group() -> ProcessGroupIna | None:
+    """torch.distributed's default group, if it is of backend "ina"."""
+    if not dist.is_initialized():
+        return None
+    return _as_ina(dist.distributed_c10d._get_default_group())
+
+
+def _as_ina(pg: Any) -> ProcessGroupIna | None:
+    if not isinstance(pg, ProcessGroupIna) and hasattr(pg, "_get_backend"):
+        try:
+            pg = pg._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            return None
+    return pg if isinstance(pg, ProcessGroupIna) else None
+
+
 def stats(group: Any = None) -> dict[str, Any]:
-    """The counters of ``group`` (default: the default process group) of backend ina."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(pg, ProcessGroupIna):
-        backend = pg._get_backend(torch.device("cpu")) if hasattr(pg, "_get_backend") else pg
-        pg = backend
-    if not isinstance(pg, ProcessGroupIna):
-        raise ValueError(f"{group!r} is not a process group of backend 'ina'")
+    """The counters of ``group`` (default: the default process group) of backend ina:
+    calls, bytes, engines and why, fusion."""
+    pg = _as_ina(group) if group is not None else default_group()
+    if pg is None:
+        raise ValueError(f"{group or 'the default group'!r} is not a process group of "
+                         f"backend 'ina'")
     return pg.stats()
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
-__all__ = ["BACKEND", "ProcessGroupIna", "stats"]
+__all__ = ["BACKEND", "ProcessGroupIna", "default_group", "stats"]

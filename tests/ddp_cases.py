@@ -1,0 +1,146 @@
+"""What each rank of a torch.distributed test job runs (backend "ina"):
+``python -m tests.ddp_cases CASE ...``; cases return plain values for
+tests/test_torch_distributed.py to check against what it computes itself."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tests.rank_cases import _error, case, main
+from tests.torch_cases import torch_input
+
+DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+
+
+def _start(comm: Any, **options: Any) -> None:
+    """init_process_group("ina") with a rendezvous address rank 0 picks."""
+    import ina_collectives.torch.distributed  # noqa: F401 - registers the backend
+    port = 0
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(comm.bcast(port, root=0))
+    dist.init_process_group("ina", rank=comm.rank, world_size=comm.size, **options)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return (t.float() if t.dtype == torch.bfloat16 else t).detach().numpy().copy()
+
+
+def _attempt(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # recorded for the test to judge
+        return _error(exc)
+
+
+@case
+def ddp_ops(comm: Any, p: dict) -> dict[str, Any]:
+    """Every collective and dtype, against values computed by the test."""
+    import ina_collectives.torch.distributed as ina_dist
+    _start(comm)
+    r, n = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {}
+    for dtype in DTYPES:
+        ops = ["SUM", "PRODUCT", "MIN", "MAX"] + (
+            ["AVG"] if dtype.startswith(("float", "bfloat")) else ["BAND", "BOR", "BXOR"])
+        for op in ops:
+            t = torch_input(dtype, (5, 3), r, seed=ops.index(op))
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            out[f"all_reduce/{dtype}/{op}"] = _np(t)
+        t = torch_input(dtype, (4,), r, 1)
+        work = dist.all_reduce(t, async_op=True)
+        out[f"async/{dtype}"] = _np(work.get_future().wait()[0])
+        gathered = [torch.empty(2, 2, dtype=getattr(torch, dtype)) for _ in range(n)]
+        dist.all_gather(gathered, torch_input(dtype, (2, 2), r, 2))
+        out[f"all_gather/{dtype}"] = [_np(g) for g in gathered]
+        flat = torch.empty(2 * n, dtype=getattr(torch, dtype))
+        dist.all_gather_into_tensor(flat, torch_input(dtype, (2,), r, 3))
+        out[f"all_gather_into_tensor/{dtype}"] = _np(flat)
+        b = torch_input(dtype, (3,), r, 4)
+        dist.broadcast(b, src=n - 1)
+        out[f"broadcast/{dtype}"] = _np(b)
+        scattered = torch.empty(2, dtype=getattr(torch, dtype))
+        dist.reduce_scatter(scattered, [torch_input(dtype, (2,), r, 10 + q) for q in range(n)])
+        out[f"reduce_scatter/{dtype}"] = _np(scattered)
+        single = torch.empty(2, dtype=getattr(torch, dtype))
+        dist.reduce_scatter_tensor(single, torch_input(dtype, (2 * n,), r, 5))
+        out[f"reduce_scatter_tensor/{dtype}"] = _np(single)
+        # Uneven splits: rank r sends q + 1 rows to rank q.
+        send = torch_input(dtype, (n * (n + 1) // 2,), r, 6)
+        received = torch.empty(n * (r + 1), dtype=getattr(torch, dtype))
+        dist.all_to_all_single(received, send, [r + 1] * n, [q + 1 for q in range(n)])
+        out[f"all_to_all_single/{dtype}"] = _np(received)
+        outs = [torch.empty(2, dtype=getattr(torch, dtype)) for _ in range(n)]
+        dist.all_to_all(outs, [torch_input(dtype, (2,), r, 20 + q) for q in range(n)])
+        out[f"all_to_all/{dtype}"] = [_np(o) for o in outs]
+    dist.barrier()
+    out["stats"] = ina_dist.stats()
+    import ina_collectives
+    out["package_stats"] = ina_collectives.stats()  # without ina.init(): the default group's
+    dist.destroy_process_group()
+    return out
+
+
+@case
+def ddp_mismatch(comm: Any, p: dict) -> dict[str, Any]:
+    """Ranks that disagree get torch's DistBackendError on every rank, naming each rank's
+    call; the group goes on working."""
+    _start(comm)
+    r = dist.get_rank()
+    out = {
+        "shape": _attempt(lambda: dist.all_reduce(torch.ones(3 + (r == 1)))),
+        "dtype": _attempt(lambda: dist.all_reduce(
+            torch.ones(3, dtype=torch.float64 if r == 1 else torch.float32))),
+        "op": _attempt(lambda: dist.all_reduce(
+            torch.ones(3), op=dist.ReduceOp.MAX if r == 1 else dist.ReduceOp.SUM)),
+        "kind": _attempt(lambda: dist.broadcast(torch.ones(3), src=0) if r == 1
+                         else dist.all_reduce(torch.ones(3))),
+        "premul": _attempt(lambda: dist.all_reduce(
+            torch.ones(3), op=dist._make_nccl_premul_sum(2.0))),
+    }
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["after"] = _np(t)
+    dist.destroy_process_group()
+    return out
+
+
+@case
+def ddp_train(comm: Any, p: dict) -> dict[str, Any]:
+    """DDP on a small model; with p["kill_after_steps"] rank 0 SIGKILLs the switch then
+    and training goes on (the exact path). Returns the final parameters."""
+    import ina_collectives.torch.distributed as ina_dist
+    _start(comm)
+    r, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g)
+    engines = []
+    for step in range(p["steps"]):
+        if step == p.get("kill_after_steps") and r == 0:
+            os.kill(p["switch_pid"], signal.SIGKILL)
+        mine = slice(r * 64 // n, (r + 1) * 64 // n)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        optimizer.step()
+        engines.append(dict(ina_dist.stats()["engines"]))
+    params = [_np(q) for q in model.parameters()]
+    dist.destroy_process_group()
+    return {"params": params, "engines": engines, "threads": threading.active_count()}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The torch.distributed backend "ina" under real mpiexec jobs of 2-4 ranks, with and
+without a software switch: every collective and dtype against values computed here,
+ranks that disagree, DDP against one process (examples/train_ddp.py, with DDP's fp16
+communication hook too), and a switch killed mid-training."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the backend needs torch: pip install "
+                            "'ina-collectives[torch]'")
+
+from ina_collectives.runtime.background import split_rows  # noqa: E402
+from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
+from tests import mpirun  # noqa: E402
+from tests.conftest import ROOT, _child_env  # noqa: E402
+from tests.ddp_cases import DTYPES  # noqa: E402
+from tests.test_torch import as_np, close  # noqa: E402
+from tests.torch_cases import torch_input  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+def run(n, case, params=None, env=None, timeout=120.0):
+    return mpirun.run(n, case, params, env=env, timeout=timeout, module="tests.ddp_cases")
+
+
+def reduced(dtype, op, shape, n, seed):
+    xs = np.stack([as_np(torch_input(dtype, shape, r, seed)) for r in range(n)])
+    if op == "SUM":
+        return xs.astype(np.float64 if xs.dtype.kind == "f" else np.int64).sum(axis=0)
+    if op == "AVG":
+        return xs.astype(np.float64).mean(axis=0)
+    if op == "PRODUCT":
+        return xs.astype(np.float64).prod(axis=0)
+    if op in ("MIN", "MAX"):
+        return xs.min(axis=0) if op == "MIN" else xs.max(axis=0)
+    return {"BAND": np.bitwise_and, "BOR": np.bitwise_or,
+            "BXOR": np.bitwise_xor}[op].reduce(xs, axis=0)
+
+
+@pytest.mark.parametrize("through", ["switch", "exact"])
+def test_every_collective_and_dtype(switch, through):
+    n = 3
+    env = {"INA_SWITCH": switch.address_text if through == "switch" else "",
+           "INA_SWITCH_MIN_BYTES": "0"}
+    for r, out in enumerate(run(n, "ddp_ops", env=env)):
+        assert "error" not in out, out
+        for dtype in DTYPES:
+            floating = dtype.startswith(("float", "bfloat"))
+            ops = ["SUM", "PRODUCT", "MIN", "MAX"] + (
+                ["AVG"] if floating else ["BAND", "BOR", "BXOR"])
+            for op in ops:
+                want = reduced(dtype, op, (5, 3), n, ops.index(op))
+                if dtype == "uint8" and op in ("SUM", "PRODUCT"):
+                    want = want.astype(np.int64) % 256  # uint8 wraps, as in torch
+                close(out[f"all_reduce/{dtype}/{op}"], want, dtype)
+            total = reduced(dtype, "SUM", (4,), n, 1)
+            close(out[f"async/{dtype}"], total % 256 if dtype == "uint8" else total, dtype)
+            for q, got in enumerate(out[f"all_gather/{dtype}"]):
+                close(got, as_np(torch_input(dtype, (2, 2), q, 2)), dtype)
+            close(out[f"all_gather_into_tensor/{dtype}"], np.concatenate(
+                [as_np(torch_input(dtype, (2,), q, 3)) for q in range(n)]), dtype)
+            close(out[f"broadcast/{dtype}"], as_np(torch_input(dtype, (3,), n - 1, 4)), dtype)
+            close(out[f"reduce_scatter/{dtype}"], reduced(dtype, "SUM", (2,), n, 10 + r),
+                  dtype)
+            lo, hi = split_rows(2 * n, n, r)
+            close(out[f"reduce_scatter_tensor/{dtype}"],
+                  reduced(dtype, "SUM", (2 * n,), n, 5)[lo:hi], dtype)
+            start = r * (r + 1) // 2  # rank q's rows for rank r
+            close(out[f"all_to_all_single/{dtype}"], np.concatenate(
+                [as_np(torch_input(dtype, (n * (n + 1) // 2,), q, 6))[start:start + r + 1]
+                 for q in range(n)]), dtype)
+            for q, got in enumerate(out[f"all_to_all/{dtype}"]):
+                close(got, as_np(torch_input(dtype, (2,), q, 20 + r)), dtype)
+        engines = out["stats"]["engines"]
+        assert out["package_stats"]["engines"] == engines
+        if through == "switch":
+            assert engines.get("ina", 0) > 0, out["stats"]
+        else:
+            assert "ina" not in engines, out["stats"]
+
+
+def test_ranks_that_disagree_get_torchs_error_on_every_rank():
+    for out in run(2, "ddp_mismatch", env={"INA_SWITCH": ""}):
+        for key, words in [("shape", "Mismatched shape"), ("dtype", "Mismatched dtype"),
+                           ("op", "Mismatched reduction op"),
+                           ("kind", "Mismatched operation")]:
+            assert out[key]["error"] == "DistBackendError", (key, out[key])
+            assert words in out[key]["message"] and "rank 1" in out[key]["message"], out[key]
+        assert out["premul"]["error"] == "ValueError", out["premul"]
+        assert "PREMUL_SUM" in out["premul"]["message"]
+        np.testing.assert_array_equal(out["after"], [2, 2, 2])
+
+
+def ddp_demo(n, *extra):
+    proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", "-np", str(n),
+                           "--", sys.executable, "examples/train_ddp.py", "--epochs", "2",
+                           "--samples", "4096", *extra],
+                          cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "): OK" in proc.stdout, proc.stdout
+    engines = re.findall(r"engines (\{.*\})", proc.stdout)
+    assert "'ina'" in engines[-1], proc.stdout  # DDP's buckets went through the switch
+    return proc.stdout
+
+
+@pytest.mark.parametrize("n, hook", [(2, "none"), (4, "none"), (2, "fp16")])
+def test_ddp_demo_through_the_switch_matches_one_process(n, hook):
+    out = ddp_demo(n, "--hook", hook)
+    assert f"comm hook {hook}" in out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ddp_goes_on_when_the_switch_is_killed_mid_training(n):
+    with embedded_switch() as sw:
+        params = {"steps": 12, "kill_after_steps": 5, "switch_pid": sw.pid}
+        results = run(n, "ddp_train", params, env={
+            "INA_SWITCH": sw.address_text, "INA_SWITCH_MIN_BYTES": "0",
+            "INA_SWITCH_SILENCE": "1.0"}, timeout=180)
+        assert sw.process.wait(5) == -9
+    reference = run(n, "ddp_train", {"steps": 12}, env={"INA_SWITCH": ""})
+    for out, ref in zip(results, reference):
+        assert "error" not in out, out
+        assert out["engines"][4].get("ina", 0) > 0, out["engines"]   # served before
+        assert out["engines"][-1].get("ring", 0) + out["engines"][-1].get("mpi", 0) > \
+            out["engines"][5].get("ring", 0) + out["engines"][5].get("mpi", 0)  # and after
+        for got, want in zip(out["params"], ref["params"]):
+            # The switch's quantized sums for 5 steps, exact ones after.
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    for out in results[1:]:
+        for a, b in zip(out["params"], results[0]["params"]):
+            np.testing.assert_array_equal(a, b)  # every rank the same bits
