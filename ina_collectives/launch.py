@@ -330,6 +330,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help=f"K of the embedded switch's pipeline (default INA_SWITCH_ELEMENTS "
                           f"or {EMBEDDED_ELEMENTS}); a P4 target's K is its build's")
     horovodrun.add_options(parser)
+    parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec",
+                        help="what starts the ranks: mpiexec (default: MPI ranks, for the "
+                             "Horovod API and mpi4py) or torchrun (torch.distributed's "
+                             "ranks, for backend 'ina' without MPI)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program each rank runs (after an optional --)")
     args = parser.parse_args(argv)
@@ -438,8 +442,37 @@ def start_ranks(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> 
                  k.startswith(("INA_", "HOROVOD_"))}
         say(f"{args.np} rank(s), environment for them: "
             + (" ".join(f"{k}={v}" for k, v in sorted(given.items())) or "unchanged"))
+    if args.launcher == "torchrun":
+        return run_torchrun(args.np, args.command, env, verbose=args.verbose)
     return run_ranks(args.np, args.command, env, mpiexec,
                      start_timeout=start_left(args, None), verbose=args.verbose)
+
+
+def run_torchrun(np_: int, command: Sequence[str], env: dict[str, str], *,
+                 verbose: bool = False) -> int:
+    """torchrun --nproc-per-node np_ COMMAND on this machine: the ranks are torch's, not
+    MPI's (backend "ina" then reaches its peers through gloo groups over torch's store).
+    torchrun supervises them: one failing ends the others. Ctrl-C and SIGTERM are passed
+    on. Returns torchrun's exit code."""
+    with socket.socket() as s:  # the rendezvous port: free now, torchrun binds it next
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    line = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(np_),
+            "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    if Path(command[0]).name.startswith("python"):
+        line += list(command[1:])          # torchrun runs a script with this Python
+    else:
+        line += ["--no-python", *command]
+    if verbose:
+        say(f"torchrun command: {shlex.join(line)}")
+    process = subprocess.Popen(line, env=env)
+    previous = {s: signal.signal(s, lambda signum, _: process.send_signal(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return process.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

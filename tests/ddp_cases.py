@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -20,8 +21,12 @@ DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"
 
 
 def _start(comm: Any, **options: Any) -> None:
-    """init_process_group("ina") with a rendezvous address rank 0 picks."""
+    """init_process_group("ina"): under torchrun from its environment, under MPI with a
+    rendezvous address rank 0 picks."""
     import ina_collectives.torch.distributed  # noqa: F401 - registers the backend
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        dist.init_process_group("ina", **options)
+        return
     port = 0
     if comm.rank == 0:
         with socket.socket() as s:
@@ -142,5 +147,54 @@ def ddp_train(comm: Any, p: dict) -> dict[str, Any]:
     return {"params": params, "engines": engines, "threads": threading.active_count()}
 
 
+@case
+def ddp_subgroups(comm: Any, p: dict) -> dict[str, Any]:
+    """new_group: a subgroup of ranks 0 and 2 (a job of its own) and one of every rank."""
+    import ina_collectives.torch.distributed as ina_dist
+    _start(comm)
+    r = dist.get_rank()
+    pair = dist.new_group([0, 2])
+    everyone = dist.new_group(list(range(dist.get_world_size())))
+    out: dict[str, Any] = {}
+    if r in (0, 2):
+        t = torch.full((100000,), float(r + 1))
+        dist.all_reduce(t, group=pair)
+        out["pair"] = _np(t[:3])
+        out["pair_stats"] = ina_dist.stats(pair)["engines"]
+    t = torch.full((4,), float(r))
+    dist.all_reduce(t, group=everyone, op=dist.ReduceOp.MAX)
+    out["everyone"] = _np(t)
+    dist.destroy_process_group()
+    return out
+
+
+class _TorchrunRank:
+    """What the cases use of an MPI communicator, for ranks torchrun started."""
+
+    def __init__(self) -> None:
+        self.rank, self.size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def torchrun_main() -> None:
+    """python -m tests.ddp_cases --torchrun CASE PARAMS OUTDIR, under torchrun."""
+    import json
+    import pickle
+    import traceback
+    from pathlib import Path
+
+    from tests.rank_cases import CASES
+    name, params, outdir = sys.argv[2], json.loads(sys.argv[3]), Path(sys.argv[4])
+    rank = _TorchrunRank()
+    try:
+        result = CASES[name](rank, params)
+    except BaseException as exc:
+        result = _error(exc) | {"traceback": traceback.format_exc()}
+    (outdir / f".rank{rank.rank}.pkl").write_bytes(pickle.dumps(result))
+    (outdir / f".rank{rank.rank}.pkl").rename(outdir / f"rank{rank.rank}.pkl")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--torchrun":
+        torchrun_main()
+    else:
+        main()

@@ -136,3 +136,83 @@ def test_ddp_goes_on_when_the_switch_is_killed_mid_training(n):
     for out in results[1:]:
         for a, b in zip(out["params"], results[0]["params"]):
             np.testing.assert_array_equal(a, b)  # every rank the same bits
+
+
+# -- under torchrun: no MPI job at all -------------------------------------------------------
+
+def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.0):
+    """Run a case of tests.ddp_cases on n ranks that torchrun starts (through
+    ``ina-run --launcher torchrun``, or torchrun alone); each rank's result by rank."""
+    import json
+    import pickle
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="ina-torchrun-") as out:
+        script = ["-m", "tests.ddp_cases", "--torchrun", case, json.dumps(params or {}), out]
+        if through_ina_run:
+            line = [sys.executable, "-m", "ina_collectives.launch", "--launcher", "torchrun",
+                    "-np", str(n), "--", sys.executable, *script]
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            line = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                    str(n), "--master-addr", "127.0.0.1", "--master-port", str(port), *script]
+        proc = subprocess.run(line, cwd=ROOT, env=_child_env(env), capture_output=True,
+                              text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        results = [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(n)]
+    for r in results:
+        assert not (isinstance(r, dict) and "traceback" in r), r
+    return results, proc
+
+
+@pytest.mark.parametrize("through", ["ina-run", "torchrun alone, no switch"])
+def test_every_collective_under_torchrun(through):
+    n = 2
+    results, proc = torchrun(n, "ddp_ops", env={"INA_SWITCH_MIN_BYTES": "0"},
+                             through_ina_run=through == "ina-run")
+    for r, out in enumerate(results):
+        for dtype in ("int32", "float32", "bfloat16"):
+            close(out[f"all_reduce/{dtype}/SUM"], reduced(dtype, "SUM", (5, 3), n, 0), dtype)
+            close(out[f"all_reduce/{dtype}/MAX"], reduced(dtype, "MAX", (5, 3), n, 3), dtype)
+            for q, got in enumerate(out[f"all_gather/{dtype}"]):
+                close(got, as_np(torch_input(dtype, (2, 2), q, 2)), dtype)
+            start = r * (r + 1) // 2
+            close(out[f"all_to_all_single/{dtype}"], np.concatenate(
+                [as_np(torch_input(dtype, (n * (n + 1) // 2,), q, 6))[start:start + r + 1]
+                 for q in range(n)]), dtype)
+        engines = out["stats"]["engines"]
+        if through == "ina-run":  # the switch served the floats, with no MPI job
+            assert engines.get("ina", 0) > 0, out["stats"]
+            assert "job" in proc.stderr and "configured" in proc.stderr
+        else:
+            assert "ina" not in engines, out["stats"]
+
+
+def test_disagreeing_ranks_and_subgroups_under_torchrun():
+    results, _ = torchrun(2, "ddp_mismatch", env={})
+    for out in results:
+        assert out["shape"]["error"] == "DistBackendError", out["shape"]
+        assert "Mismatched shape" in out["shape"]["message"]
+        np.testing.assert_array_equal(out["after"], [2, 2, 2])
+    results, _ = torchrun(3, "ddp_subgroups", env={"INA_SWITCH_MIN_BYTES": "0"},
+                          through_ina_run=True)
+    for r, out in enumerate(results):
+        if r in (0, 2):
+            np.testing.assert_array_equal(out["pair"], [4, 4, 4])
+            assert out["pair_stats"].get("ina", 0) == 1, out  # its own job at the switch
+        np.testing.assert_array_equal(out["everyone"], [2, 2, 2, 2])
+
+
+def test_ddp_demo_under_torchrun_through_ina_run():
+    proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", "--launcher",
+                           "torchrun", "-np", "2", "--", sys.executable,
+                           "examples/train_ddp.py", "--epochs", "2", "--samples", "4096"],
+                          cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "): OK" in proc.stdout and "'ina'" in re.findall(r"engines (\{.*\})",
+                                                            proc.stdout)[-1], proc.stdout

@@ -16,6 +16,7 @@ from .engine import AllreduceCall, Engine, was_refused
 from .ina_engine import InaEngine
 from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_supported, dtype_code
+from .peers import TorchPeers
 from .ring import RingEngine
 from .stats import Stats
 from .waiting import Deadline
@@ -26,8 +27,9 @@ log = logging.getLogger("ina_collectives")
 class Collectives:
     """The library's state for one communicator (what Horovod calls its global state)."""
 
-    def __init__(self, comm: MPI.Intracomm, settings: Settings):
-        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+    def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings):
+        # The peers: an MPI communicator, or (no MPI job: torchrun) a torch one.
+        if not isinstance(comm, (MPI.Intracomm, TorchPeers)) or comm == MPI.COMM_NULL:
             raise TypeError(f"expected an mpi4py intracommunicator, got {comm!r}")
         log.setLevel(settings.log_level.upper())
         # Our own copy of the communicator: the ring's messages never match the user's.

@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from ..collectives.chooser import Collectives
 from ..collectives.ops import Op, as_op
+from ..collectives.peers import TorchPeers
 from ..collectives.waiting import Deadline, wait
 from ..errors import CollectiveTimeout, InaError, OperationError
 from ..settings import Settings
@@ -109,8 +110,8 @@ class _Local:
 
 
 class BackgroundRuntime:
-    def __init__(self, comm: MPI.Intracomm, settings: Settings):
-        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+    def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings):
+        if isinstance(comm, MPI.Intracomm) and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise RuntimeError("the Horovod API needs MPI_THREAD_MULTIPLE (its background "
                                "thread communicates while the caller's may too); MPI gave "
                                f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level")

@@ -13,8 +13,10 @@ rank's), reduced through the switch where it serves (floats, SUM and AVG) and ex
 elsewhere, and bounded by the group's timeout. Every call returns a Work whose future
 completes from the runtime's thread, as DDP's communication hooks need.
 
-MPI is the peer transport for now: the ranks must be MPI ranks (torch's rank = MPI's
-rank in COMM_WORLD). Point-to-point send/recv is not offered.
+The ranks' peer communicator (agreements, exponent exchange, outcome votes, the exact
+ring) is MPI's when an MPI launcher started them (ina-run, mpiexec: torch's rank must be
+MPI's) and otherwise (torchrun) gloo groups made from the group's own store: no MPI job
+is needed. Point-to-point send/recv is not offered.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..collectives.peers import TorchPeers, started_by_mpi
 from ..errors import InaError
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.negotiation import OpRequest
@@ -47,10 +50,10 @@ _groups: "weakref.WeakSet[ProcessGroupIna]" = weakref.WeakSet()
 class ProcessGroupIna(dist.ProcessGroup):
     """One torch process group over MPI ranks; see the module's docstring."""
 
-    def __init__(self, rank: int, size: int, timeout: datetime.timedelta,
-                 global_ranks: Sequence[int] | None = None):
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                 global_ranks: Sequence[int] | None = None, subgroup: bool = False):
         super().__init__(rank, size)
-        comm = _communicator(rank, size, global_ranks)
+        comm = _communicator(store, rank, size, timeout, global_ranks)
         seconds = timeout.total_seconds()
         settings = Settings.load()
         # The group's timeout bounds every wait: a peer gone, and a call some ranks
@@ -59,7 +62,7 @@ class ProcessGroupIna(dist.ProcessGroup):
             settings, timeout=min(settings.timeout, seconds),
             stall_shutdown_time=min(settings.stall_shutdown_time, seconds),
             stall_warning_time=min(settings.stall_warning_time, seconds / 2))
-        if global_ranks and len(global_ranks) < comm.Get_size() or size < _world_size():
+        if subgroup:
             # A subgroup is a job of its own at the aggregator; an installed job (ina-run's
             # controller) is the whole world's.
             settings = dataclasses.replace(settings, job=0, worker_ports="")
@@ -308,8 +311,12 @@ class _Work(dist._Work):
         return self._future
 
 
-def _communicator(rank: int, size: int, global_ranks: Sequence[int] | None) -> Any:
-    """The MPI communicator of the group's ranks; torch's global rank must be MPI's."""
+def _communicator(store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                  global_ranks: Sequence[int] | None) -> Any:
+    """The group's peers: under MPI (ina-run, mpiexec) the MPI communicator of its ranks,
+    torch's global rank being MPI's; otherwise (torchrun) gloo groups over its store."""
+    if not started_by_mpi():
+        return TorchPeers(store, rank, size, timeout)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -327,11 +334,6 @@ def _communicator(rank: int, size: int, global_ranks: Sequence[int] | None) -> A
     comm = world.Create_group(group)
     group.Free()
     return comm
-
-
-def _world_size() -> int:
-    from mpi4py import MPI
-    return MPI.COMM_WORLD.Get_size()
 
 
 def _op_name(opts: Any) -> str:
@@ -370,8 +372,11 @@ def _torch_error(error: BaseException, what: str) -> BaseException:
 
 
 def _create(options: Any, backend_options: Any = None) -> ProcessGroupIna:
-    return ProcessGroupIna(options.group_rank, options.group_size, options.timeout,
-                           list(options.global_ranks_in_group or []))
+    # The default group is made while torch.distributed is not initialized yet; any
+    # later group is a job of its own at the aggregator.
+    return ProcessGroupIna(options.store, options.group_rank, options.group_size,
+                           options.timeout, list(options.global_ranks_in_group or []),
+                           subgroup=dist.is_initialized())
 
 
 def default_group() -> ProcessGroupIna | None:
