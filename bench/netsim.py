@@ -39,13 +39,13 @@ from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SYSTEMS = ("ina", "ring", "mpi", "gloo")
+SYSTEMS = ("ina", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo")
 HEADERS = 52  # IPv4 + UDP + INA header bytes per packet: K = (MTU - 52) / 4
 
 
 def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
     """The ideal time of one allreduce on these links (for the job's time limit)."""
-    factor = 1.0 if system == "ina" else 2 * (n - 1) / n
+    factor = 1.0 if system in ("ina", "ddp-ina") else 2 * (n - 1) / n
     return factor * nbytes * 8 / (link_mbit * 1e6)
 
 
@@ -122,7 +122,7 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                 "dropped_packets": (cluster.dropped() - dropped0
                                                     if loss else 0),
                                 **{k: m[k] for k in ("packets", "tcp_retransmits",
-                                                     "stream_seconds")
+                                                     "stream_seconds", "compute_seconds")
                                    if k in m}})
                         progress.advance(task)
                         if args.json:
@@ -148,7 +148,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", nargs="+", help="bytes, e.g. 64K 16M (full: 64K..256M)")
     parser.add_argument("--loss", type=float, nargs="+",
                         help="loss probabilities per link (full: 0 0.001 0.01)")
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS[:4]), choices=SYSTEMS,
+                        help="what to measure (default the allreduces: ina ring mpi gloo); "
+                             "ddp-ina and ddp-gloo time one DDP training step of SIZES bytes "
+                             "of gradients on backend 'ina' or 'gloo'")
     parser.add_argument("--reps", type=int, help="timed calls per size (median reported)")
     parser.add_argument("--mtu", type=int, default=9000, help="link MTU (K follows from it)")
     parser.add_argument("--tcp-rto-min", type=float, metavar="MS",
@@ -198,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     records = sweep(args, console)
     write_json(args.json, records, args)
-    table = netsim_report.table(records)
+    table = "\n\n".join(filter(None, [
+        netsim_report.table([r for r in records if not r["system"].startswith("ddp-")]),
+        netsim_report.ddp_table(records)]))
     (args.json.parent / (args.json.stem + ".md")).write_text(table + "\n")
-    plots = netsim_report.plots(records, args.json.parent, args.json.stem)
+    plots = netsim_report.plots([r for r in records if not r["system"].startswith("ddp-")],
+                                args.json.parent, args.json.stem)
     console.print(table, markup=False, highlight=False)
     console.print(f"{len(records)} records in {time.monotonic() - started:.0f} s: {args.json}; "
                   f"plots: {', '.join(str(p) for p in plots)}")

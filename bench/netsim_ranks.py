@@ -3,7 +3,9 @@
     python -m bench.netsim_ranks SYSTEM SIZES REPS OUT.json
 
 SYSTEM: ina (the library through the software switch), ring (the library's ring over
-MPI point-to-point), mpi (MPICH's MPI_Allreduce), gloo (torch.distributed). For each size
+MPI point-to-point), mpi (MPICH's MPI_Allreduce), gloo (torch.distributed), and
+ddp-ina / ddp-gloo (one DDP training step on torch.distributed's backend "ina" or "gloo",
+SIZES then being bytes of gradients; records add the step's compute alone). For each size
 (bytes of float32): one warm-up call, then REPS timed calls, each started together after a
 barrier; a call's time is the slowest rank's. Rank 0 writes one record per size to
 OUT.json: the median, every repetition, and which engine served the calls.
@@ -144,10 +146,65 @@ def gloo(sizes: list[int], reps: int) -> list[dict[str, Any]]:
     return records
 
 
+def ddp(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    """One DistributedDataParallel training step per repetition, on torch.distributed's
+    backend ``backend`` ("ina" or "gloo"), of a model of about SIZE bytes of float32
+    gradients (1024 x 1024 linear layers, DDP's default 25 MB buckets), beside the same
+    step without communication (DDP's no_sync): the step time's breakdown."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    torch.set_num_threads(1)
+    if backend == "ina":
+        import ina_collectives.torch.distributed as ina_dist
+    dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:29518",
+                            rank=rank, world_size=size)
+
+    def slowest(t: float) -> float:
+        value = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value)
+
+    records = []
+    for nbytes in sizes:
+        torch.manual_seed(0)
+        layers = max(1, round(nbytes / (4 * (1024 * 1024 + 1024))))
+        model = DistributedDataParallel(torch.nn.Sequential(
+            *[torch.nn.Linear(1024, 1024) for _ in range(layers)]))
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+        x = torch.randn(8, 1024, generator=torch.Generator().manual_seed(rank))
+
+        def step() -> None:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+
+        def local_step() -> None:
+            optimizer.zero_grad()
+            with model.no_sync():
+                model(x).sum().backward()
+            optimizer.step()
+        before = dict(ina_dist.stats()["engines"]) if backend == "ina" else {}
+        times, cpu = timed(step, dist.barrier, slowest, reps)
+        engines = ({e: c - before.get(e, 0) for e, c in ina_dist.stats()["engines"].items()
+                    if c - before.get(e, 0)} if backend == "ina" else {"gloo": reps + 1})
+        compute, _ = timed(local_step, dist.barrier, slowest, reps)
+        grad_bytes = sum(p.numel() * 4 for p in model.parameters())
+        records.append({"bytes": grad_bytes, "times": times, "engines": engines, "cpu": cpu,
+                        "compute_seconds": float(np.median(compute))})
+    dist.destroy_process_group()
+    return records
+
+
 def main() -> int:
     system, sizes, reps, out = (sys.argv[1], [int(s) for s in sys.argv[2].split(",")],
                                 int(sys.argv[3]), sys.argv[4])
-    if system == "gloo":
+    if system.startswith("ddp-"):
+        records = ddp(system.removeprefix("ddp-"), sizes, reps)
+        rank = int(os.environ["PMI_RANK"])
+    elif system == "gloo":
         records = gloo(sizes, reps)
         rank = int(os.environ["PMI_RANK"])
     else:

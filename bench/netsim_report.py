@@ -47,6 +47,28 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def ddp_table(records: list[dict[str, Any]]) -> str:
+    """DDP steps: backend ina against gloo, with each step's breakdown (compute alone,
+    the rest communication not hidden behind backward)."""
+    rows = ["| n | link Mbit/s | loss | gradients | backend | step ms | compute ms | "
+            "communication ms | ina speed-up | engines |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (n, link, loss, nbytes), systems in _grouped(records).items():
+        ina = systems.get("ddp-ina")
+        for name in ("ddp-ina", "ddp-gloo"):
+            r = systems.get(name)
+            if r is None:
+                continue
+            compute = r.get("compute_seconds", 0.0)
+            speedup = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and name != "ddp-ina"
+                       else "")
+            rows.append(f"| {n} | {link:g} | {loss:g} | {_size(nbytes)} | "
+                        f"{name.removeprefix('ddp-')} | {r['seconds'] * 1e3:.0f} | "
+                        f"{compute * 1e3:.0f} | {(r['seconds'] - compute) * 1e3:.0f} | "
+                        f"{speedup} | {r['engines']} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """INA against the best peer, per (n, link, loss, size) with INA and a peer."""
     out = []
@@ -119,7 +141,11 @@ def _save(fig: Any, path: Path) -> Path:
 def main() -> int:
     path = Path(sys.argv[1])
     records = json.loads(path.read_text())
-    print(table(records))
+    print(table([r for r in records if not r["system"].startswith("ddp-")]))
+    ddp = ddp_table(records)
+    if ddp:
+        print()
+        print(ddp)
     for p in plots(records, path.parent, path.stem):
         print("wrote", p)
     return 0

@@ -207,12 +207,30 @@ def test_disagreeing_ranks_and_subgroups_under_torchrun():
         np.testing.assert_array_equal(out["everyone"], [2, 2, 2, 2])
 
 
-def test_ddp_demo_under_torchrun_through_ina_run():
+@pytest.mark.parametrize("n", [2, 4])
+def test_ddp_demo_under_torchrun_through_ina_run(n):
     proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", "--launcher",
-                           "torchrun", "-np", "2", "--", sys.executable,
+                           "torchrun", "-np", str(n), "--", sys.executable,
                            "examples/train_ddp.py", "--epochs", "2", "--samples", "4096"],
                           cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "): OK" in proc.stdout and "'ina'" in re.findall(r"engines (\{.*\})",
                                                             proc.stdout)[-1], proc.stdout
+
+
+def test_ddp_demo_under_plain_torchrun_without_a_switch_takes_the_exact_path():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                           "examples/train_ddp.py", "--epochs", "1", "--samples", "4096"],
+                          cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "): OK" in proc.stdout, proc.stdout
+    assert "'ina'" not in re.findall(r"engines (\{.*\})", proc.stdout)[-1], proc.stdout
+    # Said once, by rank 0 of the default group.
+    assert proc.stderr.count("every call takes the exact path") == 1, proc.stderr

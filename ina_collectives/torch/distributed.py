@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import itertools
+import logging
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -39,6 +40,7 @@ from . import mpi_ops
 from .process_sets import SetMember
 
 BACKEND = "ina"
+log = logging.getLogger("ina_collectives")
 
 # torch's reduction ops -> the runtime's (AVG divides exactly, as the runtime's Average).
 _OPS = {"SUM": "sum", "AVG": "average", "PRODUCT": "product", "MIN": "min", "MAX": "max"}
@@ -66,6 +68,9 @@ class ProcessGroupIna(dist.ProcessGroup):
             # A subgroup is a job of its own at the aggregator; an installed job (ina-run's
             # controller) is the whole world's.
             settings = dataclasses.replace(settings, job=0, worker_ports="")
+        if not settings.switch and rank == 0 and not subgroup:
+            log.warning("backend 'ina': INA_SWITCH names no aggregator: every call takes "
+                        "the exact path")
         self._runtime = BackgroundRuntime(comm, settings)
         self._comm = comm
         self._member = SetMember(tuple(range(size)), rank, self._runtime)
