@@ -184,6 +184,10 @@ def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
     with tempfile.TemporaryDirectory(prefix="ina-run-ranks-") as folder:
         watch = RankWatch(Path(folder))
         env = dict(env, INA_RUN_DIR=folder)
+        if "MASTER_PORT" not in env:  # torch.distributed's env:// rendezvous, rank 0 here
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
         line = [launcher, "-disable-auto-cleanup", "-n", str(np_), sys.executable,
                 str(RANK_WRAPPER), folder, *command]
         if verbose:

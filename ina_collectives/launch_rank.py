@@ -41,6 +41,23 @@ def rank_of(environ: os._Environ[str] | dict[str, str]) -> int:
     return -1
 
 
+def torch_environment(environ: os._Environ[str] | dict[str, str], rank: int
+                      ) -> dict[str, str]:
+    """The launcher's environment plus torch.distributed's env:// variables (RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; ina-run sets MASTER_ADDR and MASTER_PORT),
+    so that init_process_group("ina") works unchanged in an MPI rank. Set ones stay."""
+    env = dict(environ)
+    size = next((environ[v] for v in ("PMI_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_SIZE")
+                 if environ.get(v, "").isdigit()), None)
+    if size is None or rank < 0:
+        return env
+    # Every rank runs on this machine under ina-run: local ranks are the ranks.
+    for name, value in (("RANK", rank), ("WORLD_SIZE", size), ("LOCAL_RANK", rank),
+                        ("LOCAL_WORLD_SIZE", size)):
+        env.setdefault(name, str(value))
+    return env
+
+
 def _write(path: str, record: dict) -> None:
     try:
         with open(path + ".tmp", "w") as f:
@@ -90,6 +107,7 @@ def main(argv: list[str]) -> int:
         signal.signal(s, signal.SIG_IGN)
     try:
         child = subprocess.Popen(command, close_fds=False, process_group=0,
+                                 env=torch_environment(os.environ, rank),
                                  preexec_fn=lambda: _die_with_parent(me))
     except OSError as exc:
         print(f"ina-run: rank {rank}: cannot run {command[0]!r}: {exc}", file=sys.stderr)

@@ -234,3 +234,24 @@ def test_ddp_demo_under_plain_torchrun_without_a_switch_takes_the_exact_path():
     assert "'ina'" not in re.findall(r"engines (\{.*\})", proc.stdout)[-1], proc.stdout
     # Said once, by rank 0 of the default group.
     assert proc.stderr.count("every call takes the exact path") == 1, proc.stderr
+
+
+def test_ina_run_gives_mpi_ranks_torchs_env_rendezvous(tmp_path):
+    """A script written for torchrun (env://, nothing about MPI) runs unchanged under
+    ina-run's MPI ranks: ina-run sets MASTER_ADDR/PORT, its rank wrapper RANK etc."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "import ina_collectives.torch.distributed as ina_dist\n"
+        "dist.init_process_group('ina')\n"
+        "t = torch.ones(300000) * (dist.get_rank() + 1)\n"
+        "dist.all_reduce(t)\n"
+        "line = f\"rank {dist.get_rank()} {os.environ['LOCAL_RANK']} {float(t[0])} \"\n"
+        "print(line + str(ina_dist.stats()['engines']) + '\\n', end='', flush=True)\n"
+        "dist.destroy_process_group()\n")
+    proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", "-np", "2", "--",
+                           sys.executable, str(script)], cwd=ROOT, env=_child_env({}),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank} {rank} 3\.0 \{{'ina': 1\}}", proc.stdout), proc.stdout
