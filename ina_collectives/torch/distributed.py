@@ -24,7 +24,6 @@ import dataclasses
 import datetime
 import itertools
 import logging
-import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -46,11 +45,9 @@ log = logging.getLogger("ina_collectives")
 _OPS = {"SUM": "sum", "AVG": "average", "PRODUCT": "product", "MIN": "min", "MAX": "max"}
 _BITWISE = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
 
-_groups: "weakref.WeakSet[ProcessGroupIna]" = weakref.WeakSet()
-
-
 class ProcessGroupIna(dist.ProcessGroup):
-    """One torch process group over MPI ranks; see the module's docstring."""
+    """One torch process group of backend "ina" (its ranks MPI's or torchrun's); see the
+    module's docstring."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
                  global_ranks: Sequence[int] | None = None, subgroup: bool = False):
@@ -75,7 +72,6 @@ class ProcessGroupIna(dist.ProcessGroup):
         self._comm = comm
         self._member = SetMember(tuple(range(size)), rank, self._runtime)
         self._calls = itertools.count()
-        _groups.add(self)
 
     # -- identity ------------------------------------------------------------------------
 
@@ -98,7 +94,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         op = _op_name(opts)
         if op in _BITWISE:
             return self._bitwise_allreduce(tensors, op)
-        started = [mpi_ops._allreduce_async(t, t, self._name("allreduce"), op, 1.0, 1.0,
+        started = [mpi_ops._allreduce_async(t, t, self._name(), op, 1.0, 1.0,
                                             self._live()) for t in tensors]
         return self._work([h for h, _ in started], lambda results: [
             finish(r) for (_, finish), r in zip(started, results)], "allreduce")
@@ -111,7 +107,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         handles, finishes = [], []
         for t in tensors:
-            request = mpi_ops._data_request("broadcast", t, self._name("broadcast"),
+            request = mpi_ops._data_request("broadcast", t, self._name(),
                                             self._live(), root=root)
             buf = np.array(mpi_ops._numpy(t), copy=True)
             handles.append(self._runtime.submit(request, buf=buf))
@@ -155,7 +151,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         for out, inputs in zip(output_tensors, input_tensors):
             _check_count(inputs, self.size(), "reduce_scatter")
             stacked = torch.stack([i.detach() for i in inputs])
-            request = OpRequest("reducescatter", self._name("reduce_scatter"),
+            request = OpRequest("reducescatter", self._name(),
                                 mpi_ops._dtype_name(stacked), _wire(stacked),
                                 tuple(stacked.shape), op)
             handles.append(self._runtime.submit(request, send=np.ascontiguousarray(
@@ -186,7 +182,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         if sum(splits) != input.shape[0] or len(splits) != n:
             raise ValueError(f"all_to_all_single: input split sizes {splits} must be {n} "
                              f"counts summing to the first dimension {input.shape[0]}")
-        request = mpi_ops._data_request("alltoall", input, self._name("alltoall"),
+        request = mpi_ops._data_request("alltoall", input, self._name(),
                                         self._live(), splits=tuple(splits))
         handle = self._runtime.submit(request, send=np.ascontiguousarray(
             mpi_ops._numpy(input)))
@@ -210,7 +206,7 @@ class ProcessGroupIna(dist.ProcessGroup):
             raise ValueError("all_to_all: backend 'ina' needs tensors of one shape for "
                              "every rank (all_to_all_single takes uneven splits)")
         stacked = torch.stack([t.detach() for t in input_tensors])
-        request = mpi_ops._data_request("alltoall", stacked, self._name("alltoall"),
+        request = mpi_ops._data_request("alltoall", stacked, self._name(),
                                         self._live(), splits=(1,) * n)
         handle = self._runtime.submit(request, send=np.ascontiguousarray(
             mpi_ops._numpy(stacked)))
@@ -223,7 +219,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         return self._work([handle], finish, "all_to_all")
 
     def barrier(self, opts: Any = None) -> Any:
-        request = OpRequest("barrier", self._name("barrier"), "none", "uint8")
+        request = OpRequest("barrier", self._name(), "none", "uint8")
         return self._work([self._runtime.submit(request)], lambda results: [], "barrier")
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -239,7 +235,7 @@ class ProcessGroupIna(dist.ProcessGroup):
             raise RuntimeError("the process group of backend 'ina' has been shut down")
         return self._member
 
-    def _name(self, kind: str) -> str:
+    def _name(self) -> str:
         # torch issues a group's collectives in one order on every rank: number them,
         # whatever their kind, so that a rank calling another collective is reported
         # as a mismatch rather than waited for.
@@ -247,7 +243,7 @@ class ProcessGroupIna(dist.ProcessGroup):
 
     def _gather(self, tensor: torch.Tensor) -> Handle:
         row = tensor.detach().reshape((1,) + tuple(tensor.shape))
-        request = mpi_ops._data_request("allgather", row, self._name("allgather"),
+        request = mpi_ops._data_request("allgather", row, self._name(),
                                         self._live())
         return self._runtime.submit(request, send=np.ascontiguousarray(mpi_ops._numpy(row)))
 
