@@ -116,6 +116,15 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
     return records
 
 
+def torch_slowest(seconds: float) -> float:
+    """The largest of the ranks' ``seconds``, over torch.distributed's default group."""
+    import torch
+    import torch.distributed as dist
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value)
+
+
 def gloo(sizes: list[int], reps: int) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
@@ -125,11 +134,6 @@ def gloo(sizes: list[int], reps: int) -> list[dict[str, Any]]:
     dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:29517",
                             rank=rank, world_size=size)
 
-    def slowest(t: float) -> float:
-        value = torch.tensor([t], dtype=torch.float64)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return float(value)
-
     records = []
     for nbytes in sizes:
         tensor = torch.ones(nbytes // 4)
@@ -137,7 +141,7 @@ def gloo(sizes: list[int], reps: int) -> list[dict[str, Any]]:
         def run() -> None:
             tensor.fill_(1.0)
             dist.all_reduce(tensor)
-        times, cpu = timed(run, dist.barrier, slowest, reps)
+        times, cpu = timed(run, dist.barrier, torch_slowest, reps)
         if not bool((tensor == size).all()):
             raise SystemExit(f"gloo: wrong allreduce result for {nbytes} bytes")
         records.append({"bytes": nbytes, "times": times, "engines": {"gloo": reps + 1},
@@ -162,11 +166,6 @@ def ddp(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:29518",
                             rank=rank, world_size=size)
 
-    def slowest(t: float) -> float:
-        value = torch.tensor([t], dtype=torch.float64)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return float(value)
-
     records = []
     for nbytes in sizes:
         torch.manual_seed(0)
@@ -187,10 +186,10 @@ def ddp(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
                 model(x).sum().backward()
             optimizer.step()
         before = dict(ina_dist.stats()["engines"]) if backend == "ina" else {}
-        times, cpu = timed(step, dist.barrier, slowest, reps)
+        times, cpu = timed(step, dist.barrier, torch_slowest, reps)
         engines = ({e: c - before.get(e, 0) for e, c in ina_dist.stats()["engines"].items()
                     if c - before.get(e, 0)} if backend == "ina" else {"gloo": reps + 1})
-        compute, _ = timed(local_step, dist.barrier, slowest, reps)
+        compute, _ = timed(local_step, dist.barrier, torch_slowest, reps)
         grad_bytes = sum(p.numel() * 4 for p in model.parameters())
         records.append({"bytes": grad_bytes, "times": times, "engines": engines, "cpu": cpu,
                         "compute_seconds": float(np.median(compute))})

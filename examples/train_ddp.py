@@ -23,7 +23,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_mlp import global_batches, make_data, make_model, single_process  # noqa: E402
+from train_mlp import check_against_one_process, global_batches, make_data, make_model  # noqa: E402
 
 import ina_collectives.torch.distributed as ina_dist  # noqa: E402 - registers "ina"
 
@@ -97,15 +97,7 @@ def main() -> int:
     loss = train(args, x, y)
     rank = dist.get_rank()
     dist.destroy_process_group()
-    if rank != 0:
-        return 0
-    reference = single_process(args, x, y)
-    difference = abs(loss - reference) / reference
-    verdict = "OK" if difference <= args.tolerance else "FAILED"
-    print(f"final loss {loss:.5f}; one process on the same data: {reference:.5f}; "
-          f"relative difference {difference:.2e} (tolerance {args.tolerance:g}): {verdict}",
-          flush=True)
-    return 0 if verdict == "OK" else 1
+    return check_against_one_process(args, x, y, loss) if rank == 0 else 0
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ import sys
 import threading
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from tests.rank_cases import _error, case, main
-from tests.torch_cases import torch_input
+from tests.torch_cases import _attempt, _np, torch_input
 
 DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 
@@ -35,17 +34,6 @@ def _start(comm: Any, **options: Any) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(comm.bcast(port, root=0))
     dist.init_process_group("ina", rank=comm.rank, world_size=comm.size, **options)
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return (t.float() if t.dtype == torch.bfloat16 else t).detach().numpy().copy()
-
-
-def _attempt(fn: Any) -> Any:
-    try:
-        return fn()
-    except Exception as exc:  # recorded for the test to judge
-        return _error(exc)
 
 
 @case
@@ -112,6 +100,12 @@ def ddp_mismatch(comm: Any, p: dict) -> dict[str, Any]:
                          else dist.all_reduce(torch.ones(3))),
         "premul": _attempt(lambda: dist.all_reduce(
             torch.ones(3), op=dist._make_nccl_premul_sum(2.0))),
+        "bool_broadcast": _attempt(lambda: dist.broadcast(torch.ones(3, dtype=torch.bool),
+                                                          src=0)),
+        "bool_gather": _attempt(lambda: dist.all_gather_into_tensor(
+            torch.empty(6, dtype=torch.bool), torch.ones(3, dtype=torch.bool))),
+        "bool_scatter": _attempt(lambda: dist.reduce_scatter_tensor(
+            torch.empty(3, dtype=torch.bool), torch.ones(6, dtype=torch.bool))),
     }
     t = torch.ones(3)
     dist.all_reduce(t)

@@ -94,6 +94,10 @@ def test_ranks_that_disagree_get_torchs_error_on_every_rank():
             assert words in out[key]["message"] and "rank 1" in out[key]["message"], out[key]
         assert out["premul"]["error"] == "ValueError", out["premul"]
         assert "PREMUL_SUM" in out["premul"]["message"]
+        # Dtypes torch passes on as they are and the backend does not take.
+        for key in ("bool_broadcast", "bool_gather", "bool_scatter"):
+            assert out[key]["error"] == "TypeError", (key, out[key])
+            assert "torch.bool is not supported" in out[key]["message"], out[key]
         np.testing.assert_array_equal(out["after"], [2, 2, 2])
 
 

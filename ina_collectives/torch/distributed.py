@@ -348,6 +348,7 @@ def _op_name(opts: Any) -> str:
 
 
 def _wire(tensor: torch.Tensor) -> str:
+    mpi_ops._check_tensor(tensor, "reduce_scatter")
     return "float32" if tensor.dtype == torch.bfloat16 else mpi_ops._WIRE[tensor.dtype]
 
 

@@ -699,6 +699,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 def _data_request(kind: str, tensor: torch.Tensor, name: str | None, member: SetMember,
                   **fields: Any) -> OpRequest:
+    _check_tensor(tensor, kind)
     wire = "int16" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
     return OpRequest(kind, _name(kind, name, member), _dtype_name(tensor), wire,
                      tuple(tensor.shape), **fields)
