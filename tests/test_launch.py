@@ -316,9 +316,11 @@ def test_start_timeout_bounds_the_embedded_switch_start(ina_run):
     assert "switch=" not in proc.stdout
 
 
-PRINT_SETTINGS = ("import os; print('rank', os.environ['PMI_RANK'], *(f'{k}=' + os.environ"
-                  ".get(k, '?') for k in ('INA_SWITCH', 'HOROVOD_FUSION_THRESHOLD', "
-                  "'INA_CYCLE_TIME')), flush=True)")
+# One os.write per rank: print() writes its pieces separately, and mpiexec forwards
+# the two ranks' output as it comes, so pieces of the two lines could interleave.
+PRINT_SETTINGS = ("import os; os.write(1, (' '.join(['rank', os.environ['PMI_RANK'], *(f'{k}='"
+                  " + os.environ.get(k, '?') for k in ('INA_SWITCH', "
+                  "'HOROVOD_FUSION_THRESHOLD', 'INA_CYCLE_TIME'))]) + '\\n').encode())")
 
 
 @pytest.mark.mpi
