@@ -3,7 +3,7 @@
  * Plain C with restrict pointers so that gcc -O3 vectorizes them on baseline x86-64
  * (SSE2); the Cython modules beside this file call them without the GIL. The rules
  * are those of ina_collectives/ina/reference/blockfp.py (the NumPy reference) and must give the
- * same bits. Payload values are int32 in network byte order.
+ * same bits. Payload values are int32 or int16 in network byte order.
  */
 #ifndef INA_BLOCKFP_H
 #define INA_BLOCKFP_H
@@ -25,33 +25,6 @@
 /* Adding then subtracting 1.5 * 2**52 rounds a double below 2**51 in magnitude to an
  * integer, half to even (as np.rint): vectorizes where lrint does not. */
 #define INA_ROUND_MAGIC 6755399441055744.0
-
-/* The largest |x| of a float32 block as its bit pattern with the sign cleared: such
- * patterns order like the magnitudes, and NaN/Inf are those >= 0x7f800000. Integer
- * max, so it vectorizes without -ffast-math. */
-INA_KERNEL int32_t ina_peak_bits_f32(const float *restrict x, size_t n)
-{
-    int32_t peak = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t u;
-        memcpy(&u, &x[i], sizeof u);
-        u &= 0x7fffffff;
-        peak = u > peak ? u : peak;
-    }
-    return peak;
-}
-
-INA_KERNEL int64_t ina_peak_bits_f64(const double *restrict x, size_t n)
-{
-    int64_t peak = 0;
-    for (size_t i = 0; i < n; i++) {
-        int64_t u;
-        memcpy(&u, &x[i], sizeof u);
-        u &= INT64_C(0x7fffffffffffffff);
-        peak = u > peak ? u : peak;
-    }
-    return peak;
-}
 
 /* Block exponent e with peak < 2**e (frexp's), or INT32_MIN for NaN/Inf. */
 static inline int32_t ina_exponent_f32(int32_t peak, int32_t floor)
@@ -83,21 +56,88 @@ INA_KERNEL int32_t ina_exponent_i32(const int32_t *restrict x, size_t n)
     return peak == 0 ? 0 : 32 - __builtin_clz(peak);
 }
 
-INA_KERNEL void ina_quantize_f32(const float *restrict x, size_t n, double scale,
-                                    uint32_t *restrict out)
+/* 2**e as a double, for e in -1022 .. 1023 (the caller keeps it there): the bits built
+ * directly, a few times cheaper than ldexp, which matters once per sub-block of 32. */
+static inline double ina_pow2(int e)
 {
-    for (size_t i = 0; i < n; i++) {
-        double v = ((double)x[i] * scale + INA_ROUND_MAGIC) - INA_ROUND_MAGIC;
-        out[i] = __builtin_bswap32((uint32_t)(int32_t)v);
+    uint64_t bits = (uint64_t)(e + 1023) << 52;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+/* Quantize: values of sub-block j are scaled by scales[j] (2**shift of its exponent),
+ * rounded half to even and written in network order, int32 or int16. Sub-blocks of b
+ * values; the last may be shorter. */
+#define INA_QUANTIZE(name, in_t, out_t, cast_t, swap)                                   \
+INA_KERNEL void name(const in_t *restrict x, size_t n, size_t b,                        \
+                     const double *restrict scales, out_t *restrict out)                \
+{                                                                                       \
+    for (size_t start = 0, j = 0; start < n; start += b, j++) {                         \
+        size_t stop = start + b < n ? start + b : n;                                    \
+        double scale = scales[j];                                                       \
+        for (size_t i = start; i < stop; i++) {                                         \
+            double v = ((double)x[i] * scale + INA_ROUND_MAGIC) - INA_ROUND_MAGIC;      \
+            out[i] = swap((out_t)(cast_t)(int32_t)v);                                   \
+        }                                                                               \
+    }                                                                                   \
+}
+
+/* Dequantize: value i of sub-block j (network order) times scales[j] (2**-shift, times
+ * 1/n for AVERAGE), one rounding to the output type. */
+#define INA_DEQUANTIZE(name, in_t, cast_t, swap, out_t)                                 \
+INA_KERNEL void name(const in_t *restrict q, size_t n, size_t b,                        \
+                     const double *restrict scales, out_t *restrict out)                \
+{                                                                                       \
+    for (size_t start = 0, j = 0; start < n; start += b, j++) {                         \
+        size_t stop = start + b < n ? start + b : n;                                    \
+        double scale = scales[j];                                                       \
+        for (size_t i = start; i < stop; i++)                                           \
+            out[i] = (out_t)((double)(cast_t)swap(q[i]) * scale);                       \
+    }                                                                                   \
+}
+
+INA_QUANTIZE(ina_quantize_f32, float, uint32_t, int32_t, __builtin_bswap32)
+INA_QUANTIZE(ina_quantize_f64, double, uint32_t, int32_t, __builtin_bswap32)
+INA_QUANTIZE(ina_quantize_f32_16, float, uint16_t, int16_t, __builtin_bswap16)
+INA_QUANTIZE(ina_quantize_f64_16, double, uint16_t, int16_t, __builtin_bswap16)
+INA_DEQUANTIZE(ina_dequantize_f32, uint32_t, int32_t, __builtin_bswap32, float)
+INA_DEQUANTIZE(ina_dequantize_f64, uint32_t, int32_t, __builtin_bswap32, double)
+INA_DEQUANTIZE(ina_dequantize_f32_16, uint16_t, int16_t, __builtin_bswap16, float)
+INA_DEQUANTIZE(ina_dequantize_f64_16, uint16_t, int16_t, __builtin_bswap16, double)
+
+/* Each sub-block's peak: the largest |x| as its bit pattern with the sign cleared: such
+ * patterns order like the magnitudes, and NaN/Inf are those >= 0x7f800000 (float32).
+ * Integer max, so it vectorizes without -ffast-math. */
+INA_KERNEL void ina_peaks_f32(const float *restrict x, size_t n, size_t b,
+                              int32_t *restrict peaks)
+{
+    for (size_t start = 0, j = 0; start < n; start += b, j++) {
+        size_t stop = start + b < n ? start + b : n;
+        int32_t peak = 0;
+        for (size_t i = start; i < stop; i++) {
+            int32_t u;
+            memcpy(&u, &x[i], sizeof u);
+            u &= 0x7fffffff;
+            peak = u > peak ? u : peak;
+        }
+        peaks[j] = peak;
     }
 }
 
-INA_KERNEL void ina_quantize_f64(const double *restrict x, size_t n, double scale,
-                                    uint32_t *restrict out)
+INA_KERNEL void ina_peaks_f64(const double *restrict x, size_t n, size_t b,
+                              int64_t *restrict peaks)
 {
-    for (size_t i = 0; i < n; i++) {
-        double v = (x[i] * scale + INA_ROUND_MAGIC) - INA_ROUND_MAGIC;
-        out[i] = __builtin_bswap32((uint32_t)(int32_t)v);
+    for (size_t start = 0, j = 0; start < n; start += b, j++) {
+        size_t stop = start + b < n ? start + b : n;
+        int64_t peak = 0;
+        for (size_t i = start; i < stop; i++) {
+            int64_t u;
+            memcpy(&u, &x[i], sizeof u);
+            u &= INT64_C(0x7fffffffffffffff);
+            peak = u > peak ? u : peak;
+        }
+        peaks[j] = peak;
     }
 }
 
@@ -108,21 +148,6 @@ INA_KERNEL void ina_quantize_i32(const int32_t *restrict x, size_t n,
         out[i] = __builtin_bswap32((uint32_t)x[i]);
 }
 
-/* scale = 2**-shift, times 1/n for AVERAGE: one multiply, one rounding to float. */
-INA_KERNEL void ina_dequantize_f32(const uint32_t *restrict q, size_t n, double scale,
-                                      float *restrict out)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = (float)((double)(int32_t)__builtin_bswap32(q[i]) * scale);
-}
-
-INA_KERNEL void ina_dequantize_f64(const uint32_t *restrict q, size_t n, double scale,
-                                      double *restrict out)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = (double)(int32_t)__builtin_bswap32(q[i]) * scale;
-}
-
 INA_KERNEL void ina_dequantize_i32(const uint32_t *restrict q, size_t n,
                                       int32_t *restrict out)
 {
@@ -130,7 +155,8 @@ INA_KERNEL void ina_dequantize_i32(const uint32_t *restrict q, size_t n,
         out[i] = (int32_t)__builtin_bswap32(q[i]);
 }
 
-/* The switch's adder: acc += payload (network order), wrapping as a P4 int32 add does. */
+/* The switch's adders: acc += payload (network order), wrapping as a P4 add of the
+ * value width does; load (the first packet of a use) and store (the result) likewise. */
 INA_KERNEL void ina_accumulate_be32(uint32_t *restrict acc, const uint32_t *restrict q,
                                     size_t n)
 {
@@ -138,18 +164,35 @@ INA_KERNEL void ina_accumulate_be32(uint32_t *restrict acc, const uint32_t *rest
         acc[i] += __builtin_bswap32(q[i]);
 }
 
-/* The first packet of a slot: acc = payload (network order). */
 INA_KERNEL void ina_load_be32(uint32_t *restrict acc, const uint32_t *restrict q, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         acc[i] = __builtin_bswap32(q[i]);
 }
 
-/* A finished slot's sum back into network order, for the result packet. */
 INA_KERNEL void ina_store_be32(uint32_t *restrict out, const uint32_t *restrict acc, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = __builtin_bswap32(acc[i]);
+}
+
+INA_KERNEL void ina_accumulate_be16(uint16_t *restrict acc, const uint16_t *restrict q,
+                                    size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        acc[i] = (uint16_t)(acc[i] + __builtin_bswap16(q[i]));
+}
+
+INA_KERNEL void ina_load_be16(uint16_t *restrict acc, const uint16_t *restrict q, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        acc[i] = __builtin_bswap16(q[i]);
+}
+
+INA_KERNEL void ina_store_be16(uint16_t *restrict out, const uint16_t *restrict acc, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = __builtin_bswap16(acc[i]);
 }
 
 #endif

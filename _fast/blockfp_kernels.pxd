@@ -1,22 +1,38 @@
-# The C kernels of blockfp.h, shared by the Cython modules of the fast path.
-from libc.math cimport ldexp
-from libc.stdint cimport int32_t, int64_t, uint32_t
+# The C kernels of blockfp.h, shared by the Cython modules of the fast path, and the
+# per-chunk steps built on them: a chunk's values in sub-blocks of b, one exponent each.
+from libc.stdint cimport INT32_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_t
 
 cdef extern from "blockfp.h" nogil:
-    int32_t ina_peak_bits_f32(const float *x, size_t n)
-    int64_t ina_peak_bits_f64(const double *x, size_t n)
+    double ina_pow2(int e)
     int32_t ina_exponent_f32(int32_t peak, int32_t floor)
     int32_t ina_exponent_f64(int64_t peak, int32_t floor)
     int32_t ina_exponent_i32(const int32_t *x, size_t n)
-    void ina_quantize_f32(const float *x, size_t n, double scale, uint32_t *out)
-    void ina_quantize_f64(const double *x, size_t n, double scale, uint32_t *out)
+    void ina_peaks_f32(const float *x, size_t n, size_t b, int32_t *peaks)
+    void ina_peaks_f64(const double *x, size_t n, size_t b, int64_t *peaks)
+    void ina_quantize_f32(const float *x, size_t n, size_t b, const double *scales,
+                          uint32_t *out)
+    void ina_quantize_f64(const double *x, size_t n, size_t b, const double *scales,
+                          uint32_t *out)
+    void ina_quantize_f32_16(const float *x, size_t n, size_t b, const double *scales,
+                             uint16_t *out)
+    void ina_quantize_f64_16(const double *x, size_t n, size_t b, const double *scales,
+                             uint16_t *out)
     void ina_quantize_i32(const int32_t *x, size_t n, uint32_t *out)
-    void ina_dequantize_f32(const uint32_t *q, size_t n, double scale, float *out)
-    void ina_dequantize_f64(const uint32_t *q, size_t n, double scale, double *out)
+    void ina_dequantize_f32(const uint32_t *q, size_t n, size_t b, const double *scales,
+                            float *out)
+    void ina_dequantize_f64(const uint32_t *q, size_t n, size_t b, const double *scales,
+                            double *out)
+    void ina_dequantize_f32_16(const uint16_t *q, size_t n, size_t b,
+                               const double *scales, float *out)
+    void ina_dequantize_f64_16(const uint16_t *q, size_t n, size_t b,
+                               const double *scales, double *out)
     void ina_dequantize_i32(const uint32_t *q, size_t n, int32_t *out)
     void ina_accumulate_be32(uint32_t *acc, const uint32_t *q, size_t n)
     void ina_load_be32(uint32_t *acc, const uint32_t *q, size_t n)
     void ina_store_be32(uint32_t *out, const uint32_t *acc, size_t n)
+    void ina_accumulate_be16(uint16_t *acc, const uint16_t *q, size_t n)
+    void ina_load_be16(uint16_t *acc, const uint16_t *q, size_t n)
+    void ina_store_be16(uint16_t *out, const uint16_t *acc, size_t n)
 
 # Element types the kernels take directly (float16 is widened by the callers).
 cdef enum Kind:
@@ -24,50 +40,120 @@ cdef enum Kind:
     KIND_F64 = 1
     KIND_I32 = 2
 
+# Sub-blocks handled per kernel call: their scales or peaks live on the stack.
+cdef enum:
+    PIECE = 256
+
 
 # Inline, so that other modules cimport them with no import at run time.
-cdef inline int shift_for(int exponent, int n, Kind kind) noexcept nogil:
+cdef inline int shift_for(int exponent, int n, Kind kind, int bits) noexcept nogil:
+    """2**shift scales a sub-block of agreed ``exponent``: bits - 2 - e - floor(log2 n)
+    (docs/quantization.md); int32 values pass unscaled."""
     if kind == KIND_I32:
         return 0
     cdef int log2n = 0
     while (n >> (log2n + 1)) != 0:
         log2n += 1
-    return 30 - exponent - log2n
+    return bits - 2 - exponent - log2n
 
 
-cdef inline double result_scale(int exponent, int n, Kind kind, bint average) noexcept nogil:
-    cdef double scale = ldexp(1.0, -shift_for(exponent, n, kind))
-    return scale / n if average else scale
+cdef inline bint chunk_exponents(const char *x, Py_ssize_t count, Kind kind, Py_ssize_t b,
+                                 int32_t floor, int16_t *out) noexcept nogil:
+    """Each sub-block's exponent proposal into out (ceil(count / b) of them); whether a
+    NaN or an Inf was seen (its sub-block proposes the floor)."""
+    cdef int32_t peaks32[PIECE]
+    cdef int64_t peaks64[PIECE]
+    cdef Py_ssize_t start, span, j, blocks
+    cdef int32_t e
+    cdef bint nonfinite = False
+    if kind == KIND_I32:
+        for j in range((count + b - 1) // b):
+            span = min(b, count - j * b)
+            e = ina_exponent_i32(<const int32_t *>x + j * b, span)
+            out[j] = e if e > floor else floor
+        return False
+    start = 0
+    while start < count:
+        span = min(PIECE * b, count - start)
+        blocks = (span + b - 1) // b
+        if kind == KIND_F32:
+            ina_peaks_f32(<const float *>x + start, span, b, peaks32)
+            for j in range(blocks):
+                e = ina_exponent_f32(peaks32[j], floor)
+                if e == INT32_MIN:
+                    nonfinite, e = True, floor
+                out[j] = e
+        else:
+            ina_peaks_f64(<const double *>x + start, span, b, peaks64)
+            for j in range(blocks):
+                e = ina_exponent_f64(peaks64[j], floor)
+                if e == INT32_MIN:
+                    nonfinite, e = True, floor
+                out[j] = e
+        out += blocks
+        start += span
+    return nonfinite
 
 
-cdef inline int32_t block_exponent(const char *x, size_t count, Kind kind,
-                                   int32_t floor) noexcept nogil:
-    if kind == KIND_F32:
-        return ina_exponent_f32(ina_peak_bits_f32(<const float *>x, count), floor)
-    if kind == KIND_F64:
-        return ina_exponent_f64(ina_peak_bits_f64(<const double *>x, count), floor)
-    cdef int32_t e = ina_exponent_i32(<const int32_t *>x, count)
-    return e if e > floor else floor
+cdef inline void quantize_chunk(const char *x, Py_ssize_t count, Kind kind, Py_ssize_t b,
+                                const int16_t *exps, int n, int bits,
+                                char *out) noexcept nogil:
+    """A chunk's count values into out (network order, ``bits`` wide), sub-block j scaled
+    by its agreed exponent exps[j]."""
+    cdef double scales[PIECE]
+    cdef Py_ssize_t start = 0, span, j, blocks
+    if kind == KIND_I32:
+        ina_quantize_i32(<const int32_t *>x, count, <uint32_t *>out)
+        return
+    while start < count:
+        span = min(PIECE * b, count - start)
+        blocks = (span + b - 1) // b
+        for j in range(blocks):
+            scales[j] = ina_pow2(shift_for(exps[j], n, kind, bits))
+        if kind == KIND_F32 and bits == 32:
+            ina_quantize_f32(<const float *>x + start, span, b, scales,
+                             <uint32_t *>out + start)
+        elif kind == KIND_F32:
+            ina_quantize_f32_16(<const float *>x + start, span, b, scales,
+                                <uint16_t *>out + start)
+        elif bits == 32:
+            ina_quantize_f64(<const double *>x + start, span, b, scales,
+                             <uint32_t *>out + start)
+        else:
+            ina_quantize_f64_16(<const double *>x + start, span, b, scales,
+                                <uint16_t *>out + start)
+        exps += blocks
+        start += span
 
 
-cdef inline void quantize_block(const char *x, size_t count, Kind kind, int exponent,
-                                int n, uint32_t *out) noexcept nogil:
-    cdef double scale = ldexp(1.0, shift_for(exponent, n, kind))
-    if kind == KIND_F32:
-        ina_quantize_f32(<const float *>x, count, scale, out)
-    elif kind == KIND_F64:
-        ina_quantize_f64(<const double *>x, count, scale, out)
-    else:
-        ina_quantize_i32(<const int32_t *>x, count, out)
-
-
-cdef inline void dequantize_block(const uint32_t *q, size_t count, Kind kind,
-                                  int exponent, int n, bint average,
+cdef inline void dequantize_chunk(const char *q, Py_ssize_t count, Kind kind, Py_ssize_t b,
+                                  const int16_t *exps, int n, bint average, int bits,
                                   char *out) noexcept nogil:
-    cdef double scale = result_scale(exponent, n, kind, average)
-    if kind == KIND_F32:
-        ina_dequantize_f32(q, count, scale, <float *>out)
-    elif kind == KIND_F64:
-        ina_dequantize_f64(q, count, scale, <double *>out)
-    else:
-        ina_dequantize_i32(q, count, <int32_t *>out)
+    """A chunk's aggregated values (network order, ``bits`` wide) into out, sub-block j
+    times 2**-shift of exps[j] (and 1/n for AVERAGE), one rounding to out's type."""
+    cdef double scales[PIECE]
+    cdef Py_ssize_t start = 0, span, j, blocks
+    if kind == KIND_I32:
+        ina_dequantize_i32(<const uint32_t *>q, count, <int32_t *>out)
+        return
+    while start < count:
+        span = min(PIECE * b, count - start)
+        blocks = (span + b - 1) // b
+        for j in range(blocks):
+            scales[j] = ina_pow2(-shift_for(exps[j], n, kind, bits))
+            if average:
+                scales[j] /= n
+        if kind == KIND_F32 and bits == 32:
+            ina_dequantize_f32(<const uint32_t *>q + start, span, b, scales,
+                               <float *>out + start)
+        elif kind == KIND_F32:
+            ina_dequantize_f32_16(<const uint16_t *>q + start, span, b, scales,
+                                  <float *>out + start)
+        elif bits == 32:
+            ina_dequantize_f64(<const uint32_t *>q + start, span, b, scales,
+                               <double *>out + start)
+        else:
+            ina_dequantize_f64_16(<const uint16_t *>q + start, span, b, scales,
+                                  <double *>out + start)
+        exps += blocks
+        start += span

@@ -28,15 +28,17 @@ cdef Kind kind_of(object dtype) except *:
 
 def pack_chunks(x, Py_ssize_t k, int n, agreed, local, Py_ssize_t first, Py_ssize_t count,
                 rows, Py_ssize_t slots, int version_base, int job, int worker, int flags=0,
-                int epoch=0):
+                int epoch=0, Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32):
     """Write chunks first .. first+count-1 of x into rows 0 .. count-1; returns the
     packets' lengths in bytes."""
-    ref.check_chunks(x, k, agreed, local, first, count)
-    ref.check_ring(rows, k, count)
+    ref.check_chunks(x, k, agreed, local, first, count, block, value_bits)
+    ref.check_ring(rows, k, count, block, value_bits)
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
+    cdef Py_ssize_t g = ref_blockfp.sub_blocks_per_chunk(k, block)
     if x.dtype == np.int32:
-        ref_blockfp.check_int32_headroom(agreed[first:first + count], n, first)
+        ref_blockfp.check_int32_headroom(agreed[first * g:(first + count) * g], n,
+                                         first * g)
     if x.dtype == np.float16:
         x = x.astype(np.float32)
     cdef Kind kind = kind_of(x.dtype)
@@ -46,25 +48,25 @@ def pack_chunks(x, Py_ssize_t k, int n, agreed, local, Py_ssize_t first, Py_ssiz
     cdef const int16_t[::1] loc = local
     lengths = np.empty(count, np.int32)
     cdef int32_t[::1] lens = lengths
-    cdef Py_ssize_t size = x.size, nb = a.shape[0], i, c
-    cdef int proposal
+    cdef Py_ssize_t size = x.size, nb = ref_blockfp.nblocks(x.size, k), i, c
     if size == 0:
         return lengths
     with nogil:
         for i in range(count):
             c = first + i
-            proposal = loc[c + slots] if c + slots < nb else PROPOSAL_NONE
-            lens[i] = write_packet(&ring[i, 0], <const char *>&raw[0], size, kind, c, k, n,
-                                   a[c], proposal, c % slots,
-                                   ((c // slots) + version_base) & 1, job, worker, flags,
-                                   epoch)
+            lens[i] = write_packet(&ring[i, 0], <const char *>&raw[0], size, kind, c, k,
+                                   block, value_bits, n, &a[c * g],
+                                   &loc[(c + slots) * g] if c + slots < nb else NULL,
+                                   c % slots, ((c // slots) + version_base) & 1, job,
+                                   worker, flags, epoch)
     return lengths
 
 
-def unpack_results(rows, lengths, out, int n, Py_ssize_t k, int job, bint average=False):
+def unpack_results(rows, lengths, out, int n, Py_ssize_t k, int job, bint average=False,
+                   Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32):
     """parse_result for each row i (its first lengths[i] bytes); the statuses (uint8)."""
-    ref_blockfp.check_kernel_args(out, k)
-    ref.check_ring(rows, k, lengths.size)
+    ref_blockfp.check_kernel_args(out, k, block, value_bits)
+    ref.check_ring(rows, k, lengths.size, block, value_bits)
     if average and out.dtype == np.int32:
         raise ValueError("AVERAGE is not defined for int32")
     cdef int emin = ref_blockfp.EXPONENT_MIN[out.dtype]
@@ -83,8 +85,8 @@ def unpack_results(rows, lengths, out, int n, Py_ssize_t k, int job, bint averag
     with nogil:
         for i in range(lens.shape[0]):
             st[i] = parse_result(&ring[i, 0], min(<Py_ssize_t>lens[i], width),
-                                 <char *>&raw[0], size,
-                                 kind, k, n, average, job, emin, emax)
+                                 <char *>&raw[0], size, kind, k, block, value_bits, n,
+                                 average, job, emin, emax)
     if target is not out:
         out[...] = target
     return status

@@ -3,7 +3,8 @@
 
 ``Aggregator.run`` receives datagrams with recvmmsg and, for each data packet, applies
 the rule of docs/protocol.md exactly as the P4 program does: per job S slots x 2
-versions of K int32 accumulators, a bitmap of workers seen, a count and the max of the
+versions of K accumulators (int32 or int16, the job's value width), a bitmap of workers
+seen, a count, and per sub-block of B values the chunk's exponent and the max of the
 exponent proposals. Control packets (join/leave/probe/faults) are rare: they are
 handed back to Python (ina_collectives.switch.server), which configures jobs through the
 methods below. Every packet that is neither aggregated nor answered is dropped and
@@ -14,7 +15,8 @@ from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 
-from blockfp_kernels cimport ina_accumulate_be32, ina_load_be32, ina_store_be32
+from blockfp_kernels cimport (ina_accumulate_be16, ina_accumulate_be32, ina_load_be16,
+                              ina_load_be32, ina_store_be16, ina_store_be32)
 from byteorder cimport get16, get32, put16
 from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
                     prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr, sockaddr,
@@ -43,20 +45,23 @@ assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop dif
 
 ctypedef struct Job:
     int n, k, slots
+    int block, bits        # B values per sub-block, value width (16 or 32)
+    int pairs              # G = ceil(K / B): sub-blocks of a full chunk
+    Py_ssize_t width       # bytes of a full result packet
     uint64_t joined, left
     sockaddr_in addr[MAX_WORKERS]
     bint managed           # installed by a controller (P4Runtime): results go to replica[]
     int nreplicas
     sockaddr_in replica[MAX_WORKERS]
-    uint32_t *acc          # [2 S][K], host order
+    uint8_t *acc           # [2 S][K] values of the job's width, host order
     uint64_t *seen         # [2 S] bitmap of workers
     int32_t *count         # [2 S] packets aggregated in the current use (0: idle or done)
     int32_t *offset        # [2 S] the chunk's element offset, as the first packet said
     int32_t *elements      # [2 S] its element count
-    int16_t *exponent      # [2 S]
-    int16_t *proposal      # [2 S] max of the proposals
+    int16_t *exponent      # [2 S][G] the chunk's exponents
+    int16_t *proposal      # [2 S][G] max of the proposals
     uint16_t *epoch        # [2 S] the epoch of the run that last used the cell
-    uint8_t *result        # [2 S][HEADER + 4 K] the last result packet of each slot
+    uint8_t *result        # [2 S][width] the last result packet of each slot
     uint8_t next_seq[MAX_WORKERS]      # each worker's next packet number (check_sequence)
     uint16_t seq_epoch[MAX_WORKERS]    # the run those numbers are of
     uint8_t *nack          # [MAX_WORKERS][NACK_BUFFERS][HEADER]: NACKs sent from here
@@ -155,26 +160,34 @@ cdef class Aggregator(FaultInjection):
             raise IndexError(f"worker {worker} of job {job_id}, which has {job.n} workers")
         return 0
 
-    def add_job(self, int job_id, int n, int k, int slots):
-        """Create job ``job_id`` (n workers, K elements, S slots); False if no memory."""
+    def add_job(self, int job_id, int n, int k, int slots, int block=P.DEFAULT_BLOCK,
+                int value_bits=32):
+        """Create job ``job_id`` (n workers, K values of ``value_bits`` per packet in
+        sub-blocks of ``block``, S slots); False if no memory."""
         if not 0 <= job_id < 65536:
             raise KeyError(f"job id {job_id} is not 0..65535")
         if find_job(self.jobs, job_id) != NULL:
             raise ValueError(f"job {job_id} exists")
         if not (1 <= n <= MAX_WORKERS and k >= 1 and slots >= 1):
             raise ValueError(f"job {job_id}: n {n} (1..{MAX_WORKERS}), K {k}, S {slots}")
+        P.check_format(block, value_bits)
+        if P.packet_bytes(k, block, value_bits) > P.MAX_DATAGRAM:
+            raise ValueError(f"job {job_id}: K {k} of {value_bits} bits in sub-blocks of "
+                             f"{block} exceeds a datagram")
         cdef Job *job = <Job *>calloc(1, sizeof(Job))
         if job == NULL:
             return False
-        cdef Py_ssize_t cells = 2 * slots, width = HEADER + 4 * k
+        cdef Py_ssize_t cells = 2 * slots, g = P.sub_blocks(k, block)
+        cdef Py_ssize_t width = P.packet_bytes(k, block, value_bits)
         job.n, job.k, job.slots = n, k, slots
-        job.acc = <uint32_t *>calloc(cells * k, 4)
+        job.block, job.bits, job.pairs, job.width = block, value_bits, g, width
+        job.acc = <uint8_t *>calloc(cells * k, value_bits // 8)
         job.seen = <uint64_t *>calloc(cells, 8)
         job.count = <int32_t *>calloc(cells, 4)
         job.offset = <int32_t *>calloc(cells, 4)
         job.elements = <int32_t *>calloc(cells, 4)
-        job.exponent = <int16_t *>calloc(cells, 2)
-        job.proposal = <int16_t *>calloc(cells, 2)
+        job.exponent = <int16_t *>calloc(cells * g, 2)
+        job.proposal = <int16_t *>calloc(cells * g, 2)
         job.epoch = <uint16_t *>calloc(cells, 2)
         job.result = <uint8_t *>calloc(cells, width)
         job.result_len = <int32_t *>calloc(cells, 4)
@@ -227,11 +240,19 @@ cdef class Aggregator(FaultInjection):
                 and job.addr[worker].sin_port == port_be)
 
     # Register access for P4Runtime, per cell of a job (version * S + slot).
-    REGISTERS = ("bitmap", "count", "proposal", "chunk", "epoch")
+    REGISTERS = ("bitmap", "count", "chunk", "epoch", "exponent", "proposal")
+
+    cdef Py_ssize_t _pair(self, Job *job, Py_ssize_t cell, what) except -1:
+        """The index of ("exponent" | "proposal", g) in the job's [2 S][G] arrays."""
+        g = what[1]
+        if not 0 <= g < job.pairs:
+            raise IndexError(f"sub-block {g} of {job.pairs}")
+        return cell * job.pairs + g
 
     def get_cell(self, int job_id, Py_ssize_t cell, what):
-        """A cell's bitmap, count, proposal, chunk (offset << 32 | count << 16 | exponent,
-        as the P4 program's slot_chunk) or value ``what`` (an int: element index)."""
+        """A cell's bitmap, count, epoch, chunk (offset << 32 | count << 16 | sub-blocks,
+        as the P4 program's slot_chunk), ("exponent", g) or ("proposal", g) (16-bit
+        patterns) or value ``what`` (an int: element index; a value-bits pattern)."""
         cdef Job *job = self._job(job_id)
         if not 0 <= cell < 2 * job.slots:
             raise IndexError(f"cell {cell} of job {job_id} (2 x {job.slots} cells)")
@@ -239,18 +260,22 @@ cdef class Aggregator(FaultInjection):
             return job.seen[cell]
         if what == "count":
             return <uint32_t>job.count[cell]
-        if what == "proposal":
-            return <uint16_t>job.proposal[cell]
         if what == "epoch":
             return job.epoch[cell]
         if what == "chunk":
             return ((<uint64_t><uint32_t>job.offset[cell]) << 32
                     | (<uint64_t><uint16_t>job.elements[cell]) << 16
-                    | <uint16_t>job.exponent[cell])
+                    | <uint16_t>((job.elements[cell] + job.block - 1) // job.block))
+        if isinstance(what, tuple) and what[0] == "exponent":
+            return <uint16_t>job.exponent[self._pair(job, cell, what)]
+        if isinstance(what, tuple) and what[0] == "proposal":
+            return <uint16_t>job.proposal[self._pair(job, cell, what)]
         cdef int i = what
         if not 0 <= i < job.k:
             raise IndexError(f"element {i} of K {job.k}")
-        return job.acc[cell * job.k + i]
+        if job.bits == 16:
+            return (<uint16_t *>job.acc)[cell * job.k + i]
+        return (<uint32_t *>job.acc)[cell * job.k + i]
 
     def set_cell(self, int job_id, Py_ssize_t cell, what, uint64_t value):
         cdef Job *job = self._job(job_id)
@@ -261,19 +286,23 @@ cdef class Aggregator(FaultInjection):
             job.seen[cell] = value
         elif what == "count":
             job.count[cell] = <int32_t>value
-        elif what == "proposal":
-            job.proposal[cell] = <int16_t><uint16_t>value
         elif what == "epoch":
             job.epoch[cell] = <uint16_t>value
         elif what == "chunk":
             job.offset[cell] = <int32_t><uint32_t>(value >> 32)
             job.elements[cell] = <int32_t><uint16_t>(value >> 16)
-            job.exponent[cell] = <int16_t><uint16_t>value
+        elif isinstance(what, tuple) and what[0] == "exponent":
+            job.exponent[self._pair(job, cell, what)] = <int16_t><uint16_t>value
+        elif isinstance(what, tuple) and what[0] == "proposal":
+            job.proposal[self._pair(job, cell, what)] = <int16_t><uint16_t>value
         else:
             i = what
             if not 0 <= i < job.k:
                 raise IndexError(f"element {i} of K {job.k}")
-            job.acc[cell * job.k + i] = <uint32_t>value
+            if job.bits == 16:
+                (<uint16_t *>job.acc)[cell * job.k + i] = <uint16_t>value
+            else:
+                (<uint32_t *>job.acc)[cell * job.k + i] = <uint32_t>value
 
     def drop_count(self, int reason):
         if not 0 <= reason < <int>DROP_COUNT:
@@ -281,9 +310,9 @@ cdef class Aggregator(FaultInjection):
         return self.drops[reason]
 
     def job_shape(self, int job_id):
-        """(n, K, S) of a job, or None."""
+        """(n, K, S, B, value bits) of a job, or None."""
         cdef Job *job = find_job(self.jobs, job_id)
-        return None if job == NULL else (job.n, job.k, job.slots)
+        return None if job == NULL else (job.n, job.k, job.slots, job.block, job.bits)
 
     def set_worker(self, int job_id, int worker, uint32_t addr_be, uint16_t port_be):
         """Admit ``worker`` of a job at this address (network-order IPv4 and port).
@@ -445,7 +474,7 @@ cdef class Aggregator(FaultInjection):
                 and job.count[cell] == 0 and job.result_len[cell]
                 and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)):
             self.retransmits_answered += 1
-            self.send(job.result + cell * (HEADER + 4 * job.k), job.result_len[cell],
+            self.send(job.result + cell * job.width, job.result_len[cell],
                       &job.addr[worker])
 
     cdef void check_sequence(self, Job *job, const uint8_t *pkt, int worker,
@@ -515,10 +544,15 @@ cdef class Aggregator(FaultInjection):
 
     cdef void handle(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         """The aggregation rule (docs/protocol.md) for one packet as the switch sees it."""
-        if length < HEADER or pkt[OFF_VERSION] != VERSION:
+        if length < HEADER:
             self.drops[<int>DROP_MALFORMED] += 1
             return
         cdef int flags = pkt[OFF_FLAGS]
+        if pkt[OFF_VERSION] != VERSION and not flags & FLAG_CONTROL:
+            # (a control packet of another version goes to Python, which refuses a join
+            # naming both versions; the version and flags bytes are where they always were)
+            self.drops[<int>DROP_MALFORMED] += 1
+            return
         if flags & FLAG_CONTROL:
             # For Python (server.py), which counts each by what became of it. More than
             # MAX_CONTROL in one run() (only with injected duplication or delay: run()
@@ -558,17 +592,27 @@ cdef class Aggregator(FaultInjection):
         if elements == 0 and length == HEADER and flags & FLAG_RETRANSMIT:
             self.answer_request(job, pkt, worker, bit, ver * job.slots + slot)
             return
-        if elements < 1 or elements > job.k or length != HEADER + 4 * elements:
+        cdef int blocks = get16(pkt + OFF_BLOCKS)
+        cdef int vb = job.bits // 8
+        if (elements < 1 or elements > job.k or pkt[OFF_VALUE_BITS] != job.bits
+                or pkt[OFF_BLOCK] != job.block
+                or blocks != (elements + job.block - 1) // job.block
+                or length != HEADER + PAIR * blocks + vb * elements):
             self.drops[<int>DROP_MALFORMED] += 1
             return
         job.last_seen = monotonic()
         cdef Py_ssize_t cell = ver * job.slots + slot
         cdef Py_ssize_t other = (1 - ver) * job.slots + slot
-        cdef Py_ssize_t width = HEADER + 4 * job.k
+        cdef Py_ssize_t width = job.width
         cdef int32_t offset = <int32_t>get32(pkt + OFF_OFFSET)
-        cdef int16_t proposal = <int16_t>get16(pkt + OFF_PROPOSAL)
+        cdef const uint8_t *pairs = pkt + HEADER
+        cdef const uint8_t *values = pairs + PAIR * blocks
+        cdef int16_t *exponents = job.exponent + cell * job.pairs
+        cdef int16_t *proposals = job.proposal + cell * job.pairs
+        cdef uint8_t *acc = job.acc + cell * job.k * vb
         cdef uint8_t *result
-        cdef int w
+        cdef int16_t proposal
+        cdef int w, j
         if job.epoch[cell] != epoch:
             # Last used by another run of the job (its ranks started their slots at version
             # 0 again): that state is not this run's, the cell is idle.
@@ -587,18 +631,29 @@ cdef class Aggregator(FaultInjection):
         if job.count[cell] == 0:
             job.offset[cell] = offset
             job.elements[cell] = elements
-            job.exponent[cell] = <int16_t>get16(pkt + OFF_EXPONENT)
-            job.proposal[cell] = proposal
-            ina_load_be32(job.acc + cell * job.k, <const uint32_t *>(pkt + HEADER), elements)
+            for j in range(blocks):
+                exponents[j] = <int16_t>get16(pairs + PAIR * j)
+                proposals[j] = <int16_t>get16(pairs + PAIR * j + 2)
+            if vb == 4:
+                ina_load_be32(<uint32_t *>acc, <const uint32_t *>values, elements)
+            else:
+                ina_load_be16(<uint16_t *>acc, <const uint16_t *>values, elements)
         else:
-            if (offset != job.offset[cell] or elements != job.elements[cell]
-                    or <int16_t>get16(pkt + OFF_EXPONENT) != job.exponent[cell]):
+            if offset != job.offset[cell] or elements != job.elements[cell]:
                 self.drops[<int>DROP_MISMATCH] += 1
                 return
-            ina_accumulate_be32(job.acc + cell * job.k, <const uint32_t *>(pkt + HEADER),
-                                elements)
-            if proposal > job.proposal[cell]:
-                job.proposal[cell] = proposal
+            for j in range(blocks):  # another chunk's scaling: nothing is added
+                if <int16_t>get16(pairs + PAIR * j) != exponents[j]:
+                    self.drops[<int>DROP_MISMATCH] += 1
+                    return
+            if vb == 4:
+                ina_accumulate_be32(<uint32_t *>acc, <const uint32_t *>values, elements)
+            else:
+                ina_accumulate_be16(<uint16_t *>acc, <const uint16_t *>values, elements)
+            for j in range(blocks):
+                proposal = <int16_t>get16(pairs + PAIR * j + 2)
+                if proposal > proposals[j]:
+                    proposals[j] = proposal
         job.seen[cell] |= bit
         job.seen[other] &= ~bit
         job.count[cell] += 1
@@ -609,9 +664,16 @@ cdef class Aggregator(FaultInjection):
         memcpy(result, pkt, HEADER)
         result[OFF_FLAGS] = FLAG_RESULT
         put16(result + OFF_WORKER, 0xffff)
-        put16(result + OFF_PROPOSAL, <uint16_t>job.proposal[cell])
-        ina_store_be32(<uint32_t *>(result + HEADER), job.acc + cell * job.k, elements)
-        job.result_len[cell] = HEADER + 4 * elements
+        for j in range(blocks):
+            put16(result + HEADER + PAIR * j, <uint16_t>exponents[j])
+            put16(result + HEADER + PAIR * j + 2, <uint16_t>proposals[j])
+        if vb == 4:
+            ina_store_be32(<uint32_t *>(result + HEADER + PAIR * blocks),
+                           <const uint32_t *>acc, elements)
+        else:
+            ina_store_be16(<uint16_t *>(result + HEADER + PAIR * blocks),
+                           <const uint16_t *>acc, elements)
+        job.result_len[cell] = HEADER + PAIR * blocks + vb * elements
         self.results += 1
         if job.managed:  # the replicas a controller installed (multicast group + rewrites)
             for w in range(job.nreplicas):

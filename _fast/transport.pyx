@@ -93,15 +93,17 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            const int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
            int n, Py_ssize_t k, int job, int worker, bint average,
            double rto, double rto_min, double rto_max, double silence, double deadline,
-           double[::1] rtt, int epoch=0, uint8_t[::1] seq=None):
+           double[::1] rtt, int epoch=0, uint8_t[::1] seq=None,
+           Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
-    local: this worker's block exponents; agreed: the first window's agreed exponents
-    (the rest are filled in from results); versions: each slot's next version, updated.
+    local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed: the
+    first window's agreed exponents (the rest are filled in from results); versions: each
+    slot's next version, updated.
     rto: the timeout until the first sample; rtt: [SRTT, RTTVAR, RTO], updated (zeros:
     no estimate yet). epoch: this run's epoch, in every packet; results of another epoch
     are stale. seq: [the number of this worker's next new packet, 1 if the aggregator
-    NACKs (CAP_NACKS)], updated (None: zeros).
+    NACKs (CAP_NACKS)], updated (None: zeros). block, value_bits: the job's format.
     Returns (status, counters dict, chunks not completed as an array). A stream that did
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
@@ -110,8 +112,13 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef const uint8_t[::1] xin = x.view(np.uint8)
     cdef uint8_t[::1] xout = out.view(np.uint8)
     cdef Py_ssize_t size = x.size
-    cdef Py_ssize_t nb = local.shape[0], slots = versions.shape[0]
-    cdef Py_ssize_t width = HEADER + 4 * k, i, c, s, got
+    P.check_format(block, value_bits)
+    cdef Py_ssize_t g = P.sub_blocks(k, block)
+    cdef Py_ssize_t nb = (size + k - 1) // k, slots = versions.shape[0]
+    if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
+        raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
+                         f"{local.shape[0]} local and {agreed.shape[0]} agreed")
+    cdef Py_ssize_t width = P.packet_bytes(k, block, value_bits), i, c, s, got, j
     ring = np.zeros((slots, width), np.uint8)           # the packet in flight per slot
     inbox = np.zeros((BATCH, 65536), np.uint8)
     cdef uint8_t[:, ::1] rows = ring
@@ -163,8 +170,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born, resent,
                           versions, overtaken, next_seq, slot_seq, <const char *>&xin[0],
                           size, kind,
-                          c, k, n, agreed, local, slots, nb, job, worker, rto, 0,
-                          epoch) < 0:
+                          c, k, block, value_bits, n, agreed, local, slots, nb, job, worker,
+                          rto, 0, epoch) < 0:
                 status, failure = SEND_FAILED, errno
                 break
             sent += 1
@@ -228,7 +235,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     stale += 1
                     continue
                 parsed = parse_result(pkt, msgs[i].msg_len, <char *>&xout[0], size, kind, k,
-                                      n, average, job, -32767, 32767)
+                                      block, value_bits, n, average, job, -32767, 32767)
                 if parsed != PARSE_OK:
                     rejected += 1
                     continue
@@ -258,12 +265,14 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     if status != DONE:
                         break
                 c = chunk + slots
-                if c < nb:
-                    agreed[c] = <int16_t>get16(pkt + OFF_PROPOSAL)
+                if c < nb:  # its exponents: the max proposals the result carries
+                    for j in range(get16(pkt + OFF_BLOCKS)):
+                        agreed[c * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
                     if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born,
                                   resent, versions, overtaken, next_seq, slot_seq,
-                                  <const char *>&xin[0], size, kind, c, k, n, agreed, local,
-                                  slots, nb, job, worker, rto, 0, epoch) < 0:
+                                  <const char *>&xin[0], size, kind, c, k, block, value_bits,
+                                  n, agreed, local, slots, nb, job, worker, rto, 0,
+                                  epoch) < 0:
                         status, failure = SEND_FAILED, errno
                         break
                     sent += 1
@@ -331,14 +340,15 @@ cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] 
                     uint8_t[::1] versions, int32_t[::1] overtaken, uint8_t *next_seq,
                     uint8_t[::1] slot_seq,
                     const char *x, Py_ssize_t size, Kind kind,
-                    Py_ssize_t c, Py_ssize_t k, int n, int16_t[::1] agreed,
-                    const int16_t[::1] local, Py_ssize_t slots, Py_ssize_t nb, int job,
-                    int worker, double rto, int flags, int epoch) noexcept nogil:
-    cdef Py_ssize_t s = c % slots
-    cdef int proposal = local[c + slots] if c + slots < nb else PROPOSAL_NONE
-    lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, n, agreed[c],
-                                       proposal, <uint32_t>s, versions[s], job, worker, flags,
-                                       epoch)
+                    Py_ssize_t c, Py_ssize_t k, Py_ssize_t block, int bits, int n,
+                    int16_t[::1] agreed, const int16_t[::1] local, Py_ssize_t slots,
+                    Py_ssize_t nb, int job, int worker, double rto, int flags,
+                    int epoch) noexcept nogil:
+    cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block
+    lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, block, bits, n,
+                                       &agreed[c * g],
+                                       &local[(c + slots) * g] if c + slots < nb else NULL,
+                                       <uint32_t>s, versions[s], job, worker, flags, epoch)
     rows[s, OFF_SEQ] = next_seq[0]
     slot_seq[s] = next_seq[0]
     next_seq[0] += 1

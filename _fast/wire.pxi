@@ -1,18 +1,23 @@
 # INA packets for the compiled modules: written (write_packet) and checked and read
 # (parse_result) at the offsets of header.pxi, which the including module includes first.
-from blockfp_kernels cimport KIND_F64, Kind, dequantize_block, quantize_block
+# A packet: the header, ceil(count / b) pairs (exponent, proposal), count values.
+from blockfp_kernels cimport (KIND_F64, PIECE, Kind, dequantize_chunk, quantize_chunk)
 from byteorder cimport get16, get32, put16, put32
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
 
 cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind kind,
-                             Py_ssize_t chunk, Py_ssize_t k, int n, int exponent,
-                             int proposal, uint32_t slot, int slot_version, int job,
-                             int worker, int flags, int epoch) noexcept nogil:
-    """Chunk ``chunk`` of x (size elements) as a packet in row; returns its length."""
+                             Py_ssize_t chunk, Py_ssize_t k, Py_ssize_t b, int bits, int n,
+                             const int16_t *exponents, const int16_t *proposals,
+                             uint32_t slot, int slot_version, int job, int worker, int flags,
+                             int epoch) noexcept nogil:
+    """Chunk ``chunk`` of x (size elements) as a packet in row; returns its length.
+    exponents: the chunk's agreed ones, one per sub-block; proposals: those of the slot's
+    next chunk, or NULL (none: PROPOSAL_NONE)."""
     cdef Py_ssize_t start = chunk * k
     cdef Py_ssize_t count = min(k, size - start)
+    cdef Py_ssize_t blocks = (count + b - 1) // b, j
     cdef Py_ssize_t itemsize = 4 if kind != KIND_F64 else 8
     row[OFF_VERSION] = VERSION
     row[OFF_FLAGS] = flags
@@ -23,17 +28,23 @@ cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind 
     put32(row + OFF_SLOT, slot)
     put32(row + OFF_OFFSET, <uint32_t>start)
     put16(row + OFF_COUNT, <uint16_t>count)
-    put16(row + OFF_EXPONENT, <uint16_t><int16_t>exponent)
-    put16(row + OFF_PROPOSAL, <uint16_t><int16_t>proposal)
+    put16(row + OFF_BLOCKS, <uint16_t>blocks)
+    row[OFF_VALUE_BITS] = bits
+    row[OFF_BLOCK] = b
     put16(row + OFF_EPOCH, <uint16_t>epoch)
-    quantize_block(x + start * itemsize, count, kind, exponent, n,
-                   <uint32_t *>(row + HEADER))
-    return HEADER + 4 * count
+    cdef uint8_t *pair = row + HEADER
+    for j in range(blocks):
+        put16(pair + PAIR * j, <uint16_t>exponents[j])
+        put16(pair + PAIR * j + 2,
+              <uint16_t>(proposals[j] if proposals != NULL else PROPOSAL_NONE))
+    quantize_chunk(x + start * itemsize, count, kind, b, exponents, n, bits,
+                   <char *>(pair + PAIR * blocks))
+    return HEADER + PAIR * blocks + (bits // 8) * count
 
 
 cdef int parse_result(const uint8_t *pkt, Py_ssize_t length, char *out, Py_ssize_t size,
-                      Kind kind, Py_ssize_t k, int n, bint average, int job,
-                      int exponent_min, int exponent_max) noexcept nogil:
+                      Kind kind, Py_ssize_t k, Py_ssize_t b, int bits, int n, bint average,
+                      int job, int exponent_min, int exponent_max) noexcept nogil:
     """Check a result packet; if good, write its chunk into out (size elements)."""
     if length < HEADER:
         return PARSE_SHORT
@@ -43,18 +54,34 @@ cdef int parse_result(const uint8_t *pkt, Py_ssize_t length, char *out, Py_ssize
         return PARSE_NOT_RESULT
     if get16(pkt + OFF_JOB) != job:
         return PARSE_JOB
+    if pkt[OFF_VALUE_BITS] != bits or pkt[OFF_BLOCK] != b:
+        return PARSE_FORMAT
     cdef Py_ssize_t offset = get32(pkt + OFF_OFFSET)
     cdef Py_ssize_t count = get16(pkt + OFF_COUNT)
-    cdef int exponent = <int16_t>get16(pkt + OFF_EXPONENT)
+    cdef Py_ssize_t blocks = get16(pkt + OFF_BLOCKS), j, first, span
     if offset % k:
         return PARSE_MISALIGNED
     if offset >= size:
         return PARSE_RANGE
-    if count != min(k, size - offset) or length != HEADER + 4 * count:
+    if (count != min(k, size - offset) or blocks != (count + b - 1) // b
+            or length != HEADER + PAIR * blocks + (bits // 8) * count):
         return PARSE_COUNT
-    if exponent < exponent_min or exponent > exponent_max:
-        return PARSE_EXPONENT
+    cdef const uint8_t *pair = pkt + HEADER
+    cdef int exponent
+    for j in range(blocks):  # all checked before anything is written
+        exponent = <int16_t>get16(pair + PAIR * j)
+        if exponent < exponent_min or exponent > exponent_max:
+            return PARSE_EXPONENT
     cdef Py_ssize_t itemsize = 4 if kind != KIND_F64 else 8
-    dequantize_block(<const uint32_t *>(pkt + HEADER), count, kind, exponent, n, average,
-                     out + offset * itemsize)
+    cdef int16_t exps[PIECE]
+    cdef const char *values = <const char *>(pair + PAIR * blocks)
+    first = 0
+    while first < blocks:  # PIECE sub-blocks at a time: their exponents on the stack
+        span = min(<Py_ssize_t>PIECE, blocks - first)
+        for j in range(span):
+            exps[j] = <int16_t>get16(pair + PAIR * (first + j))
+        dequantize_chunk(values + first * b * (bits // 8),
+                         min(span * b, count - first * b), kind, b, exps, n, average, bits,
+                         out + (offset + first * b) * itemsize)
+        first += span
     return PARSE_OK

@@ -39,13 +39,13 @@ from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SYSTEMS = ("ina", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo")
-HEADERS = 52  # IPv4 + UDP + INA header bytes per packet: K = (MTU - 52) / 4
+SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo")
+VALUE_BITS = {"ina16": 16}  # the switch's value width per system (else 32)
 
 
 def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
     """The ideal time of one allreduce on these links (for the job's time limit)."""
-    factor = 1.0 if system in ("ina", "ddp-ina") else 2 * (n - 1) / n
+    factor = ({"ina": 1.0, "ddp-ina": 1.0, "ina16": 0.5}.get(system) or 2 * (n - 1) / n)
     return factor * nbytes * 8 / (link_mbit * 1e6)
 
 
@@ -57,7 +57,9 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                         os.environ.get("PYTHONPATH")])),
                INA_SWITCH=switch,
-               INA_SWITCH_ELEMENTS=str(min(P.MAX_ELEMENTS, (mtu - HEADERS) // 4)),
+               INA_SWITCH_ELEMENTS=str(P.elements_for_mtu(
+                   mtu, P.DEFAULT_BLOCK, VALUE_BITS.get(system, 32))),
+               INA_SWITCH_VALUE_BITS=str(VALUE_BITS.get(system, 32)),
                INA_TIMEOUT="120")
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
     limit = 60 + sum(6 * (reps + 1) * expected_seconds(system, cluster.n, s, cluster.link_mbit)
@@ -118,6 +120,7 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                 "link_mbit": rate, "loss": loss, "seconds": m["seconds"],
                                 "times": m["times"], "engines": m["engines"],
                                 "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
+                                "value_bits": VALUE_BITS.get(system, 32),
                                 "tcp_rto_min_ms": args.tcp_rto_min,
                                 "dropped_packets": (cluster.dropped() - dropped0
                                                     if loss else 0),

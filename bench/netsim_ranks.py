@@ -77,7 +77,8 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
 
     comm = MPI.COMM_WORLD
     collectives = None
-    if system == "ina":
+    through_switch = system in ("ina", "ina16")  # ina16: INA_SWITCH_VALUE_BITS=16
+    if through_switch:
         collectives = Collectives(comm, Settings.load({"switch_min_bytes": 0}))
     elif system == "ring":
         collectives = Collectives(comm, Settings.load({"ring_min_bytes": 0, "switch": ""}))
@@ -94,7 +95,7 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
         resent: list[int] = []
         streams: list[float] = []
         streamed = ((lambda: float(collectives.stats.transport.get("seconds", 0.0)))
-                    if system == "ina" else None)
+                    if through_switch else None)
         times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps,
                            resent, streamed, streams)
         if not (recv == comm.Get_size()).all():
@@ -105,7 +106,7 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
                   "tcp_retransmits": [int(v) for v in np.sum(comm.allgather(resent), 0)]}
         if streams:  # the slowest rank's seconds in the packet stream, per repetition
             record["stream_seconds"] = [float(v) for v in np.max(comm.allgather(streams), 0)]
-        if system == "ina":  # the packet counters of the timed and warm-up calls, all ranks
+        if through_switch:  # the packet counters of the timed and warm-up calls, all ranks
             mine = {key: collectives.stats.transport.get(key, 0) - link_before.get(key, 0)
                     for key in LINK_COUNTERS}
             record["packets"] = {key: sum(c[key] for c in comm.allgather(mine))

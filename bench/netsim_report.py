@@ -2,7 +2,8 @@
 
 algbw = bytes / time; busbw = algbw x 2(n-1)/n (what each link carries in a ring); the
 speed-up of INA over a peer is the peer's time over INA's; "of link" is algbw over the
-link rate, whose ideal is 1 for INA and n / (2(n-1)) for a ring.
+link rate, whose ideal is 1 for INA and n / (2(n-1)) for a ring. ina16 (16-bit values on
+the wire) has the ideal 2; its row's speed-up is over the best peer.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 PEERS = ("ring", "mpi", "gloo")
+INAS = ("ina", "ina16")  # the switch's value widths: 32 and 16 bits
 
 
 def _size(nbytes: int) -> str:
@@ -33,14 +35,17 @@ def table(records: list[dict[str, Any]]) -> str:
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (n, link, loss, nbytes), systems in _grouped(records).items():
         ina = systems.get("ina")
-        for name in ("ina", *PEERS):
+        peers = [systems[p] for p in PEERS if p in systems]
+        best = min(peers, key=lambda r: r["seconds"]) if peers else None
+        for name in (*INAS, *PEERS):
             r = systems.get(name)
             if r is None:
                 continue
             algbw = nbytes * 8 / r["seconds"] / 1e6
             busbw = algbw * 2 * (n - 1) / n
-            speedup = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and name != "ina"
-                       else "")
+            speedup = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and name in PEERS
+                       else f"{best['seconds'] / r['seconds']:.2f}x over {best['system']}"
+                       if best and name == "ina16" else "")
             rows.append(f"| {n} | {link:g} | {loss:g} | {_size(nbytes)} | {name} | "
                         f"{r['seconds'] * 1e3:.1f} | {algbw:.1f} | {busbw:.1f} | "
                         f"{algbw / link:.2f} | {speedup} | {r.get('cpu_utilisation', 0):.0%} |")
@@ -70,16 +75,18 @@ def ddp_table(records: list[dict[str, Any]]) -> str:
 
 
 def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """INA against the best peer, per (n, link, loss, size) with INA and a peer."""
+    """INA (each width measured) against the best peer, per (n, link, loss, size) with
+    INA and a peer."""
     out = []
     for (n, link, loss, nbytes), systems in _grouped(records).items():
         peers = [systems[p] for p in PEERS if p in systems]
-        if "ina" in systems and peers:
-            best = min(peers, key=lambda r: r["seconds"])
-            out.append({"n": n, "link_mbit": link, "loss": loss, "bytes": nbytes,
-                        "best_peer": best["system"],
-                        "speedup": best["seconds"] / systems["ina"]["seconds"],
-                        "ina_of_link": nbytes * 8 / systems["ina"]["seconds"] / 1e6 / link})
+        for name in INAS:
+            if name in systems and peers:
+                best = min(peers, key=lambda r: r["seconds"])
+                out.append({"n": n, "link_mbit": link, "loss": loss, "bytes": nbytes,
+                            "system": name, "best_peer": best["system"],
+                            "speedup": best["seconds"] / systems[name]["seconds"],
+                            "ina_of_link": nbytes * 8 / systems[name]["seconds"] / 1e6 / link})
     return out
 
 
@@ -95,7 +102,7 @@ def plots(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Pat
     if configs:
         fig, axes = plt.subplots(1, len(configs), figsize=(5 * len(configs), 4), squeeze=False)
         for ax, (n, link, loss) in zip(axes[0], configs):
-            for system in ("ina", *PEERS):
+            for system in (*INAS, *PEERS):
                 points = sorted((r["bytes"], r["bytes"] * 8 / r["seconds"] / 1e6)
                                 for r in records if (r["n"], r["link_mbit"], r["loss"],
                                                      r["system"]) == (n, link, loss, system))
@@ -113,14 +120,18 @@ def plots(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Pat
     if ups:
         fig, ax = plt.subplots(figsize=(6, 4))
         largest = max(u["bytes"] for u in ups)
-        for (link, loss) in sorted({(u["link_mbit"], u["loss"]) for u in ups}):
+        for (name, link, loss) in sorted({(u["system"], u["link_mbit"], u["loss"])
+                                          for u in ups}):
             points = sorted((u["n"], u["speedup"]) for u in ups if u["bytes"] == largest and
-                            (u["link_mbit"], u["loss"]) == (link, loss))
+                            (u["system"], u["link_mbit"], u["loss"]) == (name, link, loss))
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                    label=f"{link:g} Mbit/s, loss {loss:g}")
+                    label=f"{name}, {link:g} Mbit/s, loss {loss:g}")
         ideal_x = list(range(2, max(8, max(u["n"] for u in ups)) + 1))
         ax.plot(ideal_x, [2 * (n - 1) / n for n in ideal_x], color="grey", linestyle="--",
                 marker=".", label="ideal 2(n-1)/n")
+        if any(u["system"] == "ina16" for u in ups):
+            ax.plot(ideal_x, [4 * (n - 1) / n for n in ideal_x], color="grey",
+                    linestyle=":", marker=".", label="ideal of ina16, 4(n-1)/n")
         ax.axhline(1.0, color="black", linewidth=0.5)
         ax.set_ylim(bottom=0.5)
         ax.set_xlabel("workers n")

@@ -2,7 +2,8 @@
 
     python -m bench.switch_ceiling [--seconds 2] [--json bench/results/switch_ceiling.json]
 
-For n = 2, 4, 8 workers and K at the 1500-byte, 9000-byte and loopback (64 KiB) MTUs: a
+For both value widths (int32, int16; B = 32), n = 2, 4, 8 workers and K at the
+1500-byte, 9000-byte and loopback (64 KiB) MTUs: a
 load generator (_fast/loadgen.pyx) replays pre-built packets as n workers, S in flight,
 clocked by the results (no quantization cost), through an ina-switch process. Reported:
 packets/s into the switch, aggregated elements/s (SwitchML's figure: result elements),
@@ -31,17 +32,18 @@ SLOTS = 16
 MTUS = {"1500": 1500, "9000": 9000, "64KiB": 65535}
 
 
-def switch_rate(n: int, k: int, seconds: float) -> dict:
+def switch_rate(n: int, k: int, bits: int, seconds: float) -> dict:
     with embedded_switch() as sw:
-        links = [WorkerLink((sw.host, sw.port), 4242, w, n, k, SLOTS) for w in range(n)]
+        links = [WorkerLink((sw.host, sw.port), 4242, w, n, k, SLOTS, value_bits=bits)
+                 for w in range(n)]
         for link in links:
             link.join(5.0)
-        rows = np.zeros((n * SLOTS, P.HEADER_BYTES + 4 * k), np.uint8)
+        rows = np.zeros((n * SLOTS, P.packet_bytes(k, P.DEFAULT_BLOCK, bits)), np.uint8)
         for w in range(n):
             for s in range(SLOTS):
-                rows[w * SLOTS + s, :P.HEADER_BYTES] = np.frombuffer(P.pack_header(
-                    flags=0, job=4242, worker=w, slot_version=0, slot=s, offset=s * k,
-                    count=k, exponent=0, proposal=P.PROPOSAL_NONE), np.uint8)
+                rows[w * SLOTS + s] = np.frombuffer(P.pack_data(
+                    np.zeros(k, np.int32), value_bits=bits, flags=0, job=4242, worker=w,
+                    slot_version=0, slot=s, offset=s * k), np.uint8)
         fds = np.array([link.sock.fileno() for link in links], np.int32)
         done, elapsed = loadgen.replay_workers(fds, *P.sockaddr_be((sw.host, sw.port)),
                                                rows, rows.shape[1], n, SLOTS, seconds)
@@ -50,10 +52,10 @@ def switch_rate(n: int, k: int, seconds: float) -> dict:
         sw.stop()
     pps = done * n / elapsed
     return {"packets_per_s": pps, "elements_per_s": done * k / elapsed,
-            "payload_gbit_s": pps * 4 * k * 8 / 1e9, "status": sw.final_status}
+            "payload_gbit_s": pps * bits // 8 * k * 8 / 1e9, "status": sw.final_status}
 
 
-def raw_ceiling(k: int, seconds: float) -> float:
+def raw_ceiling(size: int, seconds: float) -> float:
     """Datagrams/s a bare batched receiver takes from one sender, for this packet size."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -67,7 +69,7 @@ def raw_ceiling(k: int, seconds: float) -> float:
     sink = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout.readline().strip() == "ready"
-        packet = np.zeros(P.HEADER_BYTES + 4 * k, np.uint8)
+        packet = np.zeros(size, np.uint8)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             loadgen.blast(s.fileno(), *P.sockaddr_be(("127.0.0.1", port)), packet,
@@ -87,19 +89,20 @@ def main() -> int:
                                               "switch_ceiling.json"))
     args = parser.parse_args()
     records = []
-    print(f"{'MTU':>6} {'K':>6} {'n':>2} {'switch pkt/s':>12} {'raw pkt/s':>10} {'ratio':>6} "
-          f"{'Melem/s':>8} {'Gbit/s in':>9}")
-    for mtu_name, mtu in MTUS.items():
-        k = P.elements_for_mtu(mtu)
-        raw = raw_ceiling(k, args.seconds)
-        for n in (2, 4, 8):
-            r = switch_rate(n, k, args.seconds)
-            r.update(mtu=mtu_name, k=k, n=n, raw_packets_per_s=raw,
-                     ratio=r["packets_per_s"] / raw)
-            records.append(r)
-            print(f"{mtu_name:>6} {k:>6} {n:>2} {r['packets_per_s']:12.0f} {raw:10.0f} "
-                  f"{r['ratio']:6.2f} {r['elements_per_s'] / 1e6:8.1f} "
-                  f"{r['payload_gbit_s']:9.2f}", flush=True)
+    print(f"{'bits':>4} {'MTU':>6} {'K':>6} {'n':>2} {'switch pkt/s':>12} {'raw pkt/s':>10} "
+          f"{'ratio':>6} {'Melem/s':>8} {'Gbit/s in':>9}")
+    for bits in P.VALUE_BITS:
+        for mtu_name, mtu in MTUS.items():
+            k = P.elements_for_mtu(mtu, P.DEFAULT_BLOCK, bits)
+            raw = raw_ceiling(P.packet_bytes(k, P.DEFAULT_BLOCK, bits), args.seconds)
+            for n in (2, 4, 8):
+                r = switch_rate(n, k, bits, args.seconds)
+                r.update(value_bits=bits, mtu=mtu_name, k=k, n=n, raw_packets_per_s=raw,
+                         ratio=r["packets_per_s"] / raw)
+                records.append(r)
+                print(f"{bits:>4} {mtu_name:>6} {k:>6} {n:>2} {r['packets_per_s']:12.0f} "
+                      f"{raw:10.0f} {r['ratio']:6.2f} {r['elements_per_s'] / 1e6:8.1f} "
+                      f"{r['payload_gbit_s']:9.2f}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(records, indent=1))
     print(f"saved {args.json}")

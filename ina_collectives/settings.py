@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from . import protocol as P
+
 MiB = 1 << 20
 
 
@@ -55,8 +57,20 @@ class Settings:
     )
     switch_elements: int = _setting(
         0,
-        "K: int32 values per packet; 0 takes the largest a datagram holds (16370 on "
-        "loopback). Give (MTU - 52) / 4 for a real link, or the P4 build's K.",
+        "K: values per packet; 0 takes the largest a datagram holds (15873 int32 or 31747 "
+        "int16 on loopback, with B 32). For a real link give the largest whose packet fits "
+        "the MTU (protocol.elements_for_mtu), or the P4 build's K.",
+    )
+    switch_value_bits: int = _setting(
+        32,
+        "Width of the values the switch adds: 32 or 16. 16 halves the bytes on the wire "
+        "for float tensors, with 14 - log2(n) bits per sub-block (docs/quantization.md "
+        "has the error bound and measured errors); int32 tensors then take the ring.",
+    )
+    switch_block: int = _setting(
+        32,
+        "B: values sharing one exponent (a sub-block), a power of two from 1 to 64. "
+        "Smaller is more accurate and costs 4 bytes of exponents per B values.",
     )
     switch_min_bytes: int = _setting(
         256 * 1024,
@@ -135,8 +149,17 @@ class Settings:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
         if not 1 <= self.switch_slots <= 65536:
             raise ValueError(f"switch_slots must be 1..65536, got {self.switch_slots}")
-        if not 0 <= self.switch_elements <= 16370:
-            raise ValueError(f"switch_elements must be 0..16370, got {self.switch_elements}")
+        if self.switch_value_bits not in P.VALUE_BITS:
+            raise ValueError(f"switch_value_bits must be 32 or 16, got "
+                             f"{self.switch_value_bits}")
+        if self.switch_block not in P.BLOCK_SIZES:
+            raise ValueError(f"switch_block must be one of {P.BLOCK_SIZES}, got "
+                             f"{self.switch_block}")
+        most = P.max_elements(P.MAX_DATAGRAM, self.switch_block, self.switch_value_bits)
+        if not 0 <= self.switch_elements <= most:
+            raise ValueError(f"switch_elements must be 0..{most} (a datagram of "
+                             f"{self.switch_value_bits}-bit values in sub-blocks of "
+                             f"{self.switch_block}), got {self.switch_elements}")
         if self.switch_retry_calls < 0:
             raise ValueError(f"switch_retry_calls must be >= 0, got {self.switch_retry_calls}")
         if not 0 <= self.job < 65536:

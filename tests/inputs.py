@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ina_collectives.ina.reference import blockfp
-from ina_collectives.protocol import MAX_ELEMENTS
+from ina_collectives.protocol import DEFAULT_BLOCK, MAX_ELEMENTS
 
 OPS = ("sum", "prod", "min", "max", "average")
 FLOATS = ("float16", "float32", "float64")
@@ -64,15 +64,17 @@ def check_result(result: np.ndarray, dtype: str, op: str, count: int, seed: int,
         f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
 
 
-def check_within_bound(result, dtype, op, count, seed, n, k=MAX_ELEMENTS):
+def check_within_bound(result, dtype, op, count, seed, n, k=MAX_ELEMENTS,
+                       block=DEFAULT_BLOCK, bits=32):
     """The bound of docs/quantization.md for every element, from all ranks' inputs."""
     xs = inputs_of_all_ranks(dtype, op, count, seed, n)
     wide = np.float32 if dtype == "float16" else dtype
-    agreed = np.max([blockfp.block_exponents(x.astype(wide), k)[0] for x in xs], axis=0)
+    agreed = np.max([blockfp.block_exponents(x.astype(wide), k, block)[0] for x in xs],
+                    axis=0)
     average = op == "average"
     exact = xs.astype(np.longdouble).sum(axis=0) / (n if average else 1)
-    exps = np.repeat(agreed, k)[:count]
-    bound = blockfp.error_bound(n, exps, wide, result.astype(wide), average)
+    exps = blockfp.element_exponents(agreed, count, k, block)
+    bound = blockfp.error_bound(n, exps, wide, result.astype(wide), average, bits)
     if dtype == "float16":  # float32 result rounded once more to float16
         bound = bound + np.spacing(np.abs(result)).astype(np.float64)
     error = np.abs(result.astype(np.longdouble) - exact).astype(np.float64)

@@ -1,5 +1,6 @@
-"""Block floating point: the error bound of docs/quantization.md, NaN/Inf detection, int32
-passthrough, and the compiled kernels agreeing with the NumPy reference to the bit.
+"""Block floating point: the error bound of docs/quantization.md for both value widths
+and every sub-block size, NaN/Inf detection, int32 passthrough, and the compiled kernels
+agreeing with the NumPy reference to the bit.
 
 Every test runs against both backends (the ``kernels`` fixture), as msgpack's suite runs
 against its C extension and its pure-Python fallback.
@@ -22,17 +23,21 @@ def test_the_compiled_backend_is_built_and_default():
     assert kernel_module.BACKEND == "fast"
 
 
-def aggregate(kernels, xs: np.ndarray, k: int, average: bool = False):
+def aggregate(kernels, xs: np.ndarray, k: int, average: bool = False, b: int = 32,
+              bits: int = 32):
     """What the switch and the workers compute together, for the rows of xs (one per
-    worker): agreed exponents (max of proposals), int32 sums, one worker's result."""
+    worker): agreed exponents (max of proposals), int32 or int16 sums, one worker's
+    result."""
     n = xs.shape[0]
-    proposals = [kernels.block_exponents(x, k) for x in xs]
+    proposals = [kernels.block_exponents(x, k, b) for x in xs]
     agreed = np.max([e for e, _ in proposals], axis=0).astype(np.int16)
-    qs = np.stack([kernels.quantize(x, agreed, n, k).astype(np.int64) for x in xs])
+    qs = np.stack([kernels.quantize(x, agreed, n, k, b, bits).astype(np.int64) for x in xs])
     total = qs.sum(axis=0)
-    assert (np.abs(total) <= 2**31 - 1).all(), "the switch's int32 sum overflowed"
+    top = 2 ** (bits - 1) - 1
+    assert (np.abs(total) <= top).all(), f"the switch's int{bits} sum overflowed"
     out = np.empty(xs.shape[1], xs.dtype)
-    kernels.dequantize(total.astype(">i4"), agreed, n, k, out, average)
+    kernels.dequantize(total.astype(">i4" if bits == 32 else ">i2"), agreed, n, k, out,
+                       average, b)
     return agreed, out
 
 
@@ -50,6 +55,8 @@ def worker_inputs(draw):
     dtype = np.dtype(draw(st.sampled_from(["float16", "float32", "float64"])))
     n = draw(st.integers(1, 32))
     k = draw(st.sampled_from([1, 3, 8, 64, 100]))
+    b = draw(st.sampled_from([1, 4, 32, 64]))
+    bits = draw(st.sampled_from([32, 16]))
     size = draw(st.integers(0, 3 * k + 1))
     # Magnitudes from 1e-30 to 1e30, as far as the dtype (and a sum of 32) reaches.
     top = float(np.finfo(dtype).max) / 64
@@ -61,7 +68,7 @@ def worker_inputs(draw):
     if size and draw(st.booleans()):  # whole blocks of zeros and subnormals
         tiny = np.finfo(dtype).smallest_subnormal
         xs[:, : min(size, k)] = np.where(np.arange(min(size, k)) % 2, 0, tiny)
-    return dtype, k, xs
+    return dtype, k, b, bits, xs
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -69,39 +76,64 @@ def worker_inputs(draw):
 @given(case=worker_inputs(), average=st.booleans())
 def test_error_within_documented_bound(backend, case, average):
     kernels = kernel_module.load(backend)
-    dtype, k, xs = case
+    dtype, k, b, bits, xs = case
     n = xs.shape[0]
-    agreed, out = aggregate(kernels, xs, k, average)
+    agreed, out = aggregate(kernels, xs, k, average, b, bits)
     exact = exact_sum(xs) / (n if average else 1)
-    exps = np.repeat(agreed, k)[:xs.shape[1]]
-    bound = blockfp.error_bound(n, exps, dtype, out, average)
+    exps = blockfp.element_exponents(agreed, xs.shape[1], k, b)
+    bound = blockfp.error_bound(n, exps, dtype, out, average, bits)
     # The reference sum itself is long double: allow its own rounding on top.
     slack = np.abs(exact.astype(np.float64)) * 2.0**-60
     error = np.abs(out.astype(np.longdouble) - exact).astype(np.float64)
     worst = int(np.argmax(error - bound - slack)) if out.size else 0
     assert (error <= bound + slack).all(), (
-        f"n={n} k={k} {dtype}: element {worst} = {out[worst]!r}, exact {exact[worst]!r}, "
+        f"n={n} k={k} b={b} {bits} bits {dtype}: element {worst} = {out[worst]!r}, "
+        f"exact {exact[worst]!r}, "
         f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
 
 
 @settings(max_examples=100, deadline=None)
 @given(case=worker_inputs(), average=st.booleans(), data=st.data())
 def test_compiled_kernels_match_reference_bit_for_bit(case, average, data):
-    dtype, k, xs = case
+    dtype, k, b, bits, xs = case
     fast, ref = kernel_module.load("fast"), kernel_module.load("numpy")
     x = xs[0]
-    ef, nf = fast.block_exponents(x, k)
-    er, nr = ref.block_exponents(x, k)
+    ef, nf = fast.block_exponents(x, k, b)
+    er, nr = ref.block_exponents(x, k, b)
     assert ef.tobytes() == er.tobytes() and nf == nr
     n = xs.shape[0]
     agreed = np.maximum(ef, data.draw(hnp.arrays(np.int16, ef.shape,
                                                  elements=st.integers(-126, 60))))
-    qf, qr = fast.quantize(x, agreed, n, k), ref.quantize(x, agreed, n, k)
-    assert qf.tobytes() == qr.tobytes()
+    qf, qr = fast.quantize(x, agreed, n, k, b, bits), ref.quantize(x, agreed, n, k, b, bits)
+    assert qf.dtype == qr.dtype and qf.tobytes() == qr.tobytes()
     of, orr = np.empty_like(x), np.empty_like(x)
-    fast.dequantize(qf, agreed, n, k, of, average)
-    ref.dequantize(qr, agreed, n, k, orr, average)
+    fast.dequantize(qf, agreed, n, k, of, average, b)
+    ref.dequantize(qr, agreed, n, k, orr, average, b)
     assert of.tobytes() == orr.tobytes()
+
+
+def test_sub_blocks_keep_small_values_of_a_large_packet(kernels):
+    """One exponent per sub-block, not per packet: a huge element costs only its own
+    sub-block's resolution, whatever K is (the reason for the format)."""
+    x = np.full(4096, 1e-3, np.float32)
+    x[0] = 1e6
+    xs = np.stack([x, x])
+    _, per_packet = aggregate(kernels, xs, 4096, b=64)  # one sub-block of 64 has the 1e6
+    assert per_packet[64:].tolist() == [np.float32(2e-3)] * (4096 - 64)
+    for bits in (32, 16):
+        _, out = aggregate(kernels, xs, 4096, b=32, bits=bits)
+        rel = np.abs(out[32:] / 2e-3 - 1).max()
+        assert rel < (2.0 ** -20 if bits == 32 else 2.0 ** -5), (bits, rel)
+
+
+def test_exponent_arrays_have_g_per_chunk_with_the_floor_past_the_end(kernels):
+    x = np.ones(70, np.float32)  # K 64, B 32: chunk 0 has 2 sub-blocks, chunk 1 one of 6
+    exps, _ = kernels.block_exponents(x, 64, 32)
+    assert exps.tolist() == [1, 1, 1, -126]
+    with pytest.raises(TypeError, match="int32 tensors .* 32-bit"):
+        kernels.quantize(np.ones(4, np.int32), np.zeros(1, np.int16), 2, 4, 32, 16)
+    with pytest.raises(ValueError, match="sub-block size B"):
+        kernels.block_exponents(x, 64, 48)
 
 
 def test_agreed_exponent_bounds_every_worker(kernels):
@@ -131,12 +163,12 @@ def test_zero_blocks_and_extremes(kernels):
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_nan_and_inf_are_flagged_in_the_same_pass(kernels, dtype, bad):
     x = np.linspace(-5, 5, 1000).astype(dtype)
-    clean, flag = kernels.block_exponents(x, 64)
+    clean, flag = kernels.block_exponents(x, 64, 64)
     assert not flag
     for where in (0, 517, 999):
         y = x.copy()
         y[where] = bad
-        exps, flag = kernels.block_exponents(y, 64)
+        exps, flag = kernels.block_exponents(y, 64, 64)
         assert flag, (where, bad)
         others = np.arange(exps.size) != where // 64
         assert (exps[others] == clean[others]).all()
@@ -146,14 +178,14 @@ def test_int32_sums_exactly(kernels):
     rng = np.random.default_rng(3)
     n, k = 4, 100
     xs = rng.integers(-(2**29), 2**29, (n, 1000), dtype=np.int32)
-    agreed, out = aggregate(kernels, xs, k)
+    agreed, out = aggregate(kernels, xs, k, b=4)
     assert (agreed <= 30).all()
     np.testing.assert_array_equal(out, xs.astype(np.int64).sum(axis=0))
 
 
 def test_int32_overflow_is_reported_not_wrapped(kernels):
     xs = np.array([[2**30, 5], [2**30, 7]], np.int32)
-    with pytest.raises(OverflowError, match=r"int32 block 0 .*exponent 31.* 2 workers"):
+    with pytest.raises(OverflowError, match=r"int32 sub-block 0 .*exponent 31.* 2 workers"):
         aggregate(kernels, xs, 2)
     # One worker alone cannot overflow: the same values pass.
     _, out = aggregate(kernels, xs[:1], 2)
@@ -172,7 +204,7 @@ def test_bad_arguments_name_the_problem(kernels):
         kernels.block_exponents(np.ones((4, 4), np.float32)[:, 0], 2)
     with pytest.raises(ValueError, match="K must be"):
         kernels.block_exponents(np.ones(4, np.float32), 0)
-    with pytest.raises(ValueError, match="expected 2 block exponents"):
+    with pytest.raises(ValueError, match="expected 2 sub-block exponents"):
         kernels.quantize(np.ones(4, np.float32), np.zeros(3, np.int16), 2, 2)
     with pytest.raises(ValueError, match="AVERAGE"):
         kernels.dequantize(np.zeros(2, ">i4"), np.zeros(1, np.int16), 2, 2,
@@ -180,11 +212,13 @@ def test_bad_arguments_name_the_problem(kernels):
 
 
 def test_shift_uses_the_largest_safe_power_of_two():
-    for n in range(1, 70):
-        for e in (-126, 0, 17):
-            shift = blockfp.shift_for(e, n, np.dtype(np.float32))
-            # n workers at the largest magnitude fit int32; one more bit would not.
-            assert n * 2.0 ** (e + shift) <= 2**31 - 1 < n * 2.0 ** (e + shift + 1)
+    for bits in (32, 16):
+        for n in range(1, 70):
+            for e in (-126, 0, 17):
+                shift = blockfp.shift_for(e, n, np.dtype(np.float32), bits)
+                # n workers at the largest magnitude fit the width; one more bit would not.
+                top = 2 ** (bits - 1) - 1
+                assert n * 2.0 ** (e + shift) <= top < n * 2.0 ** (e + shift + 1)
 
 
 def test_kernels_selector():

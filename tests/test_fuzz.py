@@ -95,21 +95,27 @@ def _fault_values_valid(values: list[int]) -> bool:
     return True
 
 
-def expected_fate(pkt: bytes, source: str, jobs: dict[int, tuple[int, int, int]],
+def expected_fate(pkt: bytes, source: str, jobs: dict[int, tuple[int, ...]],
                   pool_left: int, max_elements: int) -> str:
     """The counter a packet from ``source`` (a fuzzer's socket: never a worker's address)
     must increase, by docs/protocol.md; "join" and "fault settings!" name the packets the
     fuzzer must not send (a job created, fault injection turned on)."""
-    if len(pkt) < P.HEADER_BYTES or pkt[0] != P.PROTOCOL_VERSION:
+    if len(pkt) < P.HEADER_BYTES:
         return "malformed"
     head = P.unpack_header(pkt)
     if not head["flags"] & P.FLAG_CONTROL:
+        if head["version"] != P.PROTOCOL_VERSION:
+            return "malformed"
         if head["flags"] & P.FLAG_RESULT:
             return "result from a worker"
         return "unknown job" if head["job"] not in jobs else "unknown worker"
     if head["flags"] != P.FLAG_CONTROL:
         return "malformed control"
     size = len(pkt) - P.HEADER_BYTES
+    if head["version"] != P.PROTOCOL_VERSION:  # a join or probe is refused, naming both
+        whole = np.frombuffer(pkt[P.HEADER_BYTES:P.HEADER_BYTES + size // 4 * 4], ">i4")
+        return ("refusals" if whole.size and whole[0] in (P.CTRL_JOIN, P.CTRL_PROBE)
+                else "malformed control")
     if size % 4 or head["count"] != size // 4 or size == 0:
         return "malformed control"
     body = np.frombuffer(pkt[P.HEADER_BYTES:], ">i4").tolist()
@@ -117,9 +123,11 @@ def expected_fate(pkt: bytes, source: str, jobs: dict[int, tuple[int, int, int]]
     if CONTROL_VALUES.get(op) != len(body):
         return "malformed control"
     if op == P.CTRL_JOIN:
-        n, k, s = body[1:]
-        if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= k <= max_elements
-                and 1 <= s <= 65536):
+        n, k, s, block, bits = body[1:]
+        room = P.MAX_DATAGRAM if max_elements >= P.MAX_ELEMENTS else 4 * max_elements
+        if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= s <= 65536
+                and block in P.BLOCK_SIZES and bits in P.VALUE_BITS and 1 <= k
+                and k * bits // 8 <= room and P.packet_bytes(k, block, bits) <= P.MAX_DATAGRAM):
             return "refusals"
         if job not in jobs:
             return "refusals" if s > pool_left else "join"
@@ -145,7 +153,7 @@ FIELD_MAX = {f.name: (1 << f.bits) - 1 for f in P.FIELDS}
 class Fuzzer:
     """Random, mutated and truncated packets for a switch serving ``jobs``."""
 
-    def __init__(self, seed: int, jobs: dict[int, tuple[int, int, int]], pool_left: int,
+    def __init__(self, seed: int, jobs: dict[int, tuple[int, ...]], pool_left: int,
                  max_elements: int):
         self.rng = random.Random(seed)  # scalar draws: far cheaper than NumPy's one by one
         self.jobs, self.pool_left, self.max_elements = jobs, pool_left, max_elements
@@ -159,14 +167,13 @@ class Fuzzer:
 
     def header(self, **fields: int) -> dict[str, int]:
         job = fields.get("job", self._pick(self.ids))
-        n, k, s = self.jobs.get(job, (2, 64, 8))
+        n, k, s, block, bits = self.jobs.get(job, (2, 64, 8, 32, 32))
         values = dict(version=P.PROTOCOL_VERSION,
                       flags=self._pick([0, 0, P.FLAG_RETRANSMIT]), job=job,
                       worker=self._int(0, n - 1), slot_version=self._int(0, 1),
                       seq=self._int(0, 255), slot=self._int(0, s - 1),
-                      offset=k * self._int(0, 1000), count=1, exponent=self._int(-126, 128),
-                      proposal=self._pick([P.PROPOSAL_NONE, self._int(-126, 128)]),
-                      epoch=self._int(1, 65535))
+                      offset=k * self._int(0, 1000), count=1, blocks=1, value_bits=bits,
+                      block=block, epoch=self._int(1, 65535))
         values.update(fields)
         return values
 
@@ -176,15 +183,16 @@ class Fuzzer:
     def data(self) -> tuple[dict[str, int], bytes]:
         """A valid data packet of a real job (as its worker would send it)."""
         values = self.header()
-        k = self.jobs[values["job"]][1]
+        _, k, _, block, bits = self.jobs[values["job"]]
         count = k if self.rng.random() < 0.005 else self._int(1, min(k, 512))
-        values["count"] = count
-        return values, self.rng.randbytes(4 * count)  # any int32 values
+        values["count"], values["blocks"] = count, P.sub_blocks(count, block)
+        # any exponents, proposals and values
+        return values, self.rng.randbytes(P.packet_bytes(count, block, bits) - P.HEADER_BYTES)
 
     def edges(self, name: str, values: dict[str, int]) -> list[int]:
         top = FIELD_MAX[name]
         job = values["job"]
-        n, k, s = self.jobs.get(job, (2, 64, 8))
+        n, k, s, _, _ = self.jobs.get(job, (2, 64, 8, 32, 32))
         edge = {
             "version": [0, P.PROTOCOL_VERSION - 1, P.PROTOCOL_VERSION + 1, 0x7F, 0x80, top],
             "flags": list(range(256)),
@@ -195,12 +203,12 @@ class Fuzzer:
             "slot": [0, s - 1, s, s + 1, 1 << 31, top],
             "offset": [0, k, (1 << 31) - 1, 1 << 31, top],
             "count": [0, 1, values["count"] - 1, values["count"] + 1, k, k + 1, top],
-            "exponent": [-32768, -127, -126, 128, 129, 32767],
-            "proposal": [-32768, -32767, -126, 128, 32767],
+            "blocks": [0, 1, values["blocks"] - 1, values["blocks"] + 1, top],
+            "value_bits": [0, 8, 16, 32, 64, top],
+            "block": [0, 1, 16, 32, 48, 64, 128, top],
             "epoch": [0, 1, top],
         }[name]
-        return [v for v in edge if (-32768 if name in ("exponent", "proposal") else 0)
-                <= v <= top]
+        return [v for v in edge if 0 <= v <= top]
 
     def mutated(self, values: dict[str, int], payload: bytes) -> bytes:
         """One field of the header set to one of its edge values."""
@@ -212,19 +220,23 @@ class Fuzzer:
         """A control request (header fields, body) of every op, mostly ones a stranger
         must not get done, some that anyone may send."""
         real = self._pick(self.ids)
-        n, k, s = self.jobs[real]
+        n, k, s, block, bits = self.jobs[real]
         other = self._int(1, 65535)
         kind = self._int(0, 11)
         if kind == 0:    # join a real job as one of its workers: taken
-            job, worker, body = real, self._int(0, n - 1), [P.CTRL_JOIN, n, k, s]
+            job, worker, body = real, self._int(0, n - 1), [P.CTRL_JOIN, n, k, s, block,
+                                                            bits]
         elif kind == 1:  # join a real job with another shape
-            job, worker, body = real, 0, [P.CTRL_JOIN, n + 1, k, s]
+            job, worker, body = real, 0, [P.CTRL_JOIN, n + 1, k, s, block, bits]
         elif kind == 2:  # join with bad parameters
             job, worker = self._pick([0, real, other]), self._pick([0, 1, 64, 65535])
-            body = [P.CTRL_JOIN, *self._pick([(0, 64, 8), (65, 64, 8), (-1, 64, 8),
-                                              (2, 0, 8), (2, self.max_elements + 1, 8),
-                                              (2, 64, 0), (2, 64, 65537), (2, 64, -5),
-                                              (2**31 - 1, 2**31 - 1, 2**31 - 1)])]
+            body = [P.CTRL_JOIN, *self._pick([(0, 64, 8, 32, 32), (65, 64, 8, 32, 32),
+                                              (-1, 64, 8, 32, 32), (2, 0, 8, 32, 32),
+                                              (2, 2 * P.MAX_ANY_ELEMENTS, 8, 32, 16),
+                                              (2, 64, 0, 32, 32), (2, 64, 65537, 32, 32),
+                                              (2, 64, -5, 32, 32), (2, 64, 8, 48, 32),
+                                              (2, 64, 8, 32, 24), (2, 64, 8, 0, 32),
+                                              (2**31 - 1,) * 5])]
         elif kind == 3:  # leave a real job as one of its workers (or none of them)
             job, worker, body = real, self._pick([0, 1, n, 65535]), [P.CTRL_LEAVE]
         elif kind == 4:  # leave a job that is not there
@@ -248,10 +260,10 @@ class Fuzzer:
             body = [op] + [1] * self._pick([v for v in range(10)
                                             if v != CONTROL_VALUES[op] - 1])
         else:  # a real worker's join, as is: refused (taken), or from a fuzzer: anything
-            job, worker, body = real, 0, [P.CTRL_JOIN, n, k, s]
+            job, worker, body = real, 0, [P.CTRL_JOIN, n, k, s, block, bits]
         values = dict(version=P.PROTOCOL_VERSION, flags=P.FLAG_CONTROL, job=job, worker=worker,
-                      slot_version=0, seq=0, slot=0, offset=0, count=len(body), exponent=0,
-                      proposal=P.PROPOSAL_NONE, epoch=0)
+                      slot_version=0, seq=0, slot=0, offset=0, count=len(body), blocks=0,
+                      value_bits=32, block=0, epoch=0)
         if self.rng.random() < 0.05:  # a reply (CONTROL | RESULT) sent to the switch
             values["flags"] |= P.FLAG_RESULT
         return values, body
@@ -461,8 +473,8 @@ def test_fuzz_while_two_jobs_allreduce(tmp_path):
 
 def _join(sock: socket.socket, sw: SoftwareSwitch, job: int, worker: int, n: int, k: int,
           s: int) -> int:
-    return P.control_exchange(sock, sw.address, job, worker, [P.CTRL_JOIN, n, k, s], 2.0,
-                              "join")
+    return P.control_exchange(sock, sw.address, job, worker,
+                              [P.CTRL_JOIN, n, k, s, P.DEFAULT_BLOCK, 32], 2.0, "join")
 
 
 def _exchange(sock: socket.socket, sw: SoftwareSwitch, packet: bytes,
@@ -499,7 +511,7 @@ def test_a_stranger_cannot_end_or_steer_a_job():
                     reply = _exchange(who, sw, P.control_packet(77, worker, [P.CTRL_LEAVE]))
                     assert reply is not None
                     assert P.read_control(reply)[1].tolist() == [2, 1, P.CAP_NACKS]
-            assert sw.aggregator.job_shape(77) == (2, 8, 4)
+            assert sw.aggregator.job_shape(77) == (2, 8, 4, P.DEFAULT_BLOCK, 32)
             # Fault settings: from another address, ignored; not whole, refused.
             on = P.encode_faults({"drop_in": 1.0})
             assert _exchange(stranger, sw, P.control_packet(0, 0, [P.CTRL_FAULTS] + on)) is None
@@ -528,13 +540,12 @@ def test_a_stranger_cannot_end_or_steer_a_job():
                                       )[1].tolist() == [3, 0, P.CAP_NACKS]
             values = [np.arange(8) * (i + 1) for i in range(2)]
             for i, w in enumerate(workers):
-                w.sendto(P.pack_header(flags=0, job=77, worker=i, slot_version=0, slot=1,
-                                       offset=0, count=8, exponent=0, proposal=0, epoch=5)
-                         + values[i].astype(">i4").tobytes(), sw.address)
+                w.sendto(P.pack_data(values[i], flags=0, job=77, worker=i, slot_version=0,
+                                     slot=1, offset=0, epoch=5), sw.address)
             for w in workers:
                 w.settimeout(2)
                 got = w.recv(65536)
-                assert np.frombuffer(got[P.HEADER_BYTES:], ">i4").tolist() == \
+                assert np.frombuffer(got[P.HEADER_BYTES + P.PAIR_BYTES:], ">i4").tolist() == \
                     (values[0] + values[1]).tolist()
             for i, w in enumerate(workers):
                 assert P.read_control(_exchange(w, sw, P.control_packet(77, i, [P.CTRL_LEAVE]))
@@ -582,8 +593,9 @@ def test_fuzzed_packets_from_a_workers_own_address():
                 "slot": edges(0, 2**32 - 1, slots - 1, slots, 2**31),
                 "offset": edges(0, 2**32 - 1, k, 2**31),
                 "count": edges(0, 65535, 1, k - 1, k, k + 1),
-                "exponent": edges(-32768, 32767, -126, 128),
-                "proposal": edges(-32768, 32767),
+                "blocks": edges(0, 65535, 1, 2),
+                "value_bits": st.sampled_from([32, 32, 16, 0, 255]),
+                "block": st.sampled_from([32, 32, 16, 0, 64, 255]),
                 "epoch": edges(0, 65535, 1).filter(lambda e: e != 4242),
             })
 
@@ -598,7 +610,7 @@ def test_fuzzed_packets_from_a_workers_own_address():
                 workers[who].sendto(pkt, sw.address)
                 deadline = time.monotonic() + 2
                 while sw.aggregator.packets_in == got_in or (
-                        values["flags"] & P.FLAG_CONTROL and values["version"] == P.PROTOCOL_VERSION
+                        values["flags"] & P.FLAG_CONTROL
                         and sum((counters(sw) - before).values()) == 0):
                     assert time.monotonic() < deadline, "the switch did not take the packet"
                     time.sleep(0.0002)
@@ -621,10 +633,9 @@ def test_fuzzed_packets_from_a_workers_own_address():
             # The job still aggregates: one chunk of a fresh epoch gets the exact sum.
             values = [np.arange(k) - 7 * i for i in range(n)]
             for i, w in enumerate(workers):
-                w.sendto(P.pack_header(flags=0, job=job, worker=i, slot_version=0, slot=2,
-                                       offset=0, count=k, exponent=0, proposal=0,
-                                       epoch=4242, seq=0)
-                         + values[i].astype(">i4").tobytes(), sw.address)
+                w.sendto(P.pack_data(values[i], flags=0, job=job, worker=i, slot_version=0,
+                                     slot=2, offset=0, epoch=4242, seq=0),
+                         sw.address)
             for w in workers:
                 w.setblocking(True)
                 w.settimeout(2)
@@ -633,7 +644,7 @@ def test_fuzzed_packets_from_a_workers_own_address():
                     head = P.unpack_header(got)
                     if head["flags"] == P.FLAG_RESULT and head["epoch"] == 4242:
                         break
-                assert np.frombuffer(got[P.HEADER_BYTES:], ">i4").tolist() == \
+                assert np.frombuffer(got[P.HEADER_BYTES + P.PAIR_BYTES:], ">i4").tolist() == \
                     sum(values).tolist()
         finally:
             for w in workers:

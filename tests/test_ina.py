@@ -47,6 +47,63 @@ def test_results_within_bound_and_identical(switch, n):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("bits, block", [(16, 32), (16, 8), (32, 1)])
+def test_value_widths_and_sub_blocks_within_bound(switch, bits, block):
+    """16-bit values and sub-block sizes as a job's settings: every result within the
+    bound of its width and B, identical on every rank; int32 takes the ring (exact)."""
+    n, k = 3, P.max_elements(P.MAX_DATAGRAM, block, bits)
+    cases = [("float32", "sum", 2 * k + 3, 1), ("float32", "average", 300_001, 2),
+             ("float64", "sum", k + 1, 3), ("float16", "average", 50_000, 4)]
+    results = run_ina(switch, n, cases + [("int32", "sum", 1000, 5)],
+                      settings={"switch_value_bits": bits, "switch_block": block})
+    for i, case in enumerate(cases):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+        check_within_bound(per_rank[0], *case, n, k=k, block=block, bits=bits)
+    check_result(results[0]["results"][-1], "int32", "sum", 1000, 5, n)
+    stats = results[0]["stats"]
+    assert stats["engines"] == {"ina": 4, "ring": 1}, stats
+    assert stats["switch"]["value_bits"] == bits and stats["switch"]["block"] == block
+
+
+def test_a_join_of_another_protocol_version_is_refused_naming_both(switch):
+    """The version byte leads every header: a worker of version 2 gets this switch's
+    refusal (status 'another protocol version') in a version-3 reply, and a worker
+    that reads a reply of another version refuses it, naming both versions."""
+    old = P.control_packet(4321, 0, [P.CTRL_JOIN, 2, 64, 8])
+    old = bytes([2]) + old[1:]  # a version-2 worker's join
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5)
+        s.sendto(old, (switch.host, switch.port))
+        head, reply = P.read_control(s.recv(65536))
+    assert head["version"] == P.PROTOCOL_VERSION
+    assert reply[:2].tolist() == [P.CTRL_JOIN, P.JOIN_VERSION]
+    assert P.JOIN_STATUS[P.JOIN_VERSION] == "another protocol version"
+    # An aggregator of version 4 answering this worker: refused, both versions named.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as fake, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as worker:
+        fake.bind(("127.0.0.1", 0))
+        fake.settimeout(5)
+        worker.sendto(b"", fake.getsockname())  # (bind the worker's port)
+        fake.recvfrom(16)
+
+        def answer() -> None:
+            request, addr = fake.recvfrom(65536)
+            head, body = P.read_control(request)
+            reply = P.control_packet(head["job"], 0, [int(body[0]), 0], reply=True)
+            fake.sendto(bytes([4]) + reply[1:], addr)
+
+        import threading
+        t = threading.Thread(target=answer)
+        t.start()
+        with pytest.raises(ValueError, match="speaks protocol version 4, this worker "
+                                             f"version {P.PROTOCOL_VERSION}: join refused"):
+            P.control_request(worker, fake.getsockname(), 7, 0, [P.CTRL_JOIN, 1, 8, 1, 32, 32],
+                              5.0, "join")
+        t.join(5)
+
+
+@pytest.mark.mpi
 def test_64_mib_on_four_ranks(switch):
     cases = [("float32", "sum", 16 << 20, 11)]
     check_job(run_ina(switch, 4, cases), cases, 4)

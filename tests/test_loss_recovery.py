@@ -35,9 +35,13 @@ def job():
 
 def packet(link: WorkerLink, chunk: int, seq: int, flags: int = 0, values=None) -> bytes:
     values = np.full(K, chunk + 1, ">i4") if values is None else values
-    return P.pack_header(flags=flags, job=link.job, worker=link.worker, slot_version=0,
-                         slot=chunk % S, offset=chunk * K, count=len(values), exponent=0,
-                         proposal=P.PROPOSAL_NONE, epoch=EPOCH, seq=seq) + values.tobytes()
+    if not len(values):  # a result request: the header alone
+        return P.pack_header(flags=flags, job=link.job, worker=link.worker, slot_version=0,
+                             slot=chunk % S, offset=chunk * K, count=0, epoch=EPOCH,
+                             seq=seq)
+    return P.pack_data(values, flags=flags, job=link.job, worker=link.worker,
+                       slot_version=0, slot=chunk % S, offset=chunk * K, epoch=EPOCH,
+                       seq=seq)
 
 
 def send(link: WorkerLink, data: bytes) -> None:
@@ -105,8 +109,7 @@ def test_a_result_request_is_answered_only_by_a_done_cell(job):
     assert all(d["flags"] == P.FLAG_RESULT and d["offset"] == K for d in done)
     # b never sent chunk 0 of another offset: a request naming it is not answered.
     send(b, P.pack_header(flags=P.FLAG_RETRANSMIT, job=b.job, worker=1, slot_version=0,
-                          slot=0, offset=8 * K, count=0, exponent=0, proposal=0,
-                          epoch=EPOCH))
+                          slot=0, offset=8 * K, count=0, epoch=EPOCH))
     assert silent(b)
     assert sw.stop() == 0
     assert "result requests 3 " in sw.final_status, sw.final_status
@@ -125,7 +128,7 @@ def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, fault
     try:
         link.join(5.0)
         x = np.arange(k * chunks, dtype=np.float32) % 1000 - 500
-        local, _ = kernels.load("fast").block_exponents(x, k)
+        local, _ = kernels.load("fast").block_exponents(x, k, link.block)
         out = np.full_like(x, np.nan)
         result = link.stream(x, out, local, local.copy(), False, 0.01, 0.005, 0.5,
                              silence=10.0, deadline=60.0)
@@ -153,13 +156,13 @@ def test_a_late_retransmission_is_stale_not_summed_into_a_later_call():
         a, b = links
 
         def send_use(link, version, seq, value, flags=0):
-            head = P.pack_header(flags=flags, job=link.job, worker=link.worker,
-                                 slot_version=version, slot=0, offset=0, count=K,
-                                 exponent=0, proposal=P.PROPOSAL_NONE, epoch=EPOCH, seq=seq)
-            send(link, head + np.full(K, value, ">i4").tobytes())
+            send(link, P.pack_data(np.full(K, value), flags=flags, job=link.job,
+                                   worker=link.worker, slot_version=version, slot=0,
+                                   offset=0, epoch=EPOCH, seq=seq))
 
         def sums():
-            return [np.frombuffer(receive(link)[1][P.HEADER_BYTES:], ">i4")[0] for link in links]
+            return [np.frombuffer(receive(link)[1][P.HEADER_BYTES + P.PAIR_BYTES:], ">i4")[0]
+                    for link in links]
 
         send_use(a, 0, 0, 1)
         send_use(b, 0, 0, 10)

@@ -1,5 +1,6 @@
-"""INA packets: every header field the fast path writes, checked through the scapy Layer;
-results parsed back, and malformed or foreign ones rejected without touching the output."""
+"""INA packets: every header field, sub-block pair and value the fast path writes, for
+both value widths, checked through the scapy Layer; results parsed back, and malformed or
+foreign ones rejected without touching the output."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,11 +11,12 @@ from hypothesis import strategies as st
 from ina_collectives import protocol as P
 from ina_collectives.ina import kernels as kernel_module
 from ina_collectives.protocol import INA
+from ina_collectives.protocol.scapy_layer import INAPair
 from tests.conftest import BACKENDS
 
 
-def ring(rows: int, k: int) -> np.ndarray:
-    return np.zeros((rows, P.HEADER_BYTES + P.ELEMENT_BYTES * k), np.uint8)
+def ring(rows: int, k: int, block: int = P.DEFAULT_BLOCK, bits: int = 32) -> np.ndarray:
+    return np.zeros((rows, P.packet_bytes(k, block, bits)), np.uint8)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -23,22 +25,27 @@ def ring(rows: int, k: int) -> np.ndarray:
        n=st.integers(1, 32), version_base=st.integers(0, 1), job=st.integers(0, 65535),
        worker=st.integers(0, 65535), flags=st.sampled_from([0, P.FLAG_RETRANSMIT]),
        epoch=st.integers(0, 65535),
-       dtype=st.sampled_from(["float16", "float32", "float64", "int32"]), data=st.data())
+       dtype=st.sampled_from(["float16", "float32", "float64", "int32"]),
+       block=st.sampled_from(P.BLOCK_SIZES), bits=st.sampled_from(P.VALUE_BITS),
+       data=st.data())
 def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, version_base, job,
-                                              worker, flags, epoch, dtype, data):
+                                              worker, flags, epoch, dtype, block, bits, data):
     kernels = kernel_module.load(backend)
+    if dtype == "int32":
+        bits = 32  # int32 tensors pass unscaled: 32-bit values only
     rng = np.random.default_rng(size)
     x = (rng.standard_normal(size) * 100).astype(dtype)
-    local, _ = kernels.block_exponents(x, k)
+    local, _ = kernels.block_exponents(x, k, block)
     agreed = local + np.int16(data.draw(st.integers(0, 2)))
-    nb = local.size
+    g = -(-k // block)
+    nb = local.size // g
     first = data.draw(st.integers(0, nb - 1))
     count = data.draw(st.integers(0, nb - first))
-    rows = ring(max(count, 1), k)
+    rows = ring(max(count, 1), k, block, bits)
     lengths = kernels.pack_chunks(x, k, n, agreed, local, first, count, rows, slots,
-                                  version_base, job, worker, flags, epoch)
+                                  version_base, job, worker, flags, epoch, block, bits)
     assert lengths.shape == (count,)
-    payload_all = kernels.quantize(x, agreed, n, k)
+    payload_all = kernels.quantize(x, agreed, n, k, block, bits)
     for i, c in enumerate(range(first, first + count)):
         pkt = INA(rows[i, :lengths[i]].tobytes())
         start, stop = c * k, min(c * k + k, size)
@@ -47,18 +54,23 @@ def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, versio
         assert pkt.slot == c % slots
         assert pkt.slot_version == ((c // slots) + version_base) % 2
         assert (pkt.offset, pkt.count) == (start, stop - start)
-        assert pkt.exponent == agreed[c]
-        assert pkt.proposal == (local[c + slots] if c + slots < nb else P.PROPOSAL_NONE)
+        blocks = -(-(stop - start) // block)
+        assert (pkt.blocks, pkt.value_bits, pkt.block) == (blocks, bits, block)
+        assert [p.exponent for p in pkt.pairs] == agreed[c * g:c * g + blocks].tolist()
+        nxt = c + slots
+        assert [p.proposal for p in pkt.pairs] == (
+            local[nxt * g:nxt * g + blocks].tolist() if nxt < nb
+            else [P.PROPOSAL_NONE] * blocks)
         assert pkt.seq == 0 and pkt.epoch == epoch
         assert pkt.values == payload_all[start:stop].astype(np.int64).tolist()
-        assert lengths[i] == P.HEADER_BYTES + 4 * (stop - start) == len(pkt)
+        assert lengths[i] == P.packet_bytes(stop - start, block, bits) == len(pkt)
 
 
 def test_scapy_builds_what_the_parser_takes(kernels):
     k, n = 4, 2
     values = [3 << 20, -(5 << 20), 7, 0]
-    raw = bytes(INA(flags="RESULT", job=9, worker=0, slot=2, offset=4, exponent=1,
-                    values=values))
+    raw = bytes(INA(flags="RESULT", job=9, worker=0, slot=2, offset=4,
+                    pairs=[INAPair(exponent=1)], values=values))
     rows = ring(1, k)
     rows[0, :len(raw)] = np.frombuffer(raw, np.uint8)
     out = np.zeros(8, np.float32)
@@ -67,13 +79,21 @@ def test_scapy_builds_what_the_parser_takes(kernels):
     shift = 30 - 1 - 1  # exponent 1, n = 2
     np.testing.assert_array_equal(out[4:], np.array(values) * 2.0**-shift)
     assert (out[:4] == 0).all()
+    # 16-bit values, two sub-blocks of 2 with their own exponents
+    raw = bytes(INA(flags="RESULT", job=9, offset=4, value_bits=16, block=2,
+                    pairs=[INAPair(exponent=1), INAPair(exponent=-3)], values=[3, -5, 7, 1]))
+    rows = ring(1, k, 2, 16)
+    rows[0, :len(raw)] = np.frombuffer(raw, np.uint8)
+    status = kernels.unpack_results(rows, np.array([len(raw)]), out, n, k, 9, False, 2, 16)
+    assert status.tolist() == [P.PARSE_OK]
+    np.testing.assert_array_equal(out[4:], [3 * 2.0**-12, -5 * 2.0**-12, 7 * 2.0**-16, 2.0**-16])
 
 
 def test_round_trip_through_results_with_average(kernels):
     rng = np.random.default_rng(5)
     x = rng.standard_normal(1000).astype(np.float32)
     k, n = 64, 1
-    exps, _ = kernels.block_exponents(x, k)
+    exps, _ = kernels.block_exponents(x, k, 32)
     rows = ring(16, k)
     lengths = kernels.pack_chunks(x, k, n, exps, exps, 0, 16, rows, 16, 0, 3, 0)
     rows[:, P.OFF_FLAGS] |= P.FLAG_RESULT
@@ -92,12 +112,13 @@ def test_round_trip_through_results_with_average(kernels):
     np.testing.assert_allclose(avg, x / 4, rtol=0, atol=2.0**-28)
 
 
-def _result_row(k: int, **fields) -> tuple[np.ndarray, int]:
+def _result_row(k: int, exponent: int = 0, **fields) -> tuple[np.ndarray, int]:
     header = dict(flags=P.FLAG_RESULT, job=1, worker=0, slot_version=0, slot=0, offset=0,
-                  count=k, exponent=0, proposal=P.PROPOSAL_NONE)
+                  count=k, blocks=1, value_bits=32, block=P.DEFAULT_BLOCK)
     header.update(fields)
     count = header["count"]
-    raw = P.pack_header(**header) + np.arange(count, dtype=">i4").tobytes()
+    pair = np.array([exponent, P.PROPOSAL_NONE], ">i2").tobytes()
+    raw = P.pack_header(**header) + pair + np.arange(count, dtype=">i4").tobytes()
     rows = ring(1, k)
     rows[0, :len(raw)] = np.frombuffer(raw, np.uint8)
     return rows, len(raw)
@@ -113,6 +134,10 @@ def _result_row(k: int, **fields) -> tuple[np.ndarray, int]:
     ({"offset": 2}, 0, P.PARSE_MISALIGNED),
     ({"offset": 12}, 0, P.PARSE_RANGE),
     ({"count": 3}, 0, P.PARSE_COUNT),
+    ({"blocks": 2}, 0, P.PARSE_COUNT),
+    ({"blocks": 0}, 0, P.PARSE_COUNT),
+    ({"value_bits": 16}, 0, P.PARSE_FORMAT),
+    ({"block": 16}, 0, P.PARSE_FORMAT),
     ({}, -4, P.PARSE_COUNT),
     ({"exponent": 129}, 0, P.PARSE_EXPONENT),
     ({"exponent": -127}, 0, P.PARSE_EXPONENT),
@@ -130,21 +155,23 @@ def test_malformed_and_foreign_results_are_rejected_untouched(kernels, fields, l
 def test_garbage_never_crashes_or_writes_out_of_bounds(kernels):
     rng = np.random.default_rng(11)
     k = 8
-    rows = rng.integers(0, 256, (200, P.HEADER_BYTES + 4 * k), dtype=np.uint8)
+    rows = rng.integers(0, 256, (200, P.packet_bytes(k, 4, 32)), dtype=np.uint8)
     rows[::2, P.OFF_VERSION] = P.PROTOCOL_VERSION
     rows[::2, P.OFF_FLAGS] = P.FLAG_RESULT
     rows[::4, P.OFF_JOB:P.OFF_JOB + 2] = 0
     lengths = rng.integers(0, rows.shape[1] + 50, 200).astype(np.int32)
     guard = np.zeros(40, np.float64)
     out = guard[10:30]
-    kernels.unpack_results(rows, lengths, out, 3, k, 0)
+    rows[1::4, P.OFF_VALUE_BITS], rows[1::4, P.OFF_BLOCK] = 32, 4
+    rows[1::4, P.OFF_BLOCKS:P.OFF_BLOCKS + 2] = [0, 2]
+    kernels.unpack_results(rows, lengths, out, 3, k, 0, False, 4, 32)
     assert (guard[:10] == 0).all() and (guard[30:] == 0).all()
 
 
 def test_ring_and_chunk_arguments_are_checked(kernels):
     x = np.ones(10, np.float32)
     exps, _ = kernels.block_exponents(x, 4)
-    with pytest.raises(ValueError, match="cannot hold a header and 4 elements"):
+    with pytest.raises(ValueError, match="cannot hold a packet of 4 values"):
         kernels.pack_chunks(x, 4, 2, exps, exps, 0, 3, ring(3, 3), 2, 0, 0, 0)
     with pytest.raises(ValueError, match="do not fit a ring of 2 rows"):
         kernels.pack_chunks(x, 4, 2, exps, exps, 0, 3, ring(2, 4), 2, 0, 0, 0)
@@ -154,15 +181,22 @@ def test_ring_and_chunk_arguments_are_checked(kernels):
 
 def test_header_constants():
     assert P.HEADER.size == P.HEADER_BYTES == P.OFF_PAYLOAD == len(INA())
-    assert P.elements_for_mtu(1500) == (1500 - 28 - 24) // 4
+    for mtu in (1500, 9000, 65535):
+        for block in P.BLOCK_SIZES:
+            for bits in P.VALUE_BITS:
+                k = P.elements_for_mtu(mtu, block, bits)  # the largest K that fits
+                room = min(mtu - 28, P.MAX_DATAGRAM)
+                assert P.packet_bytes(k, block, bits) <= room < P.packet_bytes(k + 1, block,
+                                                                                bits)
+    assert P.elements_for_mtu(1500) == 351  # 11 sub-blocks of 32 int32, less one
     assert P.elements_for_mtu(65535) == P.MAX_ELEMENTS
     with pytest.raises(ValueError, match="MTU 40"):
         P.elements_for_mtu(40)
     fields = P.unpack_header(P.pack_header(flags=1, job=2, worker=3, slot_version=1, slot=4,
-                                           offset=5, count=6, exponent=-7, proposal=8,
-                                           epoch=65535, seq=9))
+                                           offset=5, count=6, blocks=7, value_bits=16,
+                                           block=8, epoch=65535, seq=9))
     assert fields == {"version": P.PROTOCOL_VERSION, "flags": 1, "job": 2, "worker": 3,
-                      "slot_version": 1, "slot": 4, "offset": 5, "count": 6,
-                      "exponent": -7, "proposal": 8, "epoch": 65535, "seq": 9}
+                      "slot_version": 1, "slot": 4, "offset": 5, "count": 6, "blocks": 7,
+                      "value_bits": 16, "block": 8, "epoch": 65535, "seq": 9}
     with pytest.raises(ValueError, match="at least 24 bytes"):
         P.unpack_header(b"\x01\x00")

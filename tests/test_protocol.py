@@ -32,8 +32,10 @@ def test_offsets_follow_the_widths():
     for f in P.FIELDS:
         assert P.OFFSETS[f.name] == at and f.bits % 8 == 0
         at += f.bits // 8
-    assert (P.OFF_JOB, P.OFF_SLOT, P.OFF_PROPOSAL, P.OFF_EPOCH) == (
-        P.OFFSETS["job"], P.OFFSETS["slot"], P.OFFSETS["proposal"], P.OFFSETS["epoch"])
+    assert (P.OFF_JOB, P.OFF_SLOT, P.OFF_BLOCKS, P.OFF_EPOCH) == (
+        P.OFFSETS["job"], P.OFFSETS["slot"], P.OFFSETS["blocks"], P.OFFSETS["epoch"])
+    # Values after the pairs stay 4-byte aligned for any number of pairs.
+    assert P.HEADER_BYTES % 4 == 0 and P.PAIR_BYTES % 4 == 0
 
 
 @pytest.mark.parametrize("edge", ["low", "high"])
@@ -63,11 +65,16 @@ def test_values_past_a_fields_edges_are_refused_not_wrapped():
                 P.pack_header(**{**base, f.name: bad})
 
 
-def test_negative_exponents_and_no_proposal_round_trip():
+def test_format_fields_round_trip():
     values = dict(version=P.PROTOCOL_VERSION, flags=P.FLAG_RESULT, job=3, worker=1,
-                  slot_version=1, slot=7, offset=4096, count=12, exponent=-1,
-                  proposal=P.PROPOSAL_NONE, epoch=65535, seq=255)
+                  slot_version=1, slot=7, offset=4096, count=12, blocks=3, value_bits=16,
+                  block=4, epoch=65535, seq=255)
     assert P.unpack_header(P.pack_header(**values)) == values
+    assert P.packet_bytes(12, 4, 16) == 24 + 3 * 4 + 12 * 2
+    with pytest.raises(ValueError, match="one of"):
+        P.check_format(48, 32)
+    with pytest.raises(ValueError, match="32 or 16"):
+        P.check_format(32, 8)
 
 
 def test_a_short_header_is_refused_by_length():
@@ -125,6 +132,6 @@ def test_udp_socket_names_an_address_in_use():
 def test_the_scapy_layer_has_the_tables_fields():
     ina = P.INA(job=5, epoch=9, values=[1, -2])
     names = [f.name for f in P.INA.fields_desc]
-    assert names == [f.name for f in P.FIELDS] + ["values"]
+    assert names == [f.name for f in P.FIELDS] + ["pairs", "values"]
     raw = bytes(ina)
     assert P.unpack_header(raw)["epoch"] == 9 and P.unpack_header(raw)["count"] == 2

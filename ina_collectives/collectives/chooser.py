@@ -44,7 +44,8 @@ class Collectives:
             self.stats.transport = self.ina.totals
             ina = self.ina
             self.stats.switch_state = lambda: {"serving": ina.link is not None,
-                                               "outages": ina.outages, "returns": ina.returns}
+                                               "outages": ina.outages, "returns": ina.returns,
+                                               **ina.wire_format()}
         self.engines: list[Engine] = ([self.ina] if self.ina else []) + [
             self.fallback, MpiEngine(self.comm)]
         self._seq = 0

@@ -74,7 +74,8 @@ class InaEngine:
 
         comm, settings, kernels = self.comm, self.settings, self.kernels
         n, rank = comm.Get_size(), comm.Get_rank()
-        k = settings.switch_elements or P.MAX_ELEMENTS
+        block, bits = settings.switch_block, settings.switch_value_bits
+        k = settings.switch_elements or P.max_elements(P.MAX_DATAGRAM, block, bits)
         error, lasting = None, True
         if n > P.MAX_WORKERS:
             error = f"{n} ranks exceed the aggregator's {P.MAX_WORKERS} workers"
@@ -99,7 +100,8 @@ class InaEngine:
             try:
                 self.link = WorkerLink(P.parse_address(settings.switch), job, rank, n, k,
                                        settings.switch_slots,
-                                       ports[rank] if settings.job else 0, epoch)
+                                       ports[rank] if settings.job else 0, epoch, block,
+                                       bits)
                 self.link.totals = self.totals
                 if settings.job:  # installed by a controller: worker id = rank
                     self.link.probe(settings.switch_join_timeout)
@@ -129,6 +131,14 @@ class InaEngine:
             self.close()
         else:
             self.unavailable = None
+
+    def wire_format(self) -> dict[str, int]:
+        """The packets this job sends: K values of ``value_bits`` bits per packet, one
+        exponent per ``block`` of them (stats()["switch"])."""
+        s = self.settings
+        k = self.link.k if self.link is not None else s.switch_elements
+        return {"protocol": P.PROTOCOL_VERSION, "elements": k,
+                "value_bits": s.switch_value_bits, "block": s.switch_block}
 
     def _collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),
@@ -232,8 +242,10 @@ class InaEngine:
         # The input stays intact until the result is whole: the fallback may need it.
         wide = np.float32 if call.dtype == np.float16 else call.dtype
         x = source.astype(wide) if (call.send is None or wide != call.dtype) else source
-        local, nonfinite = self.kernels.block_exponents(x, k)
-        first = min(link.slots, local.size)
+        local, nonfinite = self.kernels.block_exponents(x, k, link.block)
+        # The first window's exponents (G per chunk) are agreed here; the rest ride on
+        # the results.
+        first = min(link.slots * -(-k // link.block), local.size)
         proposal = np.empty(1 + first, np.int16)
         proposal[0] = nonfinite
         proposal[1:] = local[:first]

@@ -29,11 +29,14 @@ class WorkerLink:
     (docs/protocol.md): the switch takes a cell last used in another epoch for idle."""
 
     def __init__(self, switch: tuple[str, int], job: int, worker: int, n: int, k: int,
-                 slots: int, port: int = 0, epoch: int = 0):
+                 slots: int, port: int = 0, epoch: int = 0, block: int = P.DEFAULT_BLOCK,
+                 value_bits: int = 32):
         if not 0 <= epoch < 65536:
             raise ValueError(f"epoch {epoch} is not 0..65535")
+        P.check_format(block, value_bits)
         self.switch = switch
         self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
+        self.block, self.value_bits = block, value_bits
         self.epoch = epoch
         self.sock = udp_socket("0.0.0.0", port)
         self.joined = False
@@ -55,12 +58,14 @@ class WorkerLink:
         return status
 
     def join(self, timeout: float) -> None:
-        status = self._control([P.CTRL_JOIN, self.n, self.k, self.slots], timeout, "join")
+        status = self._control([P.CTRL_JOIN, self.n, self.k, self.slots, self.block,
+                                self.value_bits], timeout, "join")
         if status != 0:
             reason = status_text(P.JOIN_STATUS, status)
             raise AggregatorUnavailable(
                 f"the aggregator at {self.switch[0]}:{self.switch[1]} refused job {self.job} "
-                f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}): {reason}")
+                f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}, B "
+                f"{self.block}, {self.value_bits}-bit values): {reason}")
         self.joined = True
 
     def probe(self, timeout: float) -> None:
@@ -100,7 +105,8 @@ class WorkerLink:
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
-            rto_max, silence, deadline, self.rtt, self.epoch, self.seq)
+            rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
+            self.value_bits)
         failure = counters.pop("errno", 0)
         call = transport.CALLS[int(counters.pop("call", 0))]
         for name, value in counters.items():

@@ -18,12 +18,12 @@ from .header import (
     FLAG_CONTROL,
     FLAG_RESULT,
     HEADER_BYTES,
-    PROPOSAL_NONE,
+    PROTOCOL_VERSION,
     pack_header,
     unpack_header,
 )
 
-CTRL_JOIN = 1     # [JOIN, n workers, K, S]: the sender is worker `worker` of job `job`
+CTRL_JOIN = 1     # [JOIN, n, K, S, B, value bits]: the sender is worker `worker` of job `job`
 CTRL_LEAVE = 2    # [LEAVE]: the sender is done; the job is freed when all have left
 CTRL_PROBE = 3    # [PROBE]: job 0: is an aggregator there? job j: am I worker w of job j?
 CTRL_FAULTS = 4   # [FAULTS, then FAULT_FIELDS in order] (probabilities in ppm, delays in us)
@@ -34,7 +34,9 @@ FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder
                 "reorder_out", "delay_ms_in", "delay_ms_out")
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
                "worker id taken by another address", "no room for the job",
-               "the job is configured by a controller (P4Runtime)")
+               "the job is configured by a controller (P4Runtime)",
+               "another protocol version")
+JOIN_VERSION = JOIN_STATUS.index("another protocol version")
 # A probe for job j is answered 0 only if the sender is worker w of job j at its address
 # (a P4 switch answers only then, and stays silent otherwise).
 PROBE_STATUS = ("installed", "not installed at this address")
@@ -45,8 +47,7 @@ def control_packet(job: int, worker: int, body: list[int], reply: bool = False) 
     """A control request (or, ``reply``, an answer) carrying the int32 values ``body``."""
     flags = FLAG_CONTROL | (FLAG_RESULT if reply else 0)
     return pack_header(flags=flags, job=job, worker=worker, slot_version=0, slot=0,
-                       offset=0, count=len(body), exponent=0,
-                       proposal=PROPOSAL_NONE) + np.asarray(body, ">i4").tobytes()
+                       offset=0, count=len(body)) + np.asarray(body, ">i4").tobytes()
 
 
 def read_control(packet: bytes) -> tuple[dict[str, int], np.ndarray]:
@@ -115,6 +116,11 @@ def control_request(sock: socket.socket, switch: tuple[str, int], job: int, work
                 wanted = FLAG_CONTROL | FLAG_RESULT
                 if head["flags"] & wanted == wanted and head["job"] == job and \
                         reply[0] == body[0]:
+                    if head["version"] != PROTOCOL_VERSION:  # the header's first byte: any
+                        raise ValueError(           # version puts it there
+                            f"the aggregator at {where} speaks protocol version "
+                            f"{head['version']}, this worker version {PROTOCOL_VERSION}: "
+                            f"{what} refused")
                     return int(reply[1]), int(reply[2]) if len(reply) > 2 else 0
             if time.monotonic() >= deadline:
                 raise AggregatorUnavailable(
@@ -124,7 +130,8 @@ def control_request(sock: socket.socket, switch: tuple[str, int], job: int, work
 
 
 __all__ = [name for name in dir() if name.startswith(("CTRL_", "FAULT_", "CAP_")) or
-           name.endswith("_STATUS")] + ["RETRY_SECONDS", "control_packet", "read_control",
+           name.endswith("_STATUS")] + ["JOIN_VERSION", "RETRY_SECONDS",
+                                         "control_packet", "read_control",
                                          "status_text", "control_exchange", "control_request",
                                          "encode_faults",
                                          "decode_faults"]

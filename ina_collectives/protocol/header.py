@@ -12,9 +12,11 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-# 2: the reserved byte became seq, the flag NACK came (docs/protocol.md, Loss); a packet
-# of another version is dropped as malformed, so a mixed job fails to join, not to add.
-PROTOCOL_VERSION = 2
+# 2: the reserved byte became seq, the flag NACK came (docs/protocol.md, Loss). 3: an
+# exponent per sub-block of B values after the header, and 16-bit values. A packet of
+# another version is dropped as malformed; a join of another version is refused, naming
+# both (protocol/control.py), so a mixed job fails to join, not to add.
+PROTOCOL_VERSION = 3
 UDP_PORT = 47474  # the aggregator's well-known port (workers listen on any port)
 
 FLAG_RESULT = 0x01       # aggregator -> worker: the slot's sum
@@ -27,6 +29,14 @@ FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL", "NACK")  # bit 0, 1, 2, 3
 # loses every max; block exponents themselves never go below the dtype's floor.
 PROPOSAL_NONE = -32768
 
+# Values: int32 (the default) or int16, a job's choice (settings: switch_value_bits).
+VALUE_BITS = (32, 16)
+# Sub-blocks: B values share an exponent; B a power of two up to 64 (a job's choice,
+# settings: switch_block). After the header come ceil(count / B) pairs (exponent,
+# proposal), int16 each, then the count values.
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_BLOCK = 32
+PAIR_BYTES = 4
 
 class Field(NamedTuple):
     name: str        # the Python name (pack_header's keyword, unpack_header's key)
@@ -57,11 +67,12 @@ FIELDS: tuple[Field, ...] = (
           "index of the chunk's first element in the tensor"),
     Field("count", "count", 16, False, "element count",
           "1 .. K; the payload holds exactly this many values"),
-    Field("exponent", "exponent", 16, True, "exponent",
-          "int16: the chunk's agreed block exponent e (docs/quantization.md)"),
-    Field("proposal", "proposal", 16, True, "next proposal",
-          "int16: this worker's exponent for the slot's next chunk; the switch keeps the "
-          f"max; `{PROPOSAL_NONE}` = none"),
+    Field("blocks", "blocks", 16, False, "sub-blocks",
+          "ceil(count / B): the (exponent, proposal) pairs between header and values"),
+    Field("value_bits", "value_bits", 8, False, "value bits",
+          "32 or 16: the width of each value (a job's; control packets: 32)"),
+    Field("block", "block", 8, False, "sub-block size",
+          "B, values per sub-block: 1, 2, 4 .. 64 (a job's; control packets: 0)"),
     Field("epoch", "epoch", 16, False, "epoch",
           "the run's epoch: drawn by rank 0 at init, the same on every worker of the run; "
           "a cell last used in another epoch counts as idle (stale state of an earlier run "
@@ -88,21 +99,53 @@ OFF_SLOT_VERSION = OFFSETS["slot_version"]
 OFF_SLOT = OFFSETS["slot"]
 OFF_OFFSET = OFFSETS["offset"]
 OFF_COUNT = OFFSETS["count"]
-OFF_EXPONENT = OFFSETS["exponent"]
-OFF_PROPOSAL = OFFSETS["proposal"]
+OFF_BLOCKS = OFFSETS["blocks"]
+OFF_VALUE_BITS = OFFSETS["value_bits"]
+OFF_BLOCK = OFFSETS["block"]
 OFF_EPOCH = OFFSETS["epoch"]
 OFF_SEQ = OFFSETS["seq"]
 OFF_PAYLOAD = HEADER_BYTES
 
-ELEMENT_BYTES = 4  # int32
 MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
-MAX_ELEMENTS = (MAX_DATAGRAM - HEADER_BYTES) // ELEMENT_BYTES  # K on loopback
 MAX_WORKERS = 64  # one bit each in the switch's per-slot bitmap
 
 
-def elements_for_mtu(mtu: int) -> int:
+def sub_blocks(count: int, block: int) -> int:
+    """The (exponent, proposal) pairs a packet of count values carries."""
+    return -(-count // block)
+
+
+def packet_bytes(count: int, block: int, value_bits: int) -> int:
+    """A data packet's length: header, ceil(count / B) pairs, count values."""
+    return HEADER_BYTES + PAIR_BYTES * sub_blocks(count, block) + value_bits // 8 * count
+
+
+def max_elements(datagram: int, block: int, value_bits: int) -> int:
+    """The largest K whose packet fits a UDP payload of ``datagram`` bytes."""
+    room = datagram - HEADER_BYTES
+    whole = room // (PAIR_BYTES + block * value_bits // 8)  # full sub-blocks
+    rest = room - whole * (PAIR_BYTES + block * value_bits // 8) - PAIR_BYTES
+    return whole * block + max(0, min(block - 1, rest // (value_bits // 8)))
+
+
+def check_format(block: int, value_bits: int) -> None:
+    """ValueError naming a sub-block size or value width this protocol does not have."""
+    if block not in BLOCK_SIZES:
+        raise ValueError(f"sub-block size B must be one of {BLOCK_SIZES}, got {block}")
+    if value_bits not in VALUE_BITS:
+        raise ValueError(f"value bits must be 32 or 16, got {value_bits}")
+
+
+# K on loopback (64 KiB datagrams), for the default format.
+MAX_ELEMENTS = max_elements(MAX_DATAGRAM, DEFAULT_BLOCK, 32)
+# The most values any packet of any format may carry (B 64, 16 bits): buffers' bound.
+MAX_ANY_ELEMENTS = max_elements(MAX_DATAGRAM, 64, 16)
+
+
+def elements_for_mtu(mtu: int, block: int = DEFAULT_BLOCK, value_bits: int = 32) -> int:
     """The largest K whose packet fits a link MTU (IPv4 20 + UDP 8 bytes of headers)."""
-    k = (min(mtu - 28, MAX_DATAGRAM) - HEADER_BYTES) // ELEMENT_BYTES
+    check_format(block, value_bits)
+    k = max_elements(min(mtu - 28, MAX_DATAGRAM), block, value_bits)
     if k < 1:
         raise ValueError(f"MTU {mtu} leaves no room for a payload after the "
                          f"{HEADER_BYTES + 28} bytes of headers")
@@ -120,21 +163,39 @@ DROP_REASONS = ("malformed", "unknown job", "unknown worker", "bad slot", "misma
 # the reason it was dropped (the index into PARSE_STATUS, counted by the transport).
 PARSE_OK = 0
 PARSE_STATUS = ("ok", "short", "version", "not a result", "foreign job", "bad count",
-                "out of range", "misaligned", "bad exponent")
+                "out of range", "misaligned", "bad exponent", "format")
 (PARSE_SHORT, PARSE_VERSION, PARSE_NOT_RESULT, PARSE_JOB, PARSE_COUNT, PARSE_RANGE,
- PARSE_MISALIGNED, PARSE_EXPONENT) = range(1, len(PARSE_STATUS))
+ PARSE_MISALIGNED, PARSE_EXPONENT, PARSE_FORMAT) = range(1, len(PARSE_STATUS))
 
 
 _DATA_FIELDS = tuple(f.name for f in FIELDS if f.name not in RESERVED)
 
 
 def pack_header(*, flags: int, job: int, worker: int, slot_version: int, slot: int,
-                offset: int, count: int, exponent: int, proposal: int, epoch: int = 0,
-                seq: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+                offset: int, count: int, blocks: int = 0, value_bits: int = 32,
+                block: int = 0, epoch: int = 0, seq: int = 0,
+                version: int = PROTOCOL_VERSION) -> bytes:
     values = dict(version=version, flags=flags, job=job, worker=worker,
                   slot_version=slot_version, slot=slot, offset=offset, count=count,
-                  exponent=exponent, proposal=proposal, epoch=epoch, seq=seq)
+                  blocks=blocks, value_bits=value_bits, block=block, epoch=epoch, seq=seq)
     return HEADER.pack(*(values[f.name] for f in FIELDS))
+
+
+def pack_data(values, *, exponents=None, proposals=None, block: int = DEFAULT_BLOCK,
+              value_bits: int = 32, **fields: int) -> bytes:
+    """A whole data packet: the header (``fields`` as pack_header takes them; count and
+    blocks from the values), the sub-blocks' pairs (exponents 0 and proposals none
+    unless given) and the values, int32 or int16 in network order. For tests, benchmarks
+    and tools; the workers' packets come from the compiled fast path."""
+    import numpy as np
+
+    values = np.asarray(values).astype(">i4" if value_bits == 32 else ">i2")
+    blocks = sub_blocks(values.size, block)
+    pairs = np.empty((blocks, 2), ">i2")
+    pairs[:, 0] = 0 if exponents is None else exponents
+    pairs[:, 1] = PROPOSAL_NONE if proposals is None else proposals
+    return (pack_header(count=values.size, blocks=blocks, value_bits=value_bits,
+                        block=block, **fields) + pairs.tobytes() + values.tobytes())
 
 
 def unpack_header(data: bytes | memoryview) -> dict[str, int]:
@@ -149,7 +210,7 @@ def p4_header(type_name: str = "ina_t") -> str:
     """The P4-16 header declaration of FIELDS (p4/gen.py emits it)."""
     lines = [f"header {type_name} {{"]
     for f in FIELDS:
-        note = "      // int16" if f.signed else ""
+        note = ""
         lines.append(f"    bit<{f.bits}>{' ' * (3 - len(str(f.bits)))}{f.p4};{note}")
     lines.append("}")
     return "\n".join(lines)
@@ -160,10 +221,16 @@ def markdown_table() -> str:
     rows = ["| offset | size | field | meaning |", "| ---: | ---: | --- | --- |"]
     for f in FIELDS:
         rows.append(f"| {OFFSETS[f.name]} | {f.bits // 8} | {f.title} | {f.meaning} |")
-    rows.append(f"| {HEADER_BYTES} | {ELEMENT_BYTES} x count | payload | int32 values |")
+    rows.append(f"| {HEADER_BYTES} | {PAIR_BYTES} x sub-blocks | exponents | per sub-block: "
+                "int16 exponent e of its values (docs/quantization.md), int16 proposal for "
+                f"the slot's next chunk (the switch keeps the max; `{PROPOSAL_NONE}` = "
+                "none) |")
+    rows.append(f"| {HEADER_BYTES} + {PAIR_BYTES} x sub-blocks | value bits / 8 x count | "
+                "values | int32 or int16, two's complement |")
     return "\n".join(rows)
 
 
 __all__ = [name for name in dir() if name.isupper() and not name.startswith("_")] + [
-    "Field", "elements_for_mtu", "pack_header", "unpack_header", "p4_header",
+    "Field", "elements_for_mtu", "pack_data", "sub_blocks", "packet_bytes", "max_elements",
+    "check_format", "pack_header", "unpack_header", "p4_header",
     "markdown_table"]

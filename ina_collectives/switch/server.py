@@ -29,7 +29,7 @@ log = logging.getLogger("ina_collectives.switch")
 CONTROL_OUTCOMES = ("joins", "refusals", "leaves", "probes", "wakes", "fault settings",
                     "foreign control", "malformed control")
 # The int32 values each op's request carries (the op included).
-CONTROL_VALUES = {P.CTRL_JOIN: 4, P.CTRL_LEAVE: 1, P.CTRL_PROBE: 1, P.CTRL_WAKE: 1,
+CONTROL_VALUES = {P.CTRL_JOIN: 6, P.CTRL_LEAVE: 1, P.CTRL_PROBE: 1, P.CTRL_WAKE: 1,
                   P.CTRL_FAULTS: 1 + len(P.FAULT_FIELDS)}
 
 
@@ -178,6 +178,14 @@ class SoftwareSwitch:
         malformed = "malformed control"
         if head["flags"] != P.FLAG_CONTROL:
             return malformed, None, f"flags {head['flags']:#04x} (a request has CONTROL alone)"
+        if head["version"] != P.PROTOCOL_VERSION:
+            # A worker of another version: its join or probe is refused in this version's
+            # reply (the version byte leads every header), which names both; the rest
+            # is dropped.
+            why = f"protocol version {head['version']} (this switch: {P.PROTOCOL_VERSION})"
+            if body.size and int(body[0]) in (P.CTRL_JOIN, P.CTRL_PROBE):
+                return "refusals", P.JOIN_VERSION, why
+            return malformed, None, why
         values = (len(packet) - P.HEADER_BYTES) / 4
         if head["count"] != values or not body.size:
             return malformed, None, f"count {head['count']} for {values:g} values"
@@ -185,8 +193,7 @@ class SoftwareSwitch:
         if CONTROL_VALUES.get(op) != body.size:
             return malformed, None, f"op {op} with {body.size} values"
         if op == P.CTRL_JOIN:
-            status = self._join(job, worker, int(body[1]), int(body[2]), int(body[3]),
-                                addr_be, port_be)
+            status = self._join(job, worker, *(int(v) for v in body[1:]), addr_be, port_be)
             return ("joins" if status == 0 else "refusals"), status, ""
         if op == P.CTRL_LEAVE:
             # Only the worker itself, from its address, leaves a job (a stranger's LEAVE
@@ -220,10 +227,15 @@ class SoftwareSwitch:
             log.warning("fault injection now %s", self.aggregator.faults() or "off")
         return "fault settings", 0, ""
 
-    def _join(self, job: int, worker: int, n: int, k: int, slots: int, addr_be: int,
-              port_be: int) -> int:
-        if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= k <= self.max_elements
-                and 1 <= slots <= 65536):
+    def _join(self, job: int, worker: int, n: int, k: int, slots: int, block: int,
+              value_bits: int, addr_be: int, port_be: int) -> int:
+        # max_elements bounds a cell's values in int32s (as a P4 build's 256-byte payload
+        # holds 64 int32 or 128 int16); the default, whatever a datagram holds.
+        room = P.MAX_DATAGRAM if self.max_elements >= P.MAX_ELEMENTS else 4 * self.max_elements
+        if not (1 <= n <= P.MAX_WORKERS and 0 <= worker < n and 1 <= slots <= 65536
+                and block in P.BLOCK_SIZES and value_bits in P.VALUE_BITS
+                and 1 <= k and k * value_bits // 8 <= room
+                and P.packet_bytes(k, block, value_bits) <= P.MAX_DATAGRAM):
             return 1
         if self.aggregator.is_managed(job):
             return 5
@@ -231,11 +243,12 @@ class SoftwareSwitch:
         if shape is None:
             if sum(self.job_slots.values()) + slots > self.pool_slots:
                 return 4
-            if not self.aggregator.add_job(job, n, k, slots):
+            if not self.aggregator.add_job(job, n, k, slots, block, value_bits):
                 return 4
             self.job_slots[job] = slots
-            log.info("job %d: %d workers, K %d, S %d", job, n, k, slots)
-        elif shape != (n, k, slots):
+            log.info("job %d: %d workers, K %d, S %d, B %d, %d-bit values", job, n, k, slots,
+                     block, value_bits)
+        elif shape != (n, k, slots, block, value_bits):
             return 2
         if not self.aggregator.set_worker(job, worker, addr_be, port_be):
             return 3
