@@ -151,8 +151,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", nargs="+", help="bytes, e.g. 64K 16M (full: 64K..256M)")
     parser.add_argument("--loss", type=float, nargs="+",
                         help="loss probabilities per link (full: 0 0.001 0.01)")
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS[:4]), choices=SYSTEMS,
-                        help="what to measure (default the allreduces: ina ring mpi gloo); "
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS[:5]), choices=SYSTEMS,
+                        help="what to measure (default the allreduces: ina ina16 ring mpi "
+                             "gloo); "
                              "ddp-ina and ddp-gloo time one DDP training step of SIZES bytes "
                              "of gradients on backend 'ina' or 'gloo'")
     parser.add_argument("--reps", type=int, help="timed calls per size (median reported)")

@@ -44,18 +44,22 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     records = json.loads(out.read_text())
     # Each record exists only if that system's result was checked correct on every rank.
     got = {(r["system"], r["loss"]) for r in records}
-    assert got == {(s, loss) for s in ("ina", "ring", "mpi", "gloo") for loss in (0.0, 0.05)}
+    assert got == {(s, loss) for s in ("ina", "ina16", "ring", "mpi", "gloo")
+                   for loss in (0.0, 0.05)}
     for r in records:
         assert r["n"] == 2 and r["bytes"] == 256 << 10 and r["link_mbit"] == 400
         assert r["seconds"] > 0 and len(r["times"]) == 2
-        # No system can beat the shaped link: 256 KiB each way at 400 Mbit/s, less the
-        # one burst (1 ms at the rate, 50 KB) that tbf lets through unshaped.
-        assert r["seconds"] >= ((256 << 10) - 50_000) * 8 / 400e6, r
-    ina = [r for r in records if r["system"] == "ina"]
+        # No system can beat the shaped link: 256 KiB each way at 400 Mbit/s (half of
+        # that with 16-bit values), less the one burst (1 ms at the rate, 50 KB) that tbf
+        # lets through unshaped.
+        values = (256 << 10) * r["value_bits"] // 32
+        assert r["seconds"] >= (values - 50_000) * 8 / 400e6, r
+        assert r["value_bits"] == (16 if r["system"] == "ina16" else 32)
+    ina = [r for r in records if r["system"] in ("ina", "ina16")]
     assert all(r["engines"] == {"ina": 3} for r in ina), ina
     assert sum(r["dropped_packets"] for r in records if r["loss"]) > 0
     assert all(r["dropped_packets"] == 0 for r in records if not r["loss"])
-    assert (tmp_path / "r.md").read_text().count("| 2 | 400 |") == 8
+    assert (tmp_path / "r.md").read_text().count("| 2 | 400 |") == 10
     for name in ("r-algbw.png", "r-speedup.png"):
         assert (tmp_path / name).stat().st_size > 1000
 
