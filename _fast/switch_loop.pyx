@@ -58,6 +58,7 @@ ctypedef struct Job:
     int32_t *count         # [2 S] packets aggregated in the current use (0: idle or done)
     int32_t *offset        # [2 S] the chunk's element offset, as the first packet said
     int32_t *elements      # [2 S] its element count
+    uint8_t *cell_bits     # [2 S] its value width (a 32-bit job also takes 16-bit calls)
     int16_t *exponent      # [2 S][G] the chunk's exponents
     int16_t *proposal      # [2 S][G] max of the proposals
     uint16_t *epoch        # [2 S] the epoch of the run that last used the cell
@@ -80,6 +81,7 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.count)
         free(job.offset)
         free(job.elements)
+        free(job.cell_bits)
         free(job.exponent)
         free(job.proposal)
         free(job.epoch)
@@ -186,6 +188,7 @@ cdef class Aggregator(FaultInjection):
         job.count = <int32_t *>calloc(cells, 4)
         job.offset = <int32_t *>calloc(cells, 4)
         job.elements = <int32_t *>calloc(cells, 4)
+        job.cell_bits = <uint8_t *>calloc(cells, 1)
         job.exponent = <int16_t *>calloc(cells * g, 2)
         job.proposal = <int16_t *>calloc(cells * g, 2)
         job.epoch = <uint16_t *>calloc(cells, 2)
@@ -194,7 +197,8 @@ cdef class Aggregator(FaultInjection):
         job.nack = <uint8_t *>calloc(MAX_WORKERS * NACK_BUFFERS, HEADER)
         job.last_seq = <uint32_t *>calloc(slots * MAX_WORKERS, 4)
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
-                or job.elements == NULL or job.exponent == NULL or job.proposal == NULL
+                or job.elements == NULL or job.cell_bits == NULL or job.exponent == NULL
+                or job.proposal == NULL
                 or job.epoch == NULL or job.result == NULL or job.result_len == NULL
                 or job.nack == NULL or job.last_seq == NULL):
             job_free(job)
@@ -273,8 +277,8 @@ cdef class Aggregator(FaultInjection):
         cdef int i = what
         if not 0 <= i < job.k:
             raise IndexError(f"element {i} of K {job.k}")
-        if job.bits == 16:
-            return (<uint16_t *>job.acc)[cell * job.k + i]
+        if (job.cell_bits[cell] or job.bits) == 16:  # the width of its latest chunk
+            return (<uint16_t *>(job.acc + cell * job.k * (job.bits // 8)))[i]
         return (<uint32_t *>job.acc)[cell * job.k + i]
 
     def set_cell(self, int job_id, Py_ssize_t cell, what, uint64_t value):
@@ -299,8 +303,8 @@ cdef class Aggregator(FaultInjection):
             i = what
             if not 0 <= i < job.k:
                 raise IndexError(f"element {i} of K {job.k}")
-            if job.bits == 16:
-                (<uint16_t *>job.acc)[cell * job.k + i] = <uint16_t>value
+            if (job.cell_bits[cell] or job.bits) == 16:
+                (<uint16_t *>(job.acc + cell * job.k * (job.bits // 8)))[i] = <uint16_t>value
             else:
                 (<uint32_t *>job.acc)[cell * job.k + i] = <uint32_t>value
 
@@ -593,8 +597,12 @@ cdef class Aggregator(FaultInjection):
             self.answer_request(job, pkt, worker, bit, ver * job.slots + slot)
             return
         cdef int blocks = get16(pkt + OFF_BLOCKS)
-        cdef int vb = job.bits // 8
-        if (elements < 1 or elements > job.k or pkt[OFF_VALUE_BITS] != job.bits
+        cdef int bits = pkt[OFF_VALUE_BITS]
+        cdef int vb = bits // 8
+        # The job's width, or 16 in a job of 32 (a call asking for 16-bit values: its
+        # packets are smaller; the cell remembers which width it sums).
+        if (elements < 1 or elements > job.k or not (bits == job.bits
+                                                     or (bits == 16 and job.bits == 32))
                 or pkt[OFF_BLOCK] != job.block
                 or blocks != (elements + job.block - 1) // job.block
                 or length != HEADER + PAIR * blocks + vb * elements):
@@ -609,7 +617,7 @@ cdef class Aggregator(FaultInjection):
         cdef const uint8_t *values = pairs + PAIR * blocks
         cdef int16_t *exponents = job.exponent + cell * job.pairs
         cdef int16_t *proposals = job.proposal + cell * job.pairs
-        cdef uint8_t *acc = job.acc + cell * job.k * vb
+        cdef uint8_t *acc = job.acc + cell * job.k * (job.bits // 8)
         cdef uint8_t *result
         cdef int16_t proposal
         cdef int w, j
@@ -631,6 +639,7 @@ cdef class Aggregator(FaultInjection):
         if job.count[cell] == 0:
             job.offset[cell] = offset
             job.elements[cell] = elements
+            job.cell_bits[cell] = bits
             for j in range(blocks):
                 exponents[j] = <int16_t>get16(pairs + PAIR * j)
                 proposals[j] = <int16_t>get16(pairs + PAIR * j + 2)
@@ -639,7 +648,8 @@ cdef class Aggregator(FaultInjection):
             else:
                 ina_load_be16(<uint16_t *>acc, <const uint16_t *>values, elements)
         else:
-            if offset != job.offset[cell] or elements != job.elements[cell]:
+            if (offset != job.offset[cell] or elements != job.elements[cell]
+                    or bits != job.cell_bits[cell]):
                 self.drops[<int>DROP_MISMATCH] += 1
                 return
             for j in range(blocks):  # another chunk's scaling: nothing is added

@@ -147,7 +147,8 @@ def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
         assert reason.startswith("ina: aggregator unavailable (rank 0: ") and \
             str(closed_udp_port) in reason, reason
         assert snap["fallback_reasons"][reason] == 16
-        assert snap["switch"] == {"serving": False, "outages": 0, "returns": 0}
+        assert {k: snap["switch"][k] for k in ("serving", "outages", "returns")} == {
+            "serving": False, "outages": 0, "returns": 0}
         if check_agreement:
             assert probes == [] and looks == list(range(1, 17)), (probes, looks)
         else:
@@ -176,8 +177,8 @@ def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
                 engines.append(coll.stats.last["engine"])
                 time.sleep(0.05)  # a training step: the probe's answer comes meanwhile
             assert engines == ["ring", "ina", "ina"]
-            assert coll.stats.snapshot()["switch"] == {"serving": True, "outages": 0,
-                                                       "returns": 1}
+            state = coll.stats.snapshot()["switch"]
+            assert (state["serving"], state["outages"], state["returns"]) == (True, 0, 1)
             coll.free()  # leaves the job while the switch runs
             assert sw.process.poll() is None, sw.lines
     finally:

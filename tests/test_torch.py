@@ -9,9 +9,17 @@ import pytest
 torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip install "
                             "'ina-collectives[torch]'")
 
+from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.runtime.background import split_rows  # noqa: E402
 from tests import mpirun  # noqa: E402
-from tests.torch_cases import DTYPES, OPS, loss_of, optimizer_problem, torch_input  # noqa: E402
+from tests.torch_cases import (  # noqa: E402
+    DTYPES,
+    OPS,
+    gradient_like,
+    loss_of,
+    optimizer_problem,
+    torch_input,
+)
 
 
 def run(n, case, params=None, env=None, timeout=120.0, **options):
@@ -160,6 +168,34 @@ def test_gradients_flow_through_every_collective():
 
 
 @pytest.mark.mpi
+@pytest.mark.mpi
+def test_switch16_compression_sums_16_bit_values_through_the_switch(switch):
+    """hvd.Compression.switch16: the calls that carry it go through the switch as 16-bit
+    values (counted by width), within the 16-bit bound; the same tensor without it is
+    summed with 32-bit values; the optimizer's step is the same on both ranks."""
+    from ina_collectives.ina.reference import blockfp
+
+    n = 2
+    results = run(n, "torch_switch16", env={"INA_SWITCH": switch.address_text})
+    xs = np.stack([gradient_like(r) for r in range(n)])
+    exact = xs.astype(np.float64).mean(axis=0)
+    for name, bits in (("plain", 32), ("switch16", 16)):
+        got = results[0][name]
+        k = P.max_elements(P.MAX_DATAGRAM, P.DEFAULT_BLOCK, 32)  # the job's K
+        agreed = np.max([blockfp.block_exponents(x, k)[0] for x in xs], axis=0)
+        exps = blockfp.element_exponents(agreed, xs.shape[1], k, P.DEFAULT_BLOCK)
+        bound = blockfp.error_bound(n, exps, np.float32, got, True, bits)
+        assert (np.abs(got - exact) <= bound * (1 + 1e-9)).all(), name
+        assert all((r[name] == got).all() for r in results), f"{name}: ranks differ"
+    # 16 bits are visibly coarser than 32 on the same tensor.
+    assert np.abs(results[0]["switch16"] - exact).max() > \
+        10 * np.abs(results[0]["plain"] - exact).max()
+    for a, b in zip(*(r["params"] for r in results)):
+        np.testing.assert_array_equal(a, b)
+    widths = results[0]["switch"]["calls_by_value_bits"]
+    assert widths.get(16, 0) >= 2 and widths.get(32, 0) >= 1, widths
+
+
 def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter():
     n = 3
     results = run(n, "torch_grouped_and_scaled", env={"INA_SWITCH": ""})

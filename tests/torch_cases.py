@@ -198,6 +198,38 @@ def torch_grouped_and_scaled(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
+def gradient_like(rank: int) -> np.ndarray:
+    """Normal values (not the small binary fractions of torch_input, which any width
+    sums exactly)."""
+    return np.random.default_rng(70 + rank).standard_normal(70_000).astype(np.float32)
+
+
+@case
+def torch_switch16(comm: Any, p: dict) -> dict[str, Any]:
+    """Compression.switch16 on allreduce, grouped_allreduce and DistributedOptimizer,
+    beside the same calls without it, in a job of 32-bit values."""
+    import ina_collectives.torch as hvd
+    hvd.init(switch_min_bytes=0)
+    r = hvd.rank()
+    x = torch.from_numpy(gradient_like(r))
+    out = {"plain": _np(hvd.allreduce(x, name="plain")),
+           "switch16": _np(hvd.allreduce(x, name="s16", compression=hvd.Compression.switch16)),
+           "grouped": [_np(t) for t in hvd.grouped_allreduce(
+               [x, x[:5000] * 3], name="g16", compression=hvd.Compression.switch16)]}
+    model, data, target = optimizer_problem(r)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.switch16)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt.zero_grad()
+    loss_of(model, data, target).backward()
+    opt.step()
+    out["params"] = [_np(q.detach()) for q in model.parameters()]
+    out["switch"] = hvd.stats()["switch"]
+    hvd.shutdown()
+    return out
+
+
 @case
 def torch_process_sets(comm: Any, p: dict) -> dict[str, Any]:
     """Collectives restricted to process sets: even and odd ranks, each set its own job

@@ -112,11 +112,14 @@ class Collectives:
             out[...] = recv.reshape(out.shape)
         return out
 
-    def allreduce_flat(self, send: np.ndarray | None, recv: np.ndarray, op: Op) -> None:
-        """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place)."""
+    def allreduce_flat(self, send: np.ndarray | None, recv: np.ndarray, op: Op,
+                       value_bits: int = 0) -> None:
+        """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place).
+        ``value_bits``: 16 asks the switch for 16-bit values for this call (the caller
+        has made sure every rank asks alike: the runtime's negotiation does)."""
         self._check_usable()
         check_supported(recv.dtype, op)
-        call = AllreduceCall(send, recv, op)
+        call = AllreduceCall(send, recv, op, value_bits)
         deadline = Deadline(self.settings.timeout)
         answers = self.check_agreement(CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),

@@ -23,6 +23,7 @@ class AllreduceCall:
     send: np.ndarray | None  # None: in place, the input is already in recv
     recv: np.ndarray
     op: Op
+    value_bits: int = 0      # the switch's value width this call asks for (0: the job's)
 
     @property
     def dtype(self) -> np.dtype:

@@ -50,6 +50,7 @@ class InaEngine:
         self.unavailable: str | None = None
         self.totals: dict[str, float] = {}  # the links' counters, over reconnections
         self.outages = self.returns = 0
+        self.calls_by_width: dict[int, int] = {}  # calls served, by value bits
         self._retry_at: int | None = None  # the call number of the next reconnection
         self._retry_gap = 1
         self._seq = 0  # the number of the call under way (at_call_boundary)
@@ -138,7 +139,8 @@ class InaEngine:
         s = self.settings
         k = self.link.k if self.link is not None else s.switch_elements
         return {"protocol": P.PROTOCOL_VERSION, "elements": k,
-                "value_bits": s.switch_value_bits, "block": s.switch_block}
+                "value_bits": s.switch_value_bits, "block": s.switch_block,
+                "calls_by_value_bits": dict(self.calls_by_width)}
 
     def _collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),
@@ -257,11 +259,13 @@ class InaEngine:
         agreed = np.empty_like(local)
         agreed[:first] = agreed_first[1:]
         out = call.recv if wide == call.dtype else np.empty(call.recv.size, wide)
+        bits = link.value_bits_for(call.value_bits)
+        self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         result = link.stream(x, out, local, agreed, call.op is Op.AVERAGE,
                              self.settings.retransmit_timeout, self.settings.retransmit_min,
                              self.settings.retransmit_max,
                              self.settings.switch_silence,
-                             max(0.0, deadline.expires - time.monotonic()))
+                             max(0.0, deadline.expires - time.monotonic()), bits)
         # Every rank learns whether any rank failed (bounded: a dead peer never reports).
         # A bound of its own: a stream that ran out of the call's time must still reach
         # the vote on every rank, or one rank would give up while another hands over.

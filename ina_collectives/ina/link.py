@@ -37,6 +37,7 @@ class WorkerLink:
         self.switch = switch
         self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
         self.block, self.value_bits = block, value_bits
+        self.narrow = False  # set by the join or probe reply
         self.epoch = epoch
         self.sock = udp_socket("0.0.0.0", port)
         self.joined = False
@@ -53,6 +54,8 @@ class WorkerLink:
     def _control(self, body: list[int], timeout: float, what: str) -> int:
         status, capabilities = control_request(self.sock, self.switch, self.job,
                                                self.worker, body, timeout, what)
+        # A call may ask for 16-bit values in a job of 32 (the aggregator says it takes them).
+        self.narrow = bool(capabilities & P.CAP_NARROW)
         if capabilities & P.CAP_NACKS:  # the stream may ask for results with headers alone
             self.seq[1] = 1
         return status
@@ -95,18 +98,26 @@ class WorkerLink:
         except AggregatorUnavailable:
             pass
 
+    def value_bits_for(self, asked: int) -> int:
+        """The width a call that asks for ``asked``-bit values (0: the job's) gets: 16 in
+        a job of 32 only where the aggregator takes narrower calls (CAP_NARROW)."""
+        if asked == 16 and (self.value_bits == 16 or self.narrow):
+            return 16
+        return self.value_bits
+
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, rto: float, rto_min: float, rto_max: float, silence: float,
-               deadline: float) -> StreamResult:
+               deadline: float, value_bits: int = 0) -> StreamResult:
         """Allreduce x (float32/64, 1-D) into out through the aggregator. rto is the
-        timeout until a round trip is measured; then it adapts within rto_min .. rto_max."""
+        timeout until a round trip is measured; then it adapts within rto_min .. rto_max.
+        value_bits: this call's width (0: the job's; see value_bits_for)."""
         from .._fast import transport
 
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
-            self.value_bits)
+            value_bits or self.value_bits)
         failure = counters.pop("errno", 0)
         call = transport.CALLS[int(counters.pop("call", 0))]
         for name, value in counters.items():

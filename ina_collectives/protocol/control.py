@@ -30,6 +30,7 @@ CTRL_FAULTS = 4   # [FAULTS, then FAULT_FIELDS in order] (probabilities in ppm, 
 CTRL_WAKE = 5     # [WAKE]: the software switch's P4Runtime thread wakes its data path
 # Capabilities an aggregator states in its replies (docs/protocol.md, Loss).
 CAP_NACKS = 1     # it NACKs skipped packet numbers and answers result requests
+CAP_NARROW = 2    # a job of 32-bit values also takes calls of 16-bit values
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
                 "reorder_out", "delay_ms_in", "delay_ms_out")
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",

@@ -286,13 +286,14 @@ class BackgroundRuntime:
             self._finish(item.name, result)
 
     def _fusion_groups(self, reductions: list[Ready]) -> list[list[Ready]]:
-        """Consecutive runs of one dtype, op and scale, each up to the fusion threshold."""
+        """Consecutive runs of one dtype, op, scale and switch width, each up to the
+        fusion threshold."""
         groups: list[list[Ready]] = []
         open_groups: dict[tuple, tuple[list[Ready], int]] = {}
         limit = self.settings.fusion_threshold
         for item in reductions:
             req = item.any_request()
-            key = (req.wire, req.op, req.prescale, req.postscale)
+            key = (req.wire, req.op, req.prescale, req.postscale, req.switch_bits)
             nbytes = math.prod(req.shape) * np.dtype(req.wire).itemsize
             members, used = open_groups.get(key, (None, 0))
             if members is None or used + nbytes > limit:
@@ -358,7 +359,8 @@ class BackgroundRuntime:
         if req.prescale != 1.0:
             _scale(buffer, req.prescale)
         op = as_op(req.op)  # Average: a SUM here, then divided
-        self.collectives.allreduce_flat(None, buffer, Op.SUM if op is Op.AVERAGE else op)
+        self.collectives.allreduce_flat(None, buffer, Op.SUM if op is Op.AVERAGE else op,
+                                        req.switch_bits)
         if req.op == "average" and req.postscale == 1.0:
             # A true division, not Horovod's multiplication by (float)(1 / size): one
             # rounding fewer, and what Horovod's own tests expect at 3 ranks.

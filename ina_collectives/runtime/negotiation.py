@@ -39,6 +39,7 @@ class OpRequest:
     prescale: float = 1.0
     postscale: float = 1.0
     splits: tuple[int, ...] = ()  # alltoall: first-dimension rows sent to each rank
+    switch_bits: int = 0          # allreduce: 16 asks the switch for 16-bit values
 
     def describe(self) -> str:
         parts = [f"{self.kind} '{self.name}'", f"{self.dtype}{list(self.shape)}"]
@@ -154,7 +155,8 @@ class ReadinessTable:
         checks: list[tuple[str, Callable[[OpRequest], object]]] = [
             ("operation", lambda q: q.kind), ("dtype", lambda q: q.dtype),
             ("reduction op", lambda q: q.op), ("root rank", lambda q: q.root),
-            ("prescale/postscale factors", lambda q: (q.prescale, q.postscale))]
+            ("prescale/postscale factors", lambda q: (q.prescale, q.postscale)),
+            ("switch value bits (compression)", lambda q: q.switch_bits)]
         if first.kind in ("allgather", "alltoall"):
             checks.append(("number of dimensions", lambda q: len(q.shape)))
             checks.append(("shape beyond the first dimension", lambda q: q.shape[1:]))

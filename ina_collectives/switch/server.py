@@ -152,7 +152,8 @@ class SoftwareSwitch:
         op = int.from_bytes(packet[P.HEADER_BYTES:P.HEADER_BYTES + 4], "big", signed=True)
         try:
             self.aggregator.reply(P.control_packet(head["job"], head["worker"],
-                                                   [op, status, P.CAP_NACKS], reply=True),
+                                                   [op, status,
+                                                    P.CAP_NACKS | P.CAP_NARROW], reply=True),
                                   addr_be, port_be)
         except SystemCallError as exc:  # the reply was refused: the sender retries
             log.warning("%s", exc)

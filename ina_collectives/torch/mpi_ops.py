@@ -25,7 +25,7 @@ from ..errors import OperationError as HorovodInternalError
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.negotiation import OpRequest
 from ..settings import Settings
-from .compression import Compression, Compressor
+from .compression import SWITCH_BITS, Compression, Compressor, switch_values
 from .process_sets import ProcessSet, SetMember, global_process_set
 
 # Reduction ops, compared by value like Horovod's.
@@ -530,7 +530,7 @@ def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: str | Non
     wire = "float32" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
     request = OpRequest("allreduce", _name("allreduce", name, member), _dtype_name(tensor),
                         wire, tuple(tensor.shape), op, prescale=float(prescale),
-                        postscale=float(postscale))
+                        postscale=float(postscale), switch_bits=SWITCH_BITS.get())
     if output is tensor and _direct(tensor):
         handle = runtime.submit(request, send=None, recv=_numpy(tensor))
         return handle, lambda _: output
@@ -606,8 +606,9 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     op = _op_of(op, average)
     _check_tensor(tensor, "allreduce")
     compressed, ctx = compression.compress(tensor)
-    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor,
-                                       process_set)
+    with switch_values(compression):
+        reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor,
+                                           postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 
@@ -682,8 +683,9 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
     """Reduce a list of tensors together; returns new tensors. Gradients flow."""
     op = _op_of(op, average)
     pairs = [compression.compress(_check_tensor(t, "grouped_allreduce")) for t in tensors]
-    reduced = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
-                                              process_set, *[t for t, _ in pairs])
+    with switch_values(compression):
+        reduced = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
+                                                  process_set, *[t for t, _ in pairs])
     return [compression.decompress(t, c) for t, (_, c) in zip(reduced, pairs)]
 
 

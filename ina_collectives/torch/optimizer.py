@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from . import mpi_ops
-from .compression import Compression, Compressor
+from .compression import Compression, Compressor, switch_values
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -76,10 +76,12 @@ class _DistributedOptimizer:
         if p.grad is None:  # unused on this rank: every rank must still submit it
             p.grad = torch.zeros_like(p)
         compressed, ctx = self._ina_compression.compress(p.grad)
-        handle = mpi_ops.allreduce_async_(compressed, name=self._ina_names[p], op=self._ina_op,
-                                          prescale_factor=self._ina_prescale,
-                                          postscale_factor=self._ina_postscale,
-                                          process_set=self.process_set)
+        with switch_values(self._ina_compression):
+            handle = mpi_ops.allreduce_async_(compressed, name=self._ina_names[p],
+                                              op=self._ina_op,
+                                              prescale_factor=self._ina_prescale,
+                                              postscale_factor=self._ina_postscale,
+                                              process_set=self.process_set)
         return handle, ctx, compressed
 
     def synchronize(self) -> None:
