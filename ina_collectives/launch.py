@@ -403,11 +403,14 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
         job = JobSpec(args.job_id or random.SystemRandom().randrange(1, 65536),
                       job_workers(args), args.slots or settings.switch_slots, args.slot_base)
         controller.configure(job)
-        print(f"ina-run: job {job.job_id} configured on {target} (K {controller.build.k}, "
+        build = controller.build
+        print(f"ina-run: job {job.job_id} configured on {target} (K {build.k}, "
               f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
         env.update({"INA_SWITCH": switch_address, "INA_JOB": str(job.job_id),
                     "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in job.workers),
-                    "INA_SWITCH_ELEMENTS": str(controller.build.k),
+                    "INA_SWITCH_ELEMENTS": str(build.k),
+                    "INA_SWITCH_BLOCK": str(build.block),
+                    "INA_SWITCH_VALUE_BITS": str(build.value_bits),
                     "INA_SWITCH_SLOTS": str(job.slots)})
         try:
             return start_ranks(args, env, mpiexec)
@@ -546,10 +549,12 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
         print(f"ina-run: embedded ina-switch on {switch.address_text}", file=sys.stderr,
               flush=True)
         if configured:
-            k = args.elements or Settings.load().switch_elements or EMBEDDED_ELEMENTS
+            settings = Settings.load()
+            k = args.elements or settings.switch_elements or EMBEDDED_ELEMENTS
             files = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ina-run-")))
             (files / "ina_aggregator.p4info.txt").write_text(schema.p4info_text(
-                k, max(1, args.slot_base + (args.slots or Settings.load().switch_slots))))
+                k, max(1, args.slot_base + (args.slots or settings.switch_slots)),
+                settings.switch_block, settings.switch_value_bits))
             (files / "device_config").write_text("ina-switch: the software pipeline\n")
             code = run_configured(args, env, mpiexec, switch.p4runtime_address,
                                   files / "ina_aggregator.p4info.txt",

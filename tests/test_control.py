@@ -25,13 +25,19 @@ from tests.conftest import ROOT, needs_p4_extra
 from tests.inputs import check_within_bound
 
 pytestmark = needs_p4_extra
-K, SLOTS = 8, 32  # a small build: K values per packet, S slots
+# A small build: K values per packet, S slots, B values per sub-block (G = 2 pairs a
+# packet), int32 values.
+K, SLOTS, B, BITS = 8, 32, 4, 32
+G = -(-K // B)
+# What the ranks of a job on that build are told (ina-run and the CLI say the same).
+BUILD_ENV = {"INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_BLOCK": str(B),
+             "INA_SWITCH_VALUE_BITS": str(BITS)}
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     d = tmp_path_factory.mktemp("pipeline")
-    (d / "ina.p4info.txt").write_text(S.p4info_text(K, SLOTS))
+    (d / "ina.p4info.txt").write_text(S.p4info_text(K, SLOTS, B, BITS))
     (d / "ina.json").write_bytes(b"software switch: no device config needed")
     return d / "ina.p4info.txt", d / "ina.json"
 
@@ -58,7 +64,8 @@ def free_udp_sockets(n, host="127.0.0.1"):
 
 
 def test_pipeline_push_and_entries_read_back(controller):
-    assert (controller.build.k, controller.build.slots) == (K, SLOTS)
+    build = controller.build
+    assert (build.k, build.slots, build.block, build.value_bits) == (K, SLOTS, B, BITS)
     job = JobSpec(11, [Worker("127.0.0.1", 41000 + i, mac=f"02:00:00:00:00:0{i}",
                               switch_port=i + 1) for i in range(3)], slots=4, slot_base=5)
     controller.configure(job)
@@ -74,6 +81,9 @@ def test_pipeline_push_and_entries_read_back(controller):
     # The job's cells, both versions, read back as zeros after the reset.
     cells = [S.cell(v, 5, s, SLOTS) for v in (0, 1) for s in range(4)]
     assert controller.read_register(S.BITMAP.name, cells) == [0] * 8
+    for g in range(G):
+        assert controller.read_register(S.exponent_register(g).name, cells) == [0] * 8
+        assert controller.read_register(S.proposal_register(g).name, cells) == [0] * 8
 
     with pytest.raises(ControlError, match="ALREADY_EXISTS") as raised:
         controller.configure(job)
@@ -111,11 +121,19 @@ def test_a_pipeline_push_deletes_the_multicast_groups_first(switch, pipeline, mo
 @pytest.mark.parametrize("change, message", [
     (dict(slots=SLOTS), "exceed the target's"),
     (dict(elements=K + 1), f"K {K + 1}, but the target's build has K {K}"),
+    (dict(value_bits=16), "16-bit values, but the target's build has 32-bit values"),
+    (dict(block=2 * B), f"sub-blocks of B {2 * B}, but the target's build has B {B}"),
+    (dict(block=B, value_bits=BITS, elements=K, slots=2), None),  # the build's: installed
 ])
 def test_controller_checks_the_job_against_the_build(controller, change, message):
     job = JobSpec(12, [Worker("127.0.0.1", 41100)], **{"slots": 1, "slot_base": 1, **change})
+    if message is None:
+        controller.configure(job)
+        controller.teardown(job)
+        return
     with pytest.raises(ControlError, match=message):
         controller.configure(job)
+    assert controller.read_workers(12) == []  # refused before anything was written
 
 
 def test_target_errors_are_reported_by_name(controller, switch):
@@ -196,10 +214,29 @@ print("done")
     assert "refused: TargetUnavailable" in out.stdout and "done" in out.stdout
 
 
-def ina_packet(job, worker, slot, values, version=0, offset=0, exponent=0, proposal=0):
-    from ina_collectives.protocol import INA
+def ina_packet(job, worker, slot, values, version=0, offset=0, exponents=0, proposals=0,
+               block=B, bits=BITS):
+    """A data packet crafted with scapy: one (exponent, proposal) pair per sub-block of
+    ``block`` values (an int: the same for every sub-block), then the values."""
+    from ina_collectives.protocol.scapy_layer import INA, INAPair
+    values = [int(v) for v in values]
+    blocks = P.sub_blocks(len(values), block)
+    exponents = [exponents] * blocks if isinstance(exponents, int) else list(exponents)
+    proposals = [proposals] * blocks if isinstance(proposals, int) else list(proposals)
     return bytes(INA(job=job, worker=worker, slot=slot, slot_version=version, offset=offset,
-                     exponent=exponent, proposal=proposal, values=list(values)))
+                     value_bits=bits, block=block,
+                     pairs=[INAPair(exponent=e, proposal=q)
+                            for e, q in zip(exponents, proposals)], values=values))
+
+
+def parse_result(data, bits=BITS):
+    """A received packet: (header fields, [(exponent, proposal)] per sub-block, values)."""
+    head = P.unpack_header(data)
+    end = P.HEADER_BYTES + P.PAIR_BYTES * head["blocks"]
+    pairs = np.frombuffer(data[P.HEADER_BYTES:end], ">i2").reshape(-1, 2)
+    values = np.frombuffer(data[end:], ">i4" if bits == 32 else ">i2")
+    assert len(data) == P.packet_bytes(head["count"], head["block"] or 1, bits)
+    return head, [tuple(map(int, p)) for p in pairs], values.tolist()
 
 
 def test_only_installed_workers_aggregate(controller, switch):
@@ -232,29 +269,56 @@ def test_only_installed_workers_aggregate(controller, switch):
             time.sleep(0.05)
         assert after["unknown worker"] - before["unknown worker"] == 3
         assert after["unknown job"] - before["unknown job"] == 1
-        for reg in (S.BITMAP, S.COUNT, S.CHUNK):
+        registers = (S.BITMAP, S.COUNT, S.CHUNK, *S.pair_registers(G))
+        for reg in registers:
             assert controller.read_register(reg.name, cells) == [0] * 16, reg.name
         assert controller.read_register(f"{S.VALUE_PREFIX}0", cells) == [0] * 16
         # Job 32's own worker still aggregates alone (n = 1): its result comes back.
-        others[0].sendto(ina_packet(32, 0, 1, range(K)), target)
-        assert np.frombuffer(others[0].recv(65536)[P.HEADER_BYTES:], ">i4").tolist() == \
-            list(range(K))
+        others[0].sendto(ina_packet(32, 0, 1, range(K), exponents=[4, -3],
+                                    proposals=[7, P.PROPOSAL_NONE]), target)
+        head, pairs, values = parse_result(others[0].recv(65536))
+        assert (head["blocks"], head["block"], head["value_bits"]) == (G, B, BITS)
+        assert pairs == [(4, 7), (-3, P.PROPOSAL_NONE)] and values == list(range(K))
 
-        # The installed workers: one chunk each, the sum comes back to both.
+        # The installed workers: one chunk each, the sum comes back to both, with the
+        # chunk's exponents and, per sub-block, the max of the proposals (signed).
         a, b = np.arange(K), 1000 * np.arange(K)
-        workers[0].sendto(ina_packet(31, 0, 2, a, proposal=3), target)
-        assert controller.read_register(S.COUNT.name, [S.cell(0, 0, 2, SLOTS)]) == [1]
-        workers[1].sendto(ina_packet(31, 1, 2, b, proposal=5), target)
+        cell = S.cell(0, 0, 2, SLOTS)
+        workers[0].sendto(ina_packet(31, 0, 2, a, exponents=[2, -5], proposals=[3, -2]),
+                          target)
+        deadline = time.monotonic() + 10
+        while (controller.read_register(S.COUNT.name, [cell]) != [1]
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        assert controller.read_register(S.COUNT.name, [cell]) == [1]
+        assert controller.read_register(S.CHUNK.name, [cell]) == [K << 16 | G]
+        assert [controller.read_register(S.exponent_register(g).name, [cell])[0]
+                for g in range(G)] == [2, -5 & 0xffff]
+        assert [controller.read_register(S.proposal_register(g).name, [cell])[0]
+                for g in range(G)] == [3, -2 & 0xffff]
+        # Another exponent in one sub-block: another chunk, dropped, the cell untouched.
+        before = controller.read_drops()
+        workers[1].sendto(ina_packet(31, 1, 2, b, exponents=[2, -4], proposals=[5, -9]),
+                          target)
+        while time.monotonic() < deadline:
+            after = controller.read_drops()
+            if after["mismatched chunk"] > before["mismatched chunk"]:
+                break
+            time.sleep(0.02)
+        assert after["mismatched chunk"] - before["mismatched chunk"] == 1
+        assert controller.read_register(S.COUNT.name, [cell]) == [1]
+        workers[1].sendto(ina_packet(31, 1, 2, b, exponents=[2, -5], proposals=[5, -9]),
+                          target)
         for s in workers:
-            data = s.recv(65536)
-            head = P.unpack_header(data)
+            head, pairs, values = parse_result(s.recv(65536))
             assert head["flags"] == P.FLAG_RESULT and head["job"] == 31
-            assert head["slot"] == 2 and head["proposal"] == 5
-            assert np.frombuffer(data[P.HEADER_BYTES:], ">i4").tolist() == (a + b).tolist()
+            assert head["slot"] == 2 and pairs == [(2, 5), (-5, -2)]
+            assert values == (a + b).tolist()
         # A worker that missed the result gets it alone on retransmission.
-        workers[0].sendto(ina_packet(31, 0, 2, a, proposal=3), target)
-        assert np.frombuffer(workers[0].recv(65536)[P.HEADER_BYTES:], ">i4").tolist() == \
-            (a + b).tolist()
+        workers[0].sendto(ina_packet(31, 0, 2, a, exponents=[2, -5], proposals=[3, -2]),
+                          target)
+        head, pairs, values = parse_result(workers[0].recv(65536))
+        assert pairs == [(2, 5), (-5, -2)] and values == (a + b).tolist()
         workers[1].settimeout(0.3)
         with pytest.raises(socket.timeout):
             workers[1].recv(65536)
@@ -267,18 +331,65 @@ def test_only_installed_workers_aggregate(controller, switch):
             s.close()
 
 
+def test_a_16_bit_build_sums_with_16_bit_wraparound(switch, pipeline, tmp_path):
+    """A build with V = 16 (and B = 8 of K = 16): the controller refuses a job of another
+    width, the switch takes the build's width and B for the job, sums int16 values with
+    16-bit wraparound, keeps the max proposal per sub-block, and reads its value
+    registers back as 16-bit patterns."""
+    (tmp_path / "ina16.p4info.txt").write_text(S.p4info_text(16, 8, 8, 16))
+    workers = free_udp_sockets(2)
+    target = (switch.host, switch.port)
+    try:
+        with Controller(switch.p4runtime_address, tmp_path / "ina16.p4info.txt",
+                        pipeline[1], timeout=5) as c:
+            build = c.build
+            assert (build.k, build.slots, build.block, build.value_bits) == (16, 8, 8, 16)
+            spec = dict(workers=[Worker("127.0.0.1", s.getsockname()[1]) for s in workers],
+                        slots=2)
+            with pytest.raises(ControlError, match="job 81: 32-bit values, but the target's "
+                                                   "build has 16-bit values"):
+                c.configure(JobSpec(81, value_bits=32, **spec))
+            with pytest.raises(ControlError, match="sub-blocks of B 32, but the target's "
+                                                   "build has B 8"):
+                c.configure(JobSpec(81, block=32, **spec))
+            job = JobSpec(81, value_bits=16, block=8, **spec)
+            c.configure(job)
+            try:
+                a = np.full(16, 30000)
+                b = np.arange(16) - 8
+                workers[0].sendto(ina_packet(81, 0, 1, a, exponents=[1, 2],
+                                             proposals=[-3, 4], block=8, bits=16), target)
+                workers[1].sendto(ina_packet(81, 1, 1, b + 10000, exponents=[1, 2],
+                                             proposals=[6, -4], block=8, bits=16), target)
+                want = ((a + b + 10000 + 2 ** 15) % 2 ** 16 - 2 ** 15).tolist()
+                for s in workers:
+                    head, pairs, values = parse_result(s.recv(65536), bits=16)
+                    assert (head["value_bits"], head["block"], head["blocks"]) == (16, 8, 2)
+                    assert pairs == [(1, 6), (2, 4)]
+                    assert values == want
+                cell = S.cell(0, 0, 1, build.slots)
+                assert c.read_register(f"{S.VALUE_PREFIX}0", [cell]) == [want[0] & 0xffff]
+            finally:
+                c.teardown(job)
+    finally:
+        for s in workers:
+            s.close()
+
+
 def test_join_cannot_take_a_controllers_job(controller, switch):
     from ina_collectives.ina.link import AggregatorUnavailable, WorkerLink
     job = JobSpec(41, [Worker("127.0.0.1", 41400), Worker("127.0.0.1", 41401)], slots=2)
     controller.configure(job)
     try:
-        link = WorkerLink((switch.host, switch.port), 41, 0, 2, K, 2)
+        link = WorkerLink((switch.host, switch.port), 41, 0, 2, K, 2, block=B,
+                          value_bits=BITS)
         with pytest.raises(AggregatorUnavailable, match="configured by a controller"):
             link.join(2.0)
         with pytest.raises(AggregatorUnavailable, match="not installed"):
             link.probe(2.0)  # its ephemeral port is not the installed one
         link.close()
-        installed = WorkerLink((switch.host, switch.port), 41, 1, 2, K, 2, port=41401)
+        installed = WorkerLink((switch.host, switch.port), 41, 1, 2, K, 2, port=41401,
+                               block=B, value_bits=BITS)
         installed.probe(2.0)
         installed.close()
     finally:
@@ -302,14 +413,14 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
                  ("float32", "sum", 20_000, 3)]
         env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
                "INA_WORKER_PORTS": ",".join(map(str, ports)),
-               "INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_SLOTS": str(job.slots)}
+               **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
         results = mpirun.run(n, "ina_cases", {
             "cases": cases, "rounds": 2,
             "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env, timeout=180)
         for i, case in enumerate(cases * 2):
             per_rank = [r["results"][i] for r in results]
             assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
-            check_within_bound(per_rank[0], *case, n, k=K)
+            check_within_bound(per_rank[0], *case, n, k=K, block=B, bits=BITS)
         for r in results:  # every call through the switch: the probe found the entries
             assert r["stats"]["engines"] == {"ina": 2 * len(cases)}, r["stats"]
         after = controller.read_drops()
@@ -335,7 +446,7 @@ def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, 
     try:
         env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
                "INA_WORKER_PORTS": ",".join(map(str, ports)),
-               "INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_SLOTS": str(job.slots)}
+               **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
         for run in range(3):  # another seed each run: a stale answer is another sum
             case = ("float32", "sum", 1, 10 + run)
             results = mpirun.run(n, "ina_cases", {
@@ -343,7 +454,8 @@ def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, 
                 env=env, timeout=120)
             assert [r["stats"]["engines"] for r in results] == [{"ina": 1}] * n
             assert len({r["results"][0].tobytes() for r in results}) == 1
-            check_within_bound(results[0]["results"][0], *case, n, k=K)
+            check_within_bound(results[0]["results"][0], *case, n, k=K, block=B,
+                               bits=BITS)
     finally:
         controller.teardown(job)
 
@@ -547,8 +659,10 @@ def test_control_command_line(switch, pipeline, tmp_path):
               str(pipeline[1]), "--push", "if-needed")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == (f"INA_JOB=61 INA_WORKER_PORTS=41600,41601 "
-                                  f"INA_SWITCH_ELEMENTS={K} INA_SWITCH_SLOTS=2")
+                                  f"INA_SWITCH_ELEMENTS={K} INA_SWITCH_BLOCK={B} "
+                                  f"INA_SWITCH_VALUE_BITS={BITS} INA_SWITCH_SLOTS=2")
     shown = run("show", *where)
+    assert f"K {K}, S {SLOTS}, B {B}, {BITS}-bit values" in shown.stdout
     assert "job 61 worker 1/2 at 127.0.0.1:41601, group 61, slots 0+2" in shown.stdout
     again = run("configure", *where, *job)
     assert again.returncode == 2 and "ALREADY_EXISTS" in again.stderr
@@ -568,7 +682,7 @@ def test_ranks_at_ports_not_installed_take_the_ring_and_say_why(controller, swit
             s.close()
         env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": "71",
                "INA_WORKER_PORTS": ",".join(map(str, elsewhere)),
-               "INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_SLOTS": "2",
+               **BUILD_ENV, "INA_SWITCH_SLOTS": "2",
                "INA_SWITCH_JOIN_TIMEOUT": "1"}
         results = mpirun.run(2, "ina_cases", {
             "cases": [("float32", "sum", 1000, 1)],

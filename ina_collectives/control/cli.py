@@ -32,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "mac, switch_port")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--slot-base", type=int, default=0)
+    parser.add_argument("--block", type=int, default=0,
+                        help="B the ranks will use (checked against the build; default: "
+                             "the build's)")
+    parser.add_argument("--value-bits", type=int, default=0,
+                        help="the values' width the ranks will use, 32 or 16 (checked "
+                             "against the build; default: the build's)")
     args = parser.parse_args(argv)
     try:
         job = None
@@ -39,18 +45,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.job_id or args.workers is None:
                 parser.error(f"{args.action} needs --job-id and --workers")
             job = JobSpec(args.job_id, load_workers(args.workers), args.slots,
-                          args.slot_base)
+                          args.slot_base, value_bits=args.value_bits, block=args.block)
         with Controller(args.target, args.p4info, args.device_config, push=args.push,
                         device_id=args.device_id, timeout=args.timeout) as controller:
             if args.action == "configure":
                 controller.configure(job)
                 print(f"INA_JOB={job.job_id} INA_WORKER_PORTS="
                       f"{','.join(str(w.udp_port) for w in job.workers)} "
-                      f"INA_SWITCH_ELEMENTS={controller.build.k} INA_SWITCH_SLOTS={job.slots}")
+                      f"INA_SWITCH_ELEMENTS={controller.build.k} "
+                      f"INA_SWITCH_BLOCK={controller.build.block} "
+                      f"INA_SWITCH_VALUE_BITS={controller.build.value_bits} "
+                      f"INA_SWITCH_SLOTS={job.slots}")
             elif args.action == "teardown":
                 controller.teardown(job)
             else:
-                print(f"K {controller.build.k}, S {controller.build.slots}")
+                build = controller.build
+                print(f"K {build.k}, S {build.slots}, B {build.block}, "
+                      f"{build.value_bits}-bit values")
                 for w in controller.read_workers():
                     print(f"job {w['job_id']} worker {w['worker_id']}/{w['num_workers']} at "
                           f"{w['ip']}:{w['udp_port']}, group {w['mcast_grp']}, slots "

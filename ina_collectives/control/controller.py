@@ -18,9 +18,10 @@ software switch (``ina-switch --p4runtime-port``); both take the same writes
   worker (egress port = the worker's switch port, replica id = worker id);
 * ``EgressImpl.ina_replicas``: (group, replica id) -> ``rewrite_result`` (MAC, IPv4,
   UDP port of the worker);
-* zeros in the job's cells of the slot registers (bitmap, count, proposal, chunk), by
-  raw P4Runtime register writes (the shell has no register API); value registers need
-  no reset: the first packet of a use loads them.
+* zeros in the job's cells of the slot registers (bitmap, count, chunk, epoch) and of
+  the per-sub-block ``exponent_<g>`` and ``proposal_<g>``, by raw P4Runtime register
+  writes (the shell has no register API); value registers need no reset: the first
+  packet of a use loads them.
 
 p4runtime-shell keeps its client in a module global, runs a non-daemon stream thread
 and calls sys.exit when setup fails. This module does the shell's setup itself: every
@@ -143,8 +144,9 @@ class Controller:
             except ValueError as exc:
                 raise ControlError(f"the target at {self.address} does not run the INA "
                                    f"aggregator: {exc}") from None
-            log.info("connected to %s: K %d, S %d", self.address, self.build.k,
-                     self.build.slots)
+            log.info("connected to %s: K %d, S %d, B %d, %d-bit values", self.address,
+                     self.build.k, self.build.slots, self.build.block,
+                     self.build.value_bits)
             return self
         except BaseException:
             self.close()
@@ -275,6 +277,13 @@ class Controller:
         if job.elements and job.elements != build.k:
             raise ControlError(f"job {job.job_id}: K {job.elements}, but the target's build "
                                f"has K {build.k} (p4/gen.py --elements)")
+        if job.value_bits and job.value_bits != build.value_bits:
+            raise ControlError(f"job {job.job_id}: {job.value_bits}-bit values, but the "
+                               f"target's build has {build.value_bits}-bit values "
+                               f"(p4/gen.py --value-bits)")
+        if job.block and job.block != build.block:
+            raise ControlError(f"job {job.job_id}: sub-blocks of B {job.block}, but the "
+                               f"target's build has B {build.block} (p4/gen.py --block)")
         if job.slot_base + job.slots > build.slots:
             raise ControlError(f"job {job.job_id}: slots {job.slot_base}+{job.slots} exceed "
                                f"the target's {build.slots}")
@@ -306,12 +315,13 @@ class Controller:
                  len(job.workers), job.slot_base, job.slots, job.group)
 
     def reset_registers(self, job: JobSpec) -> None:
-        """Zero the job's cells (both versions) of the slot state registers."""
+        """Zero the job's cells (both versions) of the slot state registers and of the
+        sub-blocks' exponent and proposal registers."""
         from p4.v1 import p4runtime_pb2
 
         build = self._need()
         updates, names = [], []
-        for reg in S.STATE_REGISTERS:
+        for reg in build.state_registers:
             rid = build.ids[reg.name]
             zero = bytes((reg.bits + 7) // 8)
             for version in (0, 1):

@@ -40,6 +40,8 @@ class JobSpec:
     slot_base: int = 0
     mcast_grp: int = 0  # 0: the job id
     elements: int = 0   # K the ranks will use; 0: the target's (checked when given)
+    value_bits: int = 0  # the values' width the ranks will use (32, 16); 0: the target's
+    block: int = 0       # B, values per sub-block the ranks will use; 0: the target's
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id < 65536:
@@ -48,6 +50,12 @@ class JobSpec:
             raise ValueError(f"a job has 1..{P.MAX_WORKERS} workers, got {len(self.workers)}")
         if self.slots < 1 or self.slot_base < 0:
             raise ValueError(f"slots {self.slot_base}+{self.slots}: need slots >= 1, base >= 0")
+        if self.value_bits not in (0, *P.VALUE_BITS):
+            raise ValueError(f"value bits must be 32 or 16 (0: the target's), got "
+                             f"{self.value_bits}")
+        if self.block not in (0, *P.BLOCK_SIZES):
+            raise ValueError(f"sub-block size B must be one of {P.BLOCK_SIZES} (0: the "
+                             f"target's), got {self.block}")
         if len({(w.ip, w.udp_port) for w in self.workers}) != len(self.workers):
             raise ValueError("two workers share an address and UDP port")
 

@@ -5,10 +5,14 @@ that p4c's P4Info carries the same ids) and ``p4/ina_aggregator.p4info.txt`` fro
 module; the controller (``ina_collectives.control``) and the software switch's
 P4Runtime service (``ina_collectives.switch.p4runtime_service``) name the same entities from here.
 
-K (int32 values per packet) and S (slots, each with two versions) are compile-time
-constants of a P4 build. The P4Info says both: one value register per element
-(``value_0`` .. ``value_<K-1>``), each with 2 S cells. The software switch reads K and S
-from the P4Info it is given, so ``p4info(k, slots)`` describes any build.
+K (values per packet), S (slots, each with two versions), B (values per sub-block, a
+power of two 1..64) and V (the values' width, 32 or 16) are compile-time constants of a
+P4 build. The P4Info says all four: one value register of V bits per element
+(``value_0`` .. ``value_<K-1>``), and per sub-block g = 0 .. G-1 (G = ceil(K / B)) an
+``exponent_<g>`` and a ``proposal_<g>`` register of 16 bits, each with 2 S cells; B is
+the smallest power of two with ceil(K / B) = G (a B >= K is that build: one sub-block per
+packet). The software switch reads K, S, B and V from the P4Info it is given, so
+``p4info(k, slots, block, value_bits)`` describes any build.
 
 Register cells: slot ``s`` of a job whose range starts at ``slot_base``, version ``v``, is
 cell ``v * S + slot_base + s``.
@@ -22,6 +26,8 @@ from .. import protocol as P
 
 DEFAULT_ELEMENTS = 64     # K of the committed build
 DEFAULT_SLOTS = 4096      # S of the committed build (2 S register cells)
+DEFAULT_BLOCK = P.DEFAULT_BLOCK  # B of the committed build (32)
+DEFAULT_VALUE_BITS = 32   # V of the committed build
 MAX_TABLE_ENTRIES = 4096  # worker entries and replica rewrites (64 jobs x 64 workers)
 
 INGRESS, EGRESS = "IngressImpl", "EgressImpl"
@@ -99,22 +105,69 @@ class Register:
     name: str
     id: int
     bits: int
-    state: str = ""  # the software switch's name of the cell field (Aggregator.get_cell)
+    # The software switch's name of the cell field (Aggregator.get_cell/set_cell):
+    # "bitmap", "count", "chunk", "epoch", ("exponent", g), ("proposal", g), or the
+    # element index i of a value register.
+    state: str | tuple[str, int] | int = ""
 
 
 BITMAP = Register(f"{INGRESS}.slot_bitmap", _id(_REGISTER, 1), P.MAX_WORKERS, "bitmap")
 COUNT = Register(f"{INGRESS}.slot_packets", _id(_REGISTER, 2), 16, "count")
-PROPOSAL = Register(f"{INGRESS}.slot_proposal", _id(_REGISTER, 3), 16, "proposal")
-CHUNK = Register(f"{INGRESS}.slot_chunk", _id(_REGISTER, 4), 64,  # offset ++ count ++ exponent
+CHUNK = Register(f"{INGRESS}.slot_chunk", _id(_REGISTER, 4), 64,  # offset ++ count ++ blocks
                  "chunk")
 EPOCH = Register(f"{INGRESS}.slot_epoch", _id(_REGISTER, 5), 16, "epoch")  # of its last run
-STATE_REGISTERS = (BITMAP, COUNT, PROPOSAL, CHUNK, EPOCH)  # what a job reset clears
+STATE_REGISTERS = (BITMAP, COUNT, CHUNK, EPOCH)  # per cell; with the pairs', a job reset's
+EXPONENT_PREFIX = f"{INGRESS}.exponent_"
+PROPOSAL_PREFIX = f"{INGRESS}.proposal_"
 VALUE_PREFIX = f"{INGRESS}.value_"
-VALUE_ID_BASE = 0x100
+VALUE_ID_BASE = 0x100         # value_i: 0x100 + i
+EXPONENT_ID_BASE = 0x10000    # exponent_g: 0x10000 + g
+PROPOSAL_ID_BASE = 0x20000    # proposal_g: 0x20000 + g
+MAX_IDS = EXPONENT_ID_BASE - VALUE_ID_BASE  # K and G below this: the ranges stay apart
+MAX_BUILD_ELEMENTS = 1024     # the largest K p4/gen.py writes a program for
 
 
-def value_register(i: int) -> Register:
-    return Register(f"{VALUE_PREFIX}{i}", _id(_REGISTER, VALUE_ID_BASE + i), 32)
+def exponent_register(g: int) -> Register:
+    """Sub-block g's exponent of the chunk being summed (int16 as 16 bits)."""
+    return Register(f"{EXPONENT_PREFIX}{g}", _id(_REGISTER, EXPONENT_ID_BASE + g), 16,
+                    ("exponent", g))
+
+
+def proposal_register(g: int) -> Register:
+    """Sub-block g's max exponent proposal for the slot's next chunk (int16 as 16 bits)."""
+    return Register(f"{PROPOSAL_PREFIX}{g}", _id(_REGISTER, PROPOSAL_ID_BASE + g), 16,
+                    ("proposal", g))
+
+
+def pair_registers(groups: int) -> tuple[Register, ...]:
+    return tuple(r for g in range(groups) for r in (exponent_register(g),
+                                                    proposal_register(g)))
+
+
+def value_register(i: int, bits: int = DEFAULT_VALUE_BITS) -> Register:
+    return Register(f"{VALUE_PREFIX}{i}", _id(_REGISTER, VALUE_ID_BASE + i), bits, i)
+
+
+def sub_blocks(k: int, block: int) -> int:
+    """G: the sub-blocks of a full packet, ceil(K / B)."""
+    return -(-k // block)
+
+
+def build_block(k: int, groups: int) -> int:
+    """B of a build with K values and G sub-blocks: the smallest power of two with
+    ceil(K / B) = G. ValueError if there is none up to 64."""
+    for block in P.BLOCK_SIZES:
+        if sub_blocks(k, block) == groups:
+            return block
+    raise ValueError(f"no sub-block size B in {P.BLOCK_SIZES} gives K {k} "
+                     f"{groups} sub-blocks")
+
+
+def effective_block(k: int, block: int) -> int:
+    """The B a build of K values with sub-blocks of ``block`` says (and checks): B itself,
+    or the smallest power of two >= K when B is larger (one sub-block per packet)."""
+    P.check_format(block, DEFAULT_VALUE_BITS)
+    return build_block(k, sub_blocks(k, block))
 
 
 # -- the drop counter, indexed like the software switch's DROP_REASONS ----------------
@@ -124,7 +177,8 @@ DROPS_COUNTER_NAME, DROPS_COUNTER_ID = f"{INGRESS}.ina_drops", _id(_COUNTER, 1)
 
 # What the controller writes or reads (the software switch serves exactly these).
 ENTITIES_USED = (WORKERS.name, ADMIT.name, REPLICAS.name, REWRITE.name,
-                 *(r.name for r in STATE_REGISTERS), f"{VALUE_PREFIX}0", DROPS_COUNTER_NAME)
+                 *(r.name for r in STATE_REGISTERS), f"{EXPONENT_PREFIX}0",
+                 f"{PROPOSAL_PREFIX}0", f"{VALUE_PREFIX}0", DROPS_COUNTER_NAME)
 
 
 def canonical(value: bytes) -> bytes:
@@ -137,9 +191,23 @@ def cell(version: int, slot_base: int, slot: int, slots_total: int) -> int:
     return version * slots_total + slot_base + slot
 
 
-def p4info(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS) -> Any:
-    """The P4Info message of a build with K = k and S = slots (needs the p4 extra)."""
+def build_registers(k: int, block: int, value_bits: int) -> tuple[Register, ...]:
+    """Every register of a build, in the P4Info's order: per cell, the pairs', values."""
+    return (STATE_REGISTERS + pair_registers(sub_blocks(k, block))
+            + tuple(value_register(i, value_bits) for i in range(k)))
+
+
+def p4info(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS,
+           block: int = DEFAULT_BLOCK, value_bits: int = DEFAULT_VALUE_BITS) -> Any:
+    """The P4Info message of a build with K = k, S = slots, B = block (a B >= K is taken
+    as the smallest power of two >= K: see effective_block) and V = value_bits (needs the
+    p4 extra)."""
     from p4.config.v1 import p4info_pb2
+
+    P.check_format(block, value_bits)
+    if not 1 <= k < MAX_IDS:
+        raise ValueError(f"K must be 1..{MAX_IDS - 1}, got {k}")
+    block = effective_block(k, block)
 
     info = p4info_pb2.P4Info()
     info.pkg_info.arch = "v1model"
@@ -166,7 +234,7 @@ def p4info(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS) -> Any:
     c.preamble.alias = DROPS_COUNTER_NAME.split(".")[-1]
     c.spec.unit = p4info_pb2.CounterSpec.PACKETS
     c.size = len(DROP_REASONS)
-    for reg in STATE_REGISTERS + tuple(value_register(i) for i in range(k)):
+    for reg in build_registers(k, block, value_bits):
         r = info.registers.add()
         r.preamble.id, r.preamble.name = reg.id, reg.name
         r.preamble.alias = reg.name.split(".")[-1]
@@ -175,18 +243,36 @@ def p4info(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS) -> Any:
     return info
 
 
-def p4info_text(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS) -> str:
+def p4info_text(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS,
+                block: int = DEFAULT_BLOCK, value_bits: int = DEFAULT_VALUE_BITS) -> str:
     from google.protobuf import text_format
 
-    return text_format.MessageToString(p4info(k, slots))
+    return text_format.MessageToString(p4info(k, slots, block, value_bits))
 
 
 @dataclass(frozen=True)
 class Build:
-    """What a P4Info says of the build: K, S and the ids of the entities used."""
+    """What a P4Info says of the build: K, S, B, V and the ids of the entities used."""
     k: int
     slots: int
     ids: dict[str, int]
+    block: int = DEFAULT_BLOCK
+    value_bits: int = DEFAULT_VALUE_BITS
+
+    @property
+    def groups(self) -> int:
+        """G: sub-blocks per full packet, one exponent and one proposal register each."""
+        return sub_blocks(self.k, self.block)
+
+    @property
+    def registers(self) -> tuple[Register, ...]:
+        """Every register of the build (what the software switch serves)."""
+        return build_registers(self.k, self.block, self.value_bits)
+
+    @property
+    def state_registers(self) -> tuple[Register, ...]:
+        """The per-cell state a job reset zeroes: the slot registers and the pairs'."""
+        return STATE_REGISTERS + pair_registers(self.groups)
 
 
 def read_build(info: Any) -> Build:
@@ -222,16 +308,34 @@ def read_build(info: Any) -> Build:
         ids[reg.name] = r.preamble.id
         sizes.add(r.size)
     k = 0
+    widths = set()
     while f"{VALUE_PREFIX}{k}" in registers:
         r = registers[f"{VALUE_PREFIX}{k}"]
         ids[r.preamble.name] = r.preamble.id
         sizes.add(r.size)
+        widths.add(r.type_spec.bitstring.bit.bitwidth)
         k += 1
     if k == 0:
         raise ValueError(f"the P4Info has no value registers ({VALUE_PREFIX}0 ...)")
+    if len(widths) != 1 or min(widths) not in P.VALUE_BITS:
+        raise ValueError(f"the value registers are of {sorted(widths)} bits; a build's "
+                         f"are all 32 or all 16")
+    value_bits = min(widths)
+    groups = 0
+    while f"{PROPOSAL_PREFIX}{groups}" in registers:
+        groups += 1
+    if groups == 0:
+        raise ValueError(f"the P4Info has no proposal registers ({PROPOSAL_PREFIX}0 ...)")
+    for reg in pair_registers(groups):
+        r = registers.get(reg.name)
+        if r is None or r.type_spec.bitstring.bit.bitwidth != reg.bits:
+            raise ValueError(f"the P4Info has no register {reg.name} of {reg.bits} bits")
+        ids[reg.name] = r.preamble.id
+        sizes.add(r.size)
+    block = build_block(k, groups)
     if len(sizes) != 1 or min(sizes) % 2:
         raise ValueError(f"the slot registers differ in size or are odd: {sorted(sizes)}")
     for counter in info.counters:
         if counter.preamble.name == DROPS_COUNTER_NAME:
             ids[DROPS_COUNTER_NAME] = counter.preamble.id
-    return Build(k, min(sizes) // 2, ids)
+    return Build(k, min(sizes) // 2, ids, block, value_bits)

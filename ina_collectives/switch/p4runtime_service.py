@@ -6,9 +6,10 @@ the ``ina_workers`` and ``ina_replicas`` table entries (and ``l2_forward``, stor
 only), multicast group entries, the slot registers and the drop counter, with
 P4Runtime's error conventions (a failed Write is gRPC UNKNOWN with one p4.v1.Error per
 update in grpc-status-details-bin). It obeys what it is told: an installed worker entry
-makes a job (K and S from the pushed P4Info, the slot range and worker count from the
-entry) that aggregates only from installed addresses; results go to the replicas of
-the job's multicast group, each rewritten by its ``ina_replicas`` entry.
+makes a job (K, S, B and the values' width from the pushed P4Info, the slot range and
+worker count from the entry) that aggregates only from installed addresses; results go
+to the replicas of the job's multicast group, each rewritten by its ``ina_replicas``
+entry.
 
 The data path (``_fast/switch_loop.pyx``) is not thread-safe and runs without the GIL:
 every request is carried out by the switch's main loop between two batches (the
@@ -85,6 +86,7 @@ class Target:
         self.jobs: dict[int, ManagedJob] = {}
         self.primary: tuple[int, int] | None = None      # the primary's election id
         self.streams: dict[int, tuple[int, int]] = {}
+        self._register_map: tuple[S.Build, dict[int, tuple[Any, int]]] | None = None
 
     # -- arbitration ---------------------------------------------------------------
 
@@ -120,10 +122,17 @@ class Target:
             except ValueError as exc:
                 raise P4RuntimeError(code_pb2.INVALID_ARGUMENT,
                                      f"the P4Info is not an INA aggregator's: {exc}") from None
-            if build.k > self.max_elements:
+            # max_elements bounds a cell's values in int32s (as the switch's joins do).
+            room = (P.MAX_DATAGRAM if self.max_elements >= P.MAX_ELEMENTS
+                    else 4 * self.max_elements)
+            if (build.k * build.value_bits // 8 > room
+                    or P.packet_bytes(build.k, build.block, build.value_bits)
+                    > P.MAX_DATAGRAM):
                 raise P4RuntimeError(code_pb2.INVALID_ARGUMENT,
-                                     f"the P4Info has K = {build.k} value registers; this "
-                                     f"switch takes at most {self.max_elements}")
+                                     f"the P4Info has K = {build.k} value registers of "
+                                     f"{build.value_bits} bits (B {build.block}); this "
+                                     f"switch takes at most {self.max_elements} int32 "
+                                     f"values per packet")
             if action == A.VERIFY:
                 return
             if (action == A.RECONCILE_AND_COMMIT and self.config is not None
@@ -133,7 +142,8 @@ class Target:
             self._clear()
             self.config, self.build = request.config, build
             self.tables = {t.preamble.id: {} for t in request.config.p4info.tables}
-            log.info("pipeline set: K %d, S %d", build.k, build.slots)
+            log.info("pipeline set: K %d, S %d, B %d, %d-bit values", build.k, build.slots,
+                     build.block, build.value_bits)
         elif action == A.COMMIT:
             if self.config is None:
                 raise P4RuntimeError(code_pb2.FAILED_PRECONDITION, "no saved pipeline to commit")
@@ -316,13 +326,16 @@ class Target:
         if job is None:
             job = ManagedJob(job_id, params["num_workers"], params["mcast_grp"],
                              params["slot_base"], params["slot_count"])
-            if not self.aggregator.add_job(job_id, job.n, self.build.k, job.slot_count):
+            build = self.build
+            if not self.aggregator.add_job(job_id, job.n, build.k, job.slot_count,
+                                           build.block, build.value_bits):
                 raise P4RuntimeError(code_pb2.RESOURCE_EXHAUSTED,
                                      f"no memory for job {job_id}")
             self.aggregator.set_managed(job_id)
             self.jobs[job_id] = job
-            log.info("job %d installed: %d workers, K %d, slots %d..%d, group %d", job_id,
-                     job.n, self.build.k, job.slot_base, job.slot_base + job.slot_count - 1,
+            log.info("job %d installed: %d workers, K %d, B %d, %d-bit values, slots "
+                     "%d..%d, group %d", job_id, job.n, build.k, build.block,
+                     build.value_bits, job.slot_base, job.slot_base + job.slot_count - 1,
                      job.mcast_grp)
         job.workers[params["worker_id"]] = (addr_be, port_be)
         self.aggregator.set_worker(job_id, params["worker_id"], addr_be, port_be)
@@ -426,15 +439,15 @@ class Target:
 
     # -- registers and counters --------------------------------------------------------
 
-    def _registers(self) -> dict[int, tuple[str | int, int]]:
-        """register id -> (what the aggregator calls it, bit width)."""
+    def _registers(self) -> dict[int, tuple[Any, int]]:
+        """register id -> (what the aggregator calls it, bit width): "bitmap", "count",
+        "chunk", "epoch", ("exponent", g), ("proposal", g) (16 bits), or the element
+        index of a value register (V bits)."""
         build = self._need_pipeline()
-        out: dict[int, tuple[str | int, int]] = {}
-        for reg in S.STATE_REGISTERS:
-            out[build.ids[reg.name]] = (reg.state, reg.bits)
-        for i in range(build.k):
-            out[build.ids[f"{S.VALUE_PREFIX}{i}"]] = (i, 32)
-        return out
+        if self._register_map is None or self._register_map[0] is not build:
+            self._register_map = (build, {build.ids[reg.name]: (reg.state, reg.bits)
+                                          for reg in build.registers})
+        return self._register_map[1]
 
     def _owner(self, index: int) -> tuple[int, int] | None:
         """The (job, job-local cell) that a pipeline-wide register index belongs to."""
