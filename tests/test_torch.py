@@ -168,7 +168,6 @@ def test_gradients_flow_through_every_collective():
 
 
 @pytest.mark.mpi
-@pytest.mark.mpi
 def test_switch16_compression_sums_16_bit_values_through_the_switch(switch):
     """hvd.Compression.switch16: the calls that carry it go through the switch as 16-bit
     values (counted by width), within the 16-bit bound; the same tensor without it is
@@ -196,6 +195,7 @@ def test_switch16_compression_sums_16_bit_values_through_the_switch(switch):
     assert widths.get(16, 0) >= 2 and widths.get(32, 0) >= 1, widths
 
 
+@pytest.mark.mpi
 def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter():
     n = 3
     results = run(n, "torch_grouped_and_scaled", env={"INA_SWITCH": ""})
