@@ -2,10 +2,12 @@
 """The worker's data path: a tensor streamed through the aggregator, windowed and reliable.
 
 One packet in flight per slot (S in all), self-clocked by results: the result of chunk c
-frees slot c mod S for chunk c + S, whose agreed exponent the result carries (the max of
-all workers' proposals). A per-slot timer resends with exponential backoff; each
-chunk's result is applied to the output exactly once (a result for a chunk not in
-flight in its slot, with its version, is stale and dropped). Runs without the GIL,
+frees slot c mod S for chunk c + S, whose agreed exponents the result carries (the max of
+all workers' proposals). The new packets a batch of results frees leave together, with
+UDP segmentation offload where the kernel has it, else in one sendmmsg (udp_batch.h). A
+per-slot timer resends with exponential backoff; each chunk's result is applied to the
+output exactly once (a result for a chunk not in flight in its slot, with its version, is
+stale and dropped). Runs without the GIL,
 taking it every 20 ms to let Python see signals: Ctrl-C ends a blocked stream with
 KeyboardInterrupt.
 
@@ -40,6 +42,12 @@ from ina_collectives import protocol as P
 
 include "header.pxi"
 include "wire.pxi"
+
+cdef extern from "udp_batch.h" nogil:
+    enum:
+        INA_BATCH_MAX
+    int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
+                       const int32_t *lens, int count, int *gso, long *calls)
 
 cdef enum:
     BATCH = 32
@@ -79,14 +87,14 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
 cdef enum:
     DONE, SILENT, TIMEOUT, SEND_FAILED
 STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
-          "the operation's deadline passed", "sendto failed")
+          "the operation's deadline passed", "a send failed")
 
 # The system call whose errno an unfinished stream reports: counters["errno"] and
-# counters["call"] (an index of CALLS). sendto's ends the stream (SEND_FAILED); a receive
+# counters["call"] (an index of CALLS). A send's ends the stream (SEND_FAILED); a receive
 # failure does not, but is reported if the stream then ends without its results.
 cdef enum:
-    CALL_SENDTO, CALL_RECVMMSG, CALL_POLL
-CALLS = ("sendto", "recvmmsg", "poll")
+    CALL_SEND, CALL_RECVMMSG, CALL_POLL
+CALLS = ("send", "recvmmsg", "poll")
 
 
 def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
@@ -94,7 +102,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            int n, Py_ssize_t k, int job, int worker, bint average,
            double rto, double rto_min, double rto_max, double silence, double deadline,
            double[::1] rtt, int epoch=0, uint8_t[::1] seq=None,
-           Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32):
+           Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32,
+           uint8_t[::1] send_state=None):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed: the
@@ -104,6 +113,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     no estimate yet). epoch: this run's epoch, in every packet; results of another epoch
     are stale. seq: [the number of this worker's next new packet, 1 if the aggregator
     NACKs (CAP_NACKS)], updated (None: zeros). block, value_bits: the job's format.
+    send_state: [1 while UDP_SEGMENT may be used, else 0 (sendmmsg)], updated when the
+    kernel refuses the offload (None: [1]). New packets leave in batches: all those a
+    batch of results frees, in one system call per run of equal-sized packets.
     Returns (status, counters dict, chunks not completed as an array). A stream that did
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
@@ -133,6 +145,13 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     if est[SRTT] > 0:
         rto = est[RTO]
     cdef int32_t[::1] lengths = np.zeros(slots, np.int32)
+    if send_state is None:
+        send_state = np.ones(1, np.uint8)
+    cdef int gso = send_state[0]
+    cdef long send_calls = 0
+    cdef uint8_t *pend_bufs[INA_BATCH_MAX]   # new packets not sent yet (flush_new)
+    cdef int32_t pend_lens[INA_BATCH_MAX]
+    cdef int npend = 0
     if seq is None:
         seq = np.zeros(2, np.uint8)
     cdef uint8_t *next_seq = &seq[0]
@@ -167,14 +186,19 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
         return DONE, {}, np.zeros(0, np.int64)
     with nogil:
         for c in range(min(slots, nb)):
-            if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born, resent,
-                          versions, overtaken, next_seq, slot_seq, <const char *>&xin[0],
-                          size, kind,
-                          c, k, block, value_bits, n, agreed, local, slots, nb, job, worker,
-                          rto, 0, epoch) < 0:
-                status, failure = SEND_FAILED, errno
-                break
+            s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
+                           versions, overtaken, next_seq, slot_seq, <const char *>&xin[0],
+                           size, kind, c, k, block, value_bits, n, agreed, local, slots, nb,
+                           job, worker, rto, 0, epoch)
+            pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
+            npend += 1
             sent += 1
+            if npend == INA_BATCH_MAX or c == min(slots, nb) - 1:
+                if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
+                                  &send_calls) < 0:
+                    status, failure = SEND_FAILED, errno
+                    break
+                npend = 0
         while status == DONE and completed < nb:
             now = monotonic()
             if now >= next_signal_check:  # Ctrl-C ends the stream (KeyboardInterrupt)
@@ -268,14 +292,26 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if c < nb:  # its exponents: the max proposals the result carries
                     for j in range(get16(pkt + OFF_BLOCKS)):
                         agreed[c * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
-                    if send_chunk(fd, &to, rows, lengths, inflight, sent_at, timer, born,
-                                  resent, versions, overtaken, next_seq, slot_seq,
-                                  <const char *>&xin[0], size, kind, c, k, block, value_bits,
-                                  n, agreed, local, slots, nb, job, worker, rto, 0,
-                                  epoch) < 0:
-                        status, failure = SEND_FAILED, errno
-                        break
+                    s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
+                                   versions, overtaken, next_seq, slot_seq,
+                                   <const char *>&xin[0], size, kind, c, k, block,
+                                   value_bits, n, agreed, local, slots, nb, job, worker, rto,
+                                   0, epoch)
+                    pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
+                    npend += 1
                     sent += 1
+                    if npend == INA_BATCH_MAX:
+                        if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
+                                          &send_calls) < 0:
+                            status, failure = SEND_FAILED, errno
+                            break
+                        npend = 0
+            # The new packets this batch of results freed: out in one go.
+            if status == DONE and npend:
+                if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
+                                  &send_calls) < 0:
+                    status, failure = SEND_FAILED, errno
+                npend = 0
             # Retransmit what timed out, backing off; new chunks start from the backed-off
             # timeout until a sample says otherwise (RFC 6298 5.5-5.7). With an aggregator
             # that NACKs, the first timeout of a packet asks for its result with a header
@@ -303,12 +339,14 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     timer[s] = min(timer[s] * 2, rto_max)
                     rto = max(rto, timer[s])
     missing = np.flatnonzero(done_arr == 0)
-    counters = {"sent": sent, "retransmitted": retransmitted, "nacks": nacks,
+    send_state[0] = gso
+    counters = {"sent": sent, "send_calls": send_calls, "gso": gso,
+                "retransmitted": retransmitted, "nacks": nacks,
                 "nack_resent": nacked, "result_requests": requests,
                 "rtt_samples": samples,
                 "stale": stale, "rejected": rejected, "seconds": monotonic() - start}
     if failure:  # SEND_FAILED
-        counters["errno"], counters["call"] = failure, CALL_SENDTO
+        counters["errno"], counters["call"] = failure, CALL_SEND
     elif receive_failure and status != DONE:
         counters["errno"], counters["call"] = receive_failure, receive_call
     return status, counters, missing
@@ -334,16 +372,17 @@ cdef inline int request_result(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, Py
                         sizeof(sockaddr_in)) < 0 else 0
 
 
-cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] lengths,
-                    int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
-                    double[::1] born, uint8_t[::1] resent,
-                    uint8_t[::1] versions, int32_t[::1] overtaken, uint8_t *next_seq,
-                    uint8_t[::1] slot_seq,
-                    const char *x, Py_ssize_t size, Kind kind,
-                    Py_ssize_t c, Py_ssize_t k, Py_ssize_t block, int bits, int n,
-                    int16_t[::1] agreed, const int16_t[::1] local, Py_ssize_t slots,
-                    Py_ssize_t nb, int job, int worker, double rto, int flags,
-                    int epoch) noexcept nogil:
+cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
+                           int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
+                           double[::1] born, uint8_t[::1] resent,
+                           uint8_t[::1] versions, int32_t[::1] overtaken, uint8_t *next_seq,
+                           uint8_t[::1] slot_seq, const char *x, Py_ssize_t size, Kind kind,
+                           Py_ssize_t c, Py_ssize_t k, Py_ssize_t block, int bits, int n,
+                           int16_t[::1] agreed, const int16_t[::1] local, Py_ssize_t slots,
+                           Py_ssize_t nb, int job, int worker, double rto, int flags,
+                           int epoch) noexcept nogil:
+    """Write chunk c's packet into its slot's row and start its clocks; the slot. The
+    caller sends it, with the others of its batch (ina_send_batch)."""
     cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block
     lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, block, bits, n,
                                        &agreed[c * g],
@@ -358,6 +397,4 @@ cdef int send_chunk(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] 
     born[s] = sent_at[s]
     resent[s] = 0
     timer[s] = rto
-    if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>to, sizeof(sockaddr_in)) < 0:
-        return -1
-    return 0
+    return s  # the caller sends it, in a batch

@@ -67,6 +67,12 @@ class Settings:
         "for float tensors, with 14 - log2(n) bits per sub-block (docs/quantization.md "
         "has the error bound and measured errors); int32 tensors then take the ring.",
     )
+    switch_gso: bool = _setting(
+        True,
+        "Send each batch of new packets with UDP segmentation offload (one system call "
+        "for up to 64 datagrams of one size) where the kernel takes it; False: sendmmsg. "
+        "stats()['switch']['send_path'] says which one is in use.",
+    )
     switch_block: int = _setting(
         32,
         "B: values sharing one exponent (a sub-block), a power of two from 1 to 64. "

@@ -119,11 +119,26 @@ def test_64_mib_on_four_ranks(switch):
     {"delay_ms_in": 3, "delay_ms_out": 4},
     {"drop_in": 0.02, "duplicate_out": 0.05, "reorder_in": 0.1, "delay_ms_out": 1},
 ], ids=["loss-1%", "loss-5%", "loss-20%", "duplicate", "reorder", "delay", "mixed"])
-def test_faults_give_the_same_results(switch, faults, injected):
+@pytest.mark.parametrize("path", ["UDP_SEGMENT", "sendmmsg"])
+def test_faults_give_the_same_results(switch, faults, injected, path):
+    """On both send paths: segmentation offload with MTU-sized packets (K of a 9000-byte
+    MTU, several datagrams per send), and sendmmsg (the fallback) with 64 KiB ones."""
     faults(**injected)
-    cases = [("float32", "sum", 2 * K * 8 + 3, 21), ("float64", "average", 40_000, 22)]
-    results = run_ina(switch, 3, cases, rounds=3, settings={"retransmit_timeout": 0.01})
-    check_job(results, cases, 3, rounds=3)
+    gso = path == "UDP_SEGMENT"
+    k = P.elements_for_mtu(9000) if gso else K
+    cases = [("float32", "sum", 2 * k * 8 + 3, 21), ("float64", "average", 40_000, 22)]
+    results = run_ina(switch, 3, cases, rounds=3, settings={
+        "retransmit_timeout": 0.01, "switch_gso": gso, "switch_elements": k})
+    for i, case in enumerate(cases * 3):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+        check_within_bound(per_rank[0], *case, 3, k=k)
+    for r in results:
+        assert r["stats"]["engines"] == {"ina": 6}, r["stats"]
+        assert r["stats"]["switch"]["send_path"] == path, r["stats"]["switch"]
+        if gso:  # several new packets per system call
+            transport = r["stats"]["transport"]
+            assert transport["send_calls"] < transport["sent"], transport
 
 
 def test_rtt_estimator_follows_rfc6298():

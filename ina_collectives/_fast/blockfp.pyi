@@ -1,12 +1,14 @@
 """Block floating point, compiled: the same functions as ina_collectives.ina.reference.blockfp."""
 import numpy as np
 
-def block_exponents(x: np.ndarray, k: int) -> tuple[np.ndarray, bool]:
-    """Each block's exponent proposal (int16) and whether x holds a NaN or an Inf."""
+def block_exponents(x: np.ndarray, k: int, b: int = 32) -> tuple[np.ndarray, bool]:
+    """Each sub-block's exponent proposal (int16, G = ceil(k / b) per chunk) and whether x
+    holds a NaN or an Inf."""
 
-def quantize(x: np.ndarray, exps: np.ndarray, n: int, k: int) -> np.ndarray:
-    """x as int32 in network byte order, block b scaled by its agreed exponent exps[b]."""
+def quantize(x: np.ndarray, exps: np.ndarray, n: int, k: int, b: int = 32,
+             bits: int = 32) -> np.ndarray:
+    """x as int32 or int16 in network byte order, sub-block j scaled by exps[j]."""
 
 def dequantize(q: np.ndarray, exps: np.ndarray, n: int, k: int, out: np.ndarray,
-               average: bool = False) -> None:
-    """Write the aggregated int32 payload q (network order) into out, in out's dtype."""
+               average: bool = False, b: int = 32) -> None:
+    """Write the aggregated payload q (int32 or int16, network order) into out."""

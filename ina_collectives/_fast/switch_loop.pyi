@@ -24,8 +24,10 @@ class Aggregator(FaultInjection):
     last_errno: int
     def __init__(self, fd: int, seed: int = ...) -> None:
         """Aggregate the datagrams of UDP socket ``fd``; seed: the fault injection's RNG."""
-    def add_job(self, job_id: int, n: int, k: int, slots: int) -> bool:
-        """Create a job (n workers, K elements, S slots); False if no memory."""
+    def add_job(self, job_id: int, n: int, k: int, slots: int, block: int = 32,
+                value_bits: int = 32) -> bool:
+        """Create a job (n workers, K values of value_bits in sub-blocks of block, S
+        slots); False if no memory."""
     def set_managed(self, job_id: int) -> None:
         """The job is a controller's: results go to its replicas; KeyError if no job."""
     def is_managed(self, job_id: int) -> bool:
@@ -36,14 +38,16 @@ class Aggregator(FaultInjection):
         """Forget a worker's address; KeyError if no job, IndexError if no such worker."""
     def worker_at(self, job_id: int, worker: int, addr_be: int, port_be: int) -> bool:
         """Whether the worker of the job is admitted at this address."""
-    def get_cell(self, job_id: int, cell: int, what: str | int) -> int:
-        """A cell's bitmap, count, proposal, chunk, epoch, or value ``what`` (an index)."""
-    def set_cell(self, job_id: int, cell: int, what: str | int, value: int) -> None:
+    def get_cell(self, job_id: int, cell: int, what: str | int | tuple[str, int]) -> int:
+        """A cell's bitmap, count, chunk, epoch, ("exponent", g), ("proposal", g), or
+        value ``what`` (an index)."""
+    def set_cell(self, job_id: int, cell: int, what: str | int | tuple[str, int],
+                 value: int) -> None:
         """Write a cell's register ``what`` (as get_cell names them) or value ``what``."""
     def drop_count(self, reason: int) -> int:
         """Packets dropped for reason ``reason`` (an index of DROP_REASONS)."""
-    def job_shape(self, job_id: int) -> tuple[int, int, int] | None:
-        """(n, K, S) of a job, or None."""
+    def job_shape(self, job_id: int) -> tuple[int, int, int, int, int] | None:
+        """(n, K, S, B, value bits) of a job, or None."""
     def set_worker(self, job_id: int, worker: int, addr_be: int, port_be: int) -> bool:
         """Admit a worker at this address; False if bound elsewhere, or no such job/worker."""
     def leave(self, job_id: int, worker: int) -> bool:

@@ -2,9 +2,9 @@
 import numpy as np
 
 STATUS: tuple[str, ...]
-"""What stream() returns first, by index: done, silent, timeout, sendto failed."""
+"""What stream() returns first, by index: done, silent, timeout, a send failed."""
 CALLS: tuple[str, ...]
-"""The failed system call of counters["call"], by index: sendto, recvmmsg, poll."""
+"""The failed system call of counters["call"], by index: send, recvmmsg, poll."""
 
 def rtt_update(state: np.ndarray, sample: float, rto_min: float, rto_max: float) -> float:
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
@@ -13,6 +13,7 @@ def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
            out: np.ndarray, local: np.ndarray, agreed: np.ndarray, versions: np.ndarray,
            n: int, k: int, job: int, worker: int, average: bool, rto: float,
            rto_min: float, rto_max: float, silence: float, deadline: float,
-           rtt: np.ndarray, epoch: int = 0, seq: np.ndarray | None = None
+           rtt: np.ndarray, epoch: int = 0, seq: np.ndarray | None = None,
+           block: int = 32, value_bits: int = 32, send_state: np.ndarray | None = None
            ) -> tuple[int, dict[str, float], np.ndarray]:
     """Allreduce x into out through the aggregator: (status, counters, chunks missing)."""

@@ -102,7 +102,7 @@ class InaEngine:
                 self.link = WorkerLink(P.parse_address(settings.switch), job, rank, n, k,
                                        settings.switch_slots,
                                        ports[rank] if settings.job else 0, epoch, block,
-                                       bits)
+                                       bits, settings.switch_gso)
                 self.link.totals = self.totals
                 if settings.job:  # installed by a controller: worker id = rank
                     self.link.probe(settings.switch_join_timeout)
@@ -138,9 +138,11 @@ class InaEngine:
         exponent per ``block`` of them (stats()["switch"])."""
         s = self.settings
         k = self.link.k if self.link is not None else s.switch_elements
+        gso = self.link.send_state[0] if self.link is not None else s.switch_gso
         return {"protocol": P.PROTOCOL_VERSION, "elements": k,
                 "value_bits": s.switch_value_bits, "block": s.switch_block,
-                "calls_by_value_bits": dict(self.calls_by_width)}
+                "calls_by_value_bits": dict(self.calls_by_width),
+                "send_path": "UDP_SEGMENT" if gso else "sendmmsg"}
 
     def _collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),

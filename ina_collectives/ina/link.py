@@ -30,7 +30,7 @@ class WorkerLink:
 
     def __init__(self, switch: tuple[str, int], job: int, worker: int, n: int, k: int,
                  slots: int, port: int = 0, epoch: int = 0, block: int = P.DEFAULT_BLOCK,
-                 value_bits: int = 32):
+                 value_bits: int = 32, gso: bool = True):
         if not 0 <= epoch < 65536:
             raise ValueError(f"epoch {epoch} is not 0..65535")
         P.check_format(block, value_bits)
@@ -38,6 +38,9 @@ class WorkerLink:
         self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
         self.block, self.value_bits = block, value_bits
         self.narrow = False  # set by the join or probe reply
+        # [1 while new packets may leave with UDP_SEGMENT]: cleared for good by the stream
+        # if the kernel refuses the offload (then sendmmsg)
+        self.send_state = np.array([1 if gso else 0], np.uint8)
         self.epoch = epoch
         self.sock = udp_socket("0.0.0.0", port)
         self.joined = False
@@ -117,17 +120,18 @@ class WorkerLink:
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
-            value_bits or self.value_bits)
+            value_bits or self.value_bits, self.send_state)
         failure = counters.pop("errno", 0)
+        counters.pop("gso")  # (a state, in send_state; not a count)
         call = transport.CALLS[int(counters.pop("call", 0))]
         for name, value in counters.items():
             self.totals[name] = self.totals.get(name, 0) + value
         self.totals["srtt"], self.totals["rto"] = float(self.rtt[0]), float(self.rtt[2])
         reason = transport.STATUS[status]
         switch = f"{self.switch[0]}:{self.switch[1]}"
-        # The system call's own words, as OSError would say them: "sendto failed: [Errno
+        # The system call's own words, as OSError would say them: "a send failed: [Errno
         # 111] Connection refused: to 127.0.0.1:47474", or a receive failure beside a silence.
-        if failure and call == "sendto":
+        if failure and call == "send":
             reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"
         elif failure:
             reason = f"{reason}; {call} failed: {SystemCallError(failure, f'from {switch}')}"

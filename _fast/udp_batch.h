@@ -1,0 +1,121 @@
+/* Many datagrams per system call: UDP segmentation offload (UDP_SEGMENT, Linux 4.18+)
+ * where the kernel takes it, else sendmmsg. The per-packet cost of a send is mostly the
+ * system call and the stack traversal (../shared/PITFALLS.md); one sendmsg carrying up to
+ * 64 datagrams of one size pays it once.
+ */
+#ifndef INA_UDP_BATCH_H
+#define INA_UDP_BATCH_H
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#define INA_GSO_MAX_SEGMENTS 64      /* the kernel's UDP_MAX_SEGMENTS */
+#define INA_GSO_MAX_BYTES 65507      /* one UDP datagram's payload over IPv4 */
+#define INA_BATCH_MAX 64
+
+/* Whether a failed UDP_SEGMENT send means "not here" (an old kernel, a device without
+ * the offload) rather than a failure of this send: then the caller falls back. */
+static inline int ina_gso_unsupported(int err)
+{
+    return err == EINVAL || err == ENOPROTOOPT || err == EOPNOTSUPP || err == EIO;
+}
+
+/* One sendmsg of n datagrams of `size` bytes (the last may be shorter), at bufs[0..n-1],
+ * as one UDP_SEGMENT super-datagram. 0 or -1 (errno). */
+static inline int ina_send_segmented(int fd, const struct sockaddr_in *to,
+                                     uint8_t *const *bufs, const int32_t *lens, int n,
+                                     uint16_t size)
+{
+    struct iovec iov[INA_GSO_MAX_SEGMENTS];
+    char control[CMSG_SPACE(sizeof(uint16_t))];
+    struct msghdr msg;
+    struct cmsghdr *cm;
+    for (int i = 0; i < n; i++) {
+        iov[i].iov_base = bufs[i];
+        iov[i].iov_len = (size_t)lens[i];
+    }
+    memset(&msg, 0, sizeof msg);
+    memset(control, 0, sizeof control);
+    msg.msg_name = (void *)to;
+    msg.msg_namelen = sizeof *to;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)n;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_UDP;
+    cm->cmsg_type = UDP_SEGMENT;
+    cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    memcpy(CMSG_DATA(cm), &size, sizeof size);
+    return sendmsg(fd, &msg, 0) < 0 ? -1 : 0;
+}
+
+/* Send datagrams bufs[i] (lens[i] bytes), i < count <= INA_BATCH_MAX, to `to`. While
+ * *gso is 1, runs of equal-sized datagrams (a shorter last one allowed) leave as one
+ * UDP_SEGMENT send each; a kernel that refuses the offload sets *gso to 0 for good. The
+ * rest leave in one sendmmsg. *calls counts the system calls. 0, or -1 (errno set) if
+ * the kernel refused a send. */
+static inline int ina_send_batch(int fd, const struct sockaddr_in *to,
+                                 uint8_t *const *bufs, const int32_t *lens, int count,
+                                 int *gso, long *calls)
+{
+    struct mmsghdr msgs[INA_BATCH_MAX];
+    struct iovec iovs[INA_BATCH_MAX];
+    int i = 0, singles = 0, first_single = -1;
+    while (i < count) {
+        int n = 1;
+        int32_t total = lens[i];
+        if (*gso) {
+            while (i + n < count && n < INA_GSO_MAX_SEGMENTS && lens[i + n] <= lens[i]
+                   && total + lens[i + n] <= INA_GSO_MAX_BYTES) {
+                total += lens[i + n];
+                n++;
+                if (lens[i + n - 1] < lens[i])
+                    break;  /* a shorter datagram ends a run */
+            }
+        }
+        if (n >= 2) {
+            (*calls)++;
+            if (ina_send_segmented(fd, to, bufs + i, lens + i, n, (uint16_t)lens[i]) == 0) {
+                i += n;
+                continue;
+            }
+            if (!ina_gso_unsupported(errno))
+                return -1;
+            *gso = 0;  /* this kernel or route has no UDP_SEGMENT: sendmmsg from now on */
+            continue;
+        }
+        /* A datagram alone: gathered for one sendmmsg (its order against the runs does
+         * not matter: each is a packet of its own slot). */
+        memset(&msgs[singles], 0, sizeof msgs[singles]);
+        iovs[singles].iov_base = bufs[i];
+        iovs[singles].iov_len = (size_t)lens[i];
+        msgs[singles].msg_hdr.msg_name = (void *)to;
+        msgs[singles].msg_hdr.msg_namelen = sizeof *to;
+        msgs[singles].msg_hdr.msg_iov = &iovs[singles];
+        msgs[singles].msg_hdr.msg_iovlen = 1;
+        if (first_single < 0)
+            first_single = i;
+        singles++;
+        i++;
+    }
+    int sent = 0;
+    while (sent < singles) {
+        (*calls)++;
+        int r = sendmmsg(fd, msgs + sent, (unsigned int)(singles - sent), 0);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        sent += r;
+    }
+    return 0;
+}
+
+#endif
