@@ -18,9 +18,17 @@ from libc.string cimport memcpy, memset
 from blockfp_kernels cimport (ina_accumulate_be16, ina_accumulate_be32, ina_load_be16,
                               ina_load_be32, ina_store_be16, ina_store_be32)
 from byteorder cimport get16, get32, put16
-from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr, sockaddr,
-                    sockaddr_in, try_again)
+from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, msghdr, poll,
+                    pollfd, prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr,
+                    sockaddr, sockaddr_in, try_again)
+
+cdef extern from "udp_batch.h" nogil:
+    enum:
+        INA_GRO_CONTROL
+    int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
+                       const int32_t *lens, int count, int *gso, long *calls)
+    void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
+    int ina_gro_size(msghdr *msg)
 
 from ina_collectives import protocol as P
 
@@ -120,6 +128,12 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t nacks  # workers told that their packet for a chunk never came
     cdef public uint64_t result_requests  # header-only retransmissions (answer_request)
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
+    # 1: results leave with UDP_SEGMENT, one send per run of a worker's equal-sized results
+    # (cleared if the kernel refuses it); 0: sendmmsg of the whole outbox
+    cdef public int gso
+    cdef public long send_calls         # system calls that sent the outbox
+    cdef public uint64_t gro_buffers    # received buffers that held several datagrams
+    cdef char controls[BATCH * 64]      # INA_GRO_CONTROL bytes per received message
     cdef public int last_errno          # why the last one was refused
     cdef public uint64_t control_overflow  # control packets lost: MAX_CONTROL held already
     cdef uint64_t drops[<int>DROP_COUNT]
@@ -405,6 +419,7 @@ cdef class Aggregator(FaultInjection):
                 self.release_due(monotonic())
                 prepare_receive(self.msgs, self.iovs, self.bufs, self.bufsize, BATCH,
                                 self.names)
+                ina_attach_controls(self.msgs, self.controls, INA_GRO_CONTROL, BATCH)
                 got = recvmmsg(self.fd, self.msgs, BATCH, MSG_DONTWAIT, NULL)
                 if got < 0 and not try_again(errno):
                     raise_errno(errno, "recvmmsg on the aggregator's socket", self.fd, NULL)
@@ -421,10 +436,8 @@ cdef class Aggregator(FaultInjection):
                             break
                     continue
                 idle_since = monotonic()
-                self.packets_in += got
                 for i in range(got):
-                    self.receive(<uint8_t *>self.iovs[i].iov_base, self.msgs[i].msg_len,
-                                 &self.names[i])
+                    self.receive_buffer(i)
                 self.flush_outbox()
             self.flush_outbox()
         out = []
@@ -454,10 +467,53 @@ cdef class Aggregator(FaultInjection):
         self.nout += 1
         self.packets_out += 1
 
+    cdef void receive_buffer(self, int i) noexcept nogil:
+        """Received message i: one datagram, or several of one sender back to back
+        (UDP_GRO), each taken as it came."""
+        cdef uint8_t *base = <uint8_t *>self.iovs[i].iov_base
+        cdef Py_ssize_t total = self.msgs[i].msg_len, off = 0
+        cdef Py_ssize_t size = ina_gro_size(&self.msgs[i].msg_hdr)
+        if size <= 0 or size >= total:
+            self.packets_in += 1
+            self.receive(base, total, &self.names[i])
+            return
+        self.gro_buffers += 1
+        while off < total:
+            self.packets_in += 1
+            self.receive(base + off, min(size, total - off), &self.names[i])
+            off += size
+
     cdef void flush_outbox(self) noexcept nogil:
-        """Send the outbox with sendmmsg; what the kernel refuses is lost, as on a link."""
-        cdef int sent = 0, r
+        """Send the outbox: each worker's results with UDP_SEGMENT (one send per run of
+        equal-sized ones, in their order) while self.gso, else all with sendmmsg. What
+        the kernel refuses is lost, as on a link."""
+        cdef int sent = 0, r, i, j, n
+        cdef uint8_t *bufs[BATCH]
+        cdef int32_t lens[BATCH]
+        cdef uint8_t taken[BATCH]
+        if self.gso:
+            memset(taken, 0, BATCH)
+            for i in range(self.nout):
+                if taken[i]:
+                    continue
+                n = 0
+                for j in range(i, self.nout):
+                    if (not taken[j]
+                            and self.out_names[j].sin_addr.s_addr
+                            == self.out_names[i].sin_addr.s_addr
+                            and self.out_names[j].sin_port == self.out_names[i].sin_port):
+                        bufs[n] = <uint8_t *>self.out_iovs[j].iov_base
+                        lens[n] = <int32_t>self.out_iovs[j].iov_len
+                        taken[j] = 1
+                        n += 1
+                if ina_send_batch(self.fd, &self.out_names[i], bufs, lens, n, &self.gso,
+                                  &self.send_calls) < 0:
+                    self.send_failures += 1  # (and that worker's others of this batch)
+                    self.last_errno = errno
+            self.nout = 0
+            return
         while sent < self.nout:
+            self.send_calls += 1
             r = sendmmsg(self.fd, &self.out_msgs[sent], self.nout - sent, 0)
             if r < 0 and errno == EINTR:  # a signal came first: nothing was sent, again
                 continue

@@ -34,7 +34,7 @@ import numpy as np
 from blockfp_kernels cimport KIND_F32
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport errno
-from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
+from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, msghdr, poll, pollfd,
                     prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in,
                     try_again)
 
@@ -46,11 +46,15 @@ include "wire.pxi"
 cdef extern from "udp_batch.h" nogil:
     enum:
         INA_BATCH_MAX
+        INA_GRO_CONTROL
     int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
                        const int32_t *lens, int count, int *gso, long *calls)
+    void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
+    int ina_gro_size(msghdr *msg)
 
 cdef enum:
     BATCH = 32
+    SEGMENTS = BATCH * 64  # datagrams one receive may bring with UDP_GRO (64 per buffer)
 
 # RTT estimator state, in the caller's float64 array: SRTT (0: no sample yet), RTTVAR, RTO.
 cdef enum:
@@ -169,6 +173,10 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     set_sockaddr(&to, switch_addr_be, switch_port_be)
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]
+    cdef char controls[BATCH * 64]            # INA_GRO_CONTROL bytes per message
+    cdef const uint8_t *seg_ptr[SEGMENTS]     # the datagrams received, split (UDP_GRO)
+    cdef int32_t seg_len[SEGMENTS]
+    cdef Py_ssize_t nseg, off, gro_size, gro_buffers = 0, total
     cdef pollfd pfd
     pfd.fd = fd
     pfd.events = POLLIN
@@ -217,6 +225,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     next_timer = sent_at[s] + timer[s]
             wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
             prepare_receive(msgs, iovs, &rx[0, 0], 65536, BATCH, NULL)
+            ina_attach_controls(msgs, controls, INA_GRO_CONTROL, BATCH)
             got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
             if got < 0 and not try_again(errno):
                 receive_failure, receive_call = errno, CALL_RECVMMSG
@@ -225,9 +234,25 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     receive_failure, receive_call = errno, CALL_POLL
                 got = 0
             now = monotonic()
+            # A buffer may hold several results back to back (UDP_GRO): split it.
+            nseg = 0
             for i in range(got):
-                pkt = &rx[i, 0]
-                if msgs[i].msg_len < <unsigned int>HEADER:
+                total = msgs[i].msg_len
+                gro_size = ina_gro_size(&msgs[i].msg_hdr)
+                if gro_size <= 0 or gro_size >= total:
+                    seg_ptr[nseg], seg_len[nseg] = &rx[i, 0], <int32_t>total
+                    nseg += 1
+                    continue
+                gro_buffers += 1
+                off = 0
+                while off < total and nseg < SEGMENTS:
+                    seg_ptr[nseg] = &rx[i, off]
+                    seg_len[nseg] = <int32_t>min(gro_size, total - off)
+                    nseg += 1
+                    off += gro_size
+            for i in range(nseg):
+                pkt = seg_ptr[i]
+                if seg_len[i] < HEADER:
                     rejected += 1
                     continue
                 if (pkt[OFF_FLAGS] & FLAG_NACK and get16(pkt + OFF_JOB) == job
@@ -258,7 +283,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                         or pkt[OFF_FLAGS] & FLAG_CONTROL):
                     stale += 1
                     continue
-                parsed = parse_result(pkt, msgs[i].msg_len, <char *>&xout[0], size, kind, k,
+                parsed = parse_result(pkt, seg_len[i], <char *>&xout[0], size, kind, k,
                                       block, value_bits, n, average, job, -32767, 32767)
                 if parsed != PARSE_OK:
                     rejected += 1
@@ -341,6 +366,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     missing = np.flatnonzero(done_arr == 0)
     send_state[0] = gso
     counters = {"sent": sent, "send_calls": send_calls, "gso": gso,
+                "gro_buffers": gro_buffers,
                 "retransmitted": retransmitted, "nacks": nacks,
                 "nack_resent": nacked, "result_requests": requests,
                 "rtt_samples": samples,

@@ -1,5 +1,5 @@
 /* Many datagrams per system call: UDP segmentation offload (UDP_SEGMENT, Linux 4.18+)
- * where the kernel takes it, else sendmmsg. The per-packet cost of a send is mostly the
+ * where the kernel takes it, else sendmmsg; and receive coalescing (UDP_GRO, 5.0+). The per-packet cost of a send is mostly the
  * system call and the stack traversal (../shared/PITFALLS.md); one sendmsg carrying up to
  * 64 datagrams of one size pays it once.
  */
@@ -114,6 +114,36 @@ static inline int ina_send_batch(int fd, const struct sockaddr_in *to,
             return -1;
         }
         sent += r;
+    }
+    return 0;
+}
+
+/* Receiving with UDP_GRO: the kernel may hand over several datagrams of one flow as one
+ * buffer, with their size in a control message. INA_GRO_CONTROL bytes of control space
+ * per message hold it. */
+#define INA_GRO_CONTROL 64
+
+/* Point each of the count messages at its own control space (controls + i * stride,
+ * stride >= INA_GRO_CONTROL), after prepare_receive, which clears them. */
+static inline void ina_attach_controls(struct mmsghdr *msgs, char *controls, size_t stride,
+                                       int count)
+{
+    for (int i = 0; i < count; i++) {
+        msgs[i].msg_hdr.msg_control = controls + (size_t)i * stride;
+        msgs[i].msg_hdr.msg_controllen = stride;
+    }
+}
+
+/* The size of the datagrams a received buffer holds back to back (UDP_GRO), or 0 if it
+ * is one datagram. */
+static inline int ina_gro_size(struct msghdr *msg)
+{
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL; cm = CMSG_NXTHDR(msg, cm)) {
+        if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) {
+            int size;
+            memcpy(&size, CMSG_DATA(cm), sizeof size);
+            return size;
+        }
     }
     return 0;
 }

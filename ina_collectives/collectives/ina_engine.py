@@ -142,7 +142,9 @@ class InaEngine:
         return {"protocol": P.PROTOCOL_VERSION, "elements": k,
                 "value_bits": s.switch_value_bits, "block": s.switch_block,
                 "calls_by_value_bits": dict(self.calls_by_width),
-                "send_path": "UDP_SEGMENT" if gso else "sendmmsg"}
+                "send_path": "UDP_SEGMENT" if gso else "sendmmsg",
+                "receive_path": ("UDP_GRO" if self.link is not None and self.link.gro
+                                 else "recvmmsg")}
 
     def _collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),

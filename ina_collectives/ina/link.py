@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import protocol as P
 from ..errors import AggregatorUnavailable, SystemCallError
-from ..protocol import control_request, sockaddr_be, status_text, udp_socket
+from ..protocol import control_request, enable_gro, sockaddr_be, status_text, udp_socket
 
 
 @dataclass
@@ -43,6 +43,9 @@ class WorkerLink:
         self.send_state = np.array([1 if gso else 0], np.uint8)
         self.epoch = epoch
         self.sock = udp_socket("0.0.0.0", port)
+        # Results may arrive coalesced (UDP_GRO): the stream splits them. Where the kernel
+        # lacks it, one datagram per buffer, as before.
+        self.gro = enable_gro(self.sock) if gso else False
         self.joined = False
         self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
         self.rtt = np.zeros(3)  # SRTT, RTTVAR, RTO (_fast/transport.pyx), kept across calls
@@ -122,7 +125,7 @@ class WorkerLink:
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
             value_bits or self.value_bits, self.send_state)
         failure = counters.pop("errno", 0)
-        counters.pop("gso")  # (a state, in send_state; not a count)
+        counters.pop("gso", None)  # (a state, in send_state; not a count)
         call = transport.CALLS[int(counters.pop("call", 0))]
         for name, value in counters.items():
             self.totals[name] = self.totals.get(name, 0) + value

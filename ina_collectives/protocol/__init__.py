@@ -15,6 +15,7 @@ from .address import (  # noqa: F401
     LOOPBACK_BE,
     SOCKET_BUFFER_BYTES,
     address_text,
+    enable_gro,
     ipv4_be,
     ipv4_int_be,
     parse_address,

@@ -71,3 +71,17 @@ def udp_socket(host: str = "0.0.0.0", port: int = 0) -> socket.socket:
         sock.close()
         raise OSError(exc.errno, f"cannot bind UDP {host}:{port}: {exc.strerror}") from None
     return sock
+
+
+# Python's socket module lacks the constant (Linux <netinet/udp.h>).
+UDP_GRO = 104
+
+
+def enable_gro(sock: socket.socket) -> bool:
+    """Ask the kernel to coalesce received datagrams of one flow (UDP_GRO); whether it
+    took it. The compiled receive loops split what it coalesces."""
+    try:
+        sock.setsockopt(socket.IPPROTO_UDP, UDP_GRO, 1)
+    except OSError:
+        return False
+    return True

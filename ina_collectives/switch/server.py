@@ -45,6 +45,11 @@ class SoftwareSwitch:
         self.sock = P.udp_socket(host, port)
         self.address = self.sock.getsockname()
         self.aggregator = Aggregator(self.sock.fileno())
+        # Batched system calls (issue 15): workers' segmented sends arrive coalesced where
+        # the kernel does UDP_GRO (the loop splits them), and each worker's results leave
+        # in segmented sends (UDP_SEGMENT, sendmmsg where the kernel refuses it).
+        self.gro = P.enable_gro(self.sock)
+        self.aggregator.gso = 1
         self.drop_reasons = DROP_REASONS
         self.idle_seconds = idle_seconds
         # Like a P4 switch's register arrays: a fixed pool of slots shared by the jobs,
@@ -113,6 +118,9 @@ class SoftwareSwitch:
                 "nacks": a.nacks, "result_requests": a.result_requests,
                 "slots_busy": a.busy_slots(), "drops": a.drop_counts(),
                 "send_failures": a.send_failures,
+                "send_path": "UDP_SEGMENT" if a.gso else "sendmmsg", "send_calls": a.send_calls,
+                "receive_path": "UDP_GRO" if self.gro else "recvmmsg",
+                "gro_buffers": a.gro_buffers,
                 **({"last_send_errno": a.last_errno} if a.send_failures else {}),
                 "faults": a.faults(), **self.control_counts,
                 "control overflow": a.control_overflow,
@@ -128,6 +136,8 @@ class SoftwareSwitch:
                 f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
                 f"nacks {s['nacks']} result requests {s['result_requests']} "
                 + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
+                + f"send calls {s['send_calls']} ({s['send_path']}) gro buffers "
+                f"{s['gro_buffers']} "
                 + (f"sends refused {s['send_failures']} (last: "
                    f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")
                 + f"control: {control}; drops: {drops}")
