@@ -1,6 +1,8 @@
 # cython: language_level=3
 """Load generation for the switch benchmark (bench/switch_ceiling.py): pre-built packets
-replayed with no quantization cost, and a bare batched receiver, the machine's ceiling.
+replayed with no quantization cost, and a bare batched receiver, the machine's ceiling;
+for bench/udp_ceiling.py, the same bare loops with sendmmsg or UDP_SEGMENT and with
+recvmmsg or UDP_GRO.
 
 A datagram the kernel refuses for want of buffers (EAGAIN, ENOBUFS) or for a signal (EINTR)
 is lost, as on a link; any other failed system call raises SystemCallError."""
@@ -9,9 +11,18 @@ from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from byteorder cimport get32
-from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
-                    prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in,
-                    try_again)
+from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, msghdr, poll, pollfd,
+                    prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr, sockaddr,
+                    sockaddr_in, try_again)
+
+cdef extern from "udp_batch.h" nogil:
+    enum:
+        INA_GRO_CONTROL
+        INA_GSO_MAX_BYTES
+    int ina_send_segmented(int fd, const sockaddr_in *to, uint8_t *const *bufs,
+                           const int32_t *lens, int n, uint16_t size)
+    void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
+    int ina_gro_size(msghdr *msg)
 
 from ina_collectives import protocol as P
 
@@ -110,8 +121,49 @@ def blast(int fd, uint32_t addr_be, uint16_t port_be, const uint8_t[::1] packet,
     return sent
 
 
+def blast_batched(int fd, uint32_t addr_be, uint16_t port_be, uint8_t[::1] packet,
+                  double seconds, bint gso):
+    """Send copies of one packet for ``seconds``, 64 per sendmmsg, or (gso) as many per
+    UDP_SEGMENT send as 64 KiB holds; (datagrams sent, system calls)."""
+    cdef sockaddr_in to
+    set_sockaddr(&to, addr_be, port_be)
+    cdef uint8_t *bufs[BATCH]
+    cdef int32_t lens[BATCH]
+    cdef mmsghdr msgs[BATCH]
+    cdef iovec iovs[BATCH]
+    cdef int i, r, per_call = BATCH
+    cdef int32_t length = packet.shape[0]
+    if gso:
+        per_call = min(<int>BATCH, <int>(INA_GSO_MAX_BYTES // length))
+    for i in range(BATCH):
+        bufs[i], lens[i] = &packet[0], length
+        iovs[i].iov_base, iovs[i].iov_len = &packet[0], length
+        memset(&msgs[i].msg_hdr, 0, sizeof(msgs[i].msg_hdr))
+        msgs[i].msg_hdr.msg_name = &to
+        msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in)
+        msgs[i].msg_hdr.msg_iov = &iovs[i]
+        msgs[i].msg_hdr.msg_iovlen = 1
+    cdef uint64_t sent = 0, calls = 0
+    cdef double start
+    with nogil:
+        start = monotonic()
+        while monotonic() - start < seconds:
+            calls += 1
+            if gso:
+                r = per_call if ina_send_segmented(fd, &to, bufs, lens, per_call,
+                                                   <uint16_t>length) == 0 else -1
+            else:
+                r = sendmmsg(fd, msgs, BATCH, 0)
+            if r > 0:
+                sent += r
+            elif not (try_again(errno) or errno == ENOBUFS):
+                raise_errno(errno, "sending to", fd, &to)
+    return sent, calls
+
+
 def sink(int fd, double seconds):
-    """A bare batched receiver: counts datagrams for ``seconds`` after the first one."""
+    """A bare batched receiver: counts datagrams for ``seconds`` after the first one
+    (those a UDP_GRO buffer holds each count: enable it on fd to receive coalesced)."""
     cdef uint8_t[:, ::1] bufs
     import numpy as np
     bufs = np.empty((BATCH, 65536), np.uint8)
@@ -121,16 +173,21 @@ def sink(int fd, double seconds):
     pfd.fd = fd
     pfd.events = POLLIN
     cdef uint64_t count = 0
-    cdef int got
+    cdef int got, i, size
     cdef double start = 0
+    cdef char controls[BATCH * 64]
     with nogil:
         if wait_readable(&pfd, 10000):
             start = monotonic()
             while monotonic() - start < seconds:
                 prepare_receive(msgs, iovs, &bufs[0, 0], 65536, BATCH, NULL)
+                ina_attach_controls(msgs, controls, INA_GRO_CONTROL, BATCH)
                 got = receive_batch(fd, msgs, BATCH)
                 if got > 0:
-                    count += got
+                    for i in range(got):
+                        size = ina_gro_size(&msgs[i].msg_hdr)
+                        count += (1 if size <= 0 else
+                                  (msgs[i].msg_len + size - 1) // size)
                 else:
                     wait_readable(&pfd, 100)
     return count

@@ -17,7 +17,8 @@ FAST = HERE.parent / "_fast"
 BUILD = HERE / "_build"
 NAME = "ina_loadgen"
 # Everything loadgen.pyx includes or cimports: a change to any of them rebuilds it.
-SOURCES = ("loadgen.pyx", "netio.pxd", "byteorder.pxd", "header.pxi", "syscall.pxi")
+SOURCES = ("loadgen.pyx", "netio.pxd", "byteorder.pxd", "header.pxi", "syscall.pxi",
+           "udp_batch.h")
 
 
 def _built() -> Path | None:
