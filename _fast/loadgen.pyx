@@ -21,6 +21,8 @@ cdef extern from "udp_batch.h" nogil:
         INA_GSO_MAX_BYTES
     int ina_send_segmented(int fd, const sockaddr_in *to, uint8_t *const *bufs,
                            const int32_t *lens, int n, uint16_t size)
+    int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
+                       const int32_t *lens, int count, int *gso, long *calls)
     void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
     int ina_gro_size(msghdr *msg)
 
@@ -60,22 +62,35 @@ cdef int receive_batch(int fd, mmsghdr *msgs, int count) except -1 nogil:
 
 
 def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, ::1] rows,
-                   int32_t length, int n, int slots, double seconds):
+                   int32_t length, int n, int slots, double seconds, bint gso=False):
     """n workers (one socket each) stream chunks through the switch, S in flight, each
     slot refilled when worker 0 gets its result. rows[w * S + s] is worker w's packet for
-    slot s. Returns (chunks completed, seconds)."""
+    slot s. The refills a batch of results frees leave per worker in one go: with
+    UDP_SEGMENT if ``gso``, else sendmmsg (results coalesced by UDP_GRO are split).
+    Returns (chunks completed, seconds, send system calls)."""
+    import numpy as np
     cdef sockaddr_in to
     set_sockaddr(&to, addr_be, port_be)
-    cdef uint8_t inbox[BATCH][2048]  # results are read only for their headers
+    cdef uint8_t[:, ::1] inbox = np.empty((BATCH, 65536), np.uint8)
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]
+    cdef char controls[BATCH * 64]
     cdef pollfd pfd
-    cdef int w, s, i, got
+    cdef int w, i, got, npend = 0, use_gso = gso, size
+    cdef Py_ssize_t s, off, total
     cdef uint64_t completed = 0
+    cdef long calls = 0
     cdef uint8_t version[65536]
+    cdef int32_t pend[BATCH * 64]      # slots to refill, this batch
+    cdef uint8_t *bufs[64]
+    cdef int32_t lens[64]
+    cdef int j, k
     cdef double start, now
+    cdef const uint8_t *pkt
     pfd.fd = fds[0]
     pfd.events = POLLIN
+    for i in range(64):
+        lens[i] = length
     with nogil:
         start = monotonic()
         memset(version, 0, sizeof(version))
@@ -86,24 +101,46 @@ def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, 
             now = monotonic()
             if now - start >= seconds:
                 break
-            prepare_receive(msgs, iovs, &inbox[0][0], 2048, BATCH, NULL)
+            prepare_receive(msgs, iovs, &inbox[0, 0], 65536, BATCH, NULL)
+            ina_attach_controls(msgs, controls, INA_GRO_CONTROL, BATCH)
             got = receive_batch(fds[0], msgs, BATCH)
             if got == 0:
                 if not wait_readable(&pfd, 100):
                     break  # the pipeline stalled (a loss): stop measuring
                 continue
+            npend = 0
             for i in range(got):
-                s = get32(inbox[i] + OFF_SLOT)
-                if s >= slots or inbox[i][OFF_SLOT_VERSION] != version[s]:
-                    continue
-                completed += 1
-                version[s] ^= 1
-                for w in range(n):
-                    rows[w * slots + s, OFF_SLOT_VERSION] = version[s]
-                    send_or_lose(fds[w], &rows[w * slots + s, 0], length, &to)
+                total = msgs[i].msg_len
+                size = ina_gro_size(&msgs[i].msg_hdr)
+                if size <= 0:
+                    size = <int>total
+                off = 0
+                while off < total and npend < BATCH * 64:
+                    pkt = &inbox[i, off]
+                    off += size
+                    s = get32(pkt + OFF_SLOT)
+                    if s >= slots or pkt[OFF_SLOT_VERSION] != version[s]:
+                        continue
+                    completed += 1
+                    version[s] ^= 1
+                    pend[npend] = <int32_t>s
+                    npend += 1
+            for w in range(n):  # each worker's refills, in batches of 64
+                j = 0
+                while j < npend:
+                    k = 0
+                    while k < 64 and j < npend:
+                        s = pend[j]
+                        rows[w * slots + s, OFF_SLOT_VERSION] = version[s]
+                        bufs[k] = &rows[w * slots + s, 0]
+                        k += 1
+                        j += 1
+                    if ina_send_batch(fds[w], &to, bufs, lens, k, &use_gso, &calls) < 0:
+                        if not (try_again(errno) or errno == ENOBUFS):
+                            raise_errno(errno, "sending to", fds[w], &to)
             # Other workers' results are left to their sockets' buffers to overflow.
         now = monotonic()
-    return completed, now - start
+    return completed, now - start, calls
 
 
 def blast(int fd, uint32_t addr_be, uint16_t port_be, const uint8_t[::1] packet,
@@ -159,6 +196,55 @@ def blast_batched(int fd, uint32_t addr_be, uint16_t port_be, uint8_t[::1] packe
             elif not (try_again(errno) or errno == ENOBUFS):
                 raise_errno(errno, "sending to", fd, &to)
     return sent, calls
+
+
+def echo(int fd, double seconds):
+    """A switch that only echoes: every datagram goes back to its sender marked RESULT
+    (for one worker, n = 1, that is its sum), a sender's datagrams of one receive in one
+    segmented send. Runs ``seconds`` after the first datagram; the datagrams echoed."""
+    import numpy as np
+    cdef uint8_t[:, ::1] bufs_in = np.empty((BATCH, 65536), np.uint8)
+    cdef mmsghdr msgs[BATCH]
+    cdef iovec iovs[BATCH]
+    cdef sockaddr_in names[BATCH]
+    cdef char controls[BATCH * 64]
+    cdef uint8_t *bufs[64]
+    cdef int32_t lens[64]
+    cdef pollfd pfd
+    pfd.fd = fd
+    pfd.events = POLLIN
+    cdef uint64_t count = 0
+    cdef long calls = 0
+    cdef int got, i, n, size, gso = 1
+    cdef Py_ssize_t off, total
+    cdef double start = 0
+    with nogil:
+        if wait_readable(&pfd, 10000):
+            start = monotonic()
+            while monotonic() - start < seconds:
+                prepare_receive(msgs, iovs, &bufs_in[0, 0], 65536, BATCH, names)
+                ina_attach_controls(msgs, controls, INA_GRO_CONTROL, BATCH)
+                got = receive_batch(fd, msgs, BATCH)
+                if got == 0:
+                    wait_readable(&pfd, 100)
+                    continue
+                for i in range(got):
+                    total = msgs[i].msg_len
+                    size = ina_gro_size(&msgs[i].msg_hdr)
+                    if size <= 0:
+                        size = <int>total
+                    n, off = 0, 0
+                    while off < total and n < 64:
+                        bufs[n] = &bufs_in[i, off]
+                        lens[n] = <int32_t>min(<Py_ssize_t>size, total - off)
+                        bufs[n][OFF_FLAGS] = FLAG_RESULT
+                        n += 1
+                        off += size
+                    count += n
+                    if ina_send_batch(fd, &names[i], bufs, lens, n, &gso, &calls) < 0:
+                        if not (try_again(errno) or errno == ENOBUFS):
+                            raise_errno(errno, "echoing to", fd, &names[i])
+    return count
 
 
 def sink(int fd, double seconds):

@@ -32,7 +32,8 @@ SLOTS = 16
 MTUS = {"1500": 1500, "9000": 9000, "64KiB": 65535}
 
 
-def switch_rate(n: int, k: int, bits: int, seconds: float) -> dict:
+def switch_rate(n: int, k: int, bits: int, seconds: float, gso: bool = False) -> dict:
+    """The switch alone, fed by n replayed workers (their refills segmented if gso)."""
     with embedded_switch() as sw:
         links = [WorkerLink((sw.host, sw.port), 4242, w, n, k, SLOTS, value_bits=bits)
                  for w in range(n)]
@@ -45,8 +46,9 @@ def switch_rate(n: int, k: int, bits: int, seconds: float) -> dict:
                     np.zeros(k, np.int32), value_bits=bits, flags=0, job=4242, worker=w,
                     slot_version=0, slot=s, offset=s * k), np.uint8)
         fds = np.array([link.sock.fileno() for link in links], np.int32)
-        done, elapsed = loadgen.replay_workers(fds, *P.sockaddr_be((sw.host, sw.port)),
-                                               rows, rows.shape[1], n, SLOTS, seconds)
+        done, elapsed, calls = loadgen.replay_workers(
+            fds, *P.sockaddr_be((sw.host, sw.port)), rows, rows.shape[1], n, SLOTS, seconds,
+            gso)
         for link in links:
             link.close()
         sw.stop()

@@ -1,0 +1,117 @@
+"""The host packet path against this kernel's raw ceiling, in one run (issue 15's targets).
+
+    python -m bench.host_path [--seconds 2] [--json bench/results/host_path.json]
+
+At 9000-byte packets (K of a 9000-byte MTU, int32 values), each figure beside the raw
+segmented-UDP ceiling of the same datagram size (bench/udp_ceiling.py: UDP_SEGMENT
+sender, UDP_GRO receiver, one core each):
+
+* the worker path alone: one worker (n = 1) streams a float32 tensor (quantization,
+  packets, the windowed transport) through a switch that only echoes each packet back
+  as its result (loadgen.echo, segmented): packets/s the worker completes;
+* the switch alone (one shard): n = 2 and 4 replayed workers whose refills leave with
+  UDP_SEGMENT: packets/s into the switch, with the load generator's CPU share.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench import loadgen_build
+from bench.switch_ceiling import switch_rate
+from bench.udp_ceiling import ceiling
+from ina_collectives import protocol as P
+from ina_collectives.ina import kernels
+from ina_collectives.ina.link import WorkerLink
+
+MTU = 9000
+
+
+def worker_path(k: int, seconds: float, slots: int = 64) -> dict:
+    """One worker against an echoing switch: packets/s over a stream of ~seconds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (f"import socket,sys; sys.path.insert(0, {str(loadgen_build.BUILD)!r}); "
+            f"from {loadgen_build.NAME} import echo; "
+            "s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4<<20); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4<<20); "
+            f"s.setsockopt(socket.IPPROTO_UDP, {P.address.UDP_GRO}, 1); "
+            f"s.bind(('127.0.0.1', {port})); print('ready', flush=True); "
+            f"print(echo(s.fileno(), {seconds + 30}))")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        link = WorkerLink(("127.0.0.1", port), 1, 0, 1, k, slots)
+        fast = kernels.load("fast")
+        x = np.random.default_rng(0).standard_normal(k * 20_000).astype(np.float32)
+        local, _ = fast.block_exponents(x, k)
+        out = np.empty_like(x)
+        best = None
+        start = time.monotonic()
+        while time.monotonic() - start < seconds or best is None:
+            result = link.stream(x, out, local, local.copy(), False, 0.2, 0.05, 1.0, 5.0,
+                                 60.0)
+            assert result.ok, result.reason
+            c = result.counters
+            rate = c["sent"] / c["seconds"]
+            best = c if best is None or rate > best["sent"] / best["seconds"] else best
+        link.close()
+        np.testing.assert_allclose(out, x, rtol=0, atol=2.0 ** -20 * np.abs(x).max())
+    finally:
+        server.kill()
+        server.wait()
+    return {"packets_per_s": best["sent"] / best["seconds"],
+            "per_send_call": best["sent"] / max(best["send_calls"], 1),
+            "gro_buffers": best["gro_buffers"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--json", default=str(Path(__file__).parent / "results" /
+                                              "host_path.json"))
+    args = parser.parse_args()
+    k = P.elements_for_mtu(MTU)
+    size = P.packet_bytes(k, P.DEFAULT_BLOCK, 32)
+    raw = ceiling(size, True, True, args.seconds)["datagrams_per_s"]
+    print(f"raw ceiling, {size}-byte datagrams, UDP_SEGMENT + UDP_GRO: {raw:.0f}/s")
+    records = [{"what": "raw ceiling", "bytes": size, "packets_per_s": raw}]
+    w = worker_path(k, args.seconds)
+    records.append({"what": "worker path (echo switch)", "bytes": size, **w,
+                    "of_ceiling": w["packets_per_s"] / raw})
+    print(f"worker path: {w['packets_per_s']:.0f} packets/s = {w['packets_per_s'] / raw:.2f} "
+          f"of the ceiling ({w['per_send_call']:.1f} packets per send call)", flush=True)
+    for n in (2, 4):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        r = switch_rate(n, k, 32, args.seconds, gso=True)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / (
+            time.monotonic() - t0)
+        records.append({"what": f"switch, one shard, n={n}", "bytes": size,
+                        "packets_per_s": r["packets_per_s"],
+                        "elements_per_s": r["elements_per_s"],
+                        "of_ceiling": r["packets_per_s"] / raw, "generator_cpu": cpu})
+        print(f"switch, one shard, n={n}: {r['packets_per_s']:.0f} packets/s in = "
+              f"{r['packets_per_s'] / raw:.2f} of the ceiling, "
+              f"{r['elements_per_s'] / 1e6:.0f} M elements/s; load generator CPU "
+              f"{cpu:.0%} of a core (with set-up)", flush=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(records, indent=1))
+    print(f"saved {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
