@@ -44,6 +44,9 @@ bench: $(STAMP)
 	$(PY) -m bench.mpi -n 4 bench/test_horovod.py --benchmark-json=bench/results/horovod-4.json
 	$(PY) -m bench.loadgen_build
 	$(PY) -m bench.switch_ceiling
+	$(PY) -m bench.udp_ceiling
+	$(PY) -m bench.host_path
+	$(PY) -m bench.quantization_error
 
 # INA against the ring, MPI and gloo on emulated shaped links (namespaces; needs root).
 netsim: $(STAMP) $(NFT_STAMP)
