@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="n=4, one link rate, 1 MiB and 16 MiB, no loss (< 3 min)")
     parser.add_argument("--n", type=int, nargs="+", help="workers (full: 2 4 8)")
     parser.add_argument("--rates", type=float, nargs="+",
-                        help="link rates in Mbit/s (full: 100 200 500 1000; quick: 200)")
+                        help="link rates in Mbit/s (full: 100 200 500 1000 2000; quick: 200)")
     parser.add_argument("--sizes", nargs="+", help="bytes, e.g. 64K 16M (full: 64K..256M)")
     parser.add_argument("--loss", type=float, nargs="+",
                         help="loss probabilities per link (full: 0 0.001 0.01)")
@@ -170,7 +170,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"default is 200), got {args.tcp_rto_min:g}")
     quick = args.quick
     args.n = args.n or ([4] if quick else [2, 4, 8])
-    args.rates = args.rates or ([200.0] if quick else [100.0, 200.0, 500.0, 1000.0])
+    args.rates = args.rates or ([200.0] if quick else [100.0, 200.0, 500.0, 1000.0, 2000.0])
     args.sizes = [parse_size(s) for s in (args.sizes or (
         ["1M", "16M"] if quick else ["64K", "256K", "1M", "4M", "16M", "64M", "256M"]))]
     args.loss = args.loss if args.loss is not None else ([0.0] if quick else [0.0, 0.001, 0.01])
