@@ -155,44 +155,30 @@ INA_KERNEL void ina_dequantize_i32(const uint32_t *restrict q, size_t n,
         out[i] = (int32_t)__builtin_bswap32(q[i]);
 }
 
-/* The switch's adders: acc += payload (network order), wrapping as a P4 add of the
- * value width does; load (the first packet of a use) and store (the result) likewise. */
-INA_KERNEL void ina_accumulate_be32(uint32_t *restrict acc, const uint32_t *restrict q,
-                                    size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        acc[i] += __builtin_bswap32(q[i]);
+/* The switch's adders, for each value width: accumulate (acc += payload in network
+ * order, wrapping as a P4 add of that width does), load (the first packet of a use) and
+ * store (the result, back into network order). */
+#define INA_SWITCH_KERNELS(bits, swap)                                                  \
+INA_KERNEL void ina_accumulate_be##bits(uint##bits##_t *restrict acc,                  \
+                                        const uint##bits##_t *restrict q, size_t n)    \
+{                                                                                       \
+    for (size_t i = 0; i < n; i++)                                                      \
+        acc[i] = (uint##bits##_t)(acc[i] + swap(q[i]));                                 \
+}                                                                                       \
+INA_KERNEL void ina_load_be##bits(uint##bits##_t *restrict acc,                        \
+                                  const uint##bits##_t *restrict q, size_t n)          \
+{                                                                                       \
+    for (size_t i = 0; i < n; i++)                                                      \
+        acc[i] = swap(q[i]);                                                            \
+}                                                                                       \
+INA_KERNEL void ina_store_be##bits(uint##bits##_t *restrict out,                       \
+                                   const uint##bits##_t *restrict acc, size_t n)        \
+{                                                                                       \
+    for (size_t i = 0; i < n; i++)                                                      \
+        out[i] = swap(acc[i]);                                                          \
 }
 
-INA_KERNEL void ina_load_be32(uint32_t *restrict acc, const uint32_t *restrict q, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        acc[i] = __builtin_bswap32(q[i]);
-}
-
-INA_KERNEL void ina_store_be32(uint32_t *restrict out, const uint32_t *restrict acc, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = __builtin_bswap32(acc[i]);
-}
-
-INA_KERNEL void ina_accumulate_be16(uint16_t *restrict acc, const uint16_t *restrict q,
-                                    size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        acc[i] = (uint16_t)(acc[i] + __builtin_bswap16(q[i]));
-}
-
-INA_KERNEL void ina_load_be16(uint16_t *restrict acc, const uint16_t *restrict q, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        acc[i] = __builtin_bswap16(q[i]);
-}
-
-INA_KERNEL void ina_store_be16(uint16_t *restrict out, const uint16_t *restrict acc, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = __builtin_bswap16(acc[i]);
-}
+INA_SWITCH_KERNELS(32, __builtin_bswap32)
+INA_SWITCH_KERNELS(16, __builtin_bswap16)
 
 #endif

@@ -25,6 +25,8 @@ cdef extern from "udp_batch.h" nogil:
                        const int32_t *lens, int count, int *gso, long *calls)
     void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
     int ina_gro_size(msghdr *msg)
+    int ina_segments(msghdr *msg, uint8_t *base, size_t total, uint8_t **ptrs,
+                     int32_t *lens, int max)
 
 from ina_collectives import protocol as P
 
@@ -76,8 +78,10 @@ def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, 
     cdef iovec iovs[BATCH]
     cdef char controls[BATCH * 64]
     cdef pollfd pfd
-    cdef int w, i, got, npend = 0, use_gso = gso, size
-    cdef Py_ssize_t s, off, total
+    cdef int w, i, got, npend = 0, use_gso = gso, nseg
+    cdef Py_ssize_t s
+    cdef uint8_t *segs[64]             # one received buffer's datagrams (UDP_GRO)
+    cdef int32_t seg_lens[64]
     cdef uint64_t completed = 0
     cdef long calls = 0
     cdef uint8_t version[65536]
@@ -110,14 +114,10 @@ def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, 
                 continue
             npend = 0
             for i in range(got):
-                total = msgs[i].msg_len
-                size = ina_gro_size(&msgs[i].msg_hdr)
-                if size <= 0:
-                    size = <int>total
-                off = 0
-                while off < total and npend < BATCH * 64:
-                    pkt = &inbox[i, off]
-                    off += size
+                nseg = ina_segments(&msgs[i].msg_hdr, &inbox[i, 0], msgs[i].msg_len, segs,
+                                    seg_lens, 64)
+                for j in range(nseg):
+                    pkt = segs[j]
                     s = get32(pkt + OFF_SLOT)
                     if s >= slots or pkt[OFF_SLOT_VERSION] != version[s]:
                         continue
@@ -141,21 +141,6 @@ def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, 
             # Other workers' results are left to their sockets' buffers to overflow.
         now = monotonic()
     return completed, now - start, calls
-
-
-def blast(int fd, uint32_t addr_be, uint16_t port_be, const uint8_t[::1] packet,
-          double seconds):
-    """Send one packet as fast as possible for ``seconds``; packets sent."""
-    cdef sockaddr_in to
-    set_sockaddr(&to, addr_be, port_be)
-    cdef uint64_t sent = 0
-    cdef double start
-    with nogil:
-        start = monotonic()
-        while monotonic() - start < seconds:
-            for _ in range(64):
-                sent += send_or_lose(fd, &packet[0], packet.shape[0], &to)
-    return sent
 
 
 def blast_batched(int fd, uint32_t addr_be, uint16_t port_be, uint8_t[::1] packet,
@@ -215,8 +200,7 @@ def echo(int fd, double seconds):
     pfd.events = POLLIN
     cdef uint64_t count = 0
     cdef long calls = 0
-    cdef int got, i, n, size, gso = 1
-    cdef Py_ssize_t off, total
+    cdef int got, i, j, n, gso = 1
     cdef double start = 0
     with nogil:
         if wait_readable(&pfd, 10000):
@@ -229,17 +213,10 @@ def echo(int fd, double seconds):
                     wait_readable(&pfd, 100)
                     continue
                 for i in range(got):
-                    total = msgs[i].msg_len
-                    size = ina_gro_size(&msgs[i].msg_hdr)
-                    if size <= 0:
-                        size = <int>total
-                    n, off = 0, 0
-                    while off < total and n < 64:
-                        bufs[n] = &bufs_in[i, off]
-                        lens[n] = <int32_t>min(<Py_ssize_t>size, total - off)
-                        bufs[n][OFF_FLAGS] = FLAG_RESULT
-                        n += 1
-                        off += size
+                    n = ina_segments(&msgs[i].msg_hdr, &bufs_in[i, 0], msgs[i].msg_len, bufs,
+                                     lens, 64)
+                    for j in range(n):
+                        bufs[j][OFF_FLAGS] = FLAG_RESULT
                     count += n
                     if ina_send_batch(fd, &names[i], bufs, lens, n, &gso, &calls) < 0:
                         if not (try_again(errno) or errno == ENOBUFS):
@@ -259,9 +236,11 @@ def sink(int fd, double seconds):
     pfd.fd = fd
     pfd.events = POLLIN
     cdef uint64_t count = 0
-    cdef int got, i, size
+    cdef int got, i
     cdef double start = 0
     cdef char controls[BATCH * 64]
+    cdef uint8_t *segs[64]
+    cdef int32_t seg_lens[64]
     with nogil:
         if wait_readable(&pfd, 10000):
             start = monotonic()
@@ -271,9 +250,8 @@ def sink(int fd, double seconds):
                 got = receive_batch(fd, msgs, BATCH)
                 if got > 0:
                     for i in range(got):
-                        size = ina_gro_size(&msgs[i].msg_hdr)
-                        count += (1 if size <= 0 else
-                                  (msgs[i].msg_len + size - 1) // size)
+                        count += ina_segments(&msgs[i].msg_hdr, &bufs[i, 0], msgs[i].msg_len,
+                                              segs, seg_lens, 64)
                 else:
                     wait_readable(&pfd, 100)
     return count

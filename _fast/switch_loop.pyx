@@ -29,6 +29,8 @@ cdef extern from "udp_batch.h" nogil:
                        const int32_t *lens, int count, int *gso, long *calls)
     void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
     int ina_gro_size(msghdr *msg)
+    int ina_segments(msghdr *msg, uint8_t *base, size_t total, uint8_t **ptrs,
+                     int32_t *lens, int max)
 
 from ina_collectives import protocol as P
 
@@ -470,18 +472,14 @@ cdef class Aggregator(FaultInjection):
     cdef void receive_buffer(self, int i) noexcept nogil:
         """Received message i: one datagram, or several of one sender back to back
         (UDP_GRO), each taken as it came."""
-        cdef uint8_t *base = <uint8_t *>self.iovs[i].iov_base
-        cdef Py_ssize_t total = self.msgs[i].msg_len, off = 0
-        cdef Py_ssize_t size = ina_gro_size(&self.msgs[i].msg_hdr)
-        if size <= 0 or size >= total:
-            self.packets_in += 1
-            self.receive(base, total, &self.names[i])
-            return
-        self.gro_buffers += 1
-        while off < total:
-            self.packets_in += 1
-            self.receive(base + off, min(size, total - off), &self.names[i])
-            off += size
+        cdef uint8_t *ptrs[64]
+        cdef int32_t lens[64]
+        cdef int j, n = ina_segments(&self.msgs[i].msg_hdr, <uint8_t *>self.iovs[i].iov_base,
+                                     self.msgs[i].msg_len, ptrs, lens, 64)
+        self.gro_buffers += n > 1
+        self.packets_in += n
+        for j in range(n):
+            self.receive(ptrs[j], lens[j], &self.names[i])
 
     cdef void flush_outbox(self) noexcept nogil:
         """Send the outbox: each worker's results with UDP_SEGMENT (one send per run of

@@ -51,6 +51,8 @@ cdef extern from "udp_batch.h" nogil:
                        const int32_t *lens, int count, int *gso, long *calls)
     void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
     int ina_gro_size(msghdr *msg)
+    int ina_segments(msghdr *msg, uint8_t *base, size_t total, uint8_t **ptrs,
+                     int32_t *lens, int max)
 
 cdef enum:
     BATCH = 32
@@ -174,9 +176,10 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]
     cdef char controls[BATCH * 64]            # INA_GRO_CONTROL bytes per message
-    cdef const uint8_t *seg_ptr[SEGMENTS]     # the datagrams received, split (UDP_GRO)
+    cdef uint8_t *seg_ptr[SEGMENTS]           # the datagrams received, split (UDP_GRO)
     cdef int32_t seg_len[SEGMENTS]
-    cdef Py_ssize_t nseg, off, gro_size, gro_buffers = 0, total
+    cdef Py_ssize_t nseg, gro_buffers = 0
+    cdef int n_in
     cdef pollfd pfd
     pfd.fd = fd
     pfd.events = POLLIN
@@ -237,19 +240,10 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             # A buffer may hold several results back to back (UDP_GRO): split it.
             nseg = 0
             for i in range(got):
-                total = msgs[i].msg_len
-                gro_size = ina_gro_size(&msgs[i].msg_hdr)
-                if gro_size <= 0 or gro_size >= total:
-                    seg_ptr[nseg], seg_len[nseg] = &rx[i, 0], <int32_t>total
-                    nseg += 1
-                    continue
-                gro_buffers += 1
-                off = 0
-                while off < total and nseg < SEGMENTS:
-                    seg_ptr[nseg] = &rx[i, off]
-                    seg_len[nseg] = <int32_t>min(gro_size, total - off)
-                    nseg += 1
-                    off += gro_size
+                n_in = ina_segments(&msgs[i].msg_hdr, &rx[i, 0], msgs[i].msg_len,
+                                    &seg_ptr[nseg], &seg_len[nseg], SEGMENTS - nseg)
+                gro_buffers += n_in > 1
+                nseg += n_in
             for i in range(nseg):
                 pkt = seg_ptr[i]
                 if seg_len[i] < HEADER:

@@ -148,4 +148,23 @@ static inline int ina_gro_size(struct msghdr *msg)
     return 0;
 }
 
+/* The datagrams a received buffer (base, total bytes) holds: one, or several back to back
+ * (UDP_GRO says their size; the last may be shorter). Their starts and lengths into ptrs
+ * and lens, at most max (a GRO buffer holds at most 64; max >= 1); returns how many. */
+static inline int ina_segments(struct msghdr *msg, uint8_t *base, size_t total,
+                               uint8_t **ptrs, int32_t *lens, int max)
+{
+    size_t size = (size_t)ina_gro_size(msg), off = 0;
+    int n = 0;
+    if (size == 0 || size >= total)
+        size = total;
+    do {  /* at least one: an empty datagram is a datagram too */
+        ptrs[n] = base + off;
+        lens[n] = (int32_t)(total - off < size ? total - off : size);
+        n++;
+        off += size;
+    } while (off < total && n < max);
+    return n;
+}
+
 #endif

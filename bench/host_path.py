@@ -14,18 +14,13 @@ sender, UDP_GRO receiver, one core each):
 """
 from __future__ import annotations
 
-import argparse
-import json
 import resource
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from bench import loadgen_build
+from bench import loopback
 from bench.switch_ceiling import switch_rate
 from bench.udp_ceiling import ceiling
 from ina_collectives import protocol as P
@@ -37,21 +32,9 @@ MTU = 9000
 
 def worker_path(k: int, seconds: float, slots: int = 64) -> dict:
     """One worker against an echoing switch: packets/s over a stream of ~seconds."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    code = (f"import socket,sys; sys.path.insert(0, {str(loadgen_build.BUILD)!r}); "
-            f"from {loadgen_build.NAME} import echo; "
-            "s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-            "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4<<20); "
-            "s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4<<20); "
-            f"s.setsockopt(socket.IPPROTO_UDP, {P.address.UDP_GRO}, 1); "
-            f"s.bind(('127.0.0.1', {port})); print('ready', flush=True); "
-            f"print(echo(s.fileno(), {seconds + 30}))")
-    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              text=True)
+    port = loopback.free_port()
+    server = loopback.start(f"echo(fd, {seconds + 30})", port, gro=True)
     try:
-        assert server.stdout.readline().strip() == "ready"
         link = WorkerLink(("127.0.0.1", port), 1, 0, 1, k, slots)
         fast = kernels.load("fast")
         x = np.random.default_rng(0).standard_normal(k * 20_000).astype(np.float32)
@@ -69,19 +52,14 @@ def worker_path(k: int, seconds: float, slots: int = 64) -> dict:
         link.close()
         np.testing.assert_allclose(out, x, rtol=0, atol=2.0 ** -20 * np.abs(x).max())
     finally:
-        server.kill()
-        server.wait()
+        loopback.stop(server)
     return {"packets_per_s": best["sent"] / best["seconds"],
             "per_send_call": best["sent"] / max(best["send_calls"], 1),
             "gro_buffers": best["gro_buffers"]}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" /
-                                              "host_path.json"))
-    args = parser.parse_args()
+    args = loopback.parser(__doc__, "host_path").parse_args()
     k = P.elements_for_mtu(MTU)
     size = P.packet_bytes(k, P.DEFAULT_BLOCK, 32)
     raw = ceiling(size, True, True, args.seconds)["datagrams_per_s"]
@@ -107,9 +85,7 @@ def main() -> int:
               f"{r['packets_per_s'] / raw:.2f} of the ceiling, "
               f"{r['elements_per_s'] / 1e6:.0f} M elements/s; load generator CPU "
               f"{cpu:.0%} of a core (with set-up)", flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(records, indent=1))
-    print(f"saved {args.json}")
+    loopback.save(args.json, records)
     return 0
 
 

@@ -8,20 +8,17 @@ load generator (_fast/loadgen.pyx) replays pre-built packets as n workers, S in 
 clocked by the results (no quantization cost), through an ina-switch process. Reported:
 packets/s into the switch, aggregated elements/s (SwitchML's figure: result elements),
 payload Gbit/s in, and the raw ceiling: a bare batched receiver (recvmmsg, no work) fed
-as fast as one sender can, with packets of the same size.
+as fast as one sender can with sendmmsg, with packets of the same size
+(bench/udp_ceiling.py).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from bench import loadgen_build
+from bench import loadgen_build, loopback
+from bench.udp_ceiling import ceiling
 from ina_collectives import protocol as P
 from ina_collectives.ina.link import WorkerLink
 from ina_collectives.switch.embedded import embedded_switch
@@ -57,46 +54,16 @@ def switch_rate(n: int, k: int, bits: int, seconds: float, gso: bool = False) ->
             "payload_gbit_s": pps * bits // 8 * k * 8 / 1e9, "status": sw.final_status}
 
 
-def raw_ceiling(size: int, seconds: float) -> float:
-    """Datagrams/s a bare batched receiver takes from one sender, for this packet size."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    code = (f"import socket,sys; sys.path.insert(0, {str(loadgen_build.BUILD)!r}); "
-            f"from {loadgen_build.NAME} import sink; "
-            "s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-            "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4<<20); "
-            f"s.bind(('127.0.0.1', {port})); print('ready', flush=True); "
-            f"print(sink(s.fileno(), {seconds}))")
-    sink = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout.readline().strip() == "ready"
-        packet = np.zeros(size, np.uint8)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            loadgen.blast(s.fileno(), *P.sockaddr_be(("127.0.0.1", port)), packet,
-                          seconds + 0.5)
-        received = int(sink.communicate(timeout=30)[0].strip())
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.wait()
-    return received / seconds
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" /
-                                              "switch_ceiling.json"))
-    args = parser.parse_args()
+    args = loopback.parser(__doc__, "switch_ceiling").parse_args()
     records = []
     print(f"{'bits':>4} {'MTU':>6} {'K':>6} {'n':>2} {'switch pkt/s':>12} {'raw pkt/s':>10} "
           f"{'ratio':>6} {'Melem/s':>8} {'Gbit/s in':>9}")
     for bits in P.VALUE_BITS:
         for mtu_name, mtu in MTUS.items():
             k = P.elements_for_mtu(mtu, P.DEFAULT_BLOCK, bits)
-            raw = raw_ceiling(P.packet_bytes(k, P.DEFAULT_BLOCK, bits), args.seconds)
+            raw = ceiling(P.packet_bytes(k, P.DEFAULT_BLOCK, bits), False, False,
+                          args.seconds)["datagrams_per_s"]
             for n in (2, 4, 8):
                 r = switch_rate(n, k, bits, args.seconds)
                 r.update(value_bits=bits, mtu=mtu_name, k=k, n=n, raw_packets_per_s=raw,
@@ -105,9 +72,7 @@ def main() -> int:
                 print(f"{bits:>4} {mtu_name:>6} {k:>6} {n:>2} {r['packets_per_s']:12.0f} "
                       f"{raw:10.0f} {r['ratio']:6.2f} {r['elements_per_s'] / 1e6:8.1f} "
                       f"{r['payload_gbit_s']:9.2f}", flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(records, indent=1))
-    print(f"saved {args.json}")
+    loopback.save(args.json, records)
     return 0
 
 

@@ -10,16 +10,12 @@ the ceilings the worker's and the switch's paths are measured against (issue 15)
 """
 from __future__ import annotations
 
-import argparse
-import json
 import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from bench import loadgen_build
+from bench import loadgen_build, loopback
 from ina_collectives import protocol as P
 
 loadgen = loadgen_build.load()
@@ -27,29 +23,19 @@ SIZES = (256, 1500, 9000)
 
 
 def ceiling(size: int, gso: bool, gro: bool, seconds: float) -> dict:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    code = (f"import socket,sys; sys.path.insert(0, {str(loadgen_build.BUILD)!r}); "
-            f"from {loadgen_build.NAME} import sink; "
-            "s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-            "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4<<20); "
-            + (f"s.setsockopt(socket.IPPROTO_UDP, {P.address.UDP_GRO}, 1); " if gro else "")
-            + f"s.bind(('127.0.0.1', {port})); print('ready', flush=True); "
-            f"print(sink(s.fileno(), {seconds}))")
-    sink = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    """Datagrams/s one process sending copies of a ``size``-byte datagram (sendmmsg, or
+    UDP_SEGMENT if ``gso``) gets into another receiving them (recvmmsg, with UDP_GRO if
+    ``gro``)."""
+    port = loopback.free_port()
+    sink = loopback.start(f"sink(fd, {seconds})", port, gro)
     try:
-        assert sink.stdout.readline().strip() == "ready"
-        packet = np.zeros(size, np.uint8)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             sent, calls = loadgen.blast_batched(s.fileno(), *P.sockaddr_be(("127.0.0.1", port)),
-                                                packet, seconds + 0.5, gso)
+                                                np.zeros(size, np.uint8), seconds + 0.5, gso)
         received = int(sink.communicate(timeout=30)[0].strip())
     finally:
-        if sink.poll() is None:
-            sink.kill()
-            sink.wait()
+        loopback.stop(sink)
     pps = received / seconds
     return {"size": size, "send": "UDP_SEGMENT" if gso else "sendmmsg",
             "receive": "UDP_GRO" if gro else "recvmmsg", "datagrams_per_s": pps,
@@ -57,11 +43,7 @@ def ceiling(size: int, gso: bool, gro: bool, seconds: float) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" /
-                                              "udp_ceiling.json"))
-    args = parser.parse_args()
+    args = loopback.parser(__doc__, "udp_ceiling").parse_args()
     records = []
     print(f"{'bytes':>5} {'send':>11} {'receive':>8} {'datagrams/s':>11} {'Gbit/s':>7} "
           f"{'per call':>8}")
@@ -73,9 +55,7 @@ def main() -> int:
                 print(f"{size:>5} {r['send']:>11} {r['receive']:>8} "
                       f"{r['datagrams_per_s']:11.0f} {r['gbit_s']:7.2f} "
                       f"{r['per_send_call']:8.1f}", flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(records, indent=1))
-    print(f"saved {args.json}")
+    loopback.save(args.json, records)
     return 0
 
 

@@ -23,7 +23,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_mlp import check_against_one_process, global_batches, make_data, make_model  # noqa: E402
+from train_mlp import (  # noqa: E402
+    check_against_one_process,
+    demo_arguments,
+    global_batches,
+    make_data,
+    make_model,
+)
 
 import ina_collectives.torch.distributed as ina_dist  # noqa: E402 - registers "ina"
 
@@ -77,18 +83,9 @@ def train(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--features", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=256, help="global batch size")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser = demo_arguments(__doc__, epochs=3, samples=8192, hidden=512)
     parser.add_argument("--hook", choices=("none", "fp16"), default="none",
                         help="a DDP communication hook (fp16: default_hooks' compression)")
-    parser.add_argument("--tolerance", type=float, default=0.01,
-                        help="largest relative difference of the final loss from the "
-                             "single-process run's")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the ranks share the cores
     mpi_rendezvous()

@@ -120,18 +120,24 @@ def single_process(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -
         return float(torch.nn.functional.cross_entropy(model(x), y))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=16384)
+def demo_arguments(doc: str, epochs: int, samples: int,
+                   hidden: int) -> argparse.ArgumentParser:
+    """The demo model's command line (this script's and examples/train_ddp.py's)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--samples", type=int, default=samples)
     parser.add_argument("--features", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=hidden)
     parser.add_argument("--batch", type=int, default=256, help="global batch size")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--tolerance", type=float, default=0.01,
                         help="largest relative difference of the final loss from the "
                              "single-process run's")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = demo_arguments(__doc__, epochs=5, samples=16384, hidden=1024).parse_args()
     torch.set_num_threads(1)  # the ranks share the cores
     hvd.init()
     x, y = make_data(args.samples, args.features, 10)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .. import protocol as P
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import CallSignature, agree
@@ -119,6 +120,8 @@ class Collectives:
         has made sure every rank asks alike: the runtime's negotiation does)."""
         self._check_usable()
         check_supported(recv.dtype, op)
+        if value_bits not in (0, *P.VALUE_BITS):
+            raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
         call = AllreduceCall(send, recv, op, value_bits)
         deadline = Deadline(self.settings.timeout)
         answers = self.check_agreement(CallSignature(
