@@ -91,9 +91,10 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
 
 # What stream() returns as its first value.
 cdef enum:
-    DONE, SILENT, TIMEOUT, SEND_FAILED
+    DONE, SILENT, TIMEOUT, SEND_FAILED, CANCELLED
 STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
-          "the operation's deadline passed", "a send failed")
+          "the operation's deadline passed", "a send failed",
+          "cancelled (another part of the call was interrupted)")
 
 # The system call whose errno an unfinished stream reports: counters["errno"] and
 # counters["call"] (an index of CALLS). A send's ends the stream (SEND_FAILED); a receive
@@ -109,7 +110,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            double rto, double rto_min, double rto_max, double silence, double deadline,
            double[::1] rtt, int epoch=0, uint8_t[::1] seq=None,
            Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32,
-           uint8_t[::1] send_state=None):
+           uint8_t[::1] send_state=None, const uint8_t[::1] cancel=None):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed: the
@@ -122,6 +123,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     send_state: [1 while UDP_SEGMENT may be used, else 0 (sendmmsg)], updated when the
     kernel refuses the offload (None: [1]). New packets leave in batches: all those a
     batch of results frees, in one system call per run of equal-sized packets.
+    cancel: [0], set to 1 by another thread to end the stream (CANCELLED) within 20 ms
+    (a call striped over several aggregators streams each part in a thread of its own).
     Returns (status, counters dict, chunks not completed as an array). A stream that did
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
@@ -193,6 +196,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef Py_ssize_t offset, chunk
     cdef const uint8_t *pkt
     last_result = start
+    cdef const uint8_t *cancelled = &cancel[0] if cancel is not None else NULL
     if nb == 0:
         return DONE, {}, np.zeros(0, np.int64)
     with nogil:
@@ -216,6 +220,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 next_signal_check = now + SIGNAL_CHECK
                 with gil:
                     PyErr_CheckSignals()
+                if cancelled != NULL and cancelled[0]:
+                    status = CANCELLED
+                    break
             if now - start > deadline:
                 status = TIMEOUT
                 break

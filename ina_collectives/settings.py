@@ -47,8 +47,10 @@ class Settings:
     log_level: str = _setting("WARNING", "Level of the 'ina_collectives' logger.")
     switch: str = _setting(
         "",
-        "The aggregator as host:port (e.g. 127.0.0.1:47474). Empty: no in-network "
-        "aggregation, every call takes the ring or MPI.",
+        "The aggregator as host:port (e.g. 127.0.0.1:47474), or several, comma-separated: "
+        "each call is striped across them in shares that follow each one's measured "
+        "throughput, and one that fails leaves the others serving (docs/striping.md). "
+        "Empty: no in-network aggregation, every call takes the ring or MPI.",
     )
     switch_slots: int = _setting(
         8,

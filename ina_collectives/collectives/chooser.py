@@ -143,11 +143,14 @@ class Collectives:
         try:
             handover = engine.run(call, deadline)
             if handover is not None:  # given up midway, alike on every rank: start again
-                np.copyto(call.recv, handover.intact, casting="unsafe")
                 engine = self.fallback
                 passed_over.append(handover.reason)
                 # The bound restarts: the engine that gave up may have used it all.
-                engine.run(AllreduceCall(None, call.recv, op), Deadline(self.settings.timeout))
+                restart = Deadline(self.settings.timeout)
+                for start, stop in handover.ranges or [(0, call.recv.size)]:
+                    part = call.recv[start:stop]
+                    np.copyto(part, handover.intact[start:stop], casting="unsafe")
+                    engine.run(AllreduceCall(None, part, op), restart)
         except BaseException as exc:
             # Part of the operation may still be in flight: nothing later is safe. (Not
             # when MPI refused the call's arguments before it started: mpi4py's caller

@@ -38,10 +38,13 @@ class AllreduceCall:
 class HandOver:
     """An engine gave a call up midway (NaN/Inf found, the aggregator failed): the
     chooser finishes it on the fallback, starting again from ``intact``, the call's
-    input as it was (widened to the dtype the engine reduced in, exactly)."""
+    input as it was (widened to the dtype the engine reduced in, exactly). ``ranges``:
+    the element ranges [start, stop) left to do, the rest of ``recv`` being done (one
+    of several aggregators failed); None: all of it."""
 
     reason: str
     intact: np.ndarray
+    ranges: list[tuple[int, int]] | None = None
 
 
 class Engine(Protocol):

@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import random
 import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
 from ..errors import AggregatorUnavailable
-from ..ina.link import WorkerLink
+from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
 from .engine import AllreduceCall, HandOver
 from .ops import FLOAT_DTYPES, Op
@@ -27,52 +29,97 @@ REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank
 
 
 class InaEngine:
-    """Allreduce computed by the aggregator ("the switch").
+    """Allreduce computed by the aggregator ("the switch"), or by several (INA_SWITCH
+    names them comma-separated): each call is then striped across the serving ones in
+    contiguous shares of chunks that follow each one's measured throughput, each share
+    streamed in a thread of its own (docs/striping.md).
 
-    Collective to construct: every rank joins the job at the aggregator (or, when a
+    Collective to construct: every rank joins the job at each aggregator (or, when a
     controller installed the job, settings.job, checks its entry with a probe) and the
-    ranks agree; if any rank failed, no rank uses the aggregator (``unavailable`` says
-    why). While it is unavailable, rank 0 probes the address without waiting (a
-    datagram per call, _AnswerWatch) and its news rides on each call's agreement: the call
-    after the aggregator answers again, every rank joins it again. A join that fails
-    backs off: the next try waits 1, 2, 4 ... calls (at most ``switch_retry_calls``).
-    With the agreement check off, rank 0 probes with a wait at those calls instead.
+    ranks agree; an aggregator that failed on any rank is used by none (``unavailable``
+    says why when none serves). While one is missing, rank 0 probes its address without
+    waiting (a datagram per call, _AnswerWatch) and its news rides on each call's
+    agreement: the call after it answers again, every rank joins it again. A join that
+    fails backs off: the next try waits 1, 2, 4 ... calls (at most
+    ``switch_retry_calls``). With the agreement check off, rank 0 probes with a wait at
+    those calls instead.
     """
 
     name = "ina"
+    # Of a call's chunks, the share each serving aggregator gets at least, over the
+    # number of them: a slow one keeps being measured, and so can win its share back.
+    MIN_SHARE = 0.25
+    # Weight of the newest throughput measurement in each aggregator's estimate.
+    SMOOTHING = 0.5
 
     def __init__(self, comm: MPI.Intracomm, settings: Settings):
         from ..ina import kernels
 
         self.comm, self.settings = comm, settings
         self.kernels = kernels
-        self.link: WorkerLink | None = None
+        self.addresses: list[tuple[str, int]] = []
+        self.links: list[WorkerLink | None] = []
+        self.missing_reasons: dict[int, str] = {}  # aggregator index -> why it is not used
+        # elements/s each aggregator reduced its share at, smoothed; 0: not measured yet
+        self.capacity = np.zeros(0)
         self.unavailable: str | None = None
         self.totals: dict[str, float] = {}  # the links' counters, over reconnections
         self.outages = self.returns = 0
         self.calls_by_width: dict[int, int] = {}  # calls served, by value bits
+        self.striped_calls = self.partial_handovers = 0
         self._retry_at: int | None = None  # the call number of the next reconnection
         self._retry_gap = 1
         self._seq = 0  # the number of the call under way (at_call_boundary)
         self._lasting = False  # the last failure was this job's setup: trying again is futile
-        self._watch: _AnswerWatch | None = None  # rank 0's probes while unavailable
+        self._watch: _AnswerWatch | None = None  # rank 0's probes while one is missing
+        self._threads: ThreadPoolExecutor | None = None
         if not settings.switch:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
-        self._connect()
-        if self.unavailable:
+        try:
+            self.addresses = P.parse_addresses(settings.switch)
+        except ValueError as exc:
+            self.unavailable, self._lasting = f"ina: {exc}", True
+            log.warning("%s; calls take the ring", self.unavailable)
+            return
+        self.links = [None] * len(self.addresses)
+        self.capacity = np.zeros(len(self.addresses))
+        self._connect(list(range(len(self.addresses))))
+        if self.missing():
             if self._lasting:
-                log.warning("%s; calls take the ring", self.unavailable)
+                log.warning("%s; calls take the ring", self.unavailable or self._why_missing())
             else:
                 self._schedule(0)
-                log.warning("%s; calls take the ring (the aggregator is tried again from "
-                            "call #%s on)", self.unavailable, self._retry_at)
+                log.warning("%s; %s (tried again from call #%s on)",
+                            self.unavailable or self._why_missing(),
+                            "calls take the ring" if self.unavailable
+                            else "calls use the other aggregators", self._retry_at)
 
-    def _connect(self) -> None:
-        """Every rank makes its link and joins (or probes its installed entry); collective.
-        Sets ``link``, or ``unavailable`` with the first failing rank's reason."""
-        from ..ina.link import WorkerLink
+    # -- the links ------------------------------------------------------------------------
 
+    @property
+    def link(self) -> WorkerLink | None:
+        """The first serving link (None: no aggregator serves)."""
+        return next((link for link in self.links if link is not None), None)
+
+    def serving(self) -> list[int]:
+        return [i for i, link in enumerate(self.links) if link is not None]
+
+    def missing(self) -> list[int]:
+        return [i for i, link in enumerate(self.links) if link is None]
+
+    def _where(self, i: int) -> str:
+        return "%s:%d" % self.addresses[i]
+
+    def _why_missing(self) -> str:
+        return "; ".join(f"{self._where(i)} not used: {why}"
+                         for i, why in sorted(self.missing_reasons.items()))
+
+    def _connect(self, indices: list[int]) -> None:
+        """Every rank makes its links to the aggregators ``indices`` and joins (or probes
+        its installed entry); collective. An aggregator that failed on any rank is left
+        out on every rank, with the first failing rank's reason (``missing_reasons``);
+        ``unavailable`` is set when none serves."""
         comm, settings, kernels = self.comm, self.settings, self.kernels
         n, rank = comm.Get_size(), comm.Get_rank()
         block, bits = settings.switch_block, settings.switch_value_bits
@@ -83,9 +130,12 @@ class InaEngine:
         elif kernels.BACKEND != "fast":
             error = "the compiled fast path is not built"
         ports = [int(p) for p in settings.worker_ports.split(",") if p.strip()]
-        if settings.job and error is None and len(ports) != n:
+        # An installed job names each rank's port at each aggregator: n per aggregator.
+        wanted = n * len(self.addresses)
+        if settings.job and error is None and len(ports) != wanted:
             error = (f"job {settings.job} was installed by a controller, but worker_ports "
-                     f"(INA_WORKER_PORTS) names {len(ports)} ports for {n} ranks")
+                     f"(INA_WORKER_PORTS) names {len(ports)} ports for {n} ranks at "
+                     f"{len(self.addresses)} aggregator(s): {wanted} are needed")
         # Rank 0's job id (INA_JOB, or a fresh one to join with) for every rank: one
         # collective whatever the ranks' settings say, so that none can wait alone. With
         # it, this run's epoch: every run of the ranks starts its slots at version 0, and
@@ -97,77 +147,122 @@ class InaEngine:
         job, epoch = int(ids[0]), int(ids[1])
         if error is None and settings.job != (job if settings.job else 0):
             error = f"INA_JOB is {settings.job} here but {job} on rank 0"
-        if error is None:
+        errors: list[str | None] = [error] * len(indices)
+        lasting_of = [lasting] * len(indices)
+        for j, i in enumerate(indices):
+            if error is not None:
+                continue
             try:
-                self.link = WorkerLink(P.parse_address(settings.switch), job, rank, n, k,
-                                       settings.switch_slots,
-                                       ports[rank] if settings.job else 0, epoch, block,
-                                       bits, settings.switch_gso)
-                self.link.totals = self.totals
+                link = WorkerLink(self.addresses[i], job, rank, n, k, settings.switch_slots,
+                                  ports[i * n + rank] if settings.job else 0, epoch, block,
+                                  bits, settings.switch_gso)
+                self.links[i] = link
                 if settings.job:  # installed by a controller: worker id = rank
-                    self.link.probe(settings.switch_join_timeout)
+                    link.probe(settings.switch_join_timeout)
                 else:
-                    self.link.join(settings.switch_join_timeout)
+                    link.join(settings.switch_join_timeout)
             except AggregatorUnavailable as exc:  # the aggregator's doing: may pass
-                error, lasting = str(exc), False
+                errors[j], lasting_of[j] = str(exc), False
             except (ValueError, OSError) as exc:
-                error = str(exc)
-        # Every rank learns whether any failed (1: the aggregator did not answer or
-        # refused; 2: this job's setup, which another try would not change) and the first
-        # failing rank's reason.
-        flags = np.empty(n, np.int8)
-        mine = 0 if error is None else (1 if not lasting else 2)
-        self._collective(comm.Iallgather(np.array([mine], np.int8), flags),
+                errors[j] = str(exc)
+        # Every rank learns, for each aggregator, whether any rank failed (1: it did not
+        # answer or refused; 2: this job's setup, which another try would not change) and
+        # the first failing rank's reason.
+        mine = np.array([0 if e is None else (1 if not lasting_of[j] else 2)
+                         for j, e in enumerate(errors)], np.int8)
+        flags = np.empty((n, len(indices)), np.int8)
+        self._collective(comm.Iallgather(mine, flags),
                          "every rank's outcome of joining the aggregator")
-        self._lasting = bool((flags == 2).any())
-        if flags.any():
-            r = int(np.flatnonzero(flags)[0])
+        self._lasting = False
+        for j, i in enumerate(indices):
+            column = flags[:, j]
+            if not column.any():
+                self.missing_reasons.pop(i, None)
+                continue
+            self._lasting = self._lasting or bool((column == 2).any())
+            r = int(np.flatnonzero(column)[0])
             text = np.zeros(REASON_BYTES, np.uint8)
             if rank == r:
-                raw = str(error).encode()[:REASON_BYTES]
+                raw = str(errors[j]).encode()[:REASON_BYTES]
                 text[:len(raw)] = np.frombuffer(raw, np.uint8)
             self._collective(comm.Ibcast(text, root=r), f"rank {r}'s reason")
-            e = text.tobytes().rstrip(b"\0").decode(errors="replace")
-            self.unavailable = f"ina: aggregator unavailable (rank {r}: {e})"
-            self.close()
-        else:
+            self.missing_reasons[i] = text.tobytes().rstrip(b"\0").decode(errors="replace")
+            self._close_link(i)
+        if self.serving():
             self.unavailable = None
+        else:
+            first = min(self.missing_reasons)
+            r = int(np.flatnonzero(flags[:, indices.index(first)])[0]) if first in indices \
+                else 0
+            self.unavailable = (f"ina: aggregator unavailable (rank {r}: "
+                                f"{self.missing_reasons[first]})")
+            self.close()
 
-    def wire_format(self) -> dict[str, int]:
+    def wire_format(self) -> dict:
         """The packets this job sends: K values of ``value_bits`` bits per packet, one
-        exponent per ``block`` of them (stats()["switch"])."""
+        exponent per ``block`` of them; the aggregators and their shares
+        (stats()["switch"])."""
         s = self.settings
-        k = self.link.k if self.link is not None else s.switch_elements
-        gso = self.link.send_state[0] if self.link is not None else s.switch_gso
+        link = self.link
+        k = link.k if link is not None else s.switch_elements
+        gso = link.send_state[0] if link is not None else s.switch_gso
+        share_of = (dict(zip(self.serving(), np.diff(self._shares(1 << 20)) / (1 << 20)))
+                    if link is not None else {})
         return {"protocol": P.PROTOCOL_VERSION, "elements": k,
                 "value_bits": s.switch_value_bits, "block": s.switch_block,
                 "calls_by_value_bits": dict(self.calls_by_width),
                 "send_path": "UDP_SEGMENT" if gso else "sendmmsg",
-                "receive_path": ("UDP_GRO" if self.link is not None and self.link.gro
-                                 else "recvmmsg")}
+                "receive_path": ("UDP_GRO" if link is not None and link.gro
+                                 else "recvmmsg"),
+                "aggregators": [
+                    {"address": self._where(i), "serving": self.links[i] is not None,
+                     "share": round(float(share_of.get(i, 0.0)), 3),
+                     "elements_per_second": float(self.capacity[i]),
+                     **({"why_not": self.missing_reasons[i]}
+                        if i in self.missing_reasons else {})}
+                    for i in range(len(self.addresses))],
+                "striped_calls": self.striped_calls,
+                "partial_handovers": self.partial_handovers}
 
     def _collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),
              lambda: f"all {self.comm.Get_size()} ranks to exchange {what}")
 
+    def _close_link(self, i: int) -> None:
+        link, self.links[i] = self.links[i], None
+        if link is not None:
+            link.leave()
+            link.close()
+
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
             self._watch = None
-        if self.link is not None:
-            self.link.leave()
-            self.link.close()
-            self.link = None
+        for i in range(len(self.links)):
+            self._close_link(i)
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
 
-    # -- leaving the aggregator and coming back ----------------------------------------
+    # -- leaving aggregators and coming back ----------------------------------------------
 
-    def _lost(self, reason: str, seq: int) -> None:
-        """The aggregator failed mid-call (on every rank alike): ring until reconnected."""
+    def _lost(self, indices: list[int], reason: str, seq: int) -> None:
+        """Aggregators failed mid-call (on every rank alike): the others serve on, or
+        calls take the ring until one is back."""
+        for i in indices:
+            self.missing_reasons[i] = reason
+            self._close_link(i)
+            self.capacity[i] = 0.0
+        self._retry_gap = 1
+        self._schedule(seq)
+        if self.serving():
+            log.warning("%s; %s not used from now on, calls use the others; tried again "
+                        "from call #%d on", reason,
+                        ", ".join(self._where(i) for i in indices), self._retry_at)
+            return
         self.unavailable = reason
         self.outages += 1
         self.close()
-        self._retry_gap = 1
-        self._schedule(seq)
         log.warning("%s; calls take the ring, and the aggregator is tried again from call "
                     "#%d on", reason, self._retry_at)
 
@@ -177,17 +272,20 @@ class InaEngine:
         self._retry_gap = min(2 * self._retry_gap, max(cap, 1))
 
     def answers_again(self) -> int:
-        """Rank 0's news for the next call's agreement: 1 if the aggregator answered one
-        of its probes since the last call (it may serve again), else 0. While the
-        aggregator is unavailable (and tried again), rank 0 sends a probe now and then
+        """Rank 0's news for the next call's agreement: a bit per missing aggregator (its
+        index) that answered one of its probes since the last call (it may serve again),
+        else 0. While one is missing (and tried again), rank 0 sends a probe now and then
         and reads the answers without waiting."""
-        if self.link is not None or self._retry_at is None or self.comm.Get_rank() != 0:
+        missing = self.missing()
+        if not missing or self._retry_at is None or self.comm.Get_rank() != 0:
             if self._watch is not None:
                 self._watch.close()
                 self._watch = None
             return 0
-        if self._watch is None:
-            self._watch = _AnswerWatch(P.parse_address(self.settings.switch))
+        if self._watch is None or self._watch.indices != missing:
+            if self._watch is not None:
+                self._watch.close()
+            self._watch = _AnswerWatch([self.addresses[i] for i in missing], missing)
         return int(self._watch.answered())
 
     def at_call_boundary(self, seq: int, answers: int | None = None) -> None:
@@ -195,41 +293,55 @@ class InaEngine:
         every rank), with rank 0's news (``answers_again``; None when the agreement check
         is off): when a reconnection is due, it happens here, on every rank alike."""
         self._seq = seq
-        if self._retry_at is None or self.link is not None or seq < self._retry_at:
+        if self._retry_at is None or not self.missing() or seq < self._retry_at:
             return
         if answers is None:
             self._reconnect(seq)
         elif answers:
-            self._reconnect(seq, alive=True)
+            self._reconnect(seq, alive=answers)
 
-    def _reconnect(self, seq: int, alive: bool | None = None) -> bool:
-        """Collective: if the aggregator answers (``alive``, or None: rank 0 probes now
-        and tells the others), every rank joins again (a new job and epoch, or the
-        installed entry); True if it serves."""
+    def _reconnect(self, seq: int, alive: int | None = None) -> bool:
+        """Collective: the missing aggregators that answer (``alive``, a bit per index, or
+        None: rank 0 probes now and tells the others) are joined again by every rank (a
+        new job and epoch, or the installed entry); True if one came back."""
+        missing = self.missing()
         if alive is None:
-            answer = np.zeros(1, np.int8)
+            answer = np.zeros(1, np.int64)
             if self.comm.Get_rank() == 0:
-                answer[0] = _answers(self.settings.switch,
-                                     min(0.5, self.settings.switch_join_timeout))
+                wait_each = min(0.5, self.settings.switch_join_timeout)
+                answer[0] = sum(1 << i for i in missing
+                                if _answers(self._where(i), wait_each))
             self._collective(self.comm.Ibcast(answer, root=0),
                              "whether the aggregator answers")
-            alive = bool(answer[0])
-        if alive:
-            self._connect()
-        if self.link is None:
+            alive = int(answer[0])
+        back = [i for i in missing if alive >> i & 1]
+        if back:
+            was_serving = bool(self.serving())
+            if not was_serving:
+                self.unavailable = None
+            self._connect(back)
+            if not was_serving and self.link is not None:
+                self.returns += 1
+        returned = [i for i in back if self.links[i] is not None]
+        if not returned:
             if self._lasting:
                 self._retry_at = None
-                log.warning("call #%d: %s; the ring from now on", seq, self.unavailable)
+                log.warning("call #%d: %s; not tried again", seq,
+                            self.unavailable or self._why_missing())
                 return False
             self._schedule(seq)
             log.info("call #%d: the aggregator is still unavailable; next try at call #%d",
                      seq, self._retry_at if self._retry_at is not None else -1)
             return False
-        self.returns += 1
-        self._retry_at, self._retry_gap = None, 1
+        if self.missing():
+            self._schedule(seq)
+        else:
+            self._retry_at, self._retry_gap = None, 1
         log.warning("call #%d: the aggregator at %s serves again; calls return to it",
-                    seq, self.settings.switch)
+                    seq, ", ".join(self._where(i) for i in returned))
         return True
+
+    # -- one call ---------------------------------------------------------------------
 
     def declines(self, call: AllreduceCall) -> str | None:
         if self.unavailable:
@@ -242,74 +354,161 @@ class InaEngine:
             return f"ina: below switch_min_bytes ({self.settings.switch_min_bytes})"
         return None
 
+    def _shares(self, chunks: int) -> np.ndarray:
+        """Chunk boundaries of the serving aggregators' shares of ``chunks`` chunks (one
+        more than there are serving ones): contiguous, in proportion to each one's
+        measured throughput, at least MIN_SHARE of an equal share each. Computed from
+        values every rank holds alike, so every rank splits alike."""
+        serving = self.serving()
+        measured = self.capacity[serving]
+        known = measured[measured > 0]
+        weights = np.where(measured > 0, measured, known.mean() if known.size else 1.0)
+        weights = weights / weights.sum()
+        weights = np.maximum(weights, self.MIN_SHARE / len(serving))
+        edges = np.concatenate([[0.0], np.cumsum(weights / weights.sum())])
+        return np.round(edges * chunks).astype(np.int64)
+
     def run(self, call: AllreduceCall, deadline: Deadline) -> HandOver | None:
-        link, k = self.link, self.link.k
+        serving = self.serving()
+        first_link = self.links[serving[0]]
+        k, block, slots = first_link.k, first_link.block, first_link.slots
         source = call.recv if call.send is None else call.send
         # The input stays intact until the result is whole: the fallback may need it.
         wide = np.float32 if call.dtype == np.float16 else call.dtype
         x = source.astype(wide) if (call.send is None or wide != call.dtype) else source
-        local, nonfinite = self.kernels.block_exponents(x, k, link.block)
-        # The first window's exponents (G per chunk) are agreed here; the rest ride on
-        # the results.
-        first = min(link.slots * -(-k // link.block), local.size)
-        proposal = np.empty(1 + first, np.int16)
-        proposal[0] = nonfinite
-        proposal[1:] = local[:first]
+        local, nonfinite = self.kernels.block_exponents(x, k, block)
+        g = -(-k // block)
+        chunks = -(-x.size // k)
+        edges = self._shares(chunks)
+        parts = [(i, int(edges[j]), int(edges[j + 1])) for j, i in enumerate(serving)
+                 if edges[j + 1] > edges[j]]
+        # The first window of each share (G exponents per chunk) is agreed here; the rest
+        # ride on the results.
+        windows = [(c0 * g, min(c0 + slots, c1) * g) for _, c0, c1 in parts]
+        proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in windows)]
+                                  ).astype(np.int16)
         agreed_first = np.empty_like(proposal)
         wait(self.comm.Iallreduce(proposal, agreed_first, MPI.MAX), deadline,
              lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte allreduce")
         if agreed_first[0]:
             return HandOver("ina: NaN or Inf in the input (exact path)", x)
         agreed = np.empty_like(local)
-        agreed[:first] = agreed_first[1:]
+        at = 1
+        for a, b in windows:
+            agreed[a:b] = agreed_first[at:at + b - a]
+            at += b - a
         out = call.recv if wide == call.dtype else np.empty(call.recv.size, wide)
-        bits = link.value_bits_for(call.value_bits)
+        widths = {self.links[i].value_bits_for(call.value_bits) for i, _, _ in parts}
+        bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
-        result = link.stream(x, out, local, agreed, call.op is Op.AVERAGE,
-                             self.settings.retransmit_timeout, self.settings.retransmit_min,
-                             self.settings.retransmit_max,
-                             self.settings.switch_silence,
-                             max(0.0, deadline.expires - time.monotonic()), bits)
-        # Every rank learns whether any rank failed (bounded: a dead peer never reports).
-        # A bound of its own: a stream that ran out of the call's time must still reach
-        # the vote on every rank, or one rank would give up while another hands over.
-        mine = np.array([0 if result.ok else 1], np.int32)
-        anyone = np.empty_like(mine)
-        wait(self.comm.Iallreduce(mine, anyone, MPI.MAX), Deadline(self.settings.timeout),
+        self.striped_calls += len(parts) > 1
+        results = self._stream_parts(parts, x, out, local, agreed, g, k,
+                                     call.op is Op.AVERAGE, bits, deadline)
+        # Every rank learns, for each aggregator, whether any rank's share failed, and the
+        # longest any rank took for it (the throughput estimates: alike on every rank).
+        # Bounded: a dead peer never reports. A bound of its own: a stream that ran out of
+        # the call's time must still reach the vote on every rank, or one rank would give
+        # up while another hands over.
+        count = len(self.addresses)
+        mine = np.zeros(2 * count)
+        for (i, _, _), result in zip(parts, results):
+            mine[i] = 0 if result.ok else 1
+            mine[count + i] = result.counters.get("seconds", 0.0)
+        votes = np.empty_like(mine)
+        wait(self.comm.Iallreduce(mine, votes, MPI.MAX), Deadline(self.settings.timeout),
              lambda: f"all ranks to report the outcome of a {call.nbytes}-byte allreduce "
-                     f"through the aggregator (this rank: {result.reason})")
-        if anyone[0]:
-            here = ("" if result.ok else f"; here: {result.reason}, {result.missing.size} "
-                    f"chunks never completed (first {result.missing[:8].tolist()})")
-            self._lost(f"ina: aggregator failed mid-operation{here}", self._seq)
-            return HandOver(self.unavailable, x)
+                     "through the aggregator (this rank: "
+                     f"{'; '.join(r.reason for r in results) or 'nothing to stream'})")
+        failed = [(i, c0, c1) for i, c0, c1 in parts if votes[i]]
+        for i, c0, c1 in parts:
+            seconds = votes[count + i]
+            if not votes[i] and seconds > 0 and c1 - c0 >= 2:
+                rate = (min(c1 * k, x.size) - c0 * k) / seconds
+                old = self.capacity[i]
+                self.capacity[i] = rate if old <= 0 else (
+                    self.SMOOTHING * rate + (1 - self.SMOOTHING) * old)
+        if failed:
+            here = "; ".join(
+                f"{self._where(i)}: {result.reason}, {result.missing.size} chunks never "
+                f"completed (first {result.missing[:8].tolist()})"
+                for (i, _, _), result in zip(parts, results) if not result.ok)
+            reason = f"ina: aggregator failed mid-operation{'; here: ' + here if here else ''}"
+            self._lost([i for i, _, _ in failed], reason, self._seq)
+            if len(failed) == len(parts):
+                return HandOver(reason, x)
+            # The others' shares are done: only the failed shares take the ring.
+            self.partial_handovers += 1
+            if out is not call.recv:
+                np.copyto(call.recv, out, casting="unsafe")
+            return HandOver(reason, x, [(c0 * k, min(c1 * k, x.size)) for _, c0, c1 in failed])
         if out is not call.recv:
             np.copyto(call.recv, out, casting="unsafe")
         return None
 
+    def _stream_parts(self, parts: list[tuple[int, int, int]], x: np.ndarray,
+                      out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int, k: int,
+                      average: bool, bits: int, deadline: Deadline) -> list[StreamResult]:
+        """Stream each share through its aggregator: the first in this thread, the others
+        in threads of their own (the streams run without the GIL). Ctrl-C here cancels
+        the others before it propagates."""
+        s = self.settings
+        remaining = max(0.0, deadline.expires - time.monotonic())
+        cancel = np.zeros(1, np.uint8)
+
+        def stream(part: tuple[int, int, int]) -> StreamResult:
+            i, c0, c1 = part
+            a, b = c0 * k, min(c1 * k, x.size)
+            return self.links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
+                                        agreed[c0 * g:c1 * g], average, s.retransmit_timeout,
+                                        s.retransmit_min, s.retransmit_max, s.switch_silence,
+                                        remaining, bits, cancel)
+
+        if not parts:  # an empty call
+            return []
+        if len(parts) > 1 and self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.addresses) - 1,
+                                               thread_name_prefix="ina-stripe")
+        others = [self._threads.submit(stream, part) for part in parts[1:]]
+        try:
+            results = [stream(parts[0])] + [future.result() for future in others]
+        except BaseException:
+            cancel[0] = 1
+            futures.wait(others)
+            raise
+        for (i, _, _), result in zip(parts, results):
+            self._account(self.links[i], result)
+        return results
+
+    def _account(self, link: WorkerLink, result: StreamResult) -> None:
+        for name, value in result.counters.items():
+            self.totals[name] = self.totals.get(name, 0) + value
+        self.totals["srtt"], self.totals["rto"] = float(link.rtt[0]), float(link.rtt[2])
+
 
 class _AnswerWatch:
-    """Rank 0's probes of an aggregator's address while it is unavailable: a job-0 PROBE
-    at each call, at most one per PROBE_INTERVAL seconds, answers read without waiting
-    (so the call after the next probe's answer can rejoin)."""
+    """Rank 0's probes of the missing aggregators' addresses: a job-0 PROBE to each at
+    each call, at most one per PROBE_INTERVAL seconds, answers read without waiting (so
+    the call after the next probe's answer can rejoin). ``indices``: the aggregators'
+    places in INA_SWITCH, the bits of ``answered``."""
 
     PROBE_INTERVAL = 0.001
 
-    def __init__(self, address: tuple[str, int]):
+    def __init__(self, addresses: list[tuple[str, int]], indices: list[int]):
         import socket
 
-        self.address = address
+        self.addresses, self.indices = addresses, indices
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
         self.probe = P.control_packet(0, 0, [P.CTRL_PROBE])
         self.sent_at = -float("inf")
 
-    def answered(self) -> bool:
-        """Whether an answer came since the last look; sends the next probe if due."""
-        seen = False
+    def answered(self) -> int:
+        """A bit (its index) per aggregator that answered since the last look; sends the
+        next probes if due."""
+        seen = 0
         while True:
             try:
-                data = self.sock.recv(65536)
+                data, source = self.sock.recvfrom(65536)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:  # ICMP port unreachable from an earlier probe: nobody there
@@ -320,15 +519,17 @@ class _AnswerWatch:
                 continue
             wanted = P.FLAG_CONTROL | P.FLAG_RESULT
             if (head["flags"] & wanted == wanted and len(reply) >= 2
-                    and reply[0] == P.CTRL_PROBE and reply[1] == 0):
-                seen = True
+                    and reply[0] == P.CTRL_PROBE and reply[1] == 0
+                    and source in self.addresses):
+                seen |= 1 << self.indices[self.addresses.index(source)]
         now = time.monotonic()
         if now - self.sent_at >= self.PROBE_INTERVAL:
             self.sent_at = now
-            try:
-                self.sock.sendto(self.probe, self.address)
-            except OSError:
-                pass  # unreachable now: the next probe tries again
+            for address in self.addresses:
+                try:
+                    self.sock.sendto(self.probe, address)
+                except OSError:
+                    pass  # unreachable now: the next probe tries again
         return seen
 
     def close(self) -> None:

@@ -51,7 +51,6 @@ class WorkerLink:
         self.rtt = np.zeros(3)  # SRTT, RTTVAR, RTO (_fast/transport.pyx), kept across calls
         # [the next packet's number, 1 if the aggregator NACKs], kept across calls
         self.seq = np.zeros(2, np.uint8)
-        self.totals: dict[str, float] = {}  # the streams' counters, summed
         self._addr_be, self._port_be = sockaddr_be(switch)
 
     def close(self) -> None:
@@ -113,23 +112,23 @@ class WorkerLink:
 
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, rto: float, rto_min: float, rto_max: float, silence: float,
-               deadline: float, value_bits: int = 0) -> StreamResult:
+               deadline: float, value_bits: int = 0, cancel: np.ndarray | None = None
+               ) -> StreamResult:
         """Allreduce x (float32/64, 1-D) into out through the aggregator. rto is the
         timeout until a round trip is measured; then it adapts within rto_min .. rto_max.
-        value_bits: this call's width (0: the job's; see value_bits_for)."""
+        value_bits: this call's width (0: the job's; see value_bits_for). cancel: a
+        uint8 [0] another thread sets to 1 to end the stream. The counters are the
+        caller's to add up (a job striped over several links streams them in threads)."""
         from .._fast import transport
 
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
-            value_bits or self.value_bits, self.send_state)
+            value_bits or self.value_bits, self.send_state, cancel)
         failure = counters.pop("errno", 0)
         counters.pop("gso", None)  # (a state, in send_state; not a count)
         call = transport.CALLS[int(counters.pop("call", 0))]
-        for name, value in counters.items():
-            self.totals[name] = self.totals.get(name, 0) + value
-        self.totals["srtt"], self.totals["rto"] = float(self.rtt[0]), float(self.rtt[2])
         reason = transport.STATUS[status]
         switch = f"{self.switch[0]}:{self.switch[1]}"
         # The system call's own words, as OSError would say them: "a send failed: [Errno

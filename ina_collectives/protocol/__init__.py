@@ -14,11 +14,13 @@ from typing import Any
 from .address import (  # noqa: F401
     LOOPBACK_BE,
     SOCKET_BUFFER_BYTES,
+    address_list_text,
     address_text,
     enable_gro,
     ipv4_be,
     ipv4_int_be,
     parse_address,
+    parse_addresses,
     port_be,
     sockaddr_be,
     udp_socket,

@@ -26,6 +26,26 @@ def parse_address(text: str, default_port: int = UDP_PORT) -> tuple[str, int]:
     return resolved, number
 
 
+def parse_addresses(text: str, default_port: int = UDP_PORT) -> list[tuple[str, int]]:
+    """'host:port,host:port,...': the aggregators a job stripes its calls across
+    (INA_SWITCH), each resolved; one address is a list of one. Repeats are refused (a
+    job's chunks on one aggregator twice would meet in the same cells)."""
+    parts = [part for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ValueError(f"switch address {text!r} names no aggregator")
+    addresses = [parse_address(part, default_port) for part in parts]
+    for i, address in enumerate(addresses):
+        if address in addresses[:i]:
+            raise ValueError(f"switch addresses {text!r} name {address[0]}:{address[1]} "
+                             "twice")
+    return addresses
+
+
+def address_list_text(addresses: list[tuple[str, int]]) -> str:
+    """The INA_SWITCH text of a list of addresses."""
+    return ",".join(f"{host}:{port}" for host, port in addresses)
+
+
 def ipv4_be(host: str) -> int:
     """A dotted IPv4 address as ``sin_addr.s_addr`` holds it (network order, read as a
     native integer)."""
