@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
 from .. import protocol as P
 from .server import SoftwareSwitch
+from .shards import Shards
 
 DESCRIPTION = "The software INA aggregator (the protocol of p4/ina_aggregator.p4)."
 
@@ -18,6 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=P.UDP_PORT,
                         help=f"UDP port (default {P.UDP_PORT}; 0 picks a free one)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="shards: N aggregators, each its own thread, UDP port (--port, "
+                             "--port + 1, ...; each a free one with --port 0) and slots; "
+                             "jobs stripe their calls across all of them (INA_SWITCH lists "
+                             "the ports the first line prints). Default: one per core this "
+                             "process may use; 1 with --p4runtime-port, which serves one")
     parser.add_argument("--idle", type=float, default=60.0,
                         help="free a job that sent nothing for this many seconds")
     parser.add_argument("--pool-slots", type=int, default=1024,
@@ -42,9 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="ina-switch %(levelname)s %(message)s")
+    threads = args.threads or (1 if args.p4runtime_port is not None
+                               else len(os.sched_getaffinity(0)))
+    if threads < 1:
+        parser.error(f"--threads must be 1 or more, got {threads}")
+    if threads > 1 and args.p4runtime_port is not None:
+        parser.error("--p4runtime-port serves one shard: use --threads 1 with it")
+    options = dict(idle_seconds=args.idle, pool_slots=args.pool_slots,
+                   max_elements=args.max_elements)
     try:
-        switch = SoftwareSwitch(args.host, args.port, args.idle, args.pool_slots,
-                                args.max_elements, args.p4runtime_port, args.device_id)
+        if threads == 1:
+            switch = SoftwareSwitch(args.host, args.port, p4runtime_port=args.p4runtime_port,
+                                    device_id=args.device_id, **options)
+        else:
+            switch = Shards(threads, args.host, args.port, **options)
     except OSError as exc:
         print(f"ina-switch: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
@@ -52,18 +71,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ina-switch: --p4runtime-port needs the p4 extra (pip install "
               f"'ina-collectives[p4]'): {exc}", file=sys.stderr)
         return 2
+    shards = switch.shards if threads > 1 else [switch]
     try:
-        switch.aggregator.set_faults(**{name: getattr(args, name) for name in P.FAULT_FIELDS})
+        for shard in shards:
+            shard.aggregator.set_faults(**{name: getattr(args, name)
+                                           for name in P.FAULT_FIELDS})
     except ValueError as exc:
         parser.error(str(exc))
     signal.signal(signal.SIGTERM, switch.stop)
     signal.signal(signal.SIGINT, switch.stop)
-    # The first line says where it listens (tests and launchers read it); with P4Runtime,
-    # where that listens comes first.
-    if switch.p4runtime is not None:
+    # The first line says where it listens, every shard's address (tests and launchers
+    # read it; it is what INA_SWITCH says); with P4Runtime, where that listens comes first.
+    if threads == 1 and switch.p4runtime is not None:
         print(f"ina-switch p4runtime on {switch.p4runtime.host}:{switch.p4runtime.port}",
               flush=True)
-    print(f"ina-switch listening on {switch.address[0]}:{switch.address[1]}", flush=True)
+    listening = ",".join("%s:%d" % shard.address[:2] for shard in shards)
+    print(f"ina-switch listening on {listening}", flush=True)
     switch.serve(args.stats_interval)
     print(switch.status_line(), flush=True)
     return 0

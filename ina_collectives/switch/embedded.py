@@ -23,9 +23,13 @@ from typing import Iterator, Sequence
 
 
 class EmbeddedSwitch:
-    def __init__(self, process: subprocess.Popen, host: str, port: int,
+    """A running ``ina-switch``: ``host``, ``port`` of its first (or only) shard,
+    ``address_text`` every shard's, what INA_SWITCH says."""
+
+    def __init__(self, process: subprocess.Popen, addresses: list[tuple[str, int]],
                  p4runtime_address: str | None = None):
-        self.process, self.host, self.port = process, host, port
+        self.process, self.addresses = process, addresses
+        self.host, self.port = addresses[0]
         self.p4runtime_address = p4runtime_address
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -33,7 +37,7 @@ class EmbeddedSwitch:
 
     @property
     def address_text(self) -> str:
-        return f"{self.host}:{self.port}"
+        return ",".join(f"{host}:{port}" for host, port in self.addresses)
 
     @property
     def pid(self) -> int:
@@ -63,12 +67,16 @@ class EmbeddedSwitch:
 
 @contextmanager
 def embedded_switch(*args: str, host: str = "127.0.0.1", start_timeout: float = 15.0,
-                    p4runtime: bool = False, launcher: Sequence[str] = ()
+                    p4runtime: bool = False, launcher: Sequence[str] = (), threads: int = 1
                     ) -> Iterator[EmbeddedSwitch]:
-    """Start ``python -m ina_collectives.switch --port 0 ARGS`` and yield it, running;
-    ``p4runtime`` also serves P4Runtime on a free port (``--p4runtime-port 0``).
-    ``launcher`` prefixes the command (e.g. ``ip netns exec NS``, which execs it)."""
+    """Start ``python -m ina_collectives.switch --port 0 --threads N ARGS`` and yield it,
+    running; ``p4runtime`` also serves P4Runtime on a free port (``--p4runtime-port 0``).
+    ``launcher`` prefixes the command (e.g. ``ip netns exec NS``, which execs it).
+    ``threads``: its shards (one by default: a job's results then come from one port,
+    as the tests that count them expect; 0: ina-switch's default, one per core)."""
     extra = ["--p4runtime-port", "0"] if p4runtime else []
+    if threads:
+        extra += ["--threads", str(threads)]
     process = subprocess.Popen(
         [*launcher, sys.executable, "-m", "ina_collectives.switch", "--host", host, "--port", "0",
          *extra, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -93,12 +101,13 @@ def embedded_switch(*args: str, host: str = "127.0.0.1", start_timeout: float = 
             rest = process.communicate(timeout=5)[0] if not reader.is_alive() else ""
             raise RuntimeError(f"ina-switch did not start within {start_timeout:g} s: "
                                f"{''.join(result)}{rest}")
-        port = int(first.rsplit(":", 1)[1])
+        listening = first.split(" on ", 1)[1].strip().split(",")
+        addresses = [(host, int(text.rsplit(":", 1)[1])) for text in listening]
         grpc_line = next((line for line in result if "p4runtime on" in line), None)
         if p4runtime and grpc_line is None:
             process.kill()
             raise RuntimeError(f"ina-switch did not serve P4Runtime: {''.join(result)}")
-        switch = EmbeddedSwitch(process, host, port,
+        switch = EmbeddedSwitch(process, addresses,
                                 grpc_line.split(" on ", 1)[1].strip() if grpc_line else None)
         switch.lines.extend(line.rstrip("\n") for line in result)
         yield switch

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import time
+from typing import Callable
 
 from .. import protocol as P
 from ..errors import SystemCallError
@@ -62,6 +63,7 @@ class SoftwareSwitch:
         self._warned_at = 0.0  # rate limit of the warnings about refused control packets
         self._unwarned = 0
         self._stop = False
+        self.fault_peers: list = []  # other shards' aggregators: fault settings apply to all
         self.p4runtime = self._runner = None
         if p4runtime_port is not None:
             self._serve_p4runtime(host, p4runtime_port, device_id, max_elements)
@@ -85,8 +87,10 @@ class SoftwareSwitch:
     def stop(self, *_: object) -> None:
         self._stop = True
 
-    def serve(self, stats_interval: float = 0.0, duration: float | None = None) -> None:
-        """Run until stop() (or SIGINT/SIGTERM, set up by main) or ``duration`` seconds."""
+    def serve(self, stats_interval: float = 0.0, duration: float | None = None,
+              status: Callable[[], str] | None = None) -> None:
+        """Run until stop() (or SIGINT/SIGTERM, set up by main) or ``duration`` seconds;
+        every ``stats_interval`` seconds print ``status()`` (default: status_line)."""
         started = last_stats = last_idle = time.monotonic()
         while not self._stop:
             for packet, addr, port in self.aggregator.run(100):
@@ -95,7 +99,7 @@ class SoftwareSwitch:
                 self._runner.run_pending()
             now = time.monotonic()
             if stats_interval and now - last_stats >= stats_interval:
-                print(self.status_line(), flush=True)
+                print((status or self.status_line)(), flush=True)
                 last_stats = now
             if now - last_idle >= 1.0:
                 for job in self.aggregator.idle_jobs(self.idle_seconds):
@@ -127,20 +131,7 @@ class SoftwareSwitch:
                 **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
     def status_line(self) -> str:
-        s = self.stats()
-        drops = ", ".join(f"{k} {v}" for k, v in s["drops"].items()) or "none"
-        control = ", ".join(f"{k} {s[k]}" for k in CONTROL_OUTCOMES + (
-            "jobs freed idle", "control overflow") if s[k]) or "none"
-        return (f"ina-switch {self.address[0]}:{self.address[1]}: in {s['packets_in']} "
-                f"out {s['packets_out']} results {s['results']} busy slots "
-                f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
-                f"nacks {s['nacks']} result requests {s['result_requests']} "
-                + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
-                + f"send calls {s['send_calls']} ({s['send_path']}) gro buffers "
-                f"{s['gro_buffers']} "
-                + (f"sends refused {s['send_failures']} (last: "
-                   f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")
-                + f"control: {control}; drops: {drops}")
+        return status_text("%s:%d" % self.address[:2], self.stats())
 
     # -- control packets -------------------------------------------------------------
 
@@ -232,6 +223,8 @@ class SoftwareSwitch:
         was = self.aggregator.faults()
         try:
             self.aggregator.set_faults(**P.decode_faults(body[1:]))
+            for peer in self.fault_peers:  # plain numbers, read by the peers' loops
+                peer.set_faults(**P.decode_faults(body[1:]))
         except ValueError as exc:
             return malformed, 1, f"fault settings refused: {exc}"
         if self.aggregator.faults() != was:
@@ -264,3 +257,21 @@ class SoftwareSwitch:
         if not self.aggregator.set_worker(job, worker, addr_be, port_be):
             return 3
         return 0
+
+
+def status_text(address: str, s: dict) -> str:
+    """The status line of an aggregator's counters (SoftwareSwitch.stats, or several
+    shards' added up)."""
+    drops = ", ".join(f"{k} {v}" for k, v in s["drops"].items()) or "none"
+    control = ", ".join(f"{k} {s[k]}" for k in CONTROL_OUTCOMES + (
+        "jobs freed idle", "control overflow") if s[k]) or "none"
+    return (f"ina-switch {address}: in {s['packets_in']} "
+            f"out {s['packets_out']} results {s['results']} busy slots "
+            f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
+            f"nacks {s['nacks']} result requests {s['result_requests']} "
+            + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
+            + f"send calls {s['send_calls']} ({s['send_path']}) gro buffers "
+            f"{s['gro_buffers']} "
+            + (f"sends refused {s['send_failures']} (last: "
+               f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")
+            + f"control: {control}; drops: {drops}")

@@ -1,0 +1,79 @@
+"""Several aggregators in one ``ina-switch`` process: a shard per core, each its own UDP
+port, socket, slots and compiled loop (in a thread: the loop runs without the GIL).
+
+A job stripes each call across the shards' ports as it would across separate switches
+(INA_SWITCH lists them; docs/striping.md): no packet is steered, no state is shared, so
+the shards scale with the cores. Fault settings sent to any shard apply to all of them,
+and the status line adds the shards' counters up.
+"""
+from __future__ import annotations
+
+import threading
+
+from .server import SoftwareSwitch, status_text
+
+
+class Shards:
+    """``count`` SoftwareSwitch objects on ports ``port`` .. ``port + count - 1`` (each a
+    free one if ``port`` is 0)."""
+
+    def __init__(self, count: int, host: str, port: int, **options: object):
+        if count < 1:
+            raise ValueError(f"a switch needs one shard or more, got {count}")
+        self.shards: list[SoftwareSwitch] = []
+        try:
+            for i in range(count):
+                self.shards.append(SoftwareSwitch(host, port + i if port else 0, **options))
+        except BaseException:
+            for shard in self.shards:
+                shard.sock.close()
+            raise
+        for shard in self.shards:
+            shard.fault_peers = [s.aggregator for s in self.shards if s is not shard]
+
+    @property
+    def address_text(self) -> str:
+        """What INA_SWITCH says to stripe across every shard."""
+        return ",".join("%s:%d" % shard.address[:2] for shard in self.shards)
+
+    @property
+    def aggregator(self):
+        return self.shards[0].aggregator
+
+    def stop(self, *_: object) -> None:
+        for shard in self.shards:
+            shard.stop()
+
+    def serve(self, stats_interval: float = 0.0) -> None:
+        """Every shard's loop until stop(): the first in this thread (where signals
+        arrive), the others in threads of their own; the status line, of all of them."""
+        threads = [threading.Thread(target=shard.serve, name=f"ina-shard-{i}", daemon=True)
+                   for i, shard in enumerate(self.shards[1:], 1)]
+        for thread in threads:
+            thread.start()
+        try:
+            self.shards[0].serve(stats_interval, status=self.status_line)
+        finally:
+            self.stop()
+            for thread in threads:
+                thread.join()
+
+    def stats(self) -> dict:
+        total: dict = {}
+        for shard in self.shards:
+            for name, value in shard.stats().items():
+                if isinstance(value, dict):
+                    merged = total.setdefault(name, {})
+                    for key, count in value.items():
+                        merged[key] = (merged.get(key, 0) + count if name != "faults"
+                                       else count)
+                elif isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and name != "last_send_errno":
+                    total[name] = total.get(name, 0) + value
+                else:
+                    total.setdefault(name, value)
+        return total
+
+    def status_line(self) -> str:
+        lines = [shard.status_line() for shard in self.shards] if len(self.shards) > 1 else []
+        return "\n".join(lines + [status_text(self.address_text, self.stats())])
