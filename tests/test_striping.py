@@ -1,0 +1,119 @@
+"""A job striped across several aggregators (INA_SWITCH lists them; docs/striping.md):
+separate ina-switch processes or one switch's shards (--threads), with loss, one of them
+killed mid-call; and several jobs at once on one switch."""
+from __future__ import annotations
+
+import types
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ina_collectives import protocol as P
+from ina_collectives.switch import send_faults
+from ina_collectives.switch.embedded import embedded_switch
+from tests import mpirun
+from tests.test_ina import check_job, run_ina
+
+K = P.MAX_ELEMENTS
+CASES = [("float32", "sum", 1, 1), ("float32", "sum", K + 1, 3),
+         ("float32", "average", 9 * K + 5, 4), ("float64", "sum", 3 * K + 7, 5),
+         ("float16", "average", 2 * K + 1, 6), ("float32", "sum", 1_000_003, 7)]
+
+
+def both(*switches):
+    """What INA_SWITCH says for a job striped across these switches."""
+    return types.SimpleNamespace(address_text=",".join(s.address_text for s in switches))
+
+
+def aggregators(result):
+    return {a["address"]: a for a in result["stats"]["switch"]["aggregators"]}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("loss", [0.0, 0.05])
+def test_a_job_striped_across_two_switches_within_bound(loss):
+    with embedded_switch() as a, embedded_switch() as b:
+        for sw in (a, b):
+            send_faults((sw.host, sw.port), drop_in=loss, drop_out=loss)
+        results = run_ina(both(a, b), 3, CASES, rounds=2)
+        a.stop()
+        b.stop()
+    check_job(results, CASES, 3, rounds=2)
+    for r in results:
+        switch = r["stats"]["switch"]
+        # every call of more than one chunk used both; each took results from its share
+        assert switch["striped_calls"] == 2 * (len(CASES) - 1), switch
+        assert [x["serving"] for x in switch["aggregators"]] == [True, True], switch
+        assert all(x["elements_per_second"] > 0 for x in switch["aggregators"]), switch
+        assert abs(sum(x["share"] for x in switch["aggregators"]) - 1) < 1e-6, switch
+    for sw in (a, b):  # both aggregated: results went out of each
+        results_out = int(sw.final_status.split(" results ")[1].split()[0])
+        assert results_out > 0, sw.final_status
+        if loss:
+            assert "injected loss in" in sw.final_status, sw.final_status
+
+
+@pytest.mark.mpi
+def test_a_sharded_switch_serves_a_job_from_every_shard():
+    with embedded_switch(threads=2) as sw:
+        assert len(sw.addresses) == 2 and sw.address_text.count(",") == 1
+        results = run_ina(sw, 2, CASES)
+        sw.stop()
+    check_job(results, CASES, 2)
+    assert results[0]["stats"]["switch"]["striped_calls"] == len(CASES) - 1
+    shard_lines = [line for line in sw.lines if line.startswith("ina-switch 127.0.0.1:")
+                   and " in " in line]
+    assert len(shard_lines) == 3, sw.lines  # each shard's line, then the sum of both
+    per_shard = [int(line.split(" results ")[1].split()[0]) for line in shard_lines]
+    assert per_shard[0] > 0 and per_shard[1] > 0 and per_shard[2] == per_shard[0] + per_shard[1]
+
+
+@pytest.mark.mpi
+def test_an_aggregator_killed_mid_call_hands_its_share_to_the_ring_and_the_other_serves():
+    """Four large calls striped across two switches; B is SIGKILLed 20 ms into the
+    second: the call under way then (the second, or the third if the second was quicker)
+    has its share on B finished on the ring, the share on A stays, and later calls go to
+    A alone. Every element is reduced once: all within bound."""
+    cases = [("float32", "sum", 8_000_000, 61), ("float32", "sum", 8_000_000, 62),
+             ("float32", "average", 8_000_000, 63), ("float32", "sum", 8_000_000, 64)]
+    with embedded_switch() as a, embedded_switch() as b:
+        results = mpirun.run(2, "ina_switch_dies", {
+            "cases": cases, "kill_after": 0.02, "switch_pid": b.pid,
+            "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0, "switch_silence": 0.5,
+                         "switch_retry_calls": 0}},
+            env={"INA_SWITCH": both(a, b).address_text}, timeout=120)
+        assert a.process.poll() is None, a.lines
+    for i, case in enumerate(cases):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+        from tests.inputs import check_within_bound
+        check_within_bound(per_rank[0], *case, 2)
+    for r in results:
+        stats = r["stats"]
+        engines = [e["engine"] for e in r["engines"]]
+        assert engines.count("ring") == 1 and engines[0] == engines[-1] == "ina", engines
+        switch = stats["switch"]
+        assert switch["partial_handovers"] == 1 and switch["serving"], switch
+        assert switch["outages"] == 0, switch  # A kept serving: no outage of the job
+        state = aggregators(r)
+        assert state[a.address_text]["serving"] and not state[b.address_text]["serving"]
+        assert "failed mid-operation" in state[b.address_text]["why_not"], state
+        (reason,) = stats["fallback_reasons"]
+        assert "aggregator failed mid-operation" in reason and str(b.port) in reason, reason
+
+
+@pytest.mark.mpi
+def test_three_jobs_at_once_on_one_switch():
+    cases = [("float32", "sum", 400_000, 70), ("float32", "average", 3 * K + 1, 71)]
+    with embedded_switch() as sw:
+        with ThreadPoolExecutor(3) as pool:
+            jobs = [pool.submit(run_ina, sw, 2, [(d, op, count, seed + 10 * j)
+                                                 for d, op, count, seed in cases], 4)
+                    for j in range(3)]
+            results = [job.result() for job in jobs]
+        sw.stop()
+    for j, job in enumerate(results):
+        check_job(job, [(d, op, count, seed + 10 * j) for d, op, count, seed in cases], 2,
+                  rounds=4)
+    assert "joins 6, leaves 6" in sw.final_status and "drops: none" in sw.final_status, \
+        sw.final_status
