@@ -9,8 +9,10 @@ sender, UDP_GRO receiver, one core each):
 * the worker path alone: one worker (n = 1) streams a float32 tensor (quantization,
   packets, the windowed transport) through a switch that only echoes each packet back
   as its result (loadgen.echo, segmented): packets/s the worker completes;
-* the switch alone (one shard): n = 2 and 4 replayed workers whose refills leave with
-  UDP_SEGMENT: packets/s into the switch, with the load generator's CPU share.
+* the switch alone, one shard and two (``ina-switch --threads 2``), under the same load:
+  two jobs of n = 2 or 4 replayed workers whose refills leave with UDP_SEGMENT (a
+  generator thread each; with two shards, a job on each shard's port): packets/s into
+  the switch, elements/s as a multiple of one shard's, the load generator's CPU share.
 """
 from __future__ import annotations
 
@@ -70,21 +72,30 @@ def main() -> int:
                     "of_ceiling": w["packets_per_s"] / raw})
     print(f"worker path: {w['packets_per_s']:.0f} packets/s = {w['packets_per_s'] / raw:.2f} "
           f"of the ceiling ({w['per_send_call']:.1f} packets per send call)", flush=True)
+    one_shard = {}
     for n in (2, 4):
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.monotonic()
-        r = switch_rate(n, k, 32, args.seconds, gso=True)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / (
-            time.monotonic() - t0)
-        records.append({"what": f"switch, one shard, n={n}", "bytes": size,
-                        "packets_per_s": r["packets_per_s"],
-                        "elements_per_s": r["elements_per_s"],
-                        "of_ceiling": r["packets_per_s"] / raw, "generator_cpu": cpu})
-        print(f"switch, one shard, n={n}: {r['packets_per_s']:.0f} packets/s in = "
-              f"{r['packets_per_s'] / raw:.2f} of the ceiling, "
-              f"{r['elements_per_s'] / 1e6:.0f} M elements/s; load generator CPU "
-              f"{cpu:.0%} of a core (with set-up)", flush=True)
+        for shards in (1, 2):
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            t0 = time.monotonic()
+            r = switch_rate(n, k, 32, args.seconds, gso=True, shards=shards, jobs=2)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / (
+                time.monotonic() - t0)
+            if shards == 1:
+                one_shard[n] = r["elements_per_s"]
+            gain = r["elements_per_s"] / one_shard[n]
+            records.append({"what": f"switch, {shards} shard(s), 2 jobs of n={n}",
+                            "bytes": size,
+                            "shards": shards, "packets_per_s": r["packets_per_s"],
+                            "elements_per_s": r["elements_per_s"],
+                            "of_ceiling": r["packets_per_s"] / raw,
+                            "of_one_shard": gain,
+                            "generator_cpu": cpu})
+            print(f"switch, {shards} shard(s), 2 jobs of n={n}: "
+                  f"{r['packets_per_s']:.0f} packets/s in = "
+                  f"{r['packets_per_s'] / raw:.2f} of the ceiling, "
+                  f"{r['elements_per_s'] / 1e6:.0f} M elements/s = {gain:.2f}x one shard; "
+                  f"load generator CPU {cpu:.0%} of a core (with set-up)", flush=True)
     loopback.save(args.json, records)
     return 0
 

@@ -14,6 +14,7 @@ as fast as one sender can with sendmmsg, with packets of the same size
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -29,29 +30,49 @@ SLOTS = 16
 MTUS = {"1500": 1500, "9000": 9000, "64KiB": 65535}
 
 
-def switch_rate(n: int, k: int, bits: int, seconds: float, gso: bool = False) -> dict:
-    """The switch alone, fed by n replayed workers (their refills segmented if gso)."""
-    with embedded_switch() as sw:
-        links = [WorkerLink((sw.host, sw.port), 4242, w, n, k, SLOTS, value_bits=bits)
-                 for w in range(n)]
-        for link in links:
-            link.join(5.0)
-        rows = np.zeros((n * SLOTS, P.packet_bytes(k, P.DEFAULT_BLOCK, bits)), np.uint8)
-        for w in range(n):
-            for s in range(SLOTS):
-                rows[w * SLOTS + s] = np.frombuffer(P.pack_data(
-                    np.zeros(k, np.int32), value_bits=bits, flags=0, job=4242, worker=w,
-                    slot_version=0, slot=s, offset=s * k), np.uint8)
-        fds = np.array([link.sock.fileno() for link in links], np.int32)
-        done, elapsed, calls = loadgen.replay_workers(
-            fds, *P.sockaddr_be((sw.host, sw.port)), rows, rows.shape[1], n, SLOTS, seconds,
-            gso)
-        for link in links:
-            link.close()
+def switch_rate(n: int, k: int, bits: int, seconds: float, gso: bool = False,
+                shards: int = 1, jobs: int = 1) -> dict:
+    """The switch alone, fed by ``jobs`` jobs of n replayed workers (their refills
+    segmented if gso), a generator thread each (replay_workers runs without the GIL);
+    ``shards``: a switch of that many (--threads), the jobs spread over them in turn.
+    The same ``jobs`` for 1 and 2 shards compares the shards under the same load (each
+    job's window is S packets: one job alone is bound by its round trips, not the
+    switch's core)."""
+    with embedded_switch(threads=shards) as sw:
+        feeds = [_feed(sw.addresses[j % shards], 4242 + j, n, k, bits)
+                 for j in range(max(jobs, shards))]
+
+        def replay(feed: tuple) -> tuple:
+            links, rows, address, job = feed
+            fds = np.array([link.sock.fileno() for link in links], np.int32)
+            return loadgen.replay_workers(fds, *P.sockaddr_be(address), rows, rows.shape[1],
+                                          n, SLOTS, seconds, gso)
+
+        with ThreadPoolExecutor(len(feeds)) as pool:
+            outcomes = list(pool.map(replay, feeds))
+        for links, *_ in feeds:
+            for link in links:
+                link.close()
         sw.stop()
+    done = sum(o[0] for o in outcomes)
+    elapsed = max(o[1] for o in outcomes)
     pps = done * n / elapsed
     return {"packets_per_s": pps, "elements_per_s": done * k / elapsed,
             "payload_gbit_s": pps * bits // 8 * k * 8 / 1e9, "status": sw.final_status}
+
+
+def _feed(address: tuple[str, int], job: int, n: int, k: int, bits: int) -> tuple:
+    """n workers joined to ``job`` at one aggregator, and their packets (one per slot)."""
+    links = [WorkerLink(address, job, w, n, k, SLOTS, value_bits=bits) for w in range(n)]
+    for link in links:
+        link.join(5.0)
+    rows = np.zeros((n * SLOTS, P.packet_bytes(k, P.DEFAULT_BLOCK, bits)), np.uint8)
+    for w in range(n):
+        for s in range(SLOTS):
+            rows[w * SLOTS + s] = np.frombuffer(P.pack_data(
+                np.zeros(k, np.int32), value_bits=bits, flags=0, job=job, worker=w,
+                slot_version=0, slot=s, offset=s * k), np.uint8)
+    return links, rows, address, job
 
 
 def main() -> int:
