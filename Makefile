@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) -m bench.switch_ceiling
 	$(PY) -m bench.udp_ceiling
 	$(PY) -m bench.host_path
+	$(PY) -m bench.striping
 	$(PY) -m bench.quantization_error
 
 # INA against the ring, MPI and gloo on emulated shaped links (namespaces; needs root).

@@ -110,7 +110,8 @@ class Settings:
     worker_ports: str = _setting(
         "",
         "With job: the UDP port of each rank, comma-separated in rank order, as the "
-        "controller installed them (ina-run sets it).",
+        "controller installed them (ina-run sets it); with several aggregators, n ports "
+        "per aggregator, in INA_SWITCH's order.",
     )
     retransmit_timeout: float = _setting(
         0.02,

@@ -1,0 +1,107 @@
+"""A job striped across several aggregators against one (issue 18), in one run.
+
+    python -m bench.striping [-n 2] [--mib 16] [--reps 20] [--json bench/results/striping.json]
+
+n mpiexec ranks on loopback allreduce a float32 tensor ``--reps`` times through:
+one ina-switch (one shard); two ina-switch processes (INA_SWITCH lists both); one
+ina-switch with two shards (--threads 2). Each switch process is pinned to a core of its
+own (taskset: the first on core 0, the second on core 1); the ranks run where the kernel
+puts them, so the 2 cores of this machine carry the ranks and the switches together.
+Reported: seconds per call (median), elements/s, and each as a multiple of one switch's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def rank_main(mib: float, reps: int) -> None:
+    """What each rank runs: warm-up, then ``reps`` timed calls; rank 0 prints JSON."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import ina_collectives as ina
+
+    comm = MPI.COMM_WORLD
+    ina.init(comm, switch_min_bytes=0)
+    x = np.random.default_rng(comm.rank).standard_normal(int(mib * 2**18)).astype(np.float32)
+    for _ in range(3):
+        ina.allreduce(x)
+    times = []
+    for _ in range(reps):
+        comm.Barrier()
+        start = time.perf_counter()
+        ina.allreduce(x)
+        times.append(time.perf_counter() - start)
+    stats = ina.stats()
+    ina.finalize()
+    if comm.rank == 0:
+        median = float(np.median(times))
+        print(json.dumps({"seconds": median, "elements_per_s": x.size / median,
+                          "engines": stats["engines"],
+                          "aggregators": stats["switch"]["aggregators"]}), flush=True)
+
+
+def measure(n: int, mib: float, reps: int, switch: str) -> dict:
+    from ina_collectives.launch import find_mpiexec
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
+    env.update(INA_SWITCH=switch, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run([find_mpiexec(), "-n", str(n), sys.executable, "-m", "bench.striping",
+                          "--rank", "--mib", str(mib), "--reps", str(reps)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        raise RuntimeError(f"the job failed ({out.returncode}): {out.stdout}{out.stderr}")
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-n", type=int, default=2)
+    p.add_argument("--mib", type=float, default=16.0)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", default=str(RESULTS / "striping.json"))
+    args = p.parse_args()
+    if args.rank:
+        rank_main(args.mib, args.reps)
+        return 0
+    from ina_collectives.switch.embedded import embedded_switch
+
+    def pinned(core: int) -> list[str]:
+        return ["taskset", "-c", str(core % os.cpu_count())]
+
+    records, base = [], None
+    setups = [("one switch", [(1, 0)]), ("two switches", [(1, 0), (1, 1)]),
+              ("one switch, 2 shards", [(2, None)])]
+    for name, switches in setups:
+        with ExitStack() as stack:
+            started = [stack.enter_context(embedded_switch(
+                threads=threads, launcher=pinned(core) if core is not None else ()))
+                for threads, core in switches]
+            r = measure(args.n, args.mib, args.reps,
+                        ",".join(sw.address_text for sw in started))
+        base = base or r["elements_per_s"]
+        r.update(setup=name, n=args.n, mib=args.mib, of_one_switch=r["elements_per_s"] / base)
+        records.append(r)
+        shares = ", ".join(f"{a['share']:.2f}" for a in r["aggregators"])
+        print(f"{name:>22}: {r['seconds'] * 1e3:7.1f} ms per {args.mib:g} MiB call, "
+              f"{r['elements_per_s'] / 1e6:6.1f} M elements/s = {r['of_one_switch']:.2f}x "
+              f"one switch (shares {shares}; engines {r['engines']})", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    Path(args.json).write_text(json.dumps(records, indent=1))
+    print(f"saved {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
