@@ -184,3 +184,38 @@ def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
     finally:
         if coll.comm != MPI.COMM_NULL:
             coll.free()
+
+
+def test_striped_shares_follow_measured_throughput_with_a_floor():
+    engine = InaEngine.__new__(InaEngine)  # the split alone, no links
+    engine.links = [object(), object(), None]  # the third aggregator is not serving
+    engine.capacity = np.zeros(3)
+    assert engine._shares(10).tolist() == [0, 5, 10]  # equal until measured
+    engine.capacity[:] = [3e8, 1e8, 5e8]
+    assert engine._shares(100).tolist() == [0, 75, 100]  # 3:1, the missing one ignored
+    engine.capacity[:] = [1e9, 1e6, 0]
+    edges = engine._shares(1000)
+    assert edges[0] == 0 and edges[-1] == 1000
+    # a slow aggregator keeps about MIN_SHARE of an equal share (0.125 of 1000 chunks
+    # here, before the shares are scaled back to the whole), so it keeps being measured
+    assert 100 <= np.diff(edges)[1] <= 125, edges
+
+
+def test_ina_with_one_of_two_aggregators_answering_serves_from_that_one(closed_udp_port):
+    from ina_collectives.switch.embedded import embedded_switch
+    from tests.inputs import check_within_bound, make_input
+
+    with embedded_switch() as sw:
+        settings = Settings(switch=f"{sw.address_text},127.0.0.1:{closed_udp_port}",
+                            switch_join_timeout=0.3, switch_min_bytes=0, ring_min_bytes=0)
+        coll = Collectives(MPI.COMM_SELF, settings)
+        try:
+            x = make_input("float32", "sum", 100_000, 9, 0)
+            check_within_bound(coll.allreduce(x), "float32", "sum", 100_000, 9, 1)
+            snap = coll.stats.snapshot()
+            assert snap["engines"] == {"ina": 1}, snap
+            first, second = snap["switch"]["aggregators"]
+            assert first["serving"] and first["share"] == 1.0, first
+            assert not second["serving"] and str(closed_udp_port) in second["why_not"], second
+        finally:
+            coll.free()

@@ -135,3 +135,15 @@ def test_the_scapy_layer_has_the_tables_fields():
     assert names == [f.name for f in P.FIELDS] + ["pairs", "values"]
     raw = bytes(ina)
     assert P.unpack_header(raw)["epoch"] == 9 and P.unpack_header(raw)["count"] == 2
+
+
+def test_a_list_of_aggregator_addresses():
+    assert P.parse_addresses("127.0.0.1:5000, localhost:5001") == [
+        ("127.0.0.1", 5000), ("127.0.0.1", 5001)]
+    assert P.parse_addresses("127.0.0.1") == [("127.0.0.1", P.UDP_PORT)]
+    with pytest.raises(ValueError, match="name 127.0.0.1:5000 twice"):
+        P.parse_addresses("127.0.0.1:5000,localhost:5000")
+    with pytest.raises(ValueError, match="names no aggregator"):
+        P.parse_addresses(" , ")
+    with pytest.raises(ValueError, match="port 'x' is not a number"):
+        P.parse_addresses("127.0.0.1:1,127.0.0.1:x")

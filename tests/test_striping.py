@@ -117,3 +117,13 @@ def test_three_jobs_at_once_on_one_switch():
                   rounds=4)
     assert "joins 6, leaves 6" in sw.final_status and "drops: none" in sw.final_status, \
         sw.final_status
+
+
+def test_shards_with_p4runtime_are_refused_by_name():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ina_collectives.switch", "--port", "0",
+                          "--threads", "2", "--p4runtime-port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--p4runtime-port serves one shard" in out.stderr, out

@@ -371,7 +371,7 @@ class InaEngine:
     def run(self, call: AllreduceCall, deadline: Deadline) -> HandOver | None:
         serving = self.serving()
         first_link = self.links[serving[0]]
-        k, block, slots = first_link.k, first_link.block, first_link.slots
+        k, block = first_link.k, first_link.block
         source = call.recv if call.send is None else call.send
         # The input stays intact until the result is whole: the fallback may need it.
         wide = np.float32 if call.dtype == np.float16 else call.dtype
@@ -384,7 +384,7 @@ class InaEngine:
                  if edges[j + 1] > edges[j]]
         # The first window of each share (G exponents per chunk) is agreed here; the rest
         # ride on the results.
-        windows = [(c0 * g, min(c0 + slots, c1) * g) for _, c0, c1 in parts]
+        windows = [(c0 * g, min(c0 + self.links[i].slots, c1) * g) for i, c0, c1 in parts]
         proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in windows)]
                                   ).astype(np.int16)
         agreed_first = np.empty_like(proposal)
