@@ -81,6 +81,7 @@ ctypedef struct Job:
     uint32_t *last_seq
     uint8_t nack_at[MAX_WORKERS]
     int32_t *result_len    # [2 S]
+    uint64_t results       # results multicast (the status line's per-job counter)
     double last_seen
 
 
@@ -333,6 +334,11 @@ cdef class Aggregator(FaultInjection):
         """(n, K, S, B, value bits) of a job, or None."""
         cdef Job *job = find_job(self.jobs, job_id)
         return None if job == NULL else (job.n, job.k, job.slots, job.block, job.bits)
+
+    def job_results(self, int job_id):
+        """Results a job's slots have multicast, or None if there is no such job."""
+        cdef Job *job = find_job(self.jobs, job_id)
+        return None if job == NULL else job.results
 
     def set_worker(self, int job_id, int worker, uint32_t addr_be, uint16_t port_be):
         """Admit ``worker`` of a job at this address (network-order IPv4 and port).
@@ -739,6 +745,7 @@ cdef class Aggregator(FaultInjection):
                            <const uint16_t *>acc, elements)
         job.result_len[cell] = HEADER + PAIR * blocks + vb * elements
         self.results += 1
+        job.results += 1
         if job.managed:  # the replicas a controller installed (multicast group + rewrites)
             for w in range(job.nreplicas):
                 self.send(result, job.result_len[cell], &job.replica[w])

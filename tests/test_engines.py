@@ -219,3 +219,35 @@ def test_ina_with_one_of_two_aggregators_answering_serves_from_that_one(closed_u
             assert not second["serving"] and str(closed_udp_port) in second["why_not"], second
         finally:
             coll.free()
+
+
+def test_a_job_granted_fewer_slots_runs_with_them_and_grows_when_they_free_up():
+    """The switch's pool (8 slots) is shared: another job holds 6, so this one (asking 8)
+    is granted 2 and runs with them; when the other leaves, a later call boundary asks
+    again (after 1, 2 ... calls) and the job rejoins with all 8."""
+    from ina_collectives.ina.link import WorkerLink
+    from ina_collectives.switch.embedded import embedded_switch
+    from tests.inputs import check_within_bound, make_input
+
+    with embedded_switch("--pool-slots", "8") as sw:
+        holder = WorkerLink((sw.host, sw.port), 77, 0, 1, 1024, 6)
+        holder.join(5.0)
+        settings = Settings(switch=sw.address_text, switch_slots=8, switch_min_bytes=0,
+                            ring_min_bytes=0)
+        coll = Collectives(MPI.COMM_SELF, settings)
+        try:
+            x = make_input("float32", "sum", 200_000, 12, 0)
+            check_within_bound(coll.allreduce(x), "float32", "sum", 200_000, 12, 1)
+            (state,) = coll.stats.snapshot()["switch"]["aggregators"]
+            assert (state["slots"], state["slots_asked"]) == (2, 8), state
+            holder.leave()
+            holder.close()
+            for _ in range(4):
+                check_within_bound(coll.allreduce(x), "float32", "sum", 200_000, 12, 1)
+            (state,) = coll.stats.snapshot()["switch"]["aggregators"]
+            assert (state["slots"], state["slots_asked"]) == (8, 8), state
+            assert coll.stats.snapshot()["engines"] == {"ina": 5}
+        finally:
+            coll.free()
+        sw.stop()
+    assert any("S 2 of 8 asked" in line for line in sw.lines), sw.lines

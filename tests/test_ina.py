@@ -321,9 +321,16 @@ def test_no_switch_listening_means_the_ring_with_the_reason(closed_udp_port):
 
 @pytest.mark.mpi
 def test_a_refused_job_means_the_ring_with_the_reason():
+    """Another job holds the whole pool: no slot is free, the job is refused."""
+    from ina_collectives.ina.link import WorkerLink
+
     with embedded_switch("--pool-slots", "4") as sw:
+        holder = WorkerLink((sw.host, sw.port), 77, 0, 1, 1024, 4)
+        holder.join(5.0)
         cases = [("float32", "sum", 300_000, 42)]
-        results = run_ina(sw, 2, cases)
+        results = run_ina(sw, 2, cases, settings={"switch_retry_calls": 0})
+        holder.leave()
+        holder.close()
     check_job(results, cases, 2, engine="ring")
     (reason,) = results[0]["stats"]["fallback_reasons"]
     assert "refused job" in reason and "no room for the job" in reason, reason

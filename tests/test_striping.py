@@ -41,8 +41,9 @@ def test_a_job_striped_across_two_switches_within_bound(loss):
     check_job(results, CASES, 3, rounds=2)
     for r in results:
         switch = r["stats"]["switch"]
-        # every call of more than one chunk used both; each took results from its share
-        assert switch["striped_calls"] == 2 * (len(CASES) - 1), switch
+        # The calls of many chunks used both (a call of a few may go to one alone when
+        # the measured shares are uneven, as loss makes them).
+        assert 2 * 2 <= switch["striped_calls"] <= 2 * (len(CASES) - 1), switch
         assert [x["serving"] for x in switch["aggregators"]] == [True, True], switch
         assert all(x["elements_per_second"] > 0 for x in switch["aggregators"]), switch
         assert abs(sum(x["share"] for x in switch["aggregators"]) - 1) < 1e-6, switch
@@ -60,7 +61,7 @@ def test_a_sharded_switch_serves_a_job_from_every_shard():
         results = run_ina(sw, 2, CASES)
         sw.stop()
     check_job(results, CASES, 2)
-    assert results[0]["stats"]["switch"]["striped_calls"] == len(CASES) - 1
+    assert 2 <= results[0]["stats"]["switch"]["striped_calls"] <= len(CASES) - 1
     shard_lines = [line for line in sw.lines if line.startswith("ina-switch 127.0.0.1:")
                    and " in " in line]
     assert len(shard_lines) == 3, sw.lines  # each shard's line, then the sum of both

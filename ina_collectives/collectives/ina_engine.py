@@ -69,6 +69,10 @@ class InaEngine:
         self.striped_calls = self.partial_handovers = 0
         self._retry_at: int | None = None  # the call number of the next reconnection
         self._retry_gap = 1
+        # A link granted fewer slots than it asked for asks again from this call on
+        # (every rank alike), backing off as reconnections do.
+        self._grow_at: int | None = None
+        self._grow_gap = 1
         self._seq = 0  # the number of the call under way (at_call_boundary)
         self._lasting = False  # the last failure was this job's setup: trying again is futile
         self._watch: _AnswerWatch | None = None  # rank 0's probes while one is missing
@@ -188,6 +192,14 @@ class InaEngine:
             self._collective(comm.Ibcast(text, root=r), f"rank {r}'s reason")
             self.missing_reasons[i] = text.tobytes().rstrip(b"\0").decode(errors="replace")
             self._close_link(i)
+        short = [i for i in indices if self.links[i] is not None
+                 and self.links[i].slots < self.links[i].asked_slots]
+        for i in short:
+            log.warning("the aggregator at %s granted %d of the %d slots asked (its pool is "
+                        "shared with other jobs); more are asked for when it has them free",
+                        self._where(i), self.links[i].slots, self.links[i].asked_slots)
+        if short and self._grow_at is None and settings.switch_retry_calls:
+            self._grow_at = self._seq + self._grow_gap
         if self.serving():
             self.unavailable = None
         else:
@@ -216,6 +228,9 @@ class InaEngine:
                                  else "recvmmsg"),
                 "aggregators": [
                     {"address": self._where(i), "serving": self.links[i] is not None,
+                     **({"slots": self.links[i].slots,
+                         "slots_asked": self.links[i].asked_slots}
+                        if self.links[i] is not None else {}),
                      "share": round(float(share_of.get(i, 0.0)), 3),
                      "elements_per_second": float(self.capacity[i]),
                      **({"why_not": self.missing_reasons[i]}
@@ -293,6 +308,8 @@ class InaEngine:
         every rank), with rank 0's news (``answers_again``; None when the agreement check
         is off): when a reconnection is due, it happens here, on every rank alike."""
         self._seq = seq
+        if self._grow_at is not None and seq >= self._grow_at and self.serving():
+            self._grow(seq)
         if self._retry_at is None or not self.missing() or seq < self._retry_at:
             return
         if answers is None:
@@ -340,6 +357,38 @@ class InaEngine:
         log.warning("call #%d: the aggregator at %s serves again; calls return to it",
                     seq, ", ".join(self._where(i) for i in returned))
         return True
+
+    def _grow(self, seq: int) -> None:
+        """Collective: rank 0 asks each aggregator that granted fewer slots than asked
+        how many it has free (a PROBE of job 0); where some are, every rank leaves that
+        aggregator and joins it again, to be granted what is free now."""
+        short = [i for i in self.serving() if self.links[i].slots < self.links[i].asked_slots]
+        self._grow_at = None
+        if not short:
+            return
+        free = np.zeros(len(short), np.int64)
+        if self.comm.Get_rank() == 0:
+            wait_each = min(0.5, self.settings.switch_join_timeout)
+            free[:] = [_free_slots(self.addresses[i], wait_each) for i in short]
+        self._collective(self.comm.Ibcast(free, root=0), "the aggregators' free slots")
+        regrow = [i for i, f in zip(short, free) if f > 0]
+        for i in regrow:
+            self._close_link(i)
+        if regrow:  # every rank has left (the job's slots are free) before any joins again
+            self._collective(self.comm.Ibarrier(), "every rank to leave the aggregator")
+            self._connect(regrow)
+            if not self.serving():
+                self._lost([], self.unavailable or "ina: the aggregator refused the job",
+                           seq)
+                return
+        if any(self.links[i] is not None and self.links[i].slots < self.links[i].asked_slots
+               for i in short):
+            cap = max(self.settings.switch_retry_calls, 1)
+            self._grow_gap = min(2 * self._grow_gap, cap)
+            self._grow_at = seq + self._grow_gap
+        else:
+            self._grow_gap = 1
+            log.warning("call #%d: every aggregator grants the slots asked now", seq)
 
     # -- one call ---------------------------------------------------------------------
 
@@ -534,6 +583,20 @@ class _AnswerWatch:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _free_slots(address: tuple[str, int], timeout: float) -> int:
+    """The free slots an aggregator's pool has (its reply to a PROBE of job 0), 0 if it
+    does not answer or does not say."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            status, _, free = P.control_request(s, address, 0, 0, [P.CTRL_PROBE], timeout,
+                                                "probe")
+            return max(free, 0) if status == 0 else 0
+    except (AggregatorUnavailable, ValueError, OSError):
+        return 0
 
 
 def _answers(address: str, timeout: float) -> bool:

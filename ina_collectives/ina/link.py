@@ -36,6 +36,8 @@ class WorkerLink:
         P.check_format(block, value_bits)
         self.switch = switch
         self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
+        self.asked_slots = slots
+        self.reply_slots = -1  # the last control reply's slots value (control_request)
         self.block, self.value_bits = block, value_bits
         self.narrow = False  # set by the join or probe reply
         # [1 while new packets may leave with UDP_SEGMENT]: cleared for good by the stream
@@ -57,8 +59,8 @@ class WorkerLink:
         self.sock.close()
 
     def _control(self, body: list[int], timeout: float, what: str) -> int:
-        status, capabilities = control_request(self.sock, self.switch, self.job,
-                                               self.worker, body, timeout, what)
+        status, capabilities, self.reply_slots = control_request(
+            self.sock, self.switch, self.job, self.worker, body, timeout, what)
         # A call may ask for 16-bit values in a job of 32 (the aggregator says it takes them).
         self.narrow = bool(capabilities & P.CAP_NARROW)
         if capabilities & P.CAP_NACKS:  # the stream may ask for results with headers alone
@@ -66,7 +68,9 @@ class WorkerLink:
         return status
 
     def join(self, timeout: float) -> None:
-        status = self._control([P.CTRL_JOIN, self.n, self.k, self.slots, self.block,
+        """Join the job; the aggregator may grant fewer slots than asked (its pool is
+        shared): ``slots`` is then what it granted, ``asked_slots`` what was asked."""
+        status = self._control([P.CTRL_JOIN, self.n, self.k, self.asked_slots, self.block,
                                 self.value_bits], timeout, "join")
         if status != 0:
             reason = status_text(P.JOIN_STATUS, status)
@@ -74,6 +78,9 @@ class WorkerLink:
                 f"the aggregator at {self.switch[0]}:{self.switch[1]} refused job {self.job} "
                 f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}, B "
                 f"{self.block}, {self.value_bits}-bit values): {reason}")
+        if 1 <= self.reply_slots < self.asked_slots:  # (a P4 switch's reply has no grant)
+            self.slots = self.reply_slots
+            self.versions = np.zeros(self.slots, np.uint8)
         self.joined = True
 
     def probe(self, timeout: float) -> None:

@@ -4,7 +4,9 @@ both ends (the worker's link, ina-run's probe, send_faults, and the software swi
 A control packet is an INA header with FLAG_CONTROL and a payload of int32 values, the
 first one the op. The reply carries FLAG_CONTROL | FLAG_RESULT and the payload
 [op, status], and from the software switch a third value, its capabilities (CAP_*; a P4
-switch's two-value reply means none).
+switch's two-value reply means none), and a fourth: for an accepted JOIN the slots the
+job was granted (S or fewer: the pool is shared), for a PROBE of job 0 the pool's free
+slots.
 """
 from __future__ import annotations
 
@@ -89,8 +91,9 @@ def control_exchange(sock: socket.socket, switch: tuple[str, int], job: int, wor
 
 
 def control_request(sock: socket.socket, switch: tuple[str, int], job: int, worker: int,
-                    body: list[int], timeout: float, what: str) -> tuple[int, int]:
-    """control_exchange, answering (status, the aggregator's capabilities: CAP_*)."""
+                    body: list[int], timeout: float, what: str) -> tuple[int, int, int]:
+    """control_exchange, answering (status, the aggregator's capabilities: CAP_*, the
+    reply's slots value: granted to a JOIN, free after a PROBE of job 0; -1 if absent)."""
     packet = control_packet(job, worker, body)
     where = f"{switch[0]}:{switch[1]}"
     deadline = time.monotonic() + timeout
@@ -122,7 +125,8 @@ def control_request(sock: socket.socket, switch: tuple[str, int], job: int, work
                             f"the aggregator at {where} speaks protocol version "
                             f"{head['version']}, this worker version {PROTOCOL_VERSION}: "
                             f"{what} refused")
-                    return int(reply[1]), int(reply[2]) if len(reply) > 2 else 0
+                    return (int(reply[1]), int(reply[2]) if len(reply) > 2 else 0,
+                            int(reply[3]) if len(reply) > 3 else -1)
             if time.monotonic() >= deadline:
                 raise AggregatorUnavailable(
                     f"the aggregator at {where} did not answer the {what} within {timeout:g} s")

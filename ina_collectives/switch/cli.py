@@ -29,8 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=60.0,
                         help="free a job that sent nothing for this many seconds")
     parser.add_argument("--pool-slots", type=int, default=1024,
-                        help="slots shared by all jobs (each has two versions); a job that "
-                             "does not fit is refused")
+                        help="slots shared by all jobs (each has two versions); a job is "
+                             "granted what is free (see --job-share), refused if none is")
+    parser.add_argument("--job-share", type=float, default=1.0, metavar="F",
+                        help="the most of the pool one job is granted (0 < F <= 1; default "
+                             "1); a job gets what it asks for, what is free or this, the "
+                             "least, and asks again for the rest when slots free up")
     parser.add_argument("--max-elements", type=int, default=P.MAX_ELEMENTS,
                         help="largest K (int32 values per packet) a job may use")
     parser.add_argument("--p4runtime-port", type=int, default=None, metavar="PORT",
@@ -56,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--threads must be 1 or more, got {threads}")
     if threads > 1 and args.p4runtime_port is not None:
         parser.error("--p4runtime-port serves one shard: use --threads 1 with it")
+    if not 0 < args.job_share <= 1:
+        parser.error(f"--job-share must be in (0, 1], got {args.job_share}")
     options = dict(idle_seconds=args.idle, pool_slots=args.pool_slots,
-                   max_elements=args.max_elements)
+                   max_elements=args.max_elements, job_share=args.job_share)
     try:
         if threads == 1:
             switch = SoftwareSwitch(args.host, args.port, p4runtime_port=args.p4runtime_port,

@@ -40,7 +40,7 @@ class SoftwareSwitch:
     def __init__(self, host: str = "127.0.0.1", port: int = P.UDP_PORT,
                  idle_seconds: float = 60.0, pool_slots: int = 1024,
                  max_elements: int = P.MAX_ELEMENTS, p4runtime_port: int | None = None,
-                 device_id: int = 1):
+                 device_id: int = 1, job_share: float = 1.0):
         from .._fast.switch_loop import DROP_REASONS, Aggregator
 
         self.sock = P.udp_socket(host, port)
@@ -54,9 +54,15 @@ class SoftwareSwitch:
         self.drop_reasons = DROP_REASONS
         self.idle_seconds = idle_seconds
         # Like a P4 switch's register arrays: a fixed pool of slots shared by the jobs,
-        # and a largest K. A job that does not fit is refused (its ranks take the ring).
+        # and a largest K. A job is granted the slots it asks for, or fewer: what is free,
+        # at most job_share of the pool; with none free it is refused (its ranks take the
+        # ring). A job granted fewer asks again when slots free up (docs/striping.md).
+        if not 0 < job_share <= 1:
+            raise ValueError(f"job_share must be in (0, 1], got {job_share}")
         self.pool_slots, self.max_elements = pool_slots, max_elements
-        self.job_slots: dict[int, int] = {}
+        self.job_share = job_share
+        self.job_slots: dict[int, int] = {}   # granted
+        self.job_asked: dict[int, int] = {}
         # Every control packet the loop hands over is counted once, by what became of it
         # (CONTROL_OUTCOMES); "jobs freed idle" counts the idle sweep.
         self.control_counts = {name: 0 for name in CONTROL_OUTCOMES + ("jobs freed idle",)}
@@ -105,7 +111,7 @@ class SoftwareSwitch:
                 for job in self.aggregator.idle_jobs(self.idle_seconds):
                     log.warning("job %d sent nothing for %g s: freed", job, self.idle_seconds)
                     self.aggregator.free_job(job)
-                    self.job_slots.pop(job, None)
+                    self._forget(job)
                     self.control_counts["jobs freed idle"] += 1
                 last_idle = now
             if duration is not None and now - started >= duration:
@@ -127,11 +133,23 @@ class SoftwareSwitch:
                 "gro_buffers": a.gro_buffers,
                 **({"last_send_errno": a.last_errno} if a.send_failures else {}),
                 "faults": a.faults(), **self.control_counts,
+                "free_slots": self.free_slots(),
+                "jobs": {job: {"workers": (a.job_shape(job) or (0,))[0], "slots": slots,
+                               "asked": self.job_asked.get(job, slots),
+                               "results": a.job_results(job) or 0}
+                         for job, slots in self.job_slots.items()},
                 "control overflow": a.control_overflow,
                 **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
     def status_line(self) -> str:
         return status_text("%s:%d" % self.address[:2], self.stats())
+
+    def free_slots(self) -> int:
+        return self.pool_slots - sum(self.job_slots.values())
+
+    def _forget(self, job: int) -> None:
+        self.job_slots.pop(job, None)
+        self.job_asked.pop(job, None)
 
     # -- control packets -------------------------------------------------------------
 
@@ -151,10 +169,14 @@ class SoftwareSwitch:
             return
         head = P.unpack_header(packet)
         op = int.from_bytes(packet[P.HEADER_BYTES:P.HEADER_BYTES + 4], "big", signed=True)
+        # The fourth value: the slots granted to a job just joined, or the pool's free ones.
+        slots = (self.job_slots.get(head["job"], 0) if op == P.CTRL_JOIN and status == 0
+                 else self.free_slots() if op == P.CTRL_PROBE and head["job"] == 0 else 0)
         try:
             self.aggregator.reply(P.control_packet(head["job"], head["worker"],
                                                    [op, status,
-                                                    P.CAP_NACKS | P.CAP_NARROW], reply=True),
+                                                    P.CAP_NACKS | P.CAP_NARROW, slots],
+                                                   reply=True),
                                   addr_be, port_be)
         except SystemCallError as exc:  # the reply was refused: the sender retries
             log.warning("%s", exc)
@@ -206,7 +228,7 @@ class SoftwareSwitch:
                     and not self.aggregator.worker_at(job, worker, addr_be, port_be)):
                 return "foreign control", 1, f"LEAVE of worker {worker} of job {job}"
             if self.aggregator.leave(job, worker):
-                self.job_slots.pop(job, None)
+                self._forget(job)
                 log.info("job %d: every worker left, slots freed", job)
             return "leaves", 0, ""
         if op == P.CTRL_PROBE:
@@ -245,14 +267,18 @@ class SoftwareSwitch:
             return 5
         shape = self.aggregator.job_shape(job)
         if shape is None:
-            if sum(self.job_slots.values()) + slots > self.pool_slots:
+            granted = min(slots, self.free_slots(),
+                          max(1, int(self.pool_slots * self.job_share)))
+            if granted < 1:
                 return 4
-            if not self.aggregator.add_job(job, n, k, slots, block, value_bits):
+            if not self.aggregator.add_job(job, n, k, granted, block, value_bits):
                 return 4
-            self.job_slots[job] = slots
-            log.info("job %d: %d workers, K %d, S %d, B %d, %d-bit values", job, n, k, slots,
-                     block, value_bits)
-        elif shape != (n, k, slots, block, value_bits):
+            self.job_slots[job], self.job_asked[job] = granted, slots
+            log.info("job %d: %d workers, K %d, S %d%s, B %d, %d-bit values", job, n, k,
+                     granted, f" of {slots} asked" if granted < slots else "", block,
+                     value_bits)
+        elif (shape[:2] + shape[3:] != (n, k, block, value_bits)
+              or slots != self.job_asked.get(job, shape[2])):
             return 2
         if not self.aggregator.set_worker(job, worker, addr_be, port_be):
             return 3
@@ -265,6 +291,9 @@ def status_text(address: str, s: dict) -> str:
     drops = ", ".join(f"{k} {v}" for k, v in s["drops"].items()) or "none"
     control = ", ".join(f"{k} {s[k]}" for k in CONTROL_OUTCOMES + (
         "jobs freed idle", "control overflow") if s[k]) or "none"
+    jobs = ", ".join(f"{job} (n {j['workers']}, S {j['slots']}"
+                     + (f" of {j['asked']}" if j["asked"] != j["slots"] else "")
+                     + f", results {j['results']})" for job, j in sorted(s["jobs"].items()))
     return (f"ina-switch {address}: in {s['packets_in']} "
             f"out {s['packets_out']} results {s['results']} busy slots "
             f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
@@ -274,4 +303,5 @@ def status_text(address: str, s: dict) -> str:
             f"{s['gro_buffers']} "
             + (f"sends refused {s['send_failures']} (last: "
                f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")
-            + f"control: {control}; drops: {drops}")
+            + f"control: {control}; drops: {drops}"
+            + (f"; jobs: {jobs}" if jobs else ""))

@@ -62,7 +62,14 @@ class Shards:
         total: dict = {}
         for shard in self.shards:
             for name, value in shard.stats().items():
-                if isinstance(value, dict):
+                if name == "jobs":  # a job on several shards: slots and results added
+                    merged = total.setdefault(name, {})
+                    for job, counts in value.items():
+                        into = merged.setdefault(job, dict(counts, slots=0, asked=0,
+                                                           results=0))
+                        for key in ("slots", "asked", "results"):
+                            into[key] += counts[key]
+                elif isinstance(value, dict):
                     merged = total.setdefault(name, {})
                     for key, count in value.items():
                         merged[key] = (merged.get(key, 0) + count if name != "faults"
