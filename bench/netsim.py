@@ -3,6 +3,8 @@
     python -m bench.netsim --quick                   # n=4, one rate, 1 and 16 MiB, < 3 min
     python -m bench.netsim                           # the full sweep (hours)
     python -m bench.netsim --n 4 8 --rates 200 --sizes 16M 64M --loss 0 0.001 --json r.json
+    python -m bench.netsim --n 4 --rates 1000 --sizes 16M --systems ina --switches 2
+    python -m bench.netsim --n 4 --rates 1000 --sizes 16M --systems ina --jobs 2
 
 Builds one namespace per worker and one for the switch (bench/netsim_topology.py), runs
 each system as an mpiexec job whose ranks sit in the worker namespaces (so MPI, gloo, the
@@ -21,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 mpi4py.rc.initialize = False  # the harness never communicates: only its ranks initialise MPI
 
 from bench import netsim_report  # noqa: E402
-from bench.netsim_topology import SWITCH_IP, EmulatedCluster, stale_namespaces  # noqa: E402
+from bench.netsim_topology import (  # noqa: E402
+    EmulatedCluster,
+    aggregator_ip,
+    stale_namespaces,
+)
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.launch import find_mpiexec  # noqa: E402
 from ina_collectives.settings import parse_size  # noqa: E402
@@ -50,10 +58,13 @@ def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> floa
 
 
 def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[int],
-               reps: int, mtu: int) -> tuple[list[dict[str, Any]], str]:
-    """One mpiexec job measuring every size; (records, error or '')."""
+               reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1
+               ) -> tuple[list[dict[str, Any]], str]:
+    """One mpiexec job measuring every size, its ranks in the namespaces of ``workers``
+    (default all); (records, error or ''). ``jobs``: how many run at once (the limit)."""
     mpiexec = find_mpiexec()
-    env = dict(os.environ, **cluster.network_environment(),
+    workers = list(range(cluster.n)) if workers is None else workers
+    env = dict(os.environ, **cluster.network_environment(workers[0]),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                         os.environ.get("PYTHONPATH")])),
                INA_SWITCH=switch,
@@ -62,15 +73,16 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                INA_SWITCH_VALUE_BITS=str(VALUE_BITS.get(system, 32)),
                INA_TIMEOUT="120")
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
-    limit = 60 + sum(6 * (reps + 1) * expected_seconds(system, cluster.n, s, cluster.link_mbit)
-                     for s in sizes) * (1 + 50 * cluster.loss)
+    limit = 60 + jobs * sum(6 * (reps + 1) * expected_seconds(system, len(workers), s,
+                                                               cluster.link_mbit)
+                            for s in sizes) * (1 + 50 * cluster.loss)
     with tempfile.TemporaryDirectory(prefix="netsim-") as tmp:
         out = Path(tmp, "records.json")
         command = [sys.executable, "-m", "bench.netsim_ranks", system,
                    ",".join(map(str, sizes)), str(reps), str(out)]
-        proc = subprocess.Popen(cluster.mpiexec_command(mpiexec, command), cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(cluster.mpiexec_command(mpiexec, command, workers), cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -87,6 +99,20 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
         return json.loads(out.read_text()), ""
 
 
+def run_jobs(cluster: EmulatedCluster, switch: str, system: str, args: argparse.Namespace,
+             n: int) -> list[tuple[str | int, list[dict[str, Any]], str]]:
+    """--jobs N: the first job alone, then N jobs of n ranks at once through the same
+    switch; [(job: "alone" or its number, records, error)]."""
+    alone = run_system(cluster, switch, system, args.sizes, args.reps, args.mtu,
+                       list(range(n)))
+    with ThreadPoolExecutor(args.jobs) as pool:
+        together = list(pool.map(
+            lambda j: run_system(cluster, switch, system, args.sizes, args.reps, args.mtu,
+                                 list(range(j * n, (j + 1) * n)), args.jobs),
+            range(args.jobs)))
+    return [("alone", *alone)] + [(j, *r) for j, r in enumerate(together)]
+
+
 def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     combos = list(itertools.product(args.n, args.rates, args.loss))
@@ -96,9 +122,15 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
             transient=False) as progress:
         task = progress.add_task("netsim", total=total)
         for n in args.n:
-            with EmulatedCluster(n, args.rates[0], mtu=args.mtu) as cluster, \
-                    embedded_switch("--idle", "30", host=SWITCH_IP,
-                                    launcher=cluster.in_switch([])) as switch:
+            with EmulatedCluster(n * args.jobs, args.rates[0], mtu=args.mtu,
+                                 aggregators=args.switches) as cluster, \
+                    ExitStack() as switches:
+                # One ina-switch (one shard) per aggregator namespace; a job stripes
+                # across all of them.
+                address = ",".join(switches.enter_context(embedded_switch(
+                    "--idle", "30", host=aggregator_ip(j),
+                    launcher=cluster.in_aggregator(j, []))).address_text
+                    for j in range(args.switches))
                 if args.tcp_rto_min is not None:
                     cluster.set_tcp_rto_min(args.tcp_rto_min)
                 for rate, loss in itertools.product(args.rates, args.loss):
@@ -108,25 +140,31 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                         progress.update(task, description=(
                             f"n={n} {rate:g} Mbit/s loss {loss:g}: {system}"))
                         dropped0 = cluster.dropped() if loss else 0
-                        measured, error = run_system(cluster, switch.address_text,
-                                                     system, args.sizes, args.reps,
-                                                     args.mtu)
-                        if error:
-                            console.print(f"[red]{system} n={n} {rate:g} Mbit/s loss "
-                                          f"{loss:g} failed: {error}")
-                        for m in measured:
-                            records.append({
-                                "system": system, "n": n, "bytes": m["bytes"],
-                                "link_mbit": rate, "loss": loss, "seconds": m["seconds"],
-                                "times": m["times"], "engines": m["engines"],
-                                "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
-                                "value_bits": VALUE_BITS.get(system, 32),
-                                "tcp_rto_min_ms": args.tcp_rto_min,
-                                "dropped_packets": (cluster.dropped() - dropped0
-                                                    if loss else 0),
-                                **{k: m[k] for k in ("packets", "tcp_retransmits",
-                                                     "stream_seconds", "compute_seconds")
-                                   if k in m}})
+                        if args.jobs == 1:
+                            runs = [(None, *run_system(cluster, address, system, args.sizes,
+                                                       args.reps, args.mtu, list(range(n))))]
+                        else:
+                            runs = run_jobs(cluster, address, system, args, n)
+                        for job, measured, error in runs:
+                            if error:
+                                console.print(f"[red]{system} n={n} {rate:g} Mbit/s loss "
+                                              f"{loss:g}{'' if job is None else f' job {job}'}"
+                                              f" failed: {error}")
+                            for m in measured:
+                                records.append({
+                                    "system": system, "n": n, "bytes": m["bytes"],
+                                    "link_mbit": rate, "loss": loss, "seconds": m["seconds"],
+                                    "times": m["times"], "engines": m["engines"],
+                                    "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
+                                    "value_bits": VALUE_BITS.get(system, 32),
+                                    "tcp_rto_min_ms": args.tcp_rto_min,
+                                    "switches": args.switches, "jobs": args.jobs,
+                                    **({} if job is None else {"job": job}),
+                                    "dropped_packets": (cluster.dropped() - dropped0
+                                                        if loss else 0),
+                                    **{k: m[k] for k in ("packets", "tcp_retransmits",
+                                                         "stream_seconds", "compute_seconds")
+                                       if k in m}})
                         progress.advance(task)
                         if args.json:
                             write_json(args.json, records, args)  # partial results kept
@@ -162,6 +200,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="TCP's smallest retransmission timeout in the workers' "
                              "namespaces (default: the kernel's, 200 ms); applies to every "
                              "system's TCP (MPI, gloo, INA's agreements)")
+    parser.add_argument("--switches", type=int, default=1, metavar="N",
+                        help="aggregators, each an ina-switch in a namespace of its own on "
+                             "the bridge; INA jobs stripe each call across all of them")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="N jobs of n ranks at once through the same aggregator(s), "
+                             "after the first job alone: per-job throughput and Jain's "
+                             "fairness index (n x N worker namespaces)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "netsim.json",
                         help="output records (the table and plots go beside it)")
     args = parser.parse_args(argv)
@@ -185,6 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("loss must be in [0, 1) (a probability per link)")
     if not 576 <= args.mtu <= 65535:
         parser.error("--mtu must be 576..65535")
+    if not 1 <= args.switches <= 50 or not 1 <= args.jobs or max(args.n) * args.jobs > 200:
+        parser.error("--switches must be 1..50, --jobs 1 or more, n x jobs at most 200")
     return args
 
 
@@ -205,11 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     records = sweep(args, console)
     write_json(args.json, records, args)
+    single = [r for r in records if "job" not in r]
     table = "\n\n".join(filter(None, [
-        netsim_report.table([r for r in records if not r["system"].startswith("ddp-")]),
-        netsim_report.ddp_table(records)]))
+        netsim_report.table(plain) if (plain := [
+            r for r in single if not r["system"].startswith("ddp-")]) else "",
+        netsim_report.ddp_table(single), netsim_report.jobs_table(records)]))
     (args.json.parent / (args.json.stem + ".md")).write_text(table + "\n")
-    plots = netsim_report.plots([r for r in records if not r["system"].startswith("ddp-")],
+    plots = netsim_report.plots([r for r in single if not r["system"].startswith("ddp-")],
                                 args.json.parent, args.json.stem)
     console.print(table, markup=False, highlight=False)
     console.print(f"{len(records)} records in {time.monotonic() - started:.0f} s: {args.json}; "

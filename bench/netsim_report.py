@@ -74,6 +74,32 @@ def ddp_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
+def jobs_table(records: list[dict[str, Any]]) -> str:
+    """--jobs N: each job's throughput while all ran at once, as a fraction of the first
+    job's alone, and Jain's fairness index over the jobs' throughputs, (sum x)^2 / (N sum
+    x^2): 1 when all get the same."""
+    runs: dict[tuple, dict[Any, dict[str, Any]]] = defaultdict(dict)
+    for r in records:
+        if "job" in r:
+            runs[(r["n"], r["link_mbit"], r["loss"], r["bytes"], r["system"])][r["job"]] = r
+    rows = ["| n | link Mbit/s | loss | size | system | jobs | alone ms | each job ms | "
+            "each / alone (throughput) | Jain's index |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (n, link, loss, nbytes, system), jobs in sorted(runs.items(), key=str):
+        alone = jobs.get("alone")
+        together = [r for j, r in sorted((j, r) for j, r in jobs.items() if j != "alone")]
+        if alone is None or not together:
+            continue
+        rates = [nbytes / r["seconds"] for r in together]
+        jain = sum(rates) ** 2 / (len(rates) * sum(x * x for x in rates))
+        rows.append(f"| {n} | {link:g} | {loss:g} | {_size(nbytes)} | {system} | "
+                    f"{len(together)} | {alone['seconds'] * 1e3:.1f} | "
+                    + ", ".join(f"{r['seconds'] * 1e3:.1f}" for r in together) + " | "
+                    + ", ".join(f"{alone['seconds'] / r['seconds']:.2f}" for r in together)
+                    + f" | {jain:.3f} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def speedups(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """INA (each width measured) against the best peer, per (n, link, loss, size) with
     INA and a peer."""

@@ -13,6 +13,10 @@ same links at the same rate. This kernel has no netem: loss is an nftables rule 
 bridge (prerouting = uplinks, postrouting = downlinks). No namespace gets a default
 route; addresses exist only inside the namespaces. Everything is removed on exit, after
 errors too (deleting a namespace deletes its veths).
+
+``aggregators=N`` adds N - 1 more aggregator hosts, ``<prefix>-a<j>`` at
+``aggregator_ip(j)`` (10.199.0.<254 - j>), each joined to the bridge by an unshaped veth
+as the switch's own address is: a job striped across them (bench.netsim --switches).
 """
 from __future__ import annotations
 
@@ -31,16 +35,26 @@ def worker_ip(i: int) -> str:
     return f"{SUBNET}.{i + 1}"
 
 
+def aggregator_ip(j: int) -> str:
+    """Aggregator j's address: the switch's own for 0, below it for the others."""
+    return f"{SUBNET}.{254 - j}"
+
+
 class EmulatedCluster:
-    def __init__(self, n: int, link_mbit: float, mtu: int = 9000, prefix: str | None = None):
-        if not 1 <= n <= 250:
-            raise ValueError(f"n must be 1..250 workers, got {n}")
+    def __init__(self, n: int, link_mbit: float, mtu: int = 9000, prefix: str | None = None,
+                 aggregators: int = 1):
+        if not 1 <= n <= 200:
+            raise ValueError(f"n must be 1..200 workers, got {n}")
+        if not 1 <= aggregators <= 50:
+            raise ValueError(f"aggregators must be 1..50, got {aggregators}")
         if os.geteuid() != 0:
             raise PermissionError("the emulated cluster needs root (network namespaces, tc)")
         self.n, self.mtu = n, mtu
         self.prefix = prefix or f"inasim{os.getpid()}"
         self.switch_ns = f"{self.prefix}-sw"
         self.worker_ns = [f"{self.prefix}-w{i}" for i in range(n)]
+        self.aggregator_ns = [self.switch_ns] + [f"{self.prefix}-a{j}"
+                                                 for j in range(1, aggregators)]
         self.link_mbit = link_mbit
         self.loss = 0.0
         self._created: list[str] = []
@@ -62,12 +76,18 @@ class EmulatedCluster:
         self.teardown()
 
     def _build(self) -> None:
-        for name in [self.switch_ns, *self.worker_ns]:
+        for name in [*self.aggregator_ns, *self.worker_ns]:
             netns.create(name)
             self._created.append(name)
         with IPRoute() as ipr:
             for i, ns in enumerate(self.worker_ns):
                 port, peer = f"{self._tag}s{i}", f"{self._tag}p{i}"
+                ipr.link("add", ifname=port, kind="veth", peer={"ifname": peer})
+                ipr.link("set", index=ipr.link_lookup(ifname=port)[0],
+                         net_ns_fd=self.switch_ns)
+                ipr.link("set", index=ipr.link_lookup(ifname=peer)[0], net_ns_fd=ns)
+            for j, ns in enumerate(self.aggregator_ns[1:], 1):
+                port, peer = f"{self._tag}t{j}", f"{self._tag}q{j}"
                 ipr.link("add", ifname=port, kind="veth", peer={"ifname": peer})
                 ipr.link("set", index=ipr.link_lookup(ifname=port)[0],
                          net_ns_fd=self.switch_ns)
@@ -79,6 +99,10 @@ class EmulatedCluster:
                 index = sw.link_lookup(ifname=f"{self._tag}s{i}")[0]
                 sw.link("set", index=index, ifname=f"s{i}", mtu=self.mtu)
                 sw.link("set", index=index, master=bridge, state="up")
+            for j in range(1, len(self.aggregator_ns)):
+                index = sw.link_lookup(ifname=f"{self._tag}t{j}")[0]
+                sw.link("set", index=index, ifname=f"t{j}", mtu=self.mtu)
+                sw.link("set", index=index, master=bridge, state="up")
             sw.link("set", index=bridge, mtu=self.mtu, state="up")
             sw.addr("add", index=bridge, address=SWITCH_IP, prefixlen=24)
             sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
@@ -89,6 +113,13 @@ class EmulatedCluster:
                 w.link("set", index=index, state="up")
                 w.addr("add", index=index, address=worker_ip(i), prefixlen=24)
                 w.link("set", index=w.link_lookup(ifname="lo")[0], state="up")
+        for j, ns in enumerate(self.aggregator_ns[1:], 1):
+            with NetNS(ns) as a:
+                index = a.link_lookup(ifname=f"{self._tag}q{j}")[0]
+                a.link("set", index=index, ifname=IFNAME, mtu=self.mtu)
+                a.link("set", index=index, state="up")
+                a.addr("add", index=index, address=aggregator_ip(j), prefixlen=24)
+                a.link("set", index=a.link_lookup(ifname="lo")[0], state="up")
         self.set_rate(self.link_mbit, first=True)
 
     def set_tcp_rto_min(self, ms: float) -> None:
@@ -165,21 +196,27 @@ class EmulatedCluster:
     def in_switch(self, command: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.switch_ns, *command]
 
-    def mpiexec_command(self, mpiexec: str, command: Sequence[str]) -> list[str]:
-        """One MPMD mpiexec line: rank i runs ``command`` in worker namespace i."""
+    def in_aggregator(self, j: int, command: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.aggregator_ns[j], *command]
+
+    def mpiexec_command(self, mpiexec: str, command: Sequence[str],
+                        workers: Sequence[int] | None = None) -> list[str]:
+        """One MPMD mpiexec line: rank r runs ``command`` in the namespace of worker
+        ``workers[r]`` (default: every worker, rank i in namespace i)."""
         parts = [mpiexec]
-        for i, ns in enumerate(self.worker_ns):
-            if i:
+        for r, i in enumerate(range(self.n) if workers is None else workers):
+            if r:
                 parts.append(":")
-            parts += ["-n", "1", "ip", "netns", "exec", ns, *command]
+            parts += ["-n", "1", "ip", "netns", "exec", self.worker_ns[i], *command]
         return parts
 
     @staticmethod
-    def network_environment() -> dict[str, str]:
-        """Variables that make MPICH and gloo use the emulated links, not shared memory."""
+    def network_environment(first_worker: int = 0) -> dict[str, str]:
+        """Variables that make MPICH and gloo use the emulated links, not shared memory;
+        gloo's rendezvous at the job's first worker."""
         return {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp",
                 "FI_TCP_IFACE": IFNAME, "GLOO_SOCKET_IFNAME": IFNAME,
-                "MASTER_ADDR": worker_ip(0)}
+                "MASTER_ADDR": worker_ip(first_worker)}
 
 
 def stale_namespaces(prefix: str = "inasim") -> list[str]:

@@ -4,6 +4,7 @@ namespace behind; the cluster is removed after an error; the report's arithmetic
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -62,6 +63,31 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     assert (tmp_path / "r.md").read_text().count("| 2 | 400 |") == 10
     for name in ("r-algbw.png", "r-speedup.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+@pytest.mark.mpi
+@needs_root
+@needs_nft
+def test_two_jobs_striped_across_two_aggregators_in_namespaces(tmp_path):
+    """--switches 2 --jobs 2: an aggregator namespace beside the switch's, the first job
+    alone and then both jobs at once, each striping across both aggregators; the jobs
+    table with Jain's index, and nothing left behind."""
+    out = tmp_path / "j.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.netsim", "--n", "2", "--rates", "400", "--sizes",
+         "1M", "--reps", "2", "--loss", "0", "--systems", "ina", "--switches", "2",
+         "--jobs", "2", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not {ns for ns in namespaces() if ns.startswith("inasim")
+                and not os.path.exists(f"/proc/{ns[6:].split('-')[0]}")}
+    records = json.loads(out.read_text())
+    assert sorted(str(r["job"]) for r in records) == ["0", "1", "alone"], records
+    assert all(r["switches"] == 2 and r["engines"] == {"ina": 3} for r in records), records
+    table = (tmp_path / "j.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| 2 | 400 | 0 | 1 MiB"))
+    jain = float(row.rstrip(" |").rsplit("|", 1)[1])
+    assert 0.5 <= jain <= 1.0, row
 
 
 @needs_root
