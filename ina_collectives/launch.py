@@ -297,9 +297,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="number of ranks")
     parser.add_argument("--switch", default="embedded",
                         help="'embedded' (start a software switch on loopback), HOST:PORT "
-                             "of a running aggregator's UDP port, or 'none' (ring only). "
-                             "With --p4runtime: the target's INA address (default: its "
-                             "host, port 47474)")
+                             "of a running aggregator's UDP port (or several, comma-"
+                             "separated: the job stripes across them), or 'none' (ring "
+                             "only). With --p4runtime: each target's INA address (default: "
+                             "its host, port 47474)")
+    parser.add_argument("--aggregators", type=int, default=1, metavar="N",
+                        help="with --switch embedded: start N software switches and stripe "
+                             "the job across them (default 1)")
     parser.add_argument("--switch-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for the embedded ina-switch (repeatable), "
                              "e.g. --switch-arg=--drop-in=0.01")
@@ -308,8 +312,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "there, instead of warning and letting the ranks take the ring")
     p4 = parser.add_argument_group("P4Runtime (a BMv2 or another P4 target)")
     p4.add_argument("--p4runtime", metavar="HOST:PORT",
-                    help="configure the job on this P4Runtime target (needs --p4info and "
-                         "--device-config)")
+                    help="configure the job on this P4Runtime target, or on each of several "
+                         "(comma-separated: the job stripes across them); needs --p4info "
+                         "and --device-config, one build for all")
     p4.add_argument("--p4info", type=Path, help="the program's P4Info (text format)")
     p4.add_argument("--device-config", type=Path,
                     help="the target's device config (BMv2: p4c-bm2-ss's JSON)")
@@ -351,6 +356,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--p4runtime needs --p4info and --device-config")
     if args.p4runtime and args.switch == "none":
         parser.error("--p4runtime and --switch none contradict each other")
+    if args.aggregators < 1 or (args.aggregators > 1 and args.switch != "embedded"):
+        parser.error("--aggregators N (1 or more) is for --switch embedded; name running "
+                     "aggregators in --switch, or targets in --p4runtime, instead")
+    if args.p4runtime and args.switch not in ("embedded", "none") and (
+            len(args.switch.split(",")) != len(args.p4runtime.split(","))):
+        parser.error(f"--switch names {len(args.switch.split(','))} address(es) for "
+                     f"{len(args.p4runtime.split(','))} --p4runtime target(s)")
     horovodrun.check_options(parser, args)
     return args
 
@@ -369,14 +381,17 @@ def free_udp_ports(n: int) -> list[int]:
             s.close()
 
 
-def job_workers(args: argparse.Namespace) -> list[Any]:
+def job_workers(args: argparse.Namespace, aggregators: int = 1) -> list[list[Any]]:
+    """The ranks as each aggregator's controller installs them: a UDP port per rank per
+    aggregator, all distinct (a rank binds one socket per aggregator)."""
     from .control import Worker, load_workers
 
-    ports = free_udp_ports(args.np)
+    ports = free_udp_ports(args.np * aggregators)
+    shares = [ports[a * args.np:(a + 1) * args.np] for a in range(aggregators)]
     if args.workers is None:
-        return [Worker("127.0.0.1", port) for port in ports]
+        return [[Worker("127.0.0.1", port) for port in share] for share in shares]
     try:
-        return load_workers(args.workers, args.np, ports)
+        return [load_workers(args.workers, args.np, share) for share in shares]
     except ValueError as exc:
         raise LaunchError(f"--workers: {exc}") from None
 
@@ -391,34 +406,81 @@ def p4_extra_installed() -> bool:
 
 
 def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
-                   target: str, p4info: Path, device_config: Path, switch_address: str,
-                   push: str) -> int:
-    """Configure the job through the controller, run the ranks, tear the job down."""
-    from .control import ControlError, Controller, JobSpec
+                   targets: list[str], p4info: Path, device_config: Path,
+                   switch_addresses: list[str], push: str) -> int:
+    """Configure the job through a controller on each target (one job id, the ranks'
+    ports of each), run the ranks striped across them, tear the job down on each.
+    p4runtime-shell holds one session per process: with one target it stays open while
+    the ranks run; with several, each is configured (and later torn down) in a session
+    of its own (a target keeps its entries when the controller disconnects)."""
+    from .control import Controller, JobSpec
     from .settings import Settings
 
     settings = Settings.load()
-    with Controller(target, p4info, device_config, device_id=args.device_id,
-                    push=push, timeout=args.control_timeout) as controller:
-        job = JobSpec(args.job_id or random.SystemRandom().randrange(1, 65536),
-                      job_workers(args), args.slots or settings.switch_slots, args.slot_base)
-        controller.configure(job)
-        build = controller.build
-        print(f"ina-run: job {job.job_id} configured on {target} (K {build.k}, "
-              f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
-        env.update({"INA_SWITCH": switch_address, "INA_JOB": str(job.job_id),
-                    "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in job.workers),
+    job_id = args.job_id or random.SystemRandom().randrange(1, 65536)
+    workers = job_workers(args, len(targets))
+
+    def session(target: str, push_now: str) -> Any:
+        return Controller(target, p4info, device_config, device_id=args.device_id,
+                          push=push_now, timeout=args.control_timeout)
+
+    with ExitStack() as stack:
+        jobs, builds = [], []
+        for target, ranks in zip(targets, workers):
+            controller = session(target, push)
+            if len(targets) == 1:
+                stack.enter_context(controller)
+            else:
+                controller.__enter__()
+            try:
+                job = JobSpec(job_id, ranks, args.slots or settings.switch_slots,
+                              args.slot_base)
+                controller.configure(job)
+                build = controller.build
+            finally:
+                if len(targets) > 1:
+                    controller.__exit__(None, None, None)
+            jobs.append(job)
+            builds.append(build)
+            if len(targets) == 1:
+                stack.callback(_teardown, controller, job)
+            else:
+                stack.callback(_teardown_in_session, session, target, job)
+            print(f"ina-run: job {job.job_id} configured on {target} (K {build.k}, "
+                  f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
+        kinds = {(b.k, b.block, b.value_bits) for b in builds}
+        if len(kinds) > 1:
+            raise LaunchError(f"the targets {', '.join(targets)} run different builds "
+                              f"(K, B, value bits: {sorted(kinds)}); a job striped across "
+                              "them needs one")
+        build = builds[0]
+        env.update({"INA_SWITCH": ",".join(switch_addresses), "INA_JOB": str(job_id),
+                    "INA_WORKER_PORTS": ",".join(str(w.udp_port) for job in jobs
+                                                 for w in job.workers),
                     "INA_SWITCH_ELEMENTS": str(build.k),
                     "INA_SWITCH_BLOCK": str(build.block),
                     "INA_SWITCH_VALUE_BITS": str(build.value_bits),
-                    "INA_SWITCH_SLOTS": str(job.slots)})
-        try:
-            return start_ranks(args, env, mpiexec)
-        finally:
-            try:
-                controller.teardown(job)
-            except ControlError as exc:
-                print(f"ina-run: warning: {exc}", file=sys.stderr)
+                    "INA_SWITCH_SLOTS": str(jobs[0].slots)})
+        return start_ranks(args, env, mpiexec)
+
+
+def _teardown_in_session(session: Any, target: str, job: Any) -> None:
+    from .control import ControlError
+
+    try:
+        with session(target, "never") as controller:
+            controller.teardown(job)
+    except ControlError as exc:
+        print(f"ina-run: warning: {exc}", file=sys.stderr)
+
+
+def _teardown(controller: Any, job: Any) -> None:
+    from .control import ControlError
+
+    try:
+        controller.teardown(job)
+    except ControlError as exc:
+        print(f"ina-run: warning: {exc}", file=sys.stderr)
 
 
 def check_switch(address: str, timeout: float) -> None:
@@ -501,26 +563,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 say("no switch (--switch none): the ranks take the ring")
             return start_ranks(args, env, mpiexec)
         if args.p4runtime:
-            from .protocol import parse_address
+            from .protocol import parse_address, parse_addresses
             if not p4_extra_installed():
                 raise LaunchError("--p4runtime needs the p4 extra: pip install "
                                   "'ina-collectives[p4]'")
-            if args.switch == "embedded":  # the target's own address, the INA port
-                switch_address = "%s:%d" % parse_address(parse_address(args.p4runtime)[0])
+            targets = [t.strip() for t in args.p4runtime.split(",") if t.strip()]
+            if args.switch == "embedded":  # each target's own address, the INA port
+                addresses = ["%s:%d" % parse_address(parse_address(t)[0]) for t in targets]
             else:
-                switch_address = "%s:%d" % parse_address(args.switch)
-            return run_configured(args, env, mpiexec, args.p4runtime, args.p4info,
-                                  args.device_config, switch_address, args.push)
+                addresses = ["%s:%d" % a for a in parse_addresses(args.switch)]
+            return run_configured(args, env, mpiexec, targets, args.p4info,
+                                  args.device_config, addresses, args.push)
         if args.switch != "embedded":
-            try:
-                check_switch(args.switch, start_left(args, min(args.control_timeout, 3.0)))
-                if args.verbose:
-                    say(f"the switch at {args.switch} answered its probe")
-            except LaunchError as exc:
-                if args.require_switch:
-                    raise
-                print(f"ina-run: warning: {exc}; the ranks will take the ring",
-                      file=sys.stderr, flush=True)
+            for address in args.switch.split(","):
+                try:
+                    check_switch(address, start_left(args, min(args.control_timeout, 3.0)))
+                    if args.verbose:
+                        say(f"the switch at {address} answered its probe")
+                except LaunchError as exc:
+                    if args.require_switch:
+                        raise
+                    print(f"ina-run: warning: {exc}; the ranks will "
+                          + ("take the ring" if "," not in args.switch
+                             else "use the other aggregators"), file=sys.stderr, flush=True)
             env["INA_SWITCH"] = args.switch
             return start_ranks(args, env, mpiexec)
         return run_embedded(args, env, mpiexec)
@@ -540,13 +605,15 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
               "themselves (no P4Runtime)", file=sys.stderr, flush=True)
     with ExitStack() as stack:
         try:
-            switch = stack.enter_context(embedded_switch(
-                *args.switch_arg, p4runtime=configured, start_timeout=start_left(args, 15.0)))
+            switches = [stack.enter_context(embedded_switch(
+                *args.switch_arg, p4runtime=configured,
+                start_timeout=start_left(args, 15.0))) for _ in range(args.aggregators)]
         except RuntimeError as exc:
             if args.start_timeout is None:
                 raise
             raise LaunchError(f"{exc} (--start-timeout {args.start_timeout:g} s)") from None
-        print(f"ina-run: embedded ina-switch on {switch.address_text}", file=sys.stderr,
+        addresses = [switch.address_text for switch in switches]
+        print(f"ina-run: embedded ina-switch on {', '.join(addresses)}", file=sys.stderr,
               flush=True)
         if configured:
             settings = Settings.load()
@@ -556,14 +623,16 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
                 k, max(1, args.slot_base + (args.slots or settings.switch_slots)),
                 settings.switch_block, settings.switch_value_bits))
             (files / "device_config").write_text("ina-switch: the software pipeline\n")
-            code = run_configured(args, env, mpiexec, switch.p4runtime_address,
+            code = run_configured(args, env, mpiexec,
+                                  [switch.p4runtime_address for switch in switches],
                                   files / "ina_aggregator.p4info.txt",
-                                  files / "device_config", switch.address_text, "always")
+                                  files / "device_config", addresses, "always")
         else:
-            env["INA_SWITCH"] = switch.address_text
+            env["INA_SWITCH"] = ",".join(addresses)
             code = start_ranks(args, env, mpiexec)
-        switch.stop()
-        print(f"ina-run: {switch.final_status}", file=sys.stderr, flush=True)
+        for switch in switches:
+            switch.stop()
+            print(f"ina-run: {switch.final_status}", file=sys.stderr, flush=True)
         return code
 
 

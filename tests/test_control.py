@@ -431,6 +431,45 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
 
 
 @pytest.mark.mpi
+def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
+    """Two jobs in disjoint slot ranges of one target, both running at the same time:
+    each gets the sums of its own ranks' inputs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    socks = free_udp_sockets(4, "0.0.0.0")
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    jobs = [JobSpec(70 + j, [Worker("127.0.0.1", p) for p in ports[2 * j:2 * j + 2]],
+                    slots=4, slot_base=4 * j) for j in range(2)]
+    for job in jobs:
+        controller.configure(job)
+    try:
+        def run(j: int) -> list:
+            job = jobs[j]
+            env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
+                   "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in job.workers),
+                   **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
+            return mpirun.run(2, "ina_cases", {
+                "cases": [("float32", "sum", 20 * K + 1, 80 + j)], "rounds": 3,
+                "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env,
+                timeout=180)
+
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = list(pool.map(run, range(2)))
+        for j, results in enumerate(outcomes):
+            for i in range(3):
+                per_rank = [r["results"][i] for r in results]
+                assert len({x.tobytes() for x in per_rank}) == 1
+                check_within_bound(per_rank[0], "float32", "sum", 20 * K + 1, 80 + j, 2,
+                                   k=K, block=B, bits=BITS)
+            assert all(r["stats"]["engines"] == {"ina": 3} for r in results)
+    finally:
+        for job in jobs:
+            controller.teardown(job)
+
+
+@pytest.mark.mpi
 def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, switch):
     """Each run of the ranks starts its slots at version 0, so a cell's state from the
     previous run (every worker's bit set) would answer the new run's first packets with
@@ -487,6 +526,39 @@ def test_ina_run_configures_the_embedded_switch_through_p4runtime(tmp_path, ina_
         check_within_bound(results[0]["results"][i], *case, 3, k=512)
     for r in results:
         assert r["stats"]["engines"] == {"ina": len(cases)}, (r["stats"], output)
+
+
+@pytest.mark.mpi
+def test_ina_run_stripes_a_job_across_two_configured_switches(tmp_path, ina_run_cases):
+    """--aggregators 2: two embedded switches, the job installed on each over P4Runtime
+    (one job id, the ranks' ports of each), the calls striped across both."""
+    cases = [("float32", "sum", 300_000, 1), ("float32", "average", 70_000, 2)]
+    code, output, results = ina_run_cases(["-np", "2", "--aggregators", "2", "--elements",
+                                           "1024"], tmp_path, cases)
+    assert code == 0, output
+    assert output.count("configured on 127.0.0.1:") == 2, output
+    for i, case in enumerate(cases):
+        assert len({r["results"][i].tobytes() for r in results}) == 1
+        check_within_bound(results[0]["results"][i], *case, 2, k=1024)
+    for r in results:
+        switch = r["stats"]["switch"]
+        assert r["stats"]["engines"] == {"ina": 2}, (r["stats"], output)
+        assert [a["serving"] for a in switch["aggregators"]] == [True, True], switch
+        assert switch["striped_calls"] == 2, switch
+
+
+@pytest.mark.mpi
+def test_ina_run_with_two_running_switches_lets_the_ranks_stripe(tmp_path, ina_run_cases):
+    cases = [("float32", "sum", 200_000, 5)]
+    with embedded_switch() as a, embedded_switch() as b:
+        code, output, results = ina_run_cases(
+            ["-np", "2", "--switch", f"{a.address_text},{b.address_text}"], tmp_path, cases)
+        assert code == 0, output
+        for r in results:
+            assert r["stats"]["switch"]["striped_calls"] == 1, (r["stats"], output)
+    with pytest.raises(SystemExit):  # --aggregators is for the embedded switches
+        from ina_collectives.launch import parse_args
+        parse_args(["-np", "2", "--switch", "127.0.0.1:1", "--aggregators", "2", "true"])
 
 
 @pytest.mark.mpi
