@@ -256,6 +256,8 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
           f"value_{i};")
     w(f"""    @id(0x{S.DROPS_COUNTER_ID:08x})
     counter({len(S.DROP_REASONS)}, CounterType.packets) ina_drops;
+    @id(0x{S.JOB_RESULTS_COUNTER_ID:08x})
+    counter({S.JOB_IDS}, CounterType.packets) ina_job_results;   // by job id
 
     bit<32> cell;
     bit<32> other;
@@ -459,6 +461,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                     hdr.ina.worker_id = WORKER_NONE;
                     answer_from_switch();
                     standard_metadata.mcast_grp = meta.mcast_grp;
+                    ina_job_results.count((bit<32>)hdr.ina.job_id);
                 } else {
                     slot_packets.write(cell, count);
                     mark_to_drop(standard_metadata);   // absorbed, not a drop

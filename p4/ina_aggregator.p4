@@ -767,6 +767,8 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
     @id(0x1600013f) register<bit<32>>(CELLS) value_63;
     @id(0x12000001)
     counter(10, CounterType.packets) ina_drops;
+    @id(0x12000002)
+    counter(65536, CounterType.packets) ina_job_results;   // by job id
 
     bit<32> cell;
     bit<32> other;
@@ -1155,6 +1157,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     hdr.ina.worker_id = WORKER_NONE;
                     answer_from_switch();
                     standard_metadata.mcast_grp = meta.mcast_grp;
+                    ina_job_results.count((bit<32>)hdr.ina.job_id);
                 } else {
                     slot_packets.write(cell, count);
                     mark_to_drop(standard_metadata);   // absorbed, not a drop

@@ -433,7 +433,8 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
 @pytest.mark.mpi
 def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
     """Two jobs in disjoint slot ranges of one target, both running at the same time:
-    each gets the sums of its own ranks' inputs."""
+    each gets the sums of its own ranks' inputs, and its own count of results in the
+    per-job counter that the controller reads over P4Runtime."""
     from concurrent.futures import ThreadPoolExecutor
 
     socks = free_udp_sockets(4, "0.0.0.0")
@@ -464,6 +465,8 @@ def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
                 check_within_bound(per_rank[0], "float32", "sum", 20 * K + 1, 80 + j, 2,
                                    k=K, block=B, bits=BITS)
             assert all(r["stats"]["engines"] == {"ina": 3} for r in results)
+            # the per-job counter over P4Runtime: one result per chunk, each job its own
+            assert controller.read_job_results(jobs[j].job_id) == 3 * -(-(20 * K + 1) // K)
     finally:
         for job in jobs:
             controller.teardown(job)

@@ -434,6 +434,23 @@ class Controller:
             raise ControlError(_write_error("reading the drop counter", exc)) from None
         return counts
 
+    def read_job_results(self, job_id: int) -> int:
+        """Results the aggregator has multicast for a job (the per-job counter)."""
+        from p4.v1 import p4runtime_pb2
+
+        build = self._need()
+        if S.JOB_RESULTS_COUNTER_NAME not in build.ids:
+            raise ControlError(f"the target's P4Info has no {S.JOB_RESULTS_COUNTER_NAME} "
+                               "(a build older than the per-job counter)")
+        entity = p4runtime_pb2.Entity()
+        entity.counter_entry.counter_id = build.ids[S.JOB_RESULTS_COUNTER_NAME]
+        entity.counter_entry.index.index = job_id
+        try:
+            return sum(e.counter_entry.data.packet_count
+                       for reply in self._client.read_one(entity) for e in reply.entities)
+        except Exception as exc:
+            raise ControlError(_write_error(f"reading job {job_id}'s results", exc)) from None
+
 
 def _client_class() -> type:
     """p4runtime-shell's client with deadlines on every RPC, a handshake that raises

@@ -174,11 +174,16 @@ def effective_block(k: int, block: int) -> int:
 
 DROP_REASONS = P.DROP_REASONS
 DROPS_COUNTER_NAME, DROPS_COUNTER_ID = f"{INGRESS}.ina_drops", _id(_COUNTER, 1)
+# -- results multicast per job, indexed by job id (the per-job counter of issue 18) --------
+JOB_RESULTS_COUNTER_NAME = f"{INGRESS}.ina_job_results"
+JOB_RESULTS_COUNTER_ID = _id(_COUNTER, 2)
+JOB_IDS = 65536
 
 # What the controller writes or reads (the software switch serves exactly these).
 ENTITIES_USED = (WORKERS.name, ADMIT.name, REPLICAS.name, REWRITE.name,
                  *(r.name for r in STATE_REGISTERS), f"{EXPONENT_PREFIX}0",
-                 f"{PROPOSAL_PREFIX}0", f"{VALUE_PREFIX}0", DROPS_COUNTER_NAME)
+                 f"{PROPOSAL_PREFIX}0", f"{VALUE_PREFIX}0", DROPS_COUNTER_NAME,
+                 JOB_RESULTS_COUNTER_NAME)
 
 
 def canonical(value: bytes) -> bytes:
@@ -234,6 +239,11 @@ def p4info(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS,
     c.preamble.alias = DROPS_COUNTER_NAME.split(".")[-1]
     c.spec.unit = p4info_pb2.CounterSpec.PACKETS
     c.size = len(DROP_REASONS)
+    c = info.counters.add()
+    c.preamble.id, c.preamble.name = JOB_RESULTS_COUNTER_ID, JOB_RESULTS_COUNTER_NAME
+    c.preamble.alias = JOB_RESULTS_COUNTER_NAME.split(".")[-1]
+    c.spec.unit = p4info_pb2.CounterSpec.PACKETS
+    c.size = JOB_IDS
     for reg in build_registers(k, block, value_bits):
         r = info.registers.add()
         r.preamble.id, r.preamble.name = reg.id, reg.name
@@ -336,6 +346,6 @@ def read_build(info: Any) -> Build:
     if len(sizes) != 1 or min(sizes) % 2:
         raise ValueError(f"the slot registers differ in size or are odd: {sorted(sizes)}")
     for counter in info.counters:
-        if counter.preamble.name == DROPS_COUNTER_NAME:
-            ids[DROPS_COUNTER_NAME] = counter.preamble.id
+        if counter.preamble.name in (DROPS_COUNTER_NAME, JOB_RESULTS_COUNTER_NAME):
+            ids[counter.preamble.name] = counter.preamble.id
     return Build(k, min(sizes) // 2, ids, block, value_bits)

@@ -502,21 +502,32 @@ class Target:
                 yield out
 
     def _counter_read(self, entry: Any) -> Iterator[Any]:
+        """The drop counter (by reason) and the per-job results counter (by job id; a
+        read of all of it yields the jobs present only, not 65536 zeros)."""
         build = self._need_pipeline()
-        cid = build.ids.get(S.DROPS_COUNTER_NAME)
-        if entry.counter_id not in (0, cid) or cid is None:
+        drops = build.ids.get(S.DROPS_COUNTER_NAME)
+        jobs = build.ids.get(S.JOB_RESULTS_COUNTER_NAME)
+        wanted = [c for c in (drops, jobs) if c is not None and entry.counter_id in (0, c)]
+        if not wanted:
             raise P4RuntimeError(code_pb2.NOT_FOUND, f"no counter with id {entry.counter_id}")
-        size = len(S.DROP_REASONS)
-        if entry.HasField("index") and not 0 <= entry.index.index < size:
-            raise P4RuntimeError(code_pb2.OUT_OF_RANGE,
-                                 f"counter index {entry.index.index} (size {size})")
-        indices = [entry.index.index] if entry.HasField("index") else range(size)
-        for i in indices:
-            out = p4runtime_pb2.Entity()
-            out.counter_entry.counter_id = cid
-            out.counter_entry.index.index = i
-            out.counter_entry.data.packet_count = self.aggregator.drop_count(i)
-            yield out
+        for cid in wanted:
+            size = len(S.DROP_REASONS) if cid == drops else S.JOB_IDS
+            if entry.HasField("index") and not 0 <= entry.index.index < size:
+                raise P4RuntimeError(code_pb2.OUT_OF_RANGE,
+                                     f"counter index {entry.index.index} (size {size})")
+            if entry.HasField("index"):
+                indices = [entry.index.index]
+            else:
+                indices = range(size) if cid == drops else [
+                    j for j in range(size) if self.aggregator.job_results(j) is not None]
+            for i in indices:
+                out = p4runtime_pb2.Entity()
+                out.counter_entry.counter_id = cid
+                out.counter_entry.index.index = i
+                out.counter_entry.data.packet_count = (
+                    self.aggregator.drop_count(i) if cid == drops
+                    else self.aggregator.job_results(i) or 0)
+                yield out
 
     # -- read ----------------------------------------------------------------------
 
