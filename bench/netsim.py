@@ -58,8 +58,8 @@ def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> floa
 
 
 def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[int],
-               reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1
-               ) -> tuple[list[dict[str, Any]], str]:
+               reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1,
+               block: int = P.DEFAULT_BLOCK) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size, its ranks in the namespaces of ``workers``
     (default all); (records, error or ''). ``jobs``: how many run at once (the limit)."""
     mpiexec = find_mpiexec()
@@ -69,7 +69,8 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                                                         os.environ.get("PYTHONPATH")])),
                INA_SWITCH=switch,
                INA_SWITCH_ELEMENTS=str(P.elements_for_mtu(
-                   mtu, P.DEFAULT_BLOCK, VALUE_BITS.get(system, 32))),
+                   mtu, block, VALUE_BITS.get(system, 32))),
+               INA_SWITCH_BLOCK=str(block),
                INA_SWITCH_VALUE_BITS=str(VALUE_BITS.get(system, 32)),
                INA_TIMEOUT="120")
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
@@ -104,11 +105,11 @@ def run_jobs(cluster: EmulatedCluster, switch: str, system: str, args: argparse.
     """--jobs N: the first job alone, then N jobs of n ranks at once through the same
     switch; [(job: "alone" or its number, records, error)]."""
     alone = run_system(cluster, switch, system, args.sizes, args.reps, args.mtu,
-                       list(range(n)))
+                       list(range(n)), block=args.block)
     with ThreadPoolExecutor(args.jobs) as pool:
         together = list(pool.map(
             lambda j: run_system(cluster, switch, system, args.sizes, args.reps, args.mtu,
-                                 list(range(j * n, (j + 1) * n)), args.jobs),
+                                 list(range(j * n, (j + 1) * n)), args.jobs, args.block),
             range(args.jobs)))
     return [("alone", *alone)] + [(j, *r) for j, r in enumerate(together)]
 
@@ -142,7 +143,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                         dropped0 = cluster.dropped() if loss else 0
                         if args.jobs == 1:
                             runs = [(None, *run_system(cluster, address, system, args.sizes,
-                                                       args.reps, args.mtu, list(range(n))))]
+                                                       args.reps, args.mtu, list(range(n)),
+                                                       block=args.block))]
                         else:
                             runs = run_jobs(cluster, address, system, args, n)
                         for job, measured, error in runs:
@@ -157,6 +159,7 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                     "times": m["times"], "engines": m["engines"],
                                     "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
                                     "value_bits": VALUE_BITS.get(system, 32),
+                                    "block": args.block,
                                     "tcp_rto_min_ms": args.tcp_rto_min,
                                     "switches": args.switches, "jobs": args.jobs,
                                     **({} if job is None else {"job": job}),
@@ -200,6 +203,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="TCP's smallest retransmission timeout in the workers' "
                              "namespaces (default: the kernel's, 200 ms); applies to every "
                              "system's TCP (MPI, gloo, INA's agreements)")
+    parser.add_argument("--block", type=int, default=P.DEFAULT_BLOCK, choices=P.BLOCK_SIZES,
+                        help="B of the INA systems (values per exponent; K follows from it "
+                             f"and the MTU; default {P.DEFAULT_BLOCK})")
     parser.add_argument("--switches", type=int, default=1, metavar="N",
                         help="aggregators, each an ina-switch in a namespace of its own on "
                              "the bridge; INA jobs stripe each call across all of them")
