@@ -128,3 +128,38 @@ def test_shards_with_p4runtime_are_refused_by_name():
                           "--threads", "2", "--p4runtime-port", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--p4runtime-port serves one shard" in out.stderr, out
+
+
+@pytest.mark.mpi
+def test_ctrl_c_ends_a_striped_call_and_its_other_streams():
+    """Both switches hold every result back 500 ms: SIGINT on rank 0 ends the call with
+    KeyboardInterrupt within a second, its other share's stream (in a thread) cancelled
+    first; rank 1 learns it through the bounded outcome wait."""
+    with embedded_switch() as a, embedded_switch() as b:
+        for sw in (a, b):
+            send_faults((sw.host, sw.port), delay_ms_out=500)
+        params = {"count": 2 << 20, "interrupt_after": 0.3,
+                  "settings": {"switch_min_bytes": 0, "switch_silence": 2.0, "timeout": 6}}
+        results = mpirun.run(2, "ina_interrupted", params,
+                             env={"INA_SWITCH": both(a, b).address_text}, timeout=120)
+    interrupted, other = results
+    assert interrupted["error"]["error"] == "KeyboardInterrupt", interrupted
+    assert interrupted["after_signal"] < 1.0, interrupted
+    assert other["error"]["error"] == "CollectiveTimeout", other
+
+
+@pytest.mark.mpi
+def test_shares_follow_each_aggregators_measured_throughput():
+    """B holds each result back 20 ms, A does not: after a few calls B's share of each
+    call has shrunk well below half (not to nothing: it keeps a floor, so it keeps being
+    measured), and the results stay within bound."""
+    cases = [("float32", "sum", 40 * K, 90)]
+    with embedded_switch() as a, embedded_switch() as b:
+        send_faults((b.host, b.port), delay_ms_out=20)
+        results = run_ina(both(a, b), 2, cases, rounds=6)
+    check_job(results, cases, 2, rounds=6)
+    for r in results:
+        shares = [x["share"] for x in r["stats"]["switch"]["aggregators"]]
+        assert shares[1] < 0.35 and shares[1] >= 0.1, shares
+        rates = [x["elements_per_second"] for x in r["stats"]["switch"]["aggregators"]]
+        assert rates[0] > 2 * rates[1], rates

@@ -23,7 +23,12 @@ class Shards:
         self.shards: list[SoftwareSwitch] = []
         try:
             for i in range(count):
-                self.shards.append(SoftwareSwitch(host, port + i if port else 0, **options))
+                try:
+                    self.shards.append(SoftwareSwitch(host, port + i if port else 0,
+                                                      **options))
+                except OSError as exc:
+                    raise OSError(exc.errno, f"shard {i} of {count}, port "
+                                  f"{port + i if port else 0}: {exc.strerror}") from None
         except BaseException:
             for shard in self.shards:
                 shard.sock.close()
