@@ -70,6 +70,20 @@ def test_a_sharded_switch_serves_a_job_from_every_shard():
 
 
 @pytest.mark.mpi
+def test_naming_one_shard_finds_them_all():
+    """INA_SWITCH names only the first port of a switch of two shards: its reply to rank
+    0's probe lists both (CAP_SHARDS), and the job stripes across them."""
+    with embedded_switch(threads=2) as sw:
+        first = types.SimpleNamespace(address_text="%s:%d" % sw.addresses[0])
+        results = run_ina(first, 2, CASES)
+        sw.stop()
+    check_job(results, CASES, 2)
+    for r in results:
+        assert sorted(aggregators(r)) == sorted(f"{h}:{p}" for h, p in sw.addresses), r
+        assert r["stats"]["switch"]["striped_calls"] >= 2, r["stats"]["switch"]
+
+
+@pytest.mark.mpi
 def test_an_aggregator_killed_mid_call_hands_its_share_to_the_ring_and_the_other_serves():
     """Four large calls striped across two switches; B is SIGKILLed 20 ms into the
     second: the call under way then (the second, or the third if the second was quicker)

@@ -86,6 +86,8 @@ class InaEngine:
             self.unavailable, self._lasting = f"ina: {exc}", True
             log.warning("%s; calls take the ring", self.unavailable)
             return
+        if not settings.job:  # (an installed job's ports are per address as installed)
+            self.addresses = self._with_shards(self.addresses)
         self.links = [None] * len(self.addresses)
         self.capacity = np.zeros(len(self.addresses))
         self._connect(list(range(len(self.addresses))))
@@ -209,6 +211,31 @@ class InaEngine:
             self.unavailable = (f"ina: aggregator unavailable (rank {r}: "
                                 f"{self.missing_reasons[first]})")
             self.close()
+
+    def _with_shards(self, addresses: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Collective: every shard of the switches named (rank 0 asks each address with a
+        PROBE of job 0; a switch of several shards lists their ports, CAP_SHARDS), in
+        order, each once: INA_SWITCH may name one port of ``ina-switch --threads N``."""
+        text = np.zeros(4096, np.uint8)
+        if self.comm.Get_rank() == 0:
+            found: list[tuple[str, int]] = []
+            wait_each = min(0.5, self.settings.switch_join_timeout)
+            for host, port in addresses:
+                ports = _shard_ports((host, port), wait_each) or (port,)
+                found += [(host, p) for p in ports if (host, p) not in found]
+            raw = P.address_list_text(found).encode()
+            if len(raw) <= text.size:
+                text[:len(raw)] = np.frombuffer(raw, np.uint8)
+        self._collective(self.comm.Ibcast(text, root=0), "the aggregators' shards")
+        listed = text.tobytes().rstrip(b"\0").decode()
+        if not listed:
+            return addresses
+        expanded = [(host, int(port)) for host, _, port in
+                    (part.rpartition(":") for part in listed.split(","))]
+        if len(expanded) > len(addresses):
+            log.info("the aggregators at %s have %d shards: calls stripe across %s",
+                     P.address_list_text(addresses), len(expanded), listed)
+        return expanded
 
     def wire_format(self) -> dict:
         """The packets this job sends: K values of ``value_bits`` bits per packet, one
@@ -592,11 +619,24 @@ def _free_slots(address: tuple[str, int], timeout: float) -> int:
 
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            status, _, free = P.control_request(s, address, 0, 0, [P.CTRL_PROBE], timeout,
-                                                "probe")
+            status, _, free, _ = P.control_request(s, address, 0, 0, [P.CTRL_PROBE],
+                                                   timeout, "probe")
             return max(free, 0) if status == 0 else 0
     except (AggregatorUnavailable, ValueError, OSError):
         return 0
+
+
+def _shard_ports(address: tuple[str, int], timeout: float) -> tuple[int, ...]:
+    """The ports of every shard of the switch at ``address`` (its reply to a PROBE of
+    job 0); () if it has one, does not answer or does not say."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            reply = P.control_request(s, address, 0, 0, [P.CTRL_PROBE], timeout, "probe")
+            return reply.shard_ports if reply.status == 0 else ()
+    except (AggregatorUnavailable, ValueError, OSError):
+        return ()
 
 
 def _answers(address: str, timeout: float) -> bool:

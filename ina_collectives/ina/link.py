@@ -59,7 +59,7 @@ class WorkerLink:
         self.sock.close()
 
     def _control(self, body: list[int], timeout: float, what: str) -> int:
-        status, capabilities, self.reply_slots = control_request(
+        status, capabilities, self.reply_slots, _ = control_request(
             self.sock, self.switch, self.job, self.worker, body, timeout, what)
         # A call may ask for 16-bit values in a job of 32 (the aggregator says it takes them).
         self.narrow = bool(capabilities & P.CAP_NARROW)

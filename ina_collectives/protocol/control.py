@@ -6,12 +6,14 @@ first one the op. The reply carries FLAG_CONTROL | FLAG_RESULT and the payload
 [op, status], and from the software switch a third value, its capabilities (CAP_*; a P4
 switch's two-value reply means none), and a fourth: for an accepted JOIN the slots the
 job was granted (S or fewer: the pool is shared), for a PROBE of job 0 the pool's free
-slots.
+slots. Then, from a switch of several shards (``ina-switch --threads N``), every shard's
+UDP port on the same host, in order (CAP_SHARDS): a job that names one stripes across all.
 """
 from __future__ import annotations
 
 import socket
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +35,7 @@ CTRL_WAKE = 5     # [WAKE]: the software switch's P4Runtime thread wakes its dat
 # Capabilities an aggregator states in its replies (docs/protocol.md, Loss).
 CAP_NACKS = 1     # it NACKs skipped packet numbers and answers result requests
 CAP_NARROW = 2    # a job of 32-bit values also takes calls of 16-bit values
+CAP_SHARDS = 4    # the reply lists the UDP ports of the switch's shards after the 4th value
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
                 "reorder_out", "delay_ms_in", "delay_ms_out")
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
@@ -90,10 +93,16 @@ def control_exchange(sock: socket.socket, switch: tuple[str, int], job: int, wor
     return control_request(sock, switch, job, worker, body, timeout, what)[0]
 
 
+class ControlReply(NamedTuple):
+    status: int
+    capabilities: int    # CAP_*
+    slots: int           # granted to a JOIN, free after a PROBE of job 0; -1 if absent
+    shard_ports: tuple   # with CAP_SHARDS: every shard's UDP port, this one's included
+
+
 def control_request(sock: socket.socket, switch: tuple[str, int], job: int, worker: int,
-                    body: list[int], timeout: float, what: str) -> tuple[int, int, int]:
-    """control_exchange, answering (status, the aggregator's capabilities: CAP_*, the
-    reply's slots value: granted to a JOIN, free after a PROBE of job 0; -1 if absent)."""
+                    body: list[int], timeout: float, what: str) -> ControlReply:
+    """control_exchange, answering the whole reply (ControlReply)."""
     packet = control_packet(job, worker, body)
     where = f"{switch[0]}:{switch[1]}"
     deadline = time.monotonic() + timeout
@@ -125,8 +134,10 @@ def control_request(sock: socket.socket, switch: tuple[str, int], job: int, work
                             f"the aggregator at {where} speaks protocol version "
                             f"{head['version']}, this worker version {PROTOCOL_VERSION}: "
                             f"{what} refused")
-                    return (int(reply[1]), int(reply[2]) if len(reply) > 2 else 0,
-                            int(reply[3]) if len(reply) > 3 else -1)
+                    caps = int(reply[2]) if len(reply) > 2 else 0
+                    return ControlReply(
+                        int(reply[1]), caps, int(reply[3]) if len(reply) > 3 else -1,
+                        tuple(int(p) for p in reply[4:]) if caps & CAP_SHARDS else ())
             if time.monotonic() >= deadline:
                 raise AggregatorUnavailable(
                     f"the aggregator at {where} did not answer the {what} within {timeout:g} s")
@@ -138,5 +149,6 @@ __all__ = [name for name in dir() if name.startswith(("CTRL_", "FAULT_", "CAP_")
            name.endswith("_STATUS")] + ["JOIN_VERSION", "RETRY_SECONDS",
                                          "control_packet", "read_control",
                                          "status_text", "control_exchange", "control_request",
+                                         "ControlReply",
                                          "encode_faults",
                                          "decode_faults"]

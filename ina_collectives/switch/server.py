@@ -70,6 +70,7 @@ class SoftwareSwitch:
         self._unwarned = 0
         self._stop = False
         self.fault_peers: list = []  # other shards' aggregators: fault settings apply to all
+        self.shard_ports: list[int] = []  # every shard's port (Shards sets it): in replies
         self.p4runtime = self._runner = None
         if p4runtime_port is not None:
             self._serve_p4runtime(host, p4runtime_port, device_id, max_elements)
@@ -172,11 +173,11 @@ class SoftwareSwitch:
         # The fourth value: the slots granted to a job just joined, or the pool's free ones.
         slots = (self.job_slots.get(head["job"], 0) if op == P.CTRL_JOIN and status == 0
                  else self.free_slots() if op == P.CTRL_PROBE and head["job"] == 0 else 0)
+        caps = P.CAP_NACKS | P.CAP_NARROW | (P.CAP_SHARDS if self.shard_ports else 0)
         try:
             self.aggregator.reply(P.control_packet(head["job"], head["worker"],
-                                                   [op, status,
-                                                    P.CAP_NACKS | P.CAP_NARROW, slots],
-                                                   reply=True),
+                                                   [op, status, caps, slots,
+                                                    *self.shard_ports], reply=True),
                                   addr_be, port_be)
         except SystemCallError as exc:  # the reply was refused: the sender retries
             log.warning("%s", exc)

@@ -33,8 +33,10 @@ class Shards:
             for shard in self.shards:
                 shard.sock.close()
             raise
+        ports = [shard.address[1] for shard in self.shards]
         for shard in self.shards:
             shard.fault_peers = [s.aggregator for s in self.shards if s is not shard]
+            shard.shard_ports = ports  # replies name them: one address finds all
 
     @property
     def address_text(self) -> str:
