@@ -26,6 +26,7 @@ from .waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
 REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank
+MAX_AGGREGATORS = 63  # one job's: a bit each in the int64 news of a call's agreement
 
 
 class InaEngine:
@@ -82,6 +83,9 @@ class InaEngine:
             return
         try:
             self.addresses = P.parse_addresses(settings.switch)
+            if len(self.addresses) > MAX_AGGREGATORS:
+                raise ValueError(f"INA_SWITCH names {len(self.addresses)} aggregators; at "
+                                 f"most {MAX_AGGREGATORS} (a bit each in rank 0's news)")
         except ValueError as exc:
             self.unavailable, self._lasting = f"ina: {exc}", True
             log.warning("%s; calls take the ring", self.unavailable)
@@ -228,7 +232,7 @@ class InaEngine:
                 text[:len(raw)] = np.frombuffer(raw, np.uint8)
         self._collective(self.comm.Ibcast(text, root=0), "the aggregators' shards")
         listed = text.tobytes().rstrip(b"\0").decode()
-        if not listed:
+        if not listed or listed.count(",") >= MAX_AGGREGATORS:
             return addresses
         expanded = [(host, int(port)) for host, _, port in
                     (part.rpartition(":") for part in listed.split(","))]
