@@ -59,7 +59,8 @@ def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> floa
 
 def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[int],
                reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1,
-               block: int = P.DEFAULT_BLOCK) -> tuple[list[dict[str, Any]], str]:
+               block: int = P.DEFAULT_BLOCK, straggler_ms: float = 0.0
+               ) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size, its ranks in the namespaces of ``workers``
     (default all); (records, error or ''). ``jobs``: how many run at once (the limit)."""
     mpiexec = find_mpiexec()
@@ -72,11 +73,12 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                    mtu, block, VALUE_BITS.get(system, 32))),
                INA_SWITCH_BLOCK=str(block),
                INA_SWITCH_VALUE_BITS=str(VALUE_BITS.get(system, 32)),
+               INA_BENCH_STRAGGLER_MS=str(straggler_ms),
                INA_TIMEOUT="120")
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
-    limit = 60 + jobs * sum(6 * (reps + 1) * expected_seconds(system, len(workers), s,
-                                                               cluster.link_mbit)
-                            for s in sizes) * (1 + 50 * cluster.loss)
+    limit = 60 + jobs * sum(6 * (reps + 1) * (expected_seconds(
+        system, len(workers), s, cluster.link_mbit) + straggler_ms / 1e3)
+        for s in sizes) * (1 + 50 * cluster.loss)
     with tempfile.TemporaryDirectory(prefix="netsim-") as tmp:
         out = Path(tmp, "records.json")
         command = [sys.executable, "-m", "bench.netsim_ranks", system,
@@ -105,11 +107,12 @@ def run_jobs(cluster: EmulatedCluster, switch: str, system: str, args: argparse.
     """--jobs N: the first job alone, then N jobs of n ranks at once through the same
     switch; [(job: "alone" or its number, records, error)]."""
     alone = run_system(cluster, switch, system, args.sizes, args.reps, args.mtu,
-                       list(range(n)), block=args.block)
+                       list(range(n)), block=args.block, straggler_ms=args.straggler_ms)
     with ThreadPoolExecutor(args.jobs) as pool:
         together = list(pool.map(
             lambda j: run_system(cluster, switch, system, args.sizes, args.reps, args.mtu,
-                                 list(range(j * n, (j + 1) * n)), args.jobs, args.block),
+                                 list(range(j * n, (j + 1) * n)), args.jobs, args.block,
+                                 args.straggler_ms),
             range(args.jobs)))
     return [("alone", *alone)] + [(j, *r) for j, r in enumerate(together)]
 
@@ -144,7 +147,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                         if args.jobs == 1:
                             runs = [(None, *run_system(cluster, address, system, args.sizes,
                                                        args.reps, args.mtu, list(range(n)),
-                                                       block=args.block))]
+                                                       block=args.block,
+                                                       straggler_ms=args.straggler_ms))]
                         else:
                             runs = run_jobs(cluster, address, system, args, n)
                         for job, measured, error in runs:
@@ -160,6 +164,7 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                     "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
                                     "value_bits": VALUE_BITS.get(system, 32),
                                     "block": args.block,
+                                    "straggler_ms": args.straggler_ms,
                                     "tcp_rto_min_ms": args.tcp_rto_min,
                                     "switches": args.switches, "jobs": args.jobs,
                                     **({} if job is None else {"job": job}),
@@ -206,6 +211,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--block", type=int, default=P.DEFAULT_BLOCK, choices=P.BLOCK_SIZES,
                         help="B of the INA systems (values per exponent; K follows from it "
                              f"and the MTU; default {P.DEFAULT_BLOCK})")
+    parser.add_argument("--straggler-ms", type=float, default=0.0, metavar="MS",
+                        help="the last rank starts each call MS late (a straggler); every "
+                             "system's time includes the wait it causes")
     parser.add_argument("--switches", type=int, default=1, metavar="N",
                         help="aggregators, each an ina-switch in a namespace of its own on "
                              "the bridge; INA jobs stripe each call across all of them")
@@ -236,6 +244,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("loss must be in [0, 1) (a probability per link)")
     if not 576 <= args.mtu <= 65535:
         parser.error("--mtu must be 576..65535")
+    if not 0 <= args.straggler_ms <= 60_000:
+        parser.error("--straggler-ms must be 0..60000")
     if not 1 <= args.switches <= 50 or not 1 <= args.jobs or max(args.n) * args.jobs > 200:
         parser.error("--switches must be 1..50, --jobs 1 or more, n x jobs at most 200")
     return args

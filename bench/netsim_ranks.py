@@ -38,6 +38,20 @@ def tcp_retransmits() -> int:
     return int(rows[1][rows[0].index("RetransSegs")])
 
 
+def straggling(run: Callable[[], None]) -> Callable[[], None]:
+    """``run``, started INA_BENCH_STRAGGLER_MS late on the last rank (bench.netsim
+    --straggler-ms: a straggler); ``run`` itself elsewhere."""
+    delay = float(os.environ.get("INA_BENCH_STRAGGLER_MS", "0")) / 1e3
+    last = int(os.environ.get("PMI_RANK", "0")) == int(os.environ.get("PMI_SIZE", "1")) - 1
+    if delay <= 0 or not last:
+        return run
+
+    def late() -> None:
+        time.sleep(delay)
+        run()
+    return late
+
+
 def timed(run: Callable[[], None], barrier: Callable[[], None],
           slowest: Callable[[float], float], reps: int,
           resent: list[int] | None = None, streamed: Callable[[], float] | None = None,
@@ -45,7 +59,9 @@ def timed(run: Callable[[], None], barrier: Callable[[], None],
     """Each repetition's time (the slowest rank's) and the machine's CPU utilisation
     while they ran (near 1: the CPU, not the links, limits the figure). ``resent``, if
     given, gets this rank's TCP retransmissions during each repetition; ``streams`` the
-    seconds ``streamed()`` grew by (INA: the time inside the packet stream)."""
+    seconds ``streamed()`` grew by (INA: the time inside the packet stream). With a
+    straggler (INA_BENCH_STRAGGLER_MS), the last rank starts each call that much late."""
+    run = straggling(run)
     run()  # warm-up: connections, buffers, the switch's job state
     times = []
     busy0, total0 = cpu_jiffies()

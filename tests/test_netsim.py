@@ -104,7 +104,8 @@ def test_cluster_is_removed_after_an_error():
 
 def test_bad_arguments_are_refused_before_anything_is_built():
     for args, words in [(["--n", "1"], "at least 2 workers"), (["--sizes", "3"], "multiples"),
-                        (["--loss", "1.5", "--n", "2"], "loss must be in")]:
+                        (["--loss", "1.5", "--n", "2"], "loss must be in"),
+                        (["--straggler-ms", "-5"], "--straggler-ms must be")]:
         proc = subprocess.run([sys.executable, "-m", "bench.netsim", *args, "--json",
                                "/dev/null/x.json"], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
