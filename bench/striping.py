@@ -8,6 +8,10 @@ ina-switch with two shards (--threads 2). Each switch process is pinned to a cor
 own (taskset: the first on core 0, the second on core 1); the ranks run where the kernel
 puts them, so the 2 cores of this machine carry the ranks and the switches together.
 Reported: seconds per call (median), elements/s, and each as a multiple of one switch's.
+
+``--switch-cpu F`` caps every aggregator at F of a core (a cgroup's CPU quota per switch
+process; 2F for the process of two shards), so that the aggregators, not the ranks, are
+the bottleneck: issue 18's case of a switch whose core limits the job.
 """
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,11 +69,38 @@ def measure(n: int, mib: float, reps: int, switch: str) -> dict:
     return json.loads(lines[-1])
 
 
+@contextmanager
+def cpu_quota(pid: int, cores: float, name: str) -> Iterator[None]:
+    """Cap process ``pid`` (all its threads) at ``cores`` of a core with a cgroup of its
+    own (v2 cpu.max, or v1 cpu.cfs_quota_us); removed afterwards."""
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    root = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/cpu")
+    group = root / f"inabench-{os.getpid()}-{name}"
+    group.mkdir()
+    try:
+        period = 100_000
+        if v2:
+            (group / "cpu.max").write_text(f"{int(cores * period)} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        try:  # back to the root group (if still running), so that the group can go
+            (root / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            pass  # it ended: the group is empty
+        group.rmdir()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", type=int, default=2)
     p.add_argument("--mib", type=float, default=16.0)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--switch-cpu", type=float, default=0.0, metavar="F",
+                   help="cap each aggregator at F of a core (cgroup; needs root); 0: no cap")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default=str(RESULTS / "striping.json"))
     args = p.parse_args()
@@ -88,10 +120,15 @@ def main() -> int:
             started = [stack.enter_context(embedded_switch(
                 threads=threads, launcher=pinned(core) if core is not None else ()))
                 for threads, core in switches]
+            if args.switch_cpu:
+                for j, (sw, (threads, _)) in enumerate(zip(started, switches)):
+                    stack.enter_context(cpu_quota(sw.pid, args.switch_cpu * threads,
+                                                  f"{len(records)}-{j}"))
             r = measure(args.n, args.mib, args.reps,
                         ",".join(sw.address_text for sw in started))
         base = base or r["elements_per_s"]
-        r.update(setup=name, n=args.n, mib=args.mib, of_one_switch=r["elements_per_s"] / base)
+        r.update(setup=name, n=args.n, mib=args.mib, switch_cpu=args.switch_cpu,
+                 of_one_switch=r["elements_per_s"] / base)
         records.append(r)
         shares = ", ".join(f"{a['share']:.2f}" for a in r["aggregators"])
         print(f"{name:>22}: {r['seconds'] * 1e3:7.1f} ms per {args.mib:g} MiB call, "
