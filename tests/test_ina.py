@@ -141,6 +141,26 @@ def test_faults_give_the_same_results(switch, faults, injected, path):
             assert transport["send_calls"] < transport["sent"], transport
 
 
+@pytest.mark.mpi
+def test_faults_give_the_same_results_with_the_switchs_sendmmsg_path():
+    """The switch's own fallback (results by sendmmsg, forced with --send-path), with
+    loss, duplication, reordering and delay at once, workers on UDP_SEGMENT."""
+    k = P.elements_for_mtu(9000)
+    cases = [("float32", "sum", 2 * k * 8 + 3, 23), ("float64", "average", 40_000, 24)]
+    with embedded_switch("--send-path", "sendmmsg") as sw:
+        send_faults((sw.host, sw.port), drop_in=0.02, drop_out=0.02, duplicate_out=0.05,
+                    reorder_in=0.1, delay_ms_out=1)
+        results = run_ina(sw, 3, cases, rounds=2, settings={
+            "retransmit_timeout": 0.01, "switch_elements": k})
+        sw.stop()
+    for i, case in enumerate(cases * 2):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+        check_within_bound(per_rank[0], *case, 3, k=k)
+    assert "(sendmmsg)" in sw.final_status and "injected loss" in sw.final_status, \
+        sw.final_status
+
+
 def test_rtt_estimator_follows_rfc6298():
     from ina_collectives._fast import transport
 

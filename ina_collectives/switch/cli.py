@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
                              "jobs stripe their calls across all of them (INA_SWITCH lists "
                              "the ports the first line prints). Default: one per core this "
                              "process may use; 1 with --p4runtime-port, which serves one")
+    parser.add_argument("--send-path", choices=("segment", "sendmmsg"), default="segment",
+                        help="how results leave: UDP segmentation offload where the kernel "
+                             "takes it (default), or sendmmsg (the fallback, forced)")
     parser.add_argument("--idle", type=float, default=60.0,
                         help="free a job that sent nothing for this many seconds")
     parser.add_argument("--pool-slots", type=int, default=1024,
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.job_share <= 1:
         parser.error(f"--job-share must be in (0, 1], got {args.job_share}")
     options = dict(idle_seconds=args.idle, pool_slots=args.pool_slots,
-                   max_elements=args.max_elements, job_share=args.job_share)
+                   max_elements=args.max_elements, job_share=args.job_share,
+                   gso=args.send_path == "segment")
     try:
         if threads == 1:
             switch = SoftwareSwitch(args.host, args.port, p4runtime_port=args.p4runtime_port,

@@ -40,7 +40,7 @@ class SoftwareSwitch:
     def __init__(self, host: str = "127.0.0.1", port: int = P.UDP_PORT,
                  idle_seconds: float = 60.0, pool_slots: int = 1024,
                  max_elements: int = P.MAX_ELEMENTS, p4runtime_port: int | None = None,
-                 device_id: int = 1, job_share: float = 1.0):
+                 device_id: int = 1, job_share: float = 1.0, gso: bool = True):
         from .._fast.switch_loop import DROP_REASONS, Aggregator
 
         self.sock = P.udp_socket(host, port)
@@ -50,7 +50,7 @@ class SoftwareSwitch:
         # the kernel does UDP_GRO (the loop splits them), and each worker's results leave
         # in segmented sends (UDP_SEGMENT, sendmmsg where the kernel refuses it).
         self.gro = P.enable_gro(self.sock)
-        self.aggregator.gso = 1
+        self.aggregator.gso = 1 if gso else 0  # (0: sendmmsg, the fallback, forced)
         self.drop_reasons = DROP_REASONS
         self.idle_seconds = idle_seconds
         # Like a P4 switch's register arrays: a fixed pool of slots shared by the jobs,
