@@ -109,37 +109,24 @@ INA_DEQUANTIZE(ina_dequantize_f64_16, uint16_t, int16_t, __builtin_bswap16, doub
 /* Each sub-block's peak: the largest |x| as its bit pattern with the sign cleared: such
  * patterns order like the magnitudes, and NaN/Inf are those >= 0x7f800000 (float32).
  * Integer max, so it vectorizes without -ffast-math. */
-INA_KERNEL void ina_peaks_f32(const float *restrict x, size_t n, size_t b,
-                              int32_t *restrict peaks)
-{
-    for (size_t start = 0, j = 0; start < n; start += b, j++) {
-        size_t stop = start + b < n ? start + b : n;
-        int32_t peak = 0;
-        for (size_t i = start; i < stop; i++) {
-            int32_t u;
-            memcpy(&u, &x[i], sizeof u);
-            u &= 0x7fffffff;
-            peak = u > peak ? u : peak;
-        }
-        peaks[j] = peak;
-    }
+#define INA_PEAKS(name, in_t, bits_t, magnitude)                                        \
+INA_KERNEL void name(const in_t *restrict x, size_t n, size_t b, bits_t *restrict peaks) \
+{                                                                                       \
+    for (size_t start = 0, j = 0; start < n; start += b, j++) {                         \
+        size_t stop = start + b < n ? start + b : n;                                    \
+        bits_t peak = 0;                                                                \
+        for (size_t i = start; i < stop; i++) {                                         \
+            bits_t u;                                                                   \
+            memcpy(&u, &x[i], sizeof u);                                                \
+            u &= magnitude;                                                             \
+            peak = u > peak ? u : peak;                                                 \
+        }                                                                               \
+        peaks[j] = peak;                                                                \
+    }                                                                                   \
 }
 
-INA_KERNEL void ina_peaks_f64(const double *restrict x, size_t n, size_t b,
-                              int64_t *restrict peaks)
-{
-    for (size_t start = 0, j = 0; start < n; start += b, j++) {
-        size_t stop = start + b < n ? start + b : n;
-        int64_t peak = 0;
-        for (size_t i = start; i < stop; i++) {
-            int64_t u;
-            memcpy(&u, &x[i], sizeof u);
-            u &= INT64_C(0x7fffffffffffffff);
-            peak = u > peak ? u : peak;
-        }
-        peaks[j] = peak;
-    }
-}
+INA_PEAKS(ina_peaks_f32, float, int32_t, 0x7fffffff)
+INA_PEAKS(ina_peaks_f64, double, int64_t, INT64_C(0x7fffffffffffffff))
 
 INA_KERNEL void ina_quantize_i32(const int32_t *restrict x, size_t n,
                                     uint32_t *restrict out)

@@ -11,22 +11,11 @@ from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from byteorder cimport get32
-from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, msghdr, poll, pollfd,
+from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
                     prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr, sockaddr,
                     sockaddr_in, try_again)
-
-cdef extern from "udp_batch.h" nogil:
-    enum:
-        INA_GRO_CONTROL
-        INA_GSO_MAX_BYTES
-    int ina_send_segmented(int fd, const sockaddr_in *to, uint8_t *const *bufs,
-                           const int32_t *lens, int n, uint16_t size)
-    int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
-                       const int32_t *lens, int count, int *gso, long *calls)
-    void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
-    int ina_gro_size(msghdr *msg)
-    int ina_segments(msghdr *msg, uint8_t *base, size_t total, uint8_t **ptrs,
-                     int32_t *lens, int max)
+from udp_batch cimport (INA_GRO_CONTROL, INA_GSO_MAX_BYTES, ina_attach_controls,
+                        ina_segments, ina_send_batch, ina_send_segmented)
 
 from ina_collectives import protocol as P
 

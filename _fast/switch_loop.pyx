@@ -18,19 +18,11 @@ from libc.string cimport memcpy, memset
 from blockfp_kernels cimport (ina_accumulate_be16, ina_accumulate_be32, ina_load_be16,
                               ina_load_be32, ina_store_be16, ina_store_be32)
 from byteorder cimport get16, get32, put16
-from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, msghdr, poll,
+from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll,
                     pollfd, prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr,
                     sockaddr, sockaddr_in, try_again)
 
-cdef extern from "udp_batch.h" nogil:
-    enum:
-        INA_GRO_CONTROL
-    int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
-                       const int32_t *lens, int count, int *gso, long *calls)
-    void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
-    int ina_gro_size(msghdr *msg)
-    int ina_segments(msghdr *msg, uint8_t *base, size_t total, uint8_t **ptrs,
-                     int32_t *lens, int max)
+from udp_batch cimport INA_GRO_CONTROL, ina_attach_controls, ina_segments, ina_send_batch
 
 from ina_collectives import protocol as P
 
@@ -334,6 +326,11 @@ cdef class Aggregator(FaultInjection):
         """(n, K, S, B, value bits) of a job, or None."""
         cdef Job *job = find_job(self.jobs, job_id)
         return None if job == NULL else (job.n, job.k, job.slots, job.block, job.bits)
+
+    def job_ids(self):
+        """The ids of the jobs present, in order."""
+        cdef int i
+        return [i for i in range(65536) if self.jobs[i] != NULL]
 
     def job_results(self, int job_id):
         """Results a job's slots have multicast, or None if there is no such job."""

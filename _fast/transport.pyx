@@ -34,7 +34,7 @@ import numpy as np
 from blockfp_kernels cimport KIND_F32
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport errno
-from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, msghdr, poll, pollfd,
+from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
                     prepare_receive, recvmmsg, sendto, set_sockaddr, sockaddr, sockaddr_in,
                     try_again)
 
@@ -43,16 +43,8 @@ from ina_collectives import protocol as P
 include "header.pxi"
 include "wire.pxi"
 
-cdef extern from "udp_batch.h" nogil:
-    enum:
-        INA_BATCH_MAX
-        INA_GRO_CONTROL
-    int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
-                       const int32_t *lens, int count, int *gso, long *calls)
-    void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
-    int ina_gro_size(msghdr *msg)
-    int ina_segments(msghdr *msg, uint8_t *base, size_t total, uint8_t **ptrs,
-                     int32_t *lens, int max)
+from udp_batch cimport (INA_BATCH_MAX, INA_GRO_CONTROL, ina_attach_controls,
+                        ina_segments, ina_send_batch)
 
 cdef enum:
     BATCH = 32

@@ -18,7 +18,7 @@ BUILD = HERE / "_build"
 NAME = "ina_loadgen"
 # Everything loadgen.pyx includes or cimports: a change to any of them rebuilds it.
 SOURCES = ("loadgen.pyx", "netio.pxd", "byteorder.pxd", "header.pxi", "syscall.pxi",
-           "udp_batch.h")
+           "udp_batch.h", "udp_batch.pxd")
 
 
 def _built() -> Path | None:

@@ -79,47 +79,35 @@ class EmulatedCluster:
         for name in [*self.aggregator_ns, *self.worker_ns]:
             netns.create(name)
             self._created.append(name)
+        # Every host on the bridge: its namespace, the bridge's port for it, its address.
+        # Workers first (their ports are shaped), then the extra aggregators (unshaped).
+        hosts = ([(ns, f"s{i}", worker_ip(i)) for i, ns in enumerate(self.worker_ns)]
+                 + [(ns, f"t{j}", aggregator_ip(j))
+                    for j, ns in enumerate(self.aggregator_ns[1:], 1)])
         with IPRoute() as ipr:
-            for i, ns in enumerate(self.worker_ns):
-                port, peer = f"{self._tag}s{i}", f"{self._tag}p{i}"
-                ipr.link("add", ifname=port, kind="veth", peer={"ifname": peer})
-                ipr.link("set", index=ipr.link_lookup(ifname=port)[0],
-                         net_ns_fd=self.switch_ns)
-                ipr.link("set", index=ipr.link_lookup(ifname=peer)[0], net_ns_fd=ns)
-            for j, ns in enumerate(self.aggregator_ns[1:], 1):
-                port, peer = f"{self._tag}t{j}", f"{self._tag}q{j}"
-                ipr.link("add", ifname=port, kind="veth", peer={"ifname": peer})
-                ipr.link("set", index=ipr.link_lookup(ifname=port)[0],
+            for ns, port, _ in hosts:  # a veth: one end in the switch, one in the host
+                end, peer = f"{self._tag}{port}", f"{self._tag}h{port}"
+                ipr.link("add", ifname=end, kind="veth", peer={"ifname": peer})
+                ipr.link("set", index=ipr.link_lookup(ifname=end)[0],
                          net_ns_fd=self.switch_ns)
                 ipr.link("set", index=ipr.link_lookup(ifname=peer)[0], net_ns_fd=ns)
         with NetNS(self.switch_ns) as sw:
             sw.link("add", ifname="br0", kind="bridge")
             bridge = sw.link_lookup(ifname="br0")[0]
-            for i in range(self.n):
-                index = sw.link_lookup(ifname=f"{self._tag}s{i}")[0]
-                sw.link("set", index=index, ifname=f"s{i}", mtu=self.mtu)
-                sw.link("set", index=index, master=bridge, state="up")
-            for j in range(1, len(self.aggregator_ns)):
-                index = sw.link_lookup(ifname=f"{self._tag}t{j}")[0]
-                sw.link("set", index=index, ifname=f"t{j}", mtu=self.mtu)
+            for _, port, _ in hosts:
+                index = sw.link_lookup(ifname=f"{self._tag}{port}")[0]
+                sw.link("set", index=index, ifname=port, mtu=self.mtu)
                 sw.link("set", index=index, master=bridge, state="up")
             sw.link("set", index=bridge, mtu=self.mtu, state="up")
             sw.addr("add", index=bridge, address=SWITCH_IP, prefixlen=24)
             sw.link("set", index=sw.link_lookup(ifname="lo")[0], state="up")
-        for i, ns in enumerate(self.worker_ns):
-            with NetNS(ns) as w:
-                index = w.link_lookup(ifname=f"{self._tag}p{i}")[0]
-                w.link("set", index=index, ifname=IFNAME, mtu=self.mtu)
-                w.link("set", index=index, state="up")
-                w.addr("add", index=index, address=worker_ip(i), prefixlen=24)
-                w.link("set", index=w.link_lookup(ifname="lo")[0], state="up")
-        for j, ns in enumerate(self.aggregator_ns[1:], 1):
-            with NetNS(ns) as a:
-                index = a.link_lookup(ifname=f"{self._tag}q{j}")[0]
-                a.link("set", index=index, ifname=IFNAME, mtu=self.mtu)
-                a.link("set", index=index, state="up")
-                a.addr("add", index=index, address=aggregator_ip(j), prefixlen=24)
-                a.link("set", index=a.link_lookup(ifname="lo")[0], state="up")
+        for ns, port, address in hosts:
+            with NetNS(ns) as host:
+                index = host.link_lookup(ifname=f"{self._tag}h{port}")[0]
+                host.link("set", index=index, ifname=IFNAME, mtu=self.mtu)
+                host.link("set", index=index, state="up")
+                host.addr("add", index=index, address=address, prefixlen=24)
+                host.link("set", index=host.link_lookup(ifname="lo")[0], state="up")
         self.set_rate(self.link_mbit, first=True)
 
     def set_tcp_rto_min(self, ms: float) -> None:

@@ -104,6 +104,11 @@ def main() -> int:
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default=str(RESULTS / "striping.json"))
     args = p.parse_args()
+    if not 0 <= args.switch_cpu <= len(os.sched_getaffinity(0)):
+        p.error(f"--switch-cpu must be 0 (no cap) up to the {len(os.sched_getaffinity(0))} "
+                f"cores here, got {args.switch_cpu:g}")
+    if args.switch_cpu and os.geteuid() != 0:
+        p.error("--switch-cpu needs root (it makes a cgroup per switch process)")
     if args.rank:
         rank_main(args.mib, args.reps)
         return 0

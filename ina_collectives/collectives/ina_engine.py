@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
-from ..errors import AggregatorUnavailable
+from ..errors import AggregatorUnavailable, CollectiveTimeout
 from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
 from .engine import AllreduceCall, HandOver
@@ -52,6 +52,8 @@ class InaEngine:
     MIN_SHARE = 0.25
     # Weight of the newest throughput measurement in each aggregator's estimate.
     SMOOTHING = 0.5
+    # Seconds a cancelled stream may take to end (it looks every 20 ms).
+    CANCEL_BOUND = 5.0
 
     def __init__(self, comm: MPI.Intracomm, settings: Settings):
         from ..ina import kernels
@@ -549,11 +551,24 @@ class InaEngine:
             self._threads = ThreadPoolExecutor(len(self.addresses) - 1,
                                                thread_name_prefix="ina-stripe")
         others = [self._threads.submit(stream, part) for part in parts[1:]]
+        # Each stream ends by its own bounds (the call's deadline, the silence bound);
+        # these bounds only back them up.
+        bound = remaining + s.switch_silence + self.CANCEL_BOUND
         try:
-            results = [stream(parts[0])] + [future.result() for future in others]
+            results = [stream(parts[0])]
+            for (i, _, _), future in zip(parts[1:], others):
+                try:
+                    results.append(future.result(timeout=bound))
+                except futures.TimeoutError:
+                    raise CollectiveTimeout(
+                        f"waited {bound:g} s for the stream of a share through the "
+                        f"aggregator at {self._where(i)}") from None
         except BaseException:
             cancel[0] = 1
-            futures.wait(others)
+            _, late = futures.wait(others, timeout=self.CANCEL_BOUND)
+            if late:
+                log.error("%d stream(s) of a striped call did not end within %g s of "
+                          "being cancelled", len(late), self.CANCEL_BOUND)
             raise
         for (i, _, _), result in zip(parts, results):
             self._account(self.links[i], result)
@@ -616,40 +631,36 @@ class _AnswerWatch:
         self.sock.close()
 
 
-def _free_slots(address: tuple[str, int], timeout: float) -> int:
-    """The free slots an aggregator's pool has (its reply to a PROBE of job 0), 0 if it
-    does not answer or does not say."""
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            status, _, free, _ = P.control_request(s, address, 0, 0, [P.CTRL_PROBE],
-                                                   timeout, "probe")
-            return max(free, 0) if status == 0 else 0
-    except (AggregatorUnavailable, ValueError, OSError):
-        return 0
-
-
-def _shard_ports(address: tuple[str, int], timeout: float) -> tuple[int, ...]:
-    """The ports of every shard of the switch at ``address`` (its reply to a PROBE of
-    job 0); () if it has one, does not answer or does not say."""
+def _probe(address: tuple[str, int], timeout: float) -> P.ControlReply | None:
+    """An aggregator's answer to a PROBE of job 0 (is anyone there? its free slots, its
+    shards), or None if it does not answer within timeout."""
     import socket
 
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             reply = P.control_request(s, address, 0, 0, [P.CTRL_PROBE], timeout, "probe")
-            return reply.shard_ports if reply.status == 0 else ()
     except (AggregatorUnavailable, ValueError, OSError):
-        return ()
+        return None
+    return reply if reply.status == 0 else None
+
+
+def _free_slots(address: tuple[str, int], timeout: float) -> int:
+    """The free slots an aggregator's pool has; 0 if it does not answer or say."""
+    reply = _probe(address, timeout)
+    return max(reply.slots, 0) if reply is not None else 0
+
+
+def _shard_ports(address: tuple[str, int], timeout: float) -> tuple[int, ...]:
+    """The ports of every shard of the switch at ``address``; () if it has one, does
+    not answer or does not say."""
+    reply = _probe(address, timeout)
+    return reply.shard_ports if reply is not None else ()
 
 
 def _answers(address: str, timeout: float) -> bool:
     """Whether an aggregator answers a probe for job 0 at ``address`` within timeout."""
-    import socket
-
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            return P.control_exchange(s, P.parse_address(address), 0, 0, [P.CTRL_PROBE],
-                                      timeout, "probe") == 0
-    except (AggregatorUnavailable, ValueError, OSError):
+        where = P.parse_address(address)
+    except ValueError:
         return False
+    return _probe(where, timeout) is not None

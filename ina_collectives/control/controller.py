@@ -438,6 +438,8 @@ class Controller:
         """Results the aggregator has multicast for a job (the per-job counter)."""
         from p4.v1 import p4runtime_pb2
 
+        if not 0 <= job_id < S.JOB_IDS:
+            raise ValueError(f"job id {job_id} is not 0..{S.JOB_IDS - 1}")
         build = self._need()
         if S.JOB_RESULTS_COUNTER_NAME not in build.ids:
             raise ControlError(f"the target's P4Info has no {S.JOB_RESULTS_COUNTER_NAME} "

@@ -518,8 +518,7 @@ class Target:
             if entry.HasField("index"):
                 indices = [entry.index.index]
             else:
-                indices = range(size) if cid == drops else [
-                    j for j in range(size) if self.aggregator.job_results(j) is not None]
+                indices = range(size) if cid == drops else self.aggregator.job_ids()
             for i in indices:
                 out = p4runtime_pb2.Entity()
                 out.counter_entry.counter_id = cid

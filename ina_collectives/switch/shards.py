@@ -8,14 +8,19 @@ and the status line adds the shards' counters up.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 from .server import SoftwareSwitch, status_text
+
+log = logging.getLogger("ina_collectives.switch")
 
 
 class Shards:
     """``count`` SoftwareSwitch objects on ports ``port`` .. ``port + count - 1`` (each a
     free one if ``port`` is 0)."""
+
+    STOP_BOUND = 5.0  # seconds a shard's loop may take to stop
 
     def __init__(self, count: int, host: str, port: int, **options: object):
         if count < 1:
@@ -62,8 +67,10 @@ class Shards:
             self.shards[0].serve(stats_interval, status=self.status_line)
         finally:
             self.stop()
-            for thread in threads:
-                thread.join()
+            for thread in threads:  # each loop looks at its stop flag every 100 ms
+                thread.join(self.STOP_BOUND)
+                if thread.is_alive():
+                    log.error("%s did not stop within %g s", thread.name, self.STOP_BOUND)
 
     def stats(self) -> dict:
         total: dict = {}
