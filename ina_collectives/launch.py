@@ -410,9 +410,9 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                    switch_addresses: list[str], push: str) -> int:
     """Configure the job through a controller on each target (one job id, the ranks'
     ports of each), run the ranks striped across them, tear the job down on each.
-    p4runtime-shell holds one session per process: with one target it stays open while
-    the ranks run; with several, each is configured (and later torn down) in a session
-    of its own (a target keeps its entries when the controller disconnects)."""
+    p4runtime-shell holds one session per process, so each target is configured, and
+    later torn down, in a session of its own (a target keeps its entries when the
+    controller disconnects)."""
     from .control import Controller, JobSpec
     from .settings import Settings
 
@@ -427,25 +427,13 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
     with ExitStack() as stack:
         jobs, builds = [], []
         for target, ranks in zip(targets, workers):
-            controller = session(target, push)
-            if len(targets) == 1:
-                stack.enter_context(controller)
-            else:
-                controller.__enter__()
-            try:
-                job = JobSpec(job_id, ranks, args.slots or settings.switch_slots,
-                              args.slot_base)
+            job = JobSpec(job_id, ranks, args.slots or settings.switch_slots, args.slot_base)
+            with session(target, push) as controller:
                 controller.configure(job)
                 build = controller.build
-            finally:
-                if len(targets) > 1:
-                    controller.__exit__(None, None, None)
             jobs.append(job)
             builds.append(build)
-            if len(targets) == 1:
-                stack.callback(_teardown, controller, job)
-            else:
-                stack.callback(_teardown_in_session, session, target, job)
+            stack.callback(_teardown_in_session, session, target, job)
             print(f"ina-run: job {job.job_id} configured on {target} (K {build.k}, "
                   f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
         kinds = {(b.k, b.block, b.value_bits) for b in builds}
@@ -470,15 +458,6 @@ def _teardown_in_session(session: Any, target: str, job: Any) -> None:
     try:
         with session(target, "never") as controller:
             controller.teardown(job)
-    except ControlError as exc:
-        print(f"ina-run: warning: {exc}", file=sys.stderr)
-
-
-def _teardown(controller: Any, job: Any) -> None:
-    from .control import ControlError
-
-    try:
-        controller.teardown(job)
     except ControlError as exc:
         print(f"ina-run: warning: {exc}", file=sys.stderr)
 
