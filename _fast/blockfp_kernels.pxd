@@ -128,9 +128,10 @@ cdef inline void quantize_chunk(const char *x, Py_ssize_t count, Kind kind, Py_s
 
 cdef inline void dequantize_chunk(const char *q, Py_ssize_t count, Kind kind, Py_ssize_t b,
                                   const int16_t *exps, int n, bint average, int bits,
-                                  char *out) noexcept nogil:
+                                  char *out, int counted=0) noexcept nogil:
     """A chunk's aggregated values (network order, ``bits`` wide) into out, sub-block j
-    times 2**-shift of exps[j] (and 1/n for AVERAGE), one rounding to out's type."""
+    times 2**-shift of exps[j] (and, for AVERAGE, 1 / the workers counted: ``counted``,
+    or n if 0), one rounding to out's type."""
     cdef double scales[PIECE]
     cdef Py_ssize_t start = 0, span, j, blocks
     if kind == KIND_I32:
@@ -142,7 +143,7 @@ cdef inline void dequantize_chunk(const char *q, Py_ssize_t count, Kind kind, Py
         for j in range(blocks):
             scales[j] = ina_pow2(-shift_for(exps[j], n, kind, bits))
             if average:
-                scales[j] /= n
+                scales[j] /= counted if counted > 0 else n
         if kind == KIND_F32 and bits == 32:
             ina_dequantize_f32(<const uint32_t *>q + start, span, b, scales,
                                <float *>out + start)

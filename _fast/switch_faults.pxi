@@ -2,7 +2,9 @@
 # switch_loop.pyx). FaultInjection sits between the socket and the rule: packets as
 # received ("in") pass through receive() on their way to handle(), and packets as sent
 # ("out") through send() on their way to emit(); each direction can drop, duplicate,
-# reorder (hold one packet back until the next) and delay them. Aggregator subclasses it
+# reorder (hold one packet back until the next) and delay them; and one worker's data
+# packets can be held back on the way in (a straggler: straggler_worker, its id in every
+# job, straggler_delay_ms), as a slow link to that worker would. Aggregator subclasses it
 # and provides handle (the rule), emit and flush_outbox (the batched sender).
 
 ctypedef struct Faults:
@@ -85,6 +87,11 @@ cdef class FaultInjection:
     cdef uint64_t rng
     cdef Held held_in, held_out     # a packet held back to reorder it after the next one
     cdef DelayQueue delayed_in, delayed_out
+    cdef DelayQueue delayed_straggler   # the straggler's packets: one delay, in order
+    cdef int straggler                  # its worker id
+    cdef double straggler_delay         # seconds; 0: none
+
+    STRAGGLER = ("straggler_worker", "straggler_delay_ms")
 
     FAULTS = ("drop", "duplicate", "reorder", "delay_ms")
 
@@ -100,11 +107,19 @@ cdef class FaultInjection:
         free(self.held_out.data)
         queue_free(&self.delayed_in)
         queue_free(&self.delayed_out)
+        queue_free(&self.delayed_straggler)
 
     def set_faults(self, **faults):
         """``<fault>_<in|out>`` for fault in drop, duplicate, reorder (probabilities) and
-        delay_ms (milliseconds). Faults not named are cleared."""
+        delay_ms (milliseconds); straggler_worker and straggler_delay_ms (0..10000) hold
+        that worker's data packets back on the way in. Faults not named are cleared."""
         chosen = {"in": {}, "out": {}}
+        straggler = faults.pop("straggler_worker", 0)
+        delay = faults.pop("straggler_delay_ms", 0)
+        if not 0 <= straggler < 65536 or straggler != int(straggler):
+            raise ValueError(f"straggler_worker must be a worker id, got {straggler}")
+        if not 0 <= delay <= 10000:
+            raise ValueError(f"straggler_delay_ms must be 0..10000 ms, got {delay}")
         for name, value in faults.items():
             fault, _, direction = name.rpartition("_")
             if fault not in self.FAULTS or direction not in ("in", "out"):
@@ -117,6 +132,7 @@ cdef class FaultInjection:
             chosen[direction][fault] = value
         self.faults_in = faults_from(chosen["in"])
         self.faults_out = faults_from(chosen["out"])
+        self.straggler, self.straggler_delay = <int>straggler, delay / 1e3
 
     def faults(self):
         """The faults in force, as set_faults takes them (zero ones left out)."""
@@ -128,6 +144,9 @@ cdef class FaultInjection:
                                 ("reorder", f.reorder / 1e6), ("delay_ms", f.delay * 1e3)):
                 if value:
                     out[f"{name}_{direction}"] = value
+        if self.straggler_delay > 0:
+            out["straggler_worker"] = self.straggler
+            out["straggler_delay_ms"] = self.straggler_delay * 1e3
         return out
 
     # -- what the subclass provides ------------------------------------------------------
@@ -162,15 +181,22 @@ cdef class FaultInjection:
             due = self.delayed_in.items[self.delayed_in.head].due
         if self.delayed_out.size:
             due = min(due, self.delayed_out.items[self.delayed_out.head].due)
+        if self.delayed_straggler.size:
+            due = min(due, self.delayed_straggler.items[self.delayed_straggler.head].due)
         if due == 1e300:
             return limit
         return <int>min(<double>limit, max(0.0, (due - now) * 1e3) + 1)
 
     cdef bint holding_delayed(self) noexcept nogil:
-        return self.delayed_in.size != 0 or self.delayed_out.size != 0
+        return (self.delayed_in.size != 0 or self.delayed_out.size != 0
+                or self.delayed_straggler.size != 0)
 
     cdef void release_due(self, double now) noexcept nogil:
-        cdef Held *h = queue_pop_due(&self.delayed_in, now)
+        cdef Held *h = queue_pop_due(&self.delayed_straggler, now)
+        while h != NULL:
+            self.receive_now(h.data, h.length, &h.addr)
+            h = queue_pop_due(&self.delayed_straggler, now)
+        h = queue_pop_due(&self.delayed_in, now)
         while h != NULL:
             self.deliver(h.data, h.length, &h.addr)
             h = queue_pop_due(&self.delayed_in, now)
@@ -182,6 +208,16 @@ cdef class FaultInjection:
 
     cdef void receive(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         """A packet as received: on to handle(), unless a fault says otherwise."""
+        if (self.straggler_delay > 0 and length >= HEADER
+                and not pkt[OFF_FLAGS] & FLAG_CONTROL
+                and get16(pkt + OFF_WORKER) == self.straggler
+                and queue_push(&self.delayed_straggler, pkt, length, src,
+                               monotonic() + self.straggler_delay)):
+            return
+        self.receive_now(pkt, length, src)
+
+    cdef void receive_now(self, uint8_t *pkt, Py_ssize_t length,
+                          sockaddr_in *src) noexcept nogil:
         if self.chance(self.faults_in.drop):
             self.injected_drop(True)
             return

@@ -5,7 +5,9 @@
 the rule of docs/protocol.md exactly as the P4 program does: per job S slots x 2
 versions of K accumulators (int32 or int16, the job's value width), a bitmap of workers
 seen, a count, and per sub-block of B values the chunk's exponent and the max of the
-exponent proposals. Control packets (join/leave/probe/faults) are rare: they are
+exponent proposals. A chunk completes when all n workers contributed, or, in a quorum
+call (the packets' ``quorum`` k, docs/quorum.md), when k did: a later packet for it gets
+the result back and is not added. Control packets (join/leave/probe/faults) are rare: they are
 handed back to Python (ina_collectives.switch.server), which configures jobs through the
 methods below. Every packet that is neither aggregated nor answered is dropped and
 counted by reason.
@@ -17,7 +19,7 @@ from libc.string cimport memcpy, memset
 
 from blockfp_kernels cimport (ina_accumulate_be16, ina_accumulate_be32, ina_load_be16,
                               ina_load_be32, ina_store_be16, ina_store_be32)
-from byteorder cimport get16, get32, put16
+from byteorder cimport get16, get32, put16, put32, put64
 from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll,
                     pollfd, prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr,
                     sockaddr, sockaddr_in, try_again)
@@ -41,7 +43,7 @@ DROP_REASONS = P.DROP_REASONS
 cdef enum Drop:
     DROP_MALFORMED, DROP_UNKNOWN_JOB, DROP_UNKNOWN_WORKER, DROP_BAD_SLOT, DROP_MISMATCH,
     DROP_DUPLICATE, DROP_INJECTED_IN, DROP_INJECTED_OUT, DROP_RESULT_FROM_WORKER, DROP_STALE,
-    DROP_COUNT
+    DROP_LATE, DROP_COUNT
 assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop differ"
 
 
@@ -64,6 +66,11 @@ ctypedef struct Job:
     int16_t *exponent      # [2 S][G] the chunk's exponents
     int16_t *proposal      # [2 S][G] max of the proposals
     uint16_t *epoch        # [2 S] the epoch of the run that last used the cell
+    uint16_t *call         # [2 S] the call number of the chunk (with offset: which chunk)
+    uint8_t *need          # [2 S] its quorum k (0: all n)
+    uint64_t *counted      # [2 S] the workers its result counted
+    int mode_quorum        # the mode the control plane asks for (0 sync, else quorum k)
+    uint32_t mode_generation  # counted up by each change of it
     uint8_t *result        # [2 S][width] the last result packet of each slot
     uint8_t next_seq[MAX_WORKERS]      # each worker's next packet number (check_sequence)
     uint16_t seq_epoch[MAX_WORKERS]    # the run those numbers are of
@@ -88,6 +95,9 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.exponent)
         free(job.proposal)
         free(job.epoch)
+        free(job.call)
+        free(job.need)
+        free(job.counted)
         free(job.result)
         free(job.nack)
         free(job.last_seq)
@@ -122,6 +132,7 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t packets_in, packets_out, results, retransmits_answered
     cdef public uint64_t nacks  # workers told that their packet for a chunk never came
     cdef public uint64_t result_requests  # header-only retransmissions (answer_request)
+    cdef public uint64_t late_answered  # quorum: packets of a finished chunk, answered
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
     # 1: results leave with UDP_SEGMENT, one send per run of a worker's equal-sized results
     # (cleared if the kernel refuses it); 0: sendmmsg of the whole outbox
@@ -201,13 +212,17 @@ cdef class Aggregator(FaultInjection):
         job.exponent = <int16_t *>calloc(cells * g, 2)
         job.proposal = <int16_t *>calloc(cells * g, 2)
         job.epoch = <uint16_t *>calloc(cells, 2)
+        job.call = <uint16_t *>calloc(cells, 2)
+        job.need = <uint8_t *>calloc(cells, 1)
+        job.counted = <uint64_t *>calloc(cells, 8)
         job.result = <uint8_t *>calloc(cells, width)
         job.result_len = <int32_t *>calloc(cells, 4)
         job.nack = <uint8_t *>calloc(MAX_WORKERS * NACK_BUFFERS, HEADER)
         job.last_seq = <uint32_t *>calloc(slots * MAX_WORKERS, 4)
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.cell_bits == NULL or job.exponent == NULL
-                or job.proposal == NULL
+                or job.proposal == NULL or job.call == NULL or job.need == NULL
+                or job.counted == NULL
                 or job.epoch == NULL or job.result == NULL or job.result_len == NULL
                 or job.nack == NULL or job.last_seq == NULL):
             job_free(job)
@@ -252,8 +267,24 @@ cdef class Aggregator(FaultInjection):
                 and job.addr[worker].sin_addr.s_addr == addr_be
                 and job.addr[worker].sin_port == port_be)
 
+    def set_mode(self, int job_id, int quorum, uint32_t generation):
+        """The mode the control plane asks of a job: 0 sync, else quorum k (1..n); its
+        results announce it with ``generation``, and the workers adopt it at a call
+        boundary (docs/quorum.md)."""
+        cdef Job *job = self._job(job_id)
+        if not 0 <= quorum <= job.n:
+            raise ValueError(f"job {job_id} has {job.n} workers: quorum {quorum} is not "
+                             f"0 (sync) .. {job.n}")
+        job.mode_quorum, job.mode_generation = quorum, generation
+
+    def mode(self, int job_id):
+        """(quorum, generation) the job's results announce, or None if there is no job."""
+        cdef Job *job = find_job(self.jobs, job_id)
+        return None if job == NULL else (job.mode_quorum, job.mode_generation)
+
     # Register access for P4Runtime, per cell of a job (version * S + slot).
-    REGISTERS = ("bitmap", "count", "chunk", "epoch", "exponent", "proposal")
+    REGISTERS = ("bitmap", "count", "chunk", "epoch", "call", "contributors", "exponent",
+                 "proposal")
 
     cdef Py_ssize_t _pair(self, Job *job, Py_ssize_t cell, what) except -1:
         """The index of ("exponent" | "proposal", g) in the job's [2 S][G] arrays."""
@@ -275,6 +306,10 @@ cdef class Aggregator(FaultInjection):
             return <uint32_t>job.count[cell]
         if what == "epoch":
             return job.epoch[cell]
+        if what == "call":  # call ++ quorum, as the P4 program's slot_call
+            return <uint32_t>job.call[cell] << 8 | job.need[cell]
+        if what == "contributors":
+            return job.counted[cell]
         if what == "chunk":
             return ((<uint64_t><uint32_t>job.offset[cell]) << 32
                     | (<uint64_t><uint16_t>job.elements[cell]) << 16
@@ -301,6 +336,11 @@ cdef class Aggregator(FaultInjection):
             job.count[cell] = <int32_t>value
         elif what == "epoch":
             job.epoch[cell] = <uint16_t>value
+        elif what == "call":
+            job.call[cell] = <uint16_t>(value >> 8)
+            job.need[cell] = <uint8_t>value
+        elif what == "contributors":
+            job.counted[cell] = value
         elif what == "chunk":
             job.offset[cell] = <int32_t><uint32_t>(value >> 32)
             job.elements[cell] = <int32_t><uint16_t>(value >> 16)
@@ -529,10 +569,14 @@ cdef class Aggregator(FaultInjection):
                              Py_ssize_t cell) noexcept nogil:
         """A result request (a retransmission with no values: the worker's packet came,
         it thinks, but not the result): the result again if the cell is done with that
-        chunk; nothing while it is not (the missing worker is NACKed)."""
+        chunk; nothing while it is not (the missing worker is NACKed). A quorum's result
+        goes to a worker it did not count as well (the worker asks for it so when its
+        values do not fit the chunk's exponents)."""
         self.result_requests += 1
-        if (job.epoch[cell] == get16(pkt + OFF_EPOCH) and job.seen[cell] & bit
+        if (job.epoch[cell] == get16(pkt + OFF_EPOCH)
+                and (job.seen[cell] & bit or job.need[cell])
                 and job.count[cell] == 0 and job.result_len[cell]
+                and job.call[cell] == get16(pkt + OFF_CALL)
                 and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)):
             self.retransmits_answered += 1
             self.send(job.result + cell * job.width, job.result_len[cell],
@@ -656,13 +700,15 @@ cdef class Aggregator(FaultInjection):
         cdef int blocks = get16(pkt + OFF_BLOCKS)
         cdef int bits = pkt[OFF_VALUE_BITS]
         cdef int vb = bits // 8
+        cdef int quorum = pkt[OFF_QUORUM]
+        cdef uint16_t call = get16(pkt + OFF_CALL)
         # The job's width, or 16 in a job of 32 (a call asking for 16-bit values: its
         # packets are smaller; the cell remembers which width it sums).
         if (elements < 1 or elements > job.k or not (bits == job.bits
                                                      or (bits == 16 and job.bits == 32))
                 or pkt[OFF_BLOCK] != job.block
                 or blocks != (elements + job.block - 1) // job.block
-                or length != HEADER + PAIR * blocks + vb * elements):
+                or length != HEADER + PAIR * blocks + vb * elements or quorum > job.n):
             self.drops[<int>DROP_MALFORMED] += 1
             return
         job.last_seen = monotonic()
@@ -677,7 +723,8 @@ cdef class Aggregator(FaultInjection):
         cdef uint8_t *acc = job.acc + cell * job.k * (job.bits // 8)
         cdef uint8_t *result
         cdef int16_t proposal
-        cdef int w, j
+        cdef int w, j, behind
+        cdef bint older
         if job.epoch[cell] != epoch:
             # Last used by another run of the job (its ranks started their slots at version
             # 0 again): that state is not this run's, the cell is idle.
@@ -685,6 +732,22 @@ cdef class Aggregator(FaultInjection):
             job.seen[cell] = 0
             job.count[cell] = 0
             job.result_len[cell] = 0
+        elif job.count[cell] or job.result_len[cell]:
+            behind = <int16_t>(job.call[cell] - call)
+            older = 0 < behind < 256 or (behind == 0 and offset < job.offset[cell])
+            if older and (quorum or job.need[cell]):
+                # A quorum lets the others run ahead of a late worker: its packet may be
+                # of a chunk its cell has finished and moved past (an earlier call, or an
+                # earlier offset of this one). Its result went out; nothing to add it to.
+                self.drops[<int>DROP_LATE] += 1
+                return
+            if (not older and job.count[cell] == 0
+                    and (behind != 0 or offset != job.offset[cell])):
+                # A new use of a finished cell. A worker a quorum left out may still have
+                # its bit set from an earlier use, here or in the slot's other cell (its
+                # late packet cleared nothing): not this chunk's. (In sync every bit is
+                # clear by now.)
+                job.seen[cell] = 0
         if job.seen[cell] & bit:
             if job.count[cell] == 0 and job.result_len[cell]:
                 # Done, and this worker missed the result: answer it alone.
@@ -693,7 +756,15 @@ cdef class Aggregator(FaultInjection):
             else:
                 self.drops[<int>DROP_DUPLICATE] += 1
             return
+        if (job.count[cell] == 0 and job.result_len[cell] and job.need[cell]
+                and job.call[cell] == call and job.offset[cell] == offset):
+            # A quorum finished this chunk without this worker: the result, not added.
+            self.late_answered += 1
+            self.send(job.result + cell * width, job.result_len[cell], &job.addr[worker])
+            return
         if job.count[cell] == 0:
+            job.call[cell] = call
+            job.need[cell] = quorum
             job.offset[cell] = offset
             job.elements[cell] = elements
             job.cell_bits[cell] = bits
@@ -706,7 +777,8 @@ cdef class Aggregator(FaultInjection):
                 ina_load_be16(<uint16_t *>acc, <const uint16_t *>values, elements)
         else:
             if (offset != job.offset[cell] or elements != job.elements[cell]
-                    or bits != job.cell_bits[cell]):
+                    or bits != job.cell_bits[cell] or call != job.call[cell]
+                    or quorum != job.need[cell]):
                 self.drops[<int>DROP_MISMATCH] += 1
                 return
             for j in range(blocks):  # another chunk's scaling: nothing is added
@@ -724,13 +796,17 @@ cdef class Aggregator(FaultInjection):
         job.seen[cell] |= bit
         job.seen[other] &= ~bit
         job.count[cell] += 1
-        if job.count[cell] < job.n:
+        if job.count[cell] < (quorum if quorum else job.n):
             return
         job.count[cell] = 0
+        job.counted[cell] = job.seen[cell]
         result = job.result + cell * width
         memcpy(result, pkt, HEADER)
         result[OFF_FLAGS] = FLAG_RESULT
         put16(result + OFF_WORKER, 0xffff)
+        result[OFF_MODE_QUORUM] = <uint8_t>job.mode_quorum
+        put32(result + OFF_MODE_GENERATION, job.mode_generation)
+        put64(result + OFF_CONTRIBUTORS, job.seen[cell])
         for j in range(blocks):
             put16(result + HEADER + PAIR * j, <uint16_t>exponents[j])
             put16(result + HEADER + PAIR * j + 2, <uint16_t>proposals[j])

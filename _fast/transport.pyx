@@ -6,8 +6,8 @@ frees slot c mod S for chunk c + S, whose agreed exponents the result carries (t
 all workers' proposals). The new packets a batch of results frees leave together, with
 UDP segmentation offload where the kernel has it, else in one sendmmsg (udp_batch.h). A
 per-slot timer resends with exponential backoff; each chunk's result is applied to the
-output exactly once (a result for a chunk not in flight in its slot, with its version, is
-stale and dropped). Runs without the GIL,
+output exactly once (a result for a chunk not in flight in its slot, with its version and
+call number, is stale and dropped). Runs without the GIL,
 taking it every 20 ms to let Python see signals: Ctrl-C ends a blocked stream with
 KeyboardInterrupt.
 
@@ -26,8 +26,15 @@ passed asks for its result again with a header alone (a result request): its res
 lost on the way back, or another worker's packet was (then the request is ignored, and
 that worker NACKed). The first timeout of a packet asks the same way; full resends are
 left to the second and later timeouts.
+
+In a quorum call (``quorum`` k > 0, docs/quorum.md) a chunk completes when k workers
+contributed: a result may not count this worker (its contributors say who was counted,
+and an AVERAGE divides by their number), and the next chunk of the slot then carries
+exponents agreed without this worker's proposal. Where its own values do not fit them,
+the worker sends that chunk's header alone (a result request) instead of clipped values,
+and is left out of the chunk.
 """
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 import numpy as np
 
@@ -102,7 +109,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            double rto, double rto_min, double rto_max, double silence, double deadline,
            double[::1] rtt, int epoch=0, uint8_t[::1] seq=None,
            Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32,
-           uint8_t[::1] send_state=None, const uint8_t[::1] cancel=None):
+           uint8_t[::1] send_state=None, const uint8_t[::1] cancel=None, int call=0,
+           int quorum=0):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed: the
@@ -117,7 +125,13 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     batch of results frees, in one system call per run of equal-sized packets.
     cancel: [0], set to 1 by another thread to end the stream (CANCELLED) within 20 ms
     (a call striped over several aggregators streams each part in a thread of its own).
-    Returns (status, counters dict, chunks not completed as an array). A stream that did
+    call: the call's number (mod 65536), in every packet; quorum: the k its chunks
+    complete at (0: all n).
+    Returns (status, counters dict, chunks not completed as an array). The counters
+    include "left_out" (results that did not count this worker), "skipped" (chunks whose
+    values did not fit the exponents agreed without it: a header sent alone),
+    "counted_all" (the workers every result counted, a bitmap; all ones if no result came),
+    "counted_any" (those some result counted) and "mode" (the largest mode generation << 8 | mode quorum the results announced). A stream that did
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
     """
@@ -179,7 +193,10 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     pfd.fd = fd
     pfd.events = POLLIN
     cdef Py_ssize_t completed = 0, sent = 0, retransmitted = 0, stale = 0, rejected = 0
-    cdef Py_ssize_t nacked = 0, nacks = 0
+    cdef Py_ssize_t nacked = 0, nacks = 0, left_out = 0, skipped = 0
+    cdef uint64_t counted_all = ~(<uint64_t>0), counted_any = 0, counted
+    cdef uint64_t me = (<uint64_t>1) << (worker & 63)
+    cdef int64_t mode = 0, announced
     cdef Py_ssize_t samples = 0
     cdef int status = DONE, wait_ms, parsed, ver, failure = 0
     cdef int receive_failure = 0, receive_call = CALL_RECVMMSG
@@ -196,7 +213,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
                            versions, overtaken, next_seq, slot_seq, <const char *>&xin[0],
                            size, kind, c, k, block, value_bits, n, agreed, local, slots, nb,
-                           job, worker, rto, 0, epoch)
+                           job, worker, rto, 0, epoch, call, quorum, &skipped)
             pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
             npend += 1
             sent += 1
@@ -273,6 +290,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if (s >= slots or inflight[s] != chunk or chunk >= nb or done[chunk]
                         or ver != versions[s] or get16(pkt + OFF_JOB) != job
                         or get16(pkt + OFF_EPOCH) != <uint16_t>epoch
+                        or get16(pkt + OFF_CALL) != <uint16_t>call
                         or pkt[OFF_FLAGS] & FLAG_CONTROL):
                     stale += 1
                     continue
@@ -283,6 +301,15 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     continue
                 done[chunk] = 1
                 completed += 1
+                counted = get64(pkt + OFF_CONTRIBUTORS)
+                if counted:  # (an aggregator that names none counted all)
+                    counted_all &= counted
+                    left_out += not (counted & me)
+                counted_any |= counted if counted else ~(<uint64_t>0)
+                announced = (<int64_t>get32(pkt + OFF_MODE_GENERATION) << 8
+                             | pkt[OFF_MODE_QUORUM])
+                if announced > mode:
+                    mode = announced
                 last_result = now
                 if not resent[s]:
                     rtt_sample(est, now - born[s], rto_min, rto_max)
@@ -314,7 +341,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                                    versions, overtaken, next_seq, slot_seq,
                                    <const char *>&xin[0], size, kind, c, k, block,
                                    value_bits, n, agreed, local, slots, nb, job, worker, rto,
-                                   0, epoch)
+                                   0, epoch, call, quorum, &skipped)
                     pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
                     npend += 1
                     sent += 1
@@ -363,7 +390,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 "retransmitted": retransmitted, "nacks": nacks,
                 "nack_resent": nacked, "result_requests": requests,
                 "rtt_samples": samples,
-                "stale": stale, "rejected": rejected, "seconds": monotonic() - start}
+                "stale": stale, "rejected": rejected, "seconds": monotonic() - start,
+                "left_out": left_out, "skipped": skipped, "counted_all": counted_all,
+                "counted_any": counted_any, "mode": mode}
     if failure:  # SEND_FAILED
         counters["errno"], counters["call"] = failure, CALL_SEND
     elif receive_failure and status != DONE:
@@ -399,14 +428,31 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
                            Py_ssize_t c, Py_ssize_t k, Py_ssize_t block, int bits, int n,
                            int16_t[::1] agreed, const int16_t[::1] local, Py_ssize_t slots,
                            Py_ssize_t nb, int job, int worker, double rto, int flags,
-                           int epoch) noexcept nogil:
+                           int epoch, int call, int quorum,
+                           Py_ssize_t *skipped) noexcept nogil:
     """Write chunk c's packet into its slot's row and start its clocks; the slot. The
-    caller sends it, with the others of its batch (ina_send_batch)."""
-    cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block
+    caller sends it, with the others of its batch (ina_send_batch). In a quorum call,
+    a chunk whose values need larger exponents than those agreed (agreed by the workers
+    counted in the slot's previous chunk, without this one) becomes a result request:
+    its header alone; clipped values would spoil the sum."""
+    cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block, j
+    cdef Py_ssize_t blocks = (min(k, size - c * k) + block - 1) // block
+    cdef bint fits = True
+    if quorum:
+        for j in range(blocks):
+            if local[c * g + j] > agreed[c * g + j]:
+                fits = False
+                break
     lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, block, bits, n,
-                                       &agreed[c * g],
+                                       &agreed[c * g] if fits else &local[c * g],
                                        &local[(c + slots) * g] if c + slots < nb else NULL,
-                                       <uint32_t>s, versions[s], job, worker, flags, epoch)
+                                       <uint32_t>s, versions[s], job, worker, flags, epoch,
+                                       call, quorum)
+    if not fits:
+        rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
+        put16(&rows[s, 0] + OFF_COUNT, 0)
+        lengths[s] = <int32_t>HEADER
+        skipped[0] += 1
     rows[s, OFF_SEQ] = next_seq[0]
     slot_seq[s] = next_seq[0]
     next_seq[0] += 1

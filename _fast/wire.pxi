@@ -2,19 +2,24 @@
 # (parse_result) at the offsets of header.pxi, which the including module includes first.
 # A packet: the header, ceil(count / b) pairs (exponent, proposal), count values.
 from blockfp_kernels cimport (KIND_F64, PIECE, Kind, dequantize_chunk, quantize_chunk)
-from byteorder cimport get16, get32, put16, put32
-from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
+from byteorder cimport get16, get32, get64, put16, put32, put64
+from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+
+
+cdef extern from *:
+    int popcount64 "__builtin_popcountll" (unsigned long long) nogil
 
 
 cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind kind,
                              Py_ssize_t chunk, Py_ssize_t k, Py_ssize_t b, int bits, int n,
                              const int16_t *exponents, const int16_t *proposals,
                              uint32_t slot, int slot_version, int job, int worker, int flags,
-                             int epoch) noexcept nogil:
+                             int epoch, int call=0, int quorum=0) noexcept nogil:
     """Chunk ``chunk`` of x (size elements) as a packet in row; returns its length.
     exponents: the chunk's agreed ones, one per sub-block; proposals: those of the slot's
-    next chunk, or NULL (none: PROPOSAL_NONE)."""
+    next chunk, or NULL (none: PROPOSAL_NONE). call, quorum: the call's number and the
+    k its chunks complete at (0: all n)."""
     cdef Py_ssize_t start = chunk * k
     cdef Py_ssize_t count = min(k, size - start)
     cdef Py_ssize_t blocks = (count + b - 1) // b, j
@@ -32,6 +37,11 @@ cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind 
     row[OFF_VALUE_BITS] = bits
     row[OFF_BLOCK] = b
     put16(row + OFF_EPOCH, <uint16_t>epoch)
+    put16(row + OFF_CALL, <uint16_t>call)
+    row[OFF_QUORUM] = <uint8_t>quorum
+    row[OFF_MODE_QUORUM] = 0
+    put32(row + OFF_MODE_GENERATION, 0)
+    put64(row + OFF_CONTRIBUTORS, 0)
     cdef uint8_t *pair = row + HEADER
     for j in range(blocks):
         put16(pair + PAIR * j, <uint16_t>exponents[j])
@@ -45,7 +55,9 @@ cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind 
 cdef int parse_result(const uint8_t *pkt, Py_ssize_t length, char *out, Py_ssize_t size,
                       Kind kind, Py_ssize_t k, Py_ssize_t b, int bits, int n, bint average,
                       int job, int exponent_min, int exponent_max) noexcept nogil:
-    """Check a result packet; if good, write its chunk into out (size elements)."""
+    """Check a result packet; if good, write its chunk into out (size elements). An
+    AVERAGE divides by the workers the result counted (its contributors; n if none are
+    named)."""
     if length < HEADER:
         return PARSE_SHORT
     if pkt[OFF_VERSION] != VERSION:
@@ -75,6 +87,7 @@ cdef int parse_result(const uint8_t *pkt, Py_ssize_t length, char *out, Py_ssize
     cdef Py_ssize_t itemsize = 4 if kind != KIND_F64 else 8
     cdef int16_t exps[PIECE]
     cdef const char *values = <const char *>(pair + PAIR * blocks)
+    cdef int counted = popcount64(get64(pkt + OFF_CONTRIBUTORS))
     first = 0
     while first < blocks:  # PIECE sub-blocks at a time: their exponents on the stack
         span = min(<Py_ssize_t>PIECE, blocks - first)
@@ -82,6 +95,6 @@ cdef int parse_result(const uint8_t *pkt, Py_ssize_t length, char *out, Py_ssize
             exps[j] = <int16_t>get16(pair + PAIR * (first + j))
         dequantize_chunk(values + first * b * (bits // 8),
                          min(span * b, count - first * b), kind, b, exps, n, average, bits,
-                         out + (offset + first * b) * itemsize)
+                         out + (offset + first * b) * itemsize, counted)
         first += span
     return PARSE_OK

@@ -5,6 +5,7 @@
     total = ina.allreduce(grad)                 # SUM over all ranks, a new array
     ina.allreduce(grad, op=ina.AVERAGE, out=grad)
     ina.stats()                                 # which engine served, bytes, reasons
+    ina.set_quorum(3)                           # chunks complete with 3 workers' values
 
 For mpi4py code: ``ina_collectives.mpi.Intracomm(MPI.COMM_WORLD)`` is a drop-in
 communicator; for Horovod scripts, ``import ina_collectives.torch as hvd``. Settings:
@@ -35,7 +36,8 @@ from .errors import (
 
 __version__ = "0.1.0"
 __all__ = [
-    "init", "finalize", "is_initialized", "allreduce", "stats", "rank", "size",
+    "init", "finalize", "is_initialized", "allreduce", "stats", "set_quorum",
+    "last_call_counted", "rank", "size",
     "Op", "SUM", "PROD", "MIN", "MAX", "AVERAGE", "Settings",
     "InaError", "AgreementError", "CollectiveTimeout", "CommunicatorBroken",
     "AggregatorUnavailable", "OperationError",
@@ -110,6 +112,28 @@ def stats() -> dict[str, Any]:
     if _state is None and backend is not None and backend.default_group() is not None:
         return backend.default_group().stats()
     return _require().stats.snapshot()
+
+
+def set_quorum(k: int) -> None:
+    """Quorum mode from the next allreduce on; collective, every rank the same k. The
+    switch completes each chunk when k workers contributed, so a straggler does not set
+    the pace; a worker left out of a chunk has its values dropped for that step, and an
+    AVERAGE divides by the workers counted (docs/quorum.md). 0: sync (every worker).
+    Calls on the ring are exact and unaffected. Without init(), on torch.distributed's
+    default group of backend "ina"."""
+    import sys
+    backend = sys.modules.get("ina_collectives.torch.distributed")
+    if _state is None and backend is not None and backend.default_group() is not None:
+        backend.default_group().set_quorum(k)
+        return
+    _require().set_quorum(k)
+
+
+def last_call_counted() -> bool:
+    """False if the last switch-served allreduce left this rank's values out of some
+    chunk (quorum mode; stats()["switch"]["quorum"] has the counts and which ranks)."""
+    switch = stats().get("switch") or {}
+    return bool(switch.get("quorum", {}).get("last_call", {}).get("counted", True))
 
 
 def __getattr__(name: str) -> Any:

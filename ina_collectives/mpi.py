@@ -50,6 +50,11 @@ class Intracomm(MPI.Intracomm):
         """Counters of this communicator's allreduce calls: see ina_collectives.stats()."""
         return self._ina.stats.snapshot()
 
+    def ina_set_quorum(self, k: int) -> None:
+        """Collective: quorum k (0: sync) for this communicator's switch-served calls from
+        the next one on (ina_collectives.set_quorum)."""
+        self._ina.set_quorum(k)
+
     def Free(self) -> None:
         state = getattr(self, "_ina_state", None)
         if state is not None:

@@ -59,7 +59,7 @@ class Settings:
     )
     switch_elements: int = _setting(
         0,
-        "K: values per packet; 0 takes the largest a datagram holds (15873 int32 or 31747 "
+        "K: values per packet; 0 takes the largest a datagram holds (15870 int32 or 30807 "
         "int16 on loopback, with B 32). For a real link give the largest whose packet fits "
         "the MTU (protocol.elements_for_mtu), or the P4 build's K.",
     )
@@ -92,6 +92,21 @@ class Settings:
         "Seconds without any result after which a rank declares the aggregator dead; the "
         "ranks then agree, finish that call on the ring and take the ring until the "
         "aggregator serves again (switch_retry_calls).",
+    )
+    quorum: int = _setting(
+        0,
+        "Quorum mode from the first call: a chunk the switch serves is complete when this "
+        "many workers contributed, so a straggler does not set the pace (docs/quorum.md); "
+        "a worker left out of a chunk has its values dropped for that step. 0 (or n and "
+        "more): sync, every worker in every chunk. Changed while the job runs by "
+        "ina_collectives.set_quorum or the control plane (python -m "
+        "ina_collectives.control mode).",
+    )
+    quorum_max_skips: int = _setting(
+        4,
+        "The staleness bound of quorum mode: a worker left out of this many calls in a row "
+        "is waited for in the next (that call runs in sync), so every worker's gradient "
+        "counts at least once in every max_skips + 1 calls. 0: no bound.",
     )
     switch_retry_calls: int = _setting(
         256,
@@ -169,6 +184,10 @@ class Settings:
             raise ValueError(f"switch_elements must be 0..{most} (a datagram of "
                              f"{self.switch_value_bits}-bit values in sub-blocks of "
                              f"{self.switch_block}), got {self.switch_elements}")
+        if not 0 <= self.quorum <= P.MAX_WORKERS:
+            raise ValueError(f"quorum must be 0 (sync) .. {P.MAX_WORKERS}, got {self.quorum}")
+        if self.quorum_max_skips < 0:
+            raise ValueError(f"quorum_max_skips must be >= 0, got {self.quorum_max_skips}")
         if self.switch_retry_calls < 0:
             raise ValueError(f"switch_retry_calls must be >= 0, got {self.switch_retry_calls}")
         if not 0 <= self.job < 65536:

@@ -157,6 +157,8 @@ struct metadata_t {{
     bit<16> mcast_grp;     // the job's result group, kept for the egress rewrite
     bit<32> slot_base;
     bit<32> slot_count;
+    bit<8>  mode_quorum;   // the job's mode (ina_modes): 0 sync, else quorum k
+    bit<32> mode_generation;
 }}
 
 parser ParserImpl(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -246,7 +248,11 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     {annotate(S.BITMAP)} register<bit<{S.BITMAP.bits}>>(CELLS) slot_bitmap;
     {annotate(S.COUNT)} register<bit<{S.COUNT.bits}>>(CELLS) slot_packets;
     {annotate(S.CHUNK)} register<bit<{S.CHUNK.bits}>>(CELLS) slot_chunk;
-    {annotate(S.EPOCH)} register<bit<{S.EPOCH.bits}>>(CELLS) slot_epoch;""")
+    {annotate(S.EPOCH)} register<bit<{S.EPOCH.bits}>>(CELLS) slot_epoch;
+    // The chunk's call number ++ its quorum k (0: all n), and the workers its result
+    // counted (docs/quorum.md).
+    {annotate(S.CALL)} register<bit<{S.CALL.bits}>>(CELLS) slot_call;
+    {annotate(S.CONTRIBUTORS)} register<bit<{S.CONTRIBUTORS.bits}>>(CELLS) slot_contributors;""")
     for g in groups:
         e, q = S.exponent_register(g), S.proposal_register(g)
         w(f"    {annotate(e)} register<bit<{e.bits}>>(CELLS) exponent_{g};")
@@ -289,6 +295,33 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
         }}
         const default_action = reject();
         size = {S.WORKERS.size};
+    }}
+
+    {annotate(S.SET_MODE)}
+    action set_mode({params(S.SET_MODE)}) {{
+        meta.mode_quorum = quorum;
+        meta.mode_generation = generation;
+    }}
+
+    {annotate(S.SYNC_MODE)}
+    action sync_mode() {{
+        meta.mode_quorum = 0;
+        meta.mode_generation = 0;
+    }}
+
+    // job -> the mode the control plane asks for; results announce it, and the workers
+    // adopt it at a call boundary (they stamp each packet with the quorum in force).
+    {annotate(S.MODES)}
+    table ina_modes {{
+        key = {{
+{key_lines(S.MODES)}
+        }}
+        actions = {{
+            set_mode;
+            @defaultonly sync_mode;
+        }}
+        const default_action = sync_mode();
+        size = {S.MODES.size};
     }}
 
     {annotate(S.FORWARD)}
@@ -366,6 +399,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
         }} else if (hdr.ina.count == 0 || hdr.ina.count > ELEMENTS
                    || hdr.ina.value_bits != VALUE_BITS || hdr.ina.block != BLOCK
                    || hdr.ina.blocks != {rounded}
+                   || (bit<16>)hdr.ina.quorum > meta.num_workers
                    || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.blocks << 2)
                                         + (hdr.ina.count << {vshift})) {{
             reason = DROP_MALFORMED;
@@ -380,6 +414,12 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             bit<16> count;
             bit<64> chunk;
             bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
+            bit<24> cell_call;
+            bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
+            bit<64> counted;
+            ina_modes.apply();
+            slot_call.read(cell_call, cell);
+            slot_contributors.read(counted, cell);
             slot_bitmap.read(seen, cell);
             slot_packets.read(count, cell);
             slot_chunk.read(chunk, cell);
@@ -405,9 +445,34 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                 count = 0;
                 slot_epoch.write(cell, hdr.ina.epoch);
             }
-            if ((seen & meta.worker_bit) != 0) {
-                if (count == 0) {
-                    // Complete, and this worker missed the result: answer it alone.""")
+            // A quorum lets the others run ahead of a late worker: its packet may be of a
+            // chunk the cell finished and moved past (an earlier call, or an earlier
+            // offset of this call): nothing to add it to.
+            bit<16> behind = cell_call[23:8] - hdr.ina.call;
+            bool older = (behind != 0 && behind < 256)
+                         || (behind == 0 && hdr.ina.offset < chunk[63:32]);
+            bool late = false;
+            if ((hdr.ina.quorum != 0 || cell_call[7:0] != 0) && seen != 0 && older) {
+                late = true;
+            }
+            if (!older && seen != 0 && count == 0
+                && (behind != 0 || hdr.ina.offset != chunk[63:32])) {
+                // A new use of a finished cell: a worker a quorum left out may still have
+                // its bit set from an earlier use, here or in the slot's other cell (its
+                // late packet cleared nothing). In sync every bit is clear by now.
+                seen = 0;
+            }
+            if (late) {
+                reason = DROP_LATE;
+            } else if ((seen & meta.worker_bit) != 0 && count != 0) {
+                reason = DROP_DUPLICATE_IN_PROGRESS;
+            } else if (count == 0 && seen != 0
+                       && ((seen & meta.worker_bit) != 0
+                           || (cell_call[7:0] != 0 && cell_call == this_call
+                               && chunk == this_chunk))) {
+                {
+                    // Complete, and this worker missed the result, or a quorum finished
+                    // it without this worker: answer it alone (nothing is added).""")
     for g in groups:
         w(f"                    if (hdr.p{g}.isValid()) {{ hdr.p{g}.exponent = exponent_in_{g}; "
           f"hdr.p{g}.proposal = proposal_max_{g}; }}")
@@ -415,17 +480,20 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
         w(f"                    if (hdr.v{i}.isValid()) {{ value_{i}.read(hdr.v{i}.v, cell); }}")
     w("""                    hdr.ina.flags = FLAG_RESULT;
                     hdr.ina.worker_id = WORKER_NONE;
+                    hdr.ina.contributors = counted;
+                    hdr.ina.mode_quorum = meta.mode_quorum;
+                    hdr.ina.mode_generation = meta.mode_generation;
                     answer_from_switch();
                     standard_metadata.egress_spec = standard_metadata.ingress_port;
-                } else {
-                    reason = DROP_DUPLICATE_IN_PROGRESS;
                 }
-            } else if (count != 0 && (chunk != this_chunk || exponents_differ)) {
+            } else if (count != 0 && (chunk != this_chunk || exponents_differ
+                                      || cell_call != this_call)) {
                 reason = DROP_MISMATCHED_CHUNK;
             } else {
                 if (count == 0) {
                     // The first packet of this use: load, do not add.
-                    slot_chunk.write(cell, this_chunk);""")
+                    slot_chunk.write(cell, this_chunk);
+                    slot_call.write(cell, this_call);""")
     for g in groups:
         w(f"                    if (hdr.p{g}.isValid()) {{ exponent_{g}.write(cell, "
           f"hdr.p{g}.exponent); proposal_max_{g} = hdr.p{g}.proposal; }}")
@@ -450,10 +518,18 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                 slot_bitmap.read(seen_other, other);
                 slot_bitmap.write(other, seen_other & ~meta.worker_bit);
                 count = count + 1;
-                if (count == meta.num_workers) {
+                bit<16> need = meta.num_workers;
+                if (hdr.ina.quorum != 0) {
+                    need = (bit<16>)hdr.ina.quorum;
+                }
+                if (count == need) {
                     // Complete: the header holds the sums and the chunk's exponents; the
-                    // max proposals go in; multicast it to the job.
-                    slot_packets.write(cell, 0);""")
+                    // max proposals go in, and who was counted; multicast it to the job.
+                    slot_packets.write(cell, 0);
+                    slot_contributors.write(cell, seen | meta.worker_bit);
+                    hdr.ina.contributors = seen | meta.worker_bit;
+                    hdr.ina.mode_quorum = meta.mode_quorum;
+                    hdr.ina.mode_generation = meta.mode_generation;""")
     for g in groups:
         w(f"                    if (hdr.p{g}.isValid()) "
           f"{{ hdr.p{g}.proposal = proposal_max_{g}; }}")

@@ -67,6 +67,32 @@ def ina_cases(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 
 @case
+def quorum_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """p["steps"]: [(quorum or None, dtype, op, count, seed)]: set_quorum(quorum) first
+    unless None, then one allreduce; each call's result and stats()["switch"]["quorum"]
+    ["last_call"]. p["until_quorum"]: repeat the steps until this many calls in a row ran
+    in quorum mode (a mode the control plane asks for meanwhile), at most p["max_calls"]."""
+    ina.init(comm, **p.get("settings", {}))
+    results, calls = [], []
+    in_a_row = 0
+    while True:
+        for k, dtype, op, count, seed in p["steps"]:
+            if k is not None:
+                ina.set_quorum(k)
+            x = make_input(dtype, op, count, seed, comm.rank)
+            results.append(ina.allreduce(x, op=op))
+            last = ina.stats()["switch"]["quorum"]["last_call"]
+            calls.append(dict(last, counted_flag=ina.last_call_counted()))
+            in_a_row = in_a_row + 1 if last["quorum"] else 0
+        if (not p.get("until_quorum") or in_a_row >= p["until_quorum"]
+                or len(calls) >= p.get("max_calls", 0)):
+            break
+    stats = ina.stats()
+    ina.finalize()
+    return {"results": results, "calls": calls, "stats": stats}
+
+
+@case
 def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """A NaN on one rank and an Inf on another: the exact path, chosen for this call."""
     ina.init(comm, switch_min_bytes=0)

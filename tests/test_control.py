@@ -741,6 +741,16 @@ def test_control_command_line(switch, pipeline, tmp_path):
     assert "job 61 worker 1/2 at 127.0.0.1:41601, group 61, slots 0+2" in shown.stdout
     again = run("configure", *where, *job)
     assert again.returncode == 2 and "ALREADY_EXISTS" in again.stderr
+    # A running job's mode: asked, shown, asked again (the generation counts up).
+    assert run("mode", *where, "--job-id", "61").stdout.strip() == "job 61: sync (generation 0)"
+    asked = run("mode", *where, "--job-id", "61", "--quorum", "1")
+    assert asked.stdout.strip() == "job 61: quorum 1 (generation 1)", asked.stderr
+    assert "job 61: quorum 1 (generation 1)" in run("show", *where).stdout
+    back = run("mode", *where, "--job-id", "61", "--quorum", "0")
+    assert back.stdout.strip() == "job 61: sync (generation 2)", back.stderr
+    too_many = run("mode", *where, "--job-id", "61", "--quorum", "3")
+    assert too_many.returncode == 2 and "quorum 3 is not 0 (sync) .. 2" in too_many.stderr
+    assert run("mode", *where, "--job-id", "99", "--quorum", "1").returncode == 2
     assert run("teardown", *where, *job).returncode == 0
     assert "job 61" not in run("show", *where).stdout
 

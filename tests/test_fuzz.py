@@ -173,7 +173,9 @@ class Fuzzer:
                       worker=self._int(0, n - 1), slot_version=self._int(0, 1),
                       seq=self._int(0, 255), slot=self._int(0, s - 1),
                       offset=k * self._int(0, 1000), count=1, blocks=1, value_bits=bits,
-                      block=block, epoch=self._int(1, 65535))
+                      block=block, epoch=self._int(1, 65535), call=self._int(0, 65535),
+                      quorum=self._pick([0, 0, self._int(1, n)]), mode_quorum=0,
+                      mode_generation=0, contributors=0)
         values.update(fields)
         return values
 
@@ -207,6 +209,11 @@ class Fuzzer:
             "value_bits": [0, 8, 16, 32, 64, top],
             "block": [0, 1, 16, 32, 48, 64, 128, top],
             "epoch": [0, 1, top],
+            "call": [0, 1, top],
+            "quorum": [0, 1, n - 1, n, n + 1, top],
+            "mode_quorum": [0, 1, top],
+            "mode_generation": [0, top],
+            "contributors": [0, 1, top],
         }[name]
         return [v for v in edge if 0 <= v <= top]
 
@@ -249,8 +256,9 @@ class Fuzzer:
             job, worker, body = 0, 0, [P.CTRL_FAULTS] + [0] * len(P.FAULT_FIELDS)
         elif kind == 8:  # fault settings out of range, or for a job
             job, worker = self._pick([(0, 0), (real, 0), (0, 1)])
-            body = [P.CTRL_FAULTS] + self._pick([[-1] + [0] * 7, [2_000_000] + [0] * 7,
-                                                  [0] * 6 + [10_000_001, 0]])
+            rest = len(P.FAULT_FIELDS) - 1
+            body = [P.CTRL_FAULTS] + self._pick([[-1] + [0] * rest, [2_000_000] + [0] * rest,
+                                                  [0] * 6 + [10_000_001] + [0] * (rest - 6)])
         elif kind == 9:  # unknown ops
             job, worker = self._pick([0, real]), 0
             body = [self._pick([0, 6, 7, -1, 2**31 - 1, -2**31])] + [0] * self._int(0, 8)
@@ -263,7 +271,8 @@ class Fuzzer:
             job, worker, body = real, 0, [P.CTRL_JOIN, n, k, s, block, bits]
         values = dict(version=P.PROTOCOL_VERSION, flags=P.FLAG_CONTROL, job=job, worker=worker,
                       slot_version=0, seq=0, slot=0, offset=0, count=len(body), blocks=0,
-                      value_bits=32, block=0, epoch=0)
+                      value_bits=32, block=0, epoch=0, call=0, quorum=0, mode_quorum=0,
+                      mode_generation=0, contributors=0)
         if self.rng.random() < 0.05:  # a reply (CONTROL | RESULT) sent to the switch
             values["flags"] |= P.FLAG_RESULT
         return values, body
@@ -598,6 +607,11 @@ def test_fuzzed_packets_from_a_workers_own_address():
                 "value_bits": st.sampled_from([32, 32, 16, 0, 255]),
                 "block": st.sampled_from([32, 32, 16, 0, 64, 255]),
                 "epoch": edges(0, 65535, 1).filter(lambda e: e != 4242),
+                "call": edges(0, 65535, 1),
+                "quorum": edges(0, 255, 1, n, n + 1),
+                "mode_quorum": edges(0, 255),
+                "mode_generation": edges(0, 2**32 - 1),
+                "contributors": edges(0, 2**64 - 1),
             })
 
             @hypothesis.settings(max_examples=400, deadline=None, database=None,

@@ -68,8 +68,8 @@ def test_value_widths_and_sub_blocks_within_bound(switch, bits, block):
 
 def test_a_join_of_another_protocol_version_is_refused_naming_both(switch):
     """The version byte leads every header: a worker of version 2 gets this switch's
-    refusal (status 'another protocol version') in a version-3 reply, and a worker
-    that reads a reply of another version refuses it, naming both versions."""
+    refusal (status 'another protocol version') in a reply of its own version, and a
+    worker that reads a reply of another version refuses it, naming both versions."""
     old = P.control_packet(4321, 0, [P.CTRL_JOIN, 2, 64, 8])
     old = bytes([2]) + old[1:]  # a version-2 worker's join
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -79,7 +79,7 @@ def test_a_join_of_another_protocol_version_is_refused_naming_both(switch):
     assert head["version"] == P.PROTOCOL_VERSION
     assert reply[:2].tolist() == [P.CTRL_JOIN, P.JOIN_VERSION]
     assert P.JOIN_STATUS[P.JOIN_VERSION] == "another protocol version"
-    # An aggregator of version 4 answering this worker: refused, both versions named.
+    # An aggregator of the next version answering this worker: refused, both named.
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as fake, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as worker:
         fake.bind(("127.0.0.1", 0))
@@ -91,13 +91,14 @@ def test_a_join_of_another_protocol_version_is_refused_naming_both(switch):
             request, addr = fake.recvfrom(65536)
             head, body = P.read_control(request)
             reply = P.control_packet(head["job"], 0, [int(body[0]), 0], reply=True)
-            fake.sendto(bytes([4]) + reply[1:], addr)
+            fake.sendto(bytes([P.PROTOCOL_VERSION + 1]) + reply[1:], addr)
 
         import threading
         t = threading.Thread(target=answer)
         t.start()
-        with pytest.raises(ValueError, match="speaks protocol version 4, this worker "
-                                             f"version {P.PROTOCOL_VERSION}: join refused"):
+        with pytest.raises(ValueError, match=f"speaks protocol version "
+                                             f"{P.PROTOCOL_VERSION + 1}, this worker version "
+                                             f"{P.PROTOCOL_VERSION}: join refused"):
             P.control_request(worker, fake.getsockname(), 7, 0, [P.CTRL_JOIN, 1, 8, 1, 32, 32],
                               5.0, "join")
         t.join(5)

@@ -104,7 +104,7 @@ def test_read_build_derives_block_and_width():
         assert (build.k, build.slots, build.block, build.value_bits) == (k, 16, block, bits)
         assert build.groups == -(-k // block)
         assert {r.name for r in build.state_registers} <= set(build.ids)
-        assert len(build.registers) == 4 + 2 * build.groups + k
+        assert len(build.registers) == len(S.STATE_REGISTERS) + 2 * build.groups + k
     assert S.read_build(S.p4info(8, 16, 32)).block == 8  # B >= K: one sub-block
 
 

@@ -188,7 +188,7 @@ def test_header_constants():
                 room = min(mtu - 28, P.MAX_DATAGRAM)
                 assert P.packet_bytes(k, block, bits) <= room < P.packet_bytes(k + 1, block,
                                                                                 bits)
-    assert P.elements_for_mtu(1500) == 351  # 11 sub-blocks of 32 int32, less one
+    assert P.elements_for_mtu(1500) == 347  # 10 sub-blocks of 32 int32 and 27 values
     assert P.elements_for_mtu(65535) == P.MAX_ELEMENTS
     with pytest.raises(ValueError, match="MTU 40"):
         P.elements_for_mtu(40)
@@ -197,6 +197,8 @@ def test_header_constants():
                                            block=8, epoch=65535, seq=9))
     assert fields == {"version": P.PROTOCOL_VERSION, "flags": 1, "job": 2, "worker": 3,
                       "slot_version": 1, "slot": 4, "offset": 5, "count": 6, "blocks": 7,
-                      "value_bits": 16, "block": 8, "epoch": 65535, "seq": 9}
-    with pytest.raises(ValueError, match="at least 24 bytes"):
+                      "value_bits": 16, "block": 8, "epoch": 65535, "seq": 9, "call": 0,
+                      "quorum": 0, "mode_quorum": 0, "mode_generation": 0,
+                      "contributors": 0}
+    with pytest.raises(ValueError, match="at least 40 bytes"):
         P.unpack_header(b"\x01\x00")

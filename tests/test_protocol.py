@@ -68,9 +68,10 @@ def test_values_past_a_fields_edges_are_refused_not_wrapped():
 def test_format_fields_round_trip():
     values = dict(version=P.PROTOCOL_VERSION, flags=P.FLAG_RESULT, job=3, worker=1,
                   slot_version=1, slot=7, offset=4096, count=12, blocks=3, value_bits=16,
-                  block=4, epoch=65535, seq=255)
+                  block=4, epoch=65535, seq=255, call=65535, quorum=3, mode_quorum=2,
+                  mode_generation=2**32 - 1, contributors=2**64 - 1)
     assert P.unpack_header(P.pack_header(**values)) == values
-    assert P.packet_bytes(12, 4, 16) == 24 + 3 * 4 + 12 * 2
+    assert P.packet_bytes(12, 4, 16) == 40 + 3 * 4 + 12 * 2
     with pytest.raises(ValueError, match="one of"):
         P.check_format(48, 32)
     with pytest.raises(ValueError, match="32 or 16"):
@@ -78,7 +79,7 @@ def test_format_fields_round_trip():
 
 
 def test_a_short_header_is_refused_by_length():
-    with pytest.raises(ValueError, match="at least 24 bytes, got 5"):
+    with pytest.raises(ValueError, match="at least 40 bytes, got 5"):
         P.unpack_header(b"12345")
 
 

@@ -18,9 +18,10 @@ from .ina_engine import InaEngine
 from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_supported, dtype_code
 from .peers import TorchPeers
+from .quorum import Quorum
 from .ring import RingEngine
 from .stats import Stats
-from .waiting import Deadline
+from .waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
 
@@ -160,6 +161,25 @@ class Collectives:
                                 f"{exc!r}")
             raise
         self.stats.record(engine.name, recv.nbytes, passed_over)
+
+    def set_quorum(self, k: int, checked: bool = False) -> None:
+        """Collective: the switch-served calls from the next one on complete each chunk
+        when k workers contributed (0: sync; docs/quorum.md). Every rank must ask the
+        same k: AgreementError on every rank otherwise (``checked``: the caller compared
+        the ranks' k already, as the Horovod runtime's negotiation does)."""
+        self._check_usable()
+        Quorum._check(k)
+        if not checked:
+            both = np.array([k, -k], np.int64)
+            extremes = np.empty_like(both)
+            wait(self.comm.Iallreduce(both, extremes, MPI.MAX),
+                 Deadline(self.settings.timeout), lambda: "every rank to set the quorum")
+            if extremes[0] != -extremes[1]:
+                raise AgreementError(f"the ranks asked for different quorums (from "
+                                     f"{-extremes[1]} to {extremes[0]}); every rank must "
+                                     "call set_quorum with the same k")
+        if self.ina is not None:
+            self.ina.quorum.set(k)
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None,
                         news: int = 0) -> int | None:

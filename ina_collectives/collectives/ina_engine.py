@@ -22,6 +22,7 @@ from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
 from .engine import AllreduceCall, HandOver
 from .ops import FLOAT_DTYPES, Op
+from .quorum import Quorum
 from .waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
@@ -80,6 +81,8 @@ class InaEngine:
         self._lasting = False  # the last failure was this job's setup: trying again is futile
         self._watch: _AnswerWatch | None = None  # rank 0's probes while one is missing
         self._threads: ThreadPoolExecutor | None = None
+        self.quorum = Quorum(comm.Get_size(), comm.Get_rank(), settings.quorum,
+                             settings.quorum_max_skips)
         if not settings.switch:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
@@ -270,7 +273,8 @@ class InaEngine:
                         if i in self.missing_reasons else {})}
                     for i in range(len(self.addresses))],
                 "striped_calls": self.striped_calls,
-                "partial_handovers": self.partial_handovers}
+                "partial_handovers": self.partial_handovers,
+                "quorum": self.quorum.report()}
 
     def _collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),
@@ -461,6 +465,7 @@ class InaEngine:
         local, nonfinite = self.kernels.block_exponents(x, k, block)
         g = -(-k // block)
         chunks = -(-x.size // k)
+        call_number, quorum = self.quorum.next_call()
         edges = self._shares(chunks)
         parts = [(i, int(edges[j]), int(edges[j + 1])) for j, i in enumerate(serving)
                  if edges[j + 1] > edges[j]]
@@ -485,23 +490,37 @@ class InaEngine:
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.striped_calls += len(parts) > 1
         results = self._stream_parts(parts, x, out, local, agreed, g, k,
-                                     call.op is Op.AVERAGE, bits, deadline)
-        # Every rank learns, for each aggregator, whether any rank's share failed, and the
-        # longest any rank took for it (the throughput estimates: alike on every rank).
+                                     call.op is Op.AVERAGE, bits, deadline, call_number,
+                                     quorum)
+        # Every rank learns, for each aggregator, whether any rank's share failed, the
+        # longest any rank took for it (the throughput estimates: alike on every rank),
+        # and the newest mode its results announced (a quorum asked by the control plane).
         # Bounded: a dead peer never reports. A bound of its own: a stream that ran out of
         # the call's time must still reach the vote on every rank, or one rank would give
         # up while another hands over.
         count = len(self.addresses)
-        mine = np.zeros(2 * count)
+        mine = np.zeros(3 * count)
         for (i, _, _), result in zip(parts, results):
             mine[i] = 0 if result.ok else 1
             mine[count + i] = result.counters.get("seconds", 0.0)
+            mine[2 * count + i] = result.mode  # generation << 8 | k: exact in a float64
         votes = np.empty_like(mine)
         wait(self.comm.Iallreduce(mine, votes, MPI.MAX), Deadline(self.settings.timeout),
              lambda: f"all ranks to report the outcome of a {call.nbytes}-byte allreduce "
                      "through the aggregator (this rank: "
                      f"{'; '.join(r.reason for r in results) or 'nothing to stream'})")
         failed = [(i, c0, c1) for i, c0, c1 in parts if votes[i]]
+        counted_all, counted_any = -1, 0
+        for (i, _, _), result in zip(parts, results):
+            if not votes[i]:  # (a failed share is the ring's: every worker counts)
+                counted_all &= result.counted_all
+                counted_any |= result.counted_any
+            else:
+                counted_any = -1
+        self.quorum.after_call(counted_all, counted_any,
+                               int(votes[2 * count:].max(initial=0)),
+                               sum(r.counters.get("left_out", 0) for r in results),
+                               sum(r.counters.get("skipped", 0) for r in results))
         for i, c0, c1 in parts:
             seconds = votes[count + i]
             if not votes[i] and seconds > 0 and c1 - c0 >= 2:
@@ -529,7 +548,8 @@ class InaEngine:
 
     def _stream_parts(self, parts: list[tuple[int, int, int]], x: np.ndarray,
                       out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int, k: int,
-                      average: bool, bits: int, deadline: Deadline) -> list[StreamResult]:
+                      average: bool, bits: int, deadline: Deadline, call_number: int = 0,
+                      quorum: int = 0) -> list[StreamResult]:
         """Stream each share through its aggregator: the first in this thread, the others
         in threads of their own (the streams run without the GIL). Ctrl-C here cancels
         the others before it propagates."""
@@ -543,7 +563,7 @@ class InaEngine:
             return self.links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
                                         agreed[c0 * g:c1 * g], average, s.retransmit_timeout,
                                         s.retransmit_min, s.retransmit_max, s.switch_silence,
-                                        remaining, bits, cancel)
+                                        remaining, bits, cancel, call_number, quorum)
 
         if not parts:  # an empty call
             return []

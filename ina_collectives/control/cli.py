@@ -1,5 +1,5 @@
-"""``python -m ina_collectives.control {show,configure,teardown}``: what ina-run does
-through the controller, by hand."""
+"""``python -m ina_collectives.control {show,configure,teardown,mode}``: what ina-run does
+through the controller, by hand, and a running job's mode."""
 from __future__ import annotations
 
 import argparse
@@ -13,11 +13,12 @@ from .job import JobSpec, load_workers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ina_collectives.control {show,configure,teardown}``: what ina-run does,
-    by hand (for ranks started some other way)."""
+    """``python -m ina_collectives.control {show,configure,teardown,mode}``: what ina-run
+    does, by hand (for ranks started some other way); ``mode`` asks a running job for sync
+    or quorum k (docs/quorum.md)."""
     parser = argparse.ArgumentParser(prog="python -m ina_collectives.control",
                                      description=main.__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("show", "configure", "teardown"))
+    parser.add_argument("action", choices=("show", "configure", "teardown", "mode"))
     parser.add_argument("--target", required=True, metavar="HOST:PORT",
                         help="the P4Runtime target")
     parser.add_argument("--p4info", type=Path)
@@ -38,10 +39,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--value-bits", type=int, default=0,
                         help="the values' width the ranks will use, 32 or 16 (checked "
                              "against the build; default: the build's)")
+    parser.add_argument("--quorum", type=int, default=None, metavar="K",
+                        help="mode: a chunk completes when K workers contributed (0: all, "
+                             "sync); without it, mode shows the job's mode")
     args = parser.parse_args(argv)
     try:
         job = None
-        if args.action != "show":
+        if args.action == "mode" and not args.job_id:
+            parser.error("mode needs --job-id")
+        if args.action not in ("show", "mode"):
             if not args.job_id or args.workers is None:
                 parser.error(f"{args.action} needs --job-id and --workers")
             job = JobSpec(args.job_id, load_workers(args.workers), args.slots,
@@ -58,6 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"INA_SWITCH_SLOTS={job.slots}")
             elif args.action == "teardown":
                 controller.teardown(job)
+            elif args.action == "mode":
+                if args.quorum is not None:
+                    controller.set_mode(args.job_id, args.quorum)
+                quorum, generation = controller.read_mode(args.job_id)
+                print(f"job {args.job_id}: {f'quorum {quorum}' if quorum else 'sync'} "
+                      f"(generation {generation})")
             else:
                 build = controller.build
                 print(f"K {build.k}, S {build.slots}, B {build.block}, "
@@ -69,6 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for group, replicas in sorted(controller.read_groups().items()):
                     print(f"group {group}: replicas {replicas}")
                 print("drops:", {k: v for k, v in controller.read_drops().items() if v})
+                for w in {w["job_id"] for w in controller.read_workers()}:
+                    quorum, generation = controller.read_mode(w)
+                    if generation:
+                        print(f"job {w}: {f'quorum {quorum}' if quorum else 'sync'} "
+                              f"(generation {generation})")
         return 0
     except (ControlError, ValueError, OSError, KeyError, TypeError) as exc:
         print(f"ina_collectives.control: error: {exc}", file=sys.stderr)

@@ -37,6 +37,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .. import protocol as P
 from ..errors import ControlError, TargetUnavailable
 from . import schema as S
 from .job import JobSpec
@@ -341,9 +342,48 @@ class Controller:
         self._remove(job, quiet=False)
         log.info("job %d torn down", job.job_id)
 
+    def _mode_entry(self, job_id: int, quorum: int = 0, generation: int = 0) -> Any:
+        te = self._sh.TableEntry(S.MODES.name)(action=S.SET_MODE.name)
+        te.match["job_id"] = str(job_id)
+        te.action["quorum"] = str(quorum)
+        te.action["generation"] = str(generation)
+        return te
+
+    def _mode_of(self, job_id: int) -> tuple[int, int] | None:
+        self._need()
+        for te in self._read(S.MODES.name, self._sh.TableEntry(S.MODES.name)):
+            if int.from_bytes(te.match["job_id"].exact.value, "big") == job_id:
+                return (int.from_bytes(te.action["quorum"].value, "big"),
+                        int.from_bytes(te.action["generation"].value, "big"))
+        return None
+
+    def read_mode(self, job_id: int) -> tuple[int, int]:
+        """(quorum k, generation) of a job's mode entry; (0, 0) if it has none: sync."""
+        return self._mode_of(job_id) or (0, 0)
+
+    def set_mode(self, job_id: int, quorum: int) -> int:
+        """Ask a job for a mode while it runs: 0 sync, else quorum k (a chunk completes
+        when k of its n workers contributed). The entry's generation counts up; the
+        results announce it and every rank adopts the mode at the same call boundary
+        (docs/quorum.md). Returns the new generation."""
+        if not 0 <= job_id < S.JOB_IDS:
+            raise ValueError(f"job id {job_id} is not 0..{S.JOB_IDS - 1}")
+        if not 0 <= quorum <= P.MAX_WORKERS:
+            raise ValueError(f"quorum {quorum} is not 0 (sync) .. {P.MAX_WORKERS}")
+        entry = self._mode_of(job_id)
+        generation = ((entry[1] if entry else 0) + 1) & 0xFFFFFFFF or 1
+        self._write(f"setting job {job_id}'s mode",
+                    [self._update("MODIFY" if entry else "INSERT",
+                                  self._mode_entry(job_id, quorum, generation))],
+                    [f"mode of job {job_id}"])
+        log.info("job %d: mode %s asked (generation %d)", job_id,
+                 f"quorum {quorum}" if quorum else "sync", generation)
+        return generation
+
     def _remove(self, job: JobSpec, quiet: bool) -> None:
         problems = []
-        steps = [("rewrite", self._rewrite_entries(job)), ("group", [self._group_entry(job)]),
+        steps = [("mode", [self._mode_entry(job.job_id)]),
+                 ("rewrite", self._rewrite_entries(job)), ("group", [self._group_entry(job)]),
                  ("worker", self._worker_entries(job))]
         for what, entities in steps:
             for i, entity in enumerate(entities):

@@ -94,8 +94,15 @@ REPLICAS = Table(f"{EGRESS}.ina_replicas", _id(_TABLE, 3), (
 
 ANSWER = Action(f"{INGRESS}.answer_from_switch", _id(_ACTION, 7))
 
-TABLES = (WORKERS, L2, REPLICAS)
-ACTIONS = (ADMIT, REJECT, FORWARD, DROP, REWRITE, DROP_REPLICA, ANSWER)
+# -- a job's mode (docs/quorum.md): job -> (quorum k, generation), announced in results --
+SET_MODE = Action(f"{INGRESS}.set_mode", _id(_ACTION, 8), (
+    Field("quorum", 8), Field("generation", 32)))
+SYNC_MODE = Action(f"{INGRESS}.sync_mode", _id(_ACTION, 9))
+MODES = Table(f"{INGRESS}.ina_modes", _id(_TABLE, 4), (
+    Field("job_id", 16, "hdr.ina.job_id"),), (SET_MODE,), SYNC_MODE, 1024)
+
+TABLES = (WORKERS, L2, REPLICAS, MODES)
+ACTIONS = (ADMIT, REJECT, FORWARD, DROP, REWRITE, DROP_REPLICA, ANSWER, SET_MODE, SYNC_MODE)
 
 # -- registers: per cell (2 S of them) ------------------------------------------------
 
@@ -106,8 +113,8 @@ class Register:
     id: int
     bits: int
     # The software switch's name of the cell field (Aggregator.get_cell/set_cell):
-    # "bitmap", "count", "chunk", "epoch", ("exponent", g), ("proposal", g), or the
-    # element index i of a value register.
+    # "bitmap", "count", "chunk", "epoch", "call", "contributors", ("exponent", g),
+    # ("proposal", g), or the element index i of a value register.
     state: str | tuple[str, int] | int = ""
 
 
@@ -116,7 +123,12 @@ COUNT = Register(f"{INGRESS}.slot_packets", _id(_REGISTER, 2), 16, "count")
 CHUNK = Register(f"{INGRESS}.slot_chunk", _id(_REGISTER, 4), 64,  # offset ++ count ++ blocks
                  "chunk")
 EPOCH = Register(f"{INGRESS}.slot_epoch", _id(_REGISTER, 5), 16, "epoch")  # of its last run
-STATE_REGISTERS = (BITMAP, COUNT, CHUNK, EPOCH)  # per cell; with the pairs', a job reset's
+CALL = Register(f"{INGRESS}.slot_call", _id(_REGISTER, 6), 24,  # call ++ quorum k
+                "call")
+CONTRIBUTORS = Register(f"{INGRESS}.slot_contributors", _id(_REGISTER, 7), P.MAX_WORKERS,
+                        "contributors")  # the workers its result counted
+# Per cell; with the pairs', what a job reset zeroes.
+STATE_REGISTERS = (BITMAP, COUNT, CHUNK, EPOCH, CALL, CONTRIBUTORS)
 EXPONENT_PREFIX = f"{INGRESS}.exponent_"
 PROPOSAL_PREFIX = f"{INGRESS}.proposal_"
 VALUE_PREFIX = f"{INGRESS}.value_"
@@ -180,7 +192,8 @@ JOB_RESULTS_COUNTER_ID = _id(_COUNTER, 2)
 JOB_IDS = 65536
 
 # What the controller writes or reads (the software switch serves exactly these).
-ENTITIES_USED = (WORKERS.name, ADMIT.name, REPLICAS.name, REWRITE.name,
+ENTITIES_USED = (WORKERS.name, ADMIT.name, REPLICAS.name, REWRITE.name, MODES.name,
+                 SET_MODE.name,
                  *(r.name for r in STATE_REGISTERS), f"{EXPONENT_PREFIX}0",
                  f"{PROPOSAL_PREFIX}0", f"{VALUE_PREFIX}0", DROPS_COUNTER_NAME,
                  JOB_RESULTS_COUNTER_NAME)
@@ -292,7 +305,7 @@ def read_build(info: Any) -> Build:
     actions = {a.preamble.name: a for a in info.actions}
     registers = {r.preamble.name: r for r in info.registers}
     ids: dict[str, int] = {}
-    for table in (WORKERS, REPLICAS):
+    for table in (WORKERS, REPLICAS, MODES):
         t = tables.get(table.name)
         if t is None:
             raise ValueError(f"the P4Info has no table {table.name}")

@@ -37,7 +37,8 @@ CAP_NACKS = 1     # it NACKs skipped packet numbers and answers result requests
 CAP_NARROW = 2    # a job of 32-bit values also takes calls of 16-bit values
 CAP_SHARDS = 4    # the reply lists the UDP ports of the switch's shards after the 4th value
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
-                "reorder_out", "delay_ms_in", "delay_ms_out")
+                "reorder_out", "delay_ms_in", "delay_ms_out", "straggler_worker",
+                "straggler_delay_ms")
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
                "worker id taken by another address", "no room for the job",
                "the job is configured by a controller (P4Runtime)",
@@ -65,7 +66,10 @@ def read_control(packet: bytes) -> tuple[dict[str, int], np.ndarray]:
 
 
 def _fault_scale(name: str) -> float:
-    return 1e3 if name.startswith("delay") else 1e6  # delays ms -> us, probabilities -> ppm
+    if name == "straggler_worker":
+        return 1  # a worker id
+    # delays ms -> us, probabilities -> ppm
+    return 1e3 if "delay" in name else 1e6
 
 
 def encode_faults(faults: dict[str, float]) -> list[int]:

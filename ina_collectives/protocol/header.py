@@ -15,8 +15,10 @@ from typing import NamedTuple
 # 2: the reserved byte became seq, the flag NACK came (docs/protocol.md, Loss). 3: an
 # exponent per sub-block of B values after the header, and 16-bit values. A packet of
 # another version is dropped as malformed; a join of another version is refused, naming
-# both (protocol/control.py), so a mixed job fails to join, not to add.
-PROTOCOL_VERSION = 3
+# both (protocol/control.py), so a mixed job fails to join, not to add. 4: the call
+# number, the quorum a chunk completes at, the job's mode and the contributors of a
+# result (docs/quorum.md).
+PROTOCOL_VERSION = 4
 UDP_PORT = 47474  # the aggregator's well-known port (workers listen on any port)
 
 FLAG_RESULT = 0x01       # aggregator -> worker: the slot's sum
@@ -77,11 +79,26 @@ FIELDS: tuple[Field, ...] = (
           "the run's epoch: drawn by rank 0 at init, the same on every worker of the run; "
           "a cell last used in another epoch counts as idle (stale state of an earlier run "
           "is never answered)"),
+    Field("call", "call", 16, False, "call",
+          "the call's number in the run (mod 65536), the same on every worker: with the "
+          "offset, which chunk a packet is of (a late packet of a finished chunk is told "
+          "from the next use of its cell)"),
+    Field("quorum", "quorum", 8, False, "quorum",
+          "k: the chunk is complete when k workers contributed (0: all n, sync); the "
+          "workers stamp the call's mode, a result repeats its cell's"),
+    Field("mode_quorum", "mode_quorum", 8, False, "mode quorum",
+          "results: the k the job's mode asks for now (0: sync), set by the control plane; "
+          "the workers adopt it at a call boundary (workers send 0)"),
+    Field("mode_generation", "mode_generation", 32, False, "mode generation",
+          "results: the number of the job's latest mode change (workers send 0)"),
+    Field("contributors", "contributors", 64, False, "contributors",
+          "results: bit w set if worker w was counted in the sum (their number divides "
+          "an AVERAGE; workers send 0)"),
 )
 RESERVED: tuple[str, ...] = ()  # fields that must be 0 (none now)
 
 _CODES = {(8, False): "B", (16, False): "H", (16, True): "h", (32, False): "I",
-          (32, True): "i"}
+          (32, True): "i", (64, False): "Q"}
 HEADER = struct.Struct("!" + "".join(_CODES[f.bits, f.signed] for f in FIELDS))
 HEADER_BYTES = HEADER.size
 OFFSETS: dict[str, int] = {}
@@ -89,7 +106,7 @@ _at = 0
 for _f in FIELDS:
     OFFSETS[_f.name] = _at
     _at += _f.bits // 8
-assert _at == HEADER_BYTES == 24
+assert _at == HEADER_BYTES == 40
 
 OFF_VERSION = OFFSETS["version"]
 OFF_FLAGS = OFFSETS["flags"]
@@ -104,6 +121,11 @@ OFF_VALUE_BITS = OFFSETS["value_bits"]
 OFF_BLOCK = OFFSETS["block"]
 OFF_EPOCH = OFFSETS["epoch"]
 OFF_SEQ = OFFSETS["seq"]
+OFF_CALL = OFFSETS["call"]
+OFF_QUORUM = OFFSETS["quorum"]
+OFF_MODE_QUORUM = OFFSETS["mode_quorum"]
+OFF_MODE_GENERATION = OFFSETS["mode_generation"]
+OFF_CONTRIBUTORS = OFFSETS["contributors"]
 OFF_PAYLOAD = HEADER_BYTES
 
 MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
@@ -156,7 +178,7 @@ def elements_for_mtu(mtu: int, block: int = DEFAULT_BLOCK, value_bits: int = 32)
 # program's drop counter share this order (the index is the counter's).
 DROP_REASONS = ("malformed", "unknown job", "unknown worker", "bad slot", "mismatched chunk",
                 "duplicate in progress", "injected loss in", "injected loss out",
-                "result from a worker", "stale")
+                "result from a worker", "stale", "late")
 
 
 # What a worker's parser says of a received packet: 0 accepts it, any other value is
@@ -173,11 +195,14 @@ _DATA_FIELDS = tuple(f.name for f in FIELDS if f.name not in RESERVED)
 
 def pack_header(*, flags: int, job: int, worker: int, slot_version: int, slot: int,
                 offset: int, count: int, blocks: int = 0, value_bits: int = 32,
-                block: int = 0, epoch: int = 0, seq: int = 0,
-                version: int = PROTOCOL_VERSION) -> bytes:
+                block: int = 0, epoch: int = 0, seq: int = 0, call: int = 0,
+                quorum: int = 0, mode_quorum: int = 0, mode_generation: int = 0,
+                contributors: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
     values = dict(version=version, flags=flags, job=job, worker=worker,
                   slot_version=slot_version, slot=slot, offset=offset, count=count,
-                  blocks=blocks, value_bits=value_bits, block=block, epoch=epoch, seq=seq)
+                  blocks=blocks, value_bits=value_bits, block=block, epoch=epoch, seq=seq,
+                  call=call, quorum=quorum, mode_quorum=mode_quorum,
+                  mode_generation=mode_generation, contributors=contributors)
     return HEADER.pack(*(values[f.name] for f in FIELDS))
 
 

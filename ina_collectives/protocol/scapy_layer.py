@@ -14,6 +14,7 @@ from scapy.fields import (
     FieldListField,
     FlagsField,
     IntField,
+    LongField,
     MultipleTypeField,
     PacketListField,
     ShortField,
@@ -28,7 +29,7 @@ from . import header as P
 _DEFAULTS = {"version": P.PROTOCOL_VERSION, "count": None, "blocks": None,
              "value_bits": 32, "block": P.DEFAULT_BLOCK}
 _TYPES = {(8, False): ByteField, (16, False): ShortField, (16, True): SignedShortField,
-          (32, False): IntField, (32, True): SignedIntField}
+          (32, False): IntField, (32, True): SignedIntField, (64, False): LongField}
 
 
 def _scapy_field(f: P.Field) -> Field:

@@ -22,7 +22,10 @@ from ..collectives.waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
 
-KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier")
+# quorum: set the switch's quorum mode at this point of every rank's sequence (its shape
+# holds k, compared like any shape).
+KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
+         "quorum")
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in P.FAULT_FIELDS:
         flag = "--" + name.replace("_ms", "").replace("_", "-") + ("-ms" if "delay" in name else "")
         parser.add_argument(flag, dest=name, type=float, default=0.0,
-                            help="fault injection: " + ("milliseconds added" if "delay" in name
-                                                        else "probability per packet"))
+                            help="fault injection: " + (
+                                "this worker id's packets are held back (in every job)"
+                                if name == "straggler_worker" else "milliseconds added"
+                                if "delay" in name else "probability per packet"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="ina-switch %(levelname)s %(message)s")

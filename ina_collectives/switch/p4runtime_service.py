@@ -221,7 +221,7 @@ class Target:
 
     def _table_update(self, kind: int, entry: Any) -> None:
         build = self._need_pipeline()
-        schema = {build.ids[t.name]: t for t in (S.WORKERS, S.REPLICAS)}
+        schema = {build.ids[t.name]: t for t in (S.WORKERS, S.REPLICAS, S.MODES)}
         table = schema.get(entry.table_id)
         if entry.table_id not in self.tables:
             raise P4RuntimeError(code_pb2.NOT_FOUND, f"no table with id {entry.table_id}")
@@ -245,6 +245,8 @@ class Target:
             self._worker_update(kind, fields, params, entries.get(key))
         elif table is S.REPLICAS and params is not None:
             self._validate_rewrite(params)
+        elif table is S.MODES:
+            self._mode_update(fields["job_id"], params, entries.get(key))
         if kind == U.DELETE:
             del entries[key]
         else:
@@ -340,6 +342,26 @@ class Target:
         job.workers[params["worker_id"]] = (addr_be, port_be)
         self.aggregator.set_worker(job_id, params["worker_id"], addr_be, port_be)
         self._sync_replicas(job=job_id)
+
+    def _mode_update(self, job_id: int, params: dict[str, int] | None, old: Any) -> None:
+        """An ina_modes entry sets the mode a job's results announce (docs/quorum.md);
+        deleting it asks for sync again, with the next generation."""
+        if self.aggregator.mode(job_id) is None:
+            raise P4RuntimeError(code_pb2.NOT_FOUND,
+                                 f"{S.MODES.name}: no job {job_id} (install its workers "
+                                 "first)")
+        if params is None:
+            generation = self.aggregator.mode(job_id)[1] + 1
+            quorum = 0
+        else:
+            quorum, generation = params["quorum"], params["generation"]
+        try:
+            self.aggregator.set_mode(job_id, quorum, generation & 0xFFFFFFFF)
+        except ValueError as exc:
+            raise P4RuntimeError(code_pb2.INVALID_ARGUMENT,
+                                 f"{S.MODES.name} entry for job {job_id}: {exc}") from None
+        log.info("job %d: mode %s (generation %d)", job_id,
+                 f"quorum {quorum}" if quorum else "sync", generation)
 
     def _check_worker(self, job_id: int, p: dict[str, int], replacing: int | None = None
                       ) -> None:

@@ -127,7 +127,7 @@ class SoftwareSwitch:
         return {"packets_in": a.packets_in, "packets_out": a.packets_out,
                 "results": a.results, "retransmits_answered": a.retransmits_answered,
                 "nacks": a.nacks, "result_requests": a.result_requests,
-                "slots_busy": a.busy_slots(), "drops": a.drop_counts(),
+                "late_answered": a.late_answered, "slots_busy": a.busy_slots(), "drops": a.drop_counts(),
                 "send_failures": a.send_failures,
                 "send_path": "UDP_SEGMENT" if a.gso else "sendmmsg", "send_calls": a.send_calls,
                 "receive_path": "UDP_GRO" if self.gro else "recvmmsg",
@@ -299,6 +299,7 @@ def status_text(address: str, s: dict) -> str:
             f"out {s['packets_out']} results {s['results']} busy slots "
             f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
             f"nacks {s['nacks']} result requests {s['result_requests']} "
+            + (f"late answered {s['late_answered']} " if s.get("late_answered") else "")
             + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
             + f"send calls {s['send_calls']} ({s['send_path']}) gro buffers "
             f"{s['gro_buffers']} "

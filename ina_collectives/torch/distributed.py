@@ -222,6 +222,15 @@ class ProcessGroupIna(dist.ProcessGroup):
         request = OpRequest("barrier", self._name(), "none", "uint8")
         return self._work([self._runtime.submit(request)], lambda results: [], "barrier")
 
+    def set_quorum(self, k: int) -> None:
+        """Quorum mode for this group's switch-served calls after this one (every rank
+        calls it with the same k; ina_collectives.set_quorum)."""
+        from ..collectives.quorum import Quorum
+
+        Quorum._check(k)
+        request = OpRequest("quorum", self._name(), "none", "uint8", shape=(int(k),))
+        self._work([self._runtime.submit(request)], lambda results: [], "set_quorum").wait()
+
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         # Every rank gets the result, as an allreduce: only the root is required to.
         options = dist.AllreduceOptions()

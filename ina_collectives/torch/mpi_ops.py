@@ -1062,6 +1062,23 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     synchronize(_register([handle], lambda _: None, "every rank to reach the barrier"))
 
 
+def set_quorum(k: int, process_set: ProcessSet = global_process_set) -> None:
+    """Quorum mode for the allreduces submitted after this call (every rank calls it with
+    the same k): the switch completes each chunk when k workers contributed, so a
+    straggler does not set the pace; a worker left out of a chunk has its gradient
+    dropped for that step, and Average divides by the workers counted. 0: sync.
+    ``stats()["switch"]["quorum"]`` says which ranks the last call left out
+    (docs/quorum.md)."""
+    from ..collectives.quorum import Quorum
+
+    Quorum._check(k)
+    member = _member(process_set, "set_quorum")
+    request = OpRequest("quorum", _name("set_quorum", None, member), "none", "uint8",
+                        shape=(int(k),))
+    handle = member.runtime.submit(request)
+    synchronize(_register([handle], lambda _: None, "every rank to set the quorum"))
+
+
 def join(device: int = -1) -> int:
     """This rank has no more batches: until every rank has joined, it takes part in the
     others' allreduces with zeros. Returns the rank that joined last."""
@@ -1083,5 +1100,6 @@ __all__ = [
     "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "barrier", "join", "poll",
+    "set_quorum",
     "synchronize", "sparse_allreduce_async", "start_timeline", "stop_timeline",
 ]

@@ -148,9 +148,9 @@ def quantize(x: np.ndarray, exps: np.ndarray, n: int, k: int, b: int = P.DEFAULT
 
 
 def dequantize(q: np.ndarray, exps: np.ndarray, n: int, k: int, out: np.ndarray,
-               average: bool = False, b: int = P.DEFAULT_BLOCK) -> None:
+               average: bool = False, b: int = P.DEFAULT_BLOCK, counted: int = 0) -> None:
     """Write the aggregated payload q (int32 or int16, network order) into out, in out's
-    dtype."""
+    dtype; an AVERAGE divides by ``counted``, the workers the sum counted (0: n)."""
     bits = 8 * q.dtype.itemsize
     check_kernel_args(out, k, b, bits)
     _check_exps(exps, out.size, k, b)
@@ -164,7 +164,7 @@ def dequantize(q: np.ndarray, exps: np.ndarray, n: int, k: int, out: np.ndarray,
         return
     scale = np.ldexp(1.0, -_shifts(exps, n, out.size, k, b, bits))
     if average:
-        scale = scale / n  # folded into the one multiply, as the fast path does
+        scale = scale / (counted or n)  # folded into the one multiply, as the fast path does
     with np.errstate(over="ignore"):  # a sum beyond the dtype's range is +-inf, as in C
         out[...] = values * scale  # then one rounding from float64 to the output dtype
 

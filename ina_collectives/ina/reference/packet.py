@@ -116,7 +116,8 @@ def parse_result(packet: np.ndarray, out: np.ndarray, n: int, k: int, job: int,
     # The chunk alone is a tensor of one chunk: G exponents (those past its end unused).
     g = blockfp.sub_blocks_per_chunk(k, block)
     exps = np.pad(exps, (0, g - blocks), constant_values=blockfp.EXPONENT_MIN[out.dtype])
-    blockfp.dequantize(q, exps, n, k, out[start:stop], average, block)
+    blockfp.dequantize(q, exps, n, k, out[start:stop], average, block,
+                       h["contributors"].bit_count())
     return P.PARSE_OK
 
 

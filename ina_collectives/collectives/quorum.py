@@ -1,0 +1,99 @@
+"""Quorum mode (docs/quorum.md): the k a switch-served call's chunks complete at, and what
+the ranks learn from each call.
+
+Every rank holds the same state and changes it at the same call boundary, from values
+every rank has alike: the k asked with ``set`` (a collective call), the mode the
+aggregators announce in their results (the newest is agreed in each call's outcome vote),
+and the workers each call's results counted (every rank receives the same results).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from .. import protocol as P
+
+log = logging.getLogger("ina_collectives")
+
+
+class Quorum:
+    """One job's quorum mode, on one rank: ``k`` (0: sync), the staleness bound, and the
+    counts ``report`` gives."""
+
+    def __init__(self, n: int, rank: int, k: int, max_skips: int):
+        self.n, self.rank = n, rank
+        self.k = self._check(k)
+        self.max_skips = max_skips
+        self.generation = 0  # the control plane's mode last adopted (0: none yet)
+        # calls in a row each rank was left out of a chunk: the staleness bound's count
+        self.skips = np.zeros(n, np.int64)
+        self.calls = 0  # switch-served calls started: the call number (mod 65536)
+        self._stamp = 0  # the quorum stamped in the packets of the call under way
+        self.quorum_calls = self.waited_calls = self.changes = 0
+        self.calls_left_out = 0  # quorum calls that left this rank out of some chunk
+        self.last: dict[str, Any] = {}
+
+    @staticmethod
+    def _check(k: int) -> int:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) \
+                or not 0 <= k <= P.MAX_WORKERS:
+            raise ValueError(f"quorum must be an int 0 (sync) .. {P.MAX_WORKERS}, got {k!r}")
+        return int(k)
+
+    def set(self, k: int) -> None:
+        """Quorum k (0: sync) from the next call on; the caller made sure every rank
+        asks the same k at the same point."""
+        self.k = self._check(k)
+
+    def next_call(self) -> tuple[int, int]:
+        """(call number, quorum stamp) of the switch-served call about to start. The
+        stamp is 0 (sync) when k is 0 or covers all n, and for one call when a worker
+        has been left out of ``max_skips`` calls in a row (the staleness bound)."""
+        self.calls += 1
+        stamp = self.k if 0 < self.k < self.n else 0
+        if stamp and self.max_skips and bool((self.skips >= self.max_skips).any()):
+            stamp = 0
+            self.waited_calls += 1
+        self._stamp = stamp
+        return self.calls & 0xFFFF, stamp
+
+    def after_call(self, counted_all: int, counted_any: int, announced: int, left_out: int,
+                   skipped: int) -> None:
+        """A call's outcome. counted_all, counted_any: the workers every result of the
+        call counted, and those some result counted (bitmaps over the shares that
+        completed; the same on every rank); announced: the
+        newest mode the aggregators announced (generation << 8 | k, the vote's max);
+        left_out, skipped: this rank's chunks not counted, and those it sent no values for
+        (they did not fit the exponents agreed without it)."""
+        stamp = self._stamp
+        out = [r for r in range(self.n) if not (counted_all >> r) & 1] if stamp else []
+        never = [r for r in out if not (counted_any >> r) & 1]
+        for r in range(self.n):
+            self.skips[r] = self.skips[r] + 1 if r in out else 0
+        if stamp:
+            self.quorum_calls += 1
+            self.calls_left_out += self.rank in out
+        self.last = {"quorum": stamp, "counted": self.rank not in out,
+                     "ranks_left_out": out, "ranks_never_counted": never,
+                     "chunks_left_out": left_out,
+                     "chunks_skipped": skipped}
+        generation, k = announced >> 8, announced & 0xFF
+        if generation and generation != self.generation:
+            self.generation = generation
+            self.changes += 1
+            if k != self.k:
+                log.warning("the control plane asks for %s (mode generation %d): in force "
+                            "from the next call", f"quorum {k}" if k else "sync", generation)
+            self.k = min(k, P.MAX_WORKERS)
+
+    def report(self) -> dict[str, Any]:
+        """stats()["quorum"]: the mode in force, the counts, and the last call's flags
+        (``last_call["counted"]`` is False when this rank's values were left out of some
+        chunk of it)."""
+        return {"mode": f"quorum {self.k}" if 0 < self.k < self.n else "sync", "k": self.k,
+                "generation": self.generation, "mode_changes": self.changes,
+                "max_skips": self.max_skips, "quorum_calls": self.quorum_calls,
+                "waited_calls": self.waited_calls, "calls_left_out": self.calls_left_out,
+                "last_call": dict(self.last)}
