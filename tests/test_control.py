@@ -720,6 +720,60 @@ def test_ina_run_with_a_running_switch_lets_the_ranks_join(tmp_path, ina_run_cas
         assert "drops: none" in sw.final_status, sw.lines
 
 
+@pytest.mark.mpi
+def test_a_mode_asked_while_the_job_runs_takes_effect_at_one_call_boundary(controller,
+                                                                           switch):
+    """The controller asks a running job of three ranks for quorum 2 (a P4Runtime write
+    of its ina_modes entry). The results announce it, and every rank switches at the
+    same call: the calls before ran in sync (the sum of all three), the calls after in
+    quorum 2 (no staleness bound here: it would run some in sync), and every call gave
+    every rank the same bits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n, count = 3, 2000
+    socks = free_udp_sockets(n, "0.0.0.0")
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    job = JobSpec(90, [Worker("127.0.0.1", p) for p in ports], slots=4)
+    controller.configure(job)
+    try:
+        env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
+               "INA_WORKER_PORTS": ",".join(map(str, ports)), **BUILD_ENV,
+               "INA_SWITCH_SLOTS": str(job.slots)}
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(mpirun.run, n, "quorum_calls", {
+                "steps": [(None, "float32", "sum", count, 1)], "until_quorum": 5,
+                "max_calls": 400, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
+                                               "quorum_max_skips": 0}},
+                env=env, timeout=180)
+            deadline = time.monotonic() + 60
+            while controller.read_job_results(job.job_id) < 10 * -(-count // K):
+                assert time.monotonic() < deadline and not running.done(), "no results"
+                time.sleep(0.05)
+            generation = controller.set_mode(job.job_id, 2)
+            results = running.result()
+        assert controller.read_mode(job.job_id) == (2, generation)
+    finally:
+        controller.teardown(job)
+    stamps = [[c["quorum"] for c in r["calls"]] for r in results]
+    assert all(s == stamps[0] for s in stamps), stamps
+    first = stamps[0].index(2)
+    assert first >= 10 and set(stamps[0][:first]) == {0} and set(stamps[0][first:]) == {2}
+    for i, stamp in enumerate(stamps[0]):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"call {i}: ranks differ"
+        calls = [r["calls"][i] for r in results]
+        assert all(c["ranks_left_out"] == calls[0]["ranks_left_out"] for c in calls), calls
+        if not calls[0]["ranks_left_out"]:  # every rank counted in every chunk
+            check_within_bound(per_rank[0], "float32", "sum", count, 1, n, k=K, block=B,
+                               bits=BITS)
+    for r in results:
+        report = r["stats"]["switch"]["quorum"]
+        assert report["generation"] == generation and report["mode_changes"] == 1, report
+        assert report["mode"] == "quorum 2", report
+
+
 def test_control_command_line(switch, pipeline, tmp_path):
     (tmp_path / "workers.json").write_text(json.dumps(
         [{"ip": "127.0.0.1", "udp_port": 41600 + i} for i in range(2)]))

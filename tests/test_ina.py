@@ -306,10 +306,15 @@ def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch, faul
 
 
 @pytest.mark.mpi
-def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job():
+@pytest.mark.parametrize("quorum", [0, 2])
+def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job(quorum):
+    """One of three ranks freezes mid-call: the others fail within their bound, naming
+    what they waited for (in quorum 2 their chunks complete without it, and the wait
+    that gives up is a collective's), and the switch frees the job."""
     with embedded_switch("--idle", "1") as sw:
         params = {"count": 1 << 20, "stop_after": 0.2,
-                  "settings": {"switch_min_bytes": 0, "switch_silence": 1.0, "timeout": 4}}
+                  "settings": {"switch_min_bytes": 0, "switch_silence": 1.0, "timeout": 4,
+                               "quorum": quorum}}
         results = mpirun.run(3, "ina_worker_dies", params, env={"INA_SWITCH": sw.address_text},
                              timeout=120, survive_dead_ranks=True)
         deadline = time.monotonic() + 10

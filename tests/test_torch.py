@@ -196,6 +196,42 @@ def test_switch16_compression_sums_16_bit_values_through_the_switch(switch):
 
 
 @pytest.mark.mpi
+def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_counted():
+    """hvd.set_quorum(2) in a job of three whose rank 2 the switch holds back 150 ms:
+    Average is the mean of ranks 0 and 1 (divided by 2), Sum their sum; set_quorum(0)
+    returns to the mean of all three; ranks asking for different quorums all raise, and
+    the runtime goes on."""
+    from ina_collectives.ina.reference import blockfp
+    from ina_collectives.switch import send_faults
+    from ina_collectives.switch.embedded import embedded_switch
+
+    n = 3
+    with embedded_switch() as sw:
+        send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
+        results = run(n, "torch_quorum", env={"INA_SWITCH": sw.address_text}, timeout=180)
+    xs = np.stack([gradient_like(r) for r in range(n)])
+    k = P.max_elements(P.MAX_DATAGRAM, P.DEFAULT_BLOCK, 32)
+    agreed = np.max([blockfp.block_exponents(x, k)[0] for x in xs], axis=0)
+    exps = blockfp.element_exponents(agreed, xs.shape[1], k, P.DEFAULT_BLOCK)
+    for name, ranks, average in (("sync", [0, 1, 2], True), ("average", [0, 1], True),
+                                 ("sum", [0, 1], False), ("back", [0, 1, 2], True),
+                                 ("after", [0, 1, 2], True)):
+        got = results[0][name]
+        exact = xs[ranks].astype(np.float64).sum(axis=0) / (len(ranks) if average else 1)
+        bound = blockfp.error_bound(n, exps, np.float32, got, average)
+        # (Averages outside a quorum are Horovod's: the sum, then one division.)
+        assert (np.abs(got - exact) <= bound * (1 + 1e-6) + 1e-6).all(), name
+        assert all((r[name] == got).all() for r in results), f"{name}: ranks differ"
+    assert [r["last"]["counted"] for r in results] == [True, True, False]
+    assert results[0]["last"]["ranks_never_counted"] == [2]
+    report = results[2]["report"]
+    assert report["quorum_calls"] == 2 and report["calls_left_out"] == 2, report
+    assert report["mode"] == "sync", report
+    for r in results:
+        assert "Mismatched shape of quorum" in r["disagree"]["message"], r["disagree"]
+
+
+@pytest.mark.mpi
 def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter():
     n = 3
     results = run(n, "torch_grouped_and_scaled", env={"INA_SWITCH": ""})

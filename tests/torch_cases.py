@@ -231,6 +231,28 @@ def torch_switch16(comm: Any, p: dict) -> dict[str, Any]:
 
 
 @case
+def torch_quorum(comm: Any, p: dict) -> dict[str, Any]:
+    """hvd.set_quorum between allreduces (Average and Sum), back to sync, then ranks
+    that ask for different quorums."""
+    import ina_collectives.torch as hvd
+    hvd.init(switch_min_bytes=0)
+    r = hvd.rank()
+    x = torch.from_numpy(gradient_like(r))
+    out: dict[str, Any] = {"sync": _np(hvd.allreduce(x, name="sync"))}
+    hvd.set_quorum(2)
+    out["average"] = _np(hvd.allreduce(x, name="quorum.average"))
+    out["last"] = hvd.stats()["switch"]["quorum"]["last_call"]
+    out["sum"] = _np(hvd.allreduce(x, op=hvd.Sum, name="quorum.sum"))
+    hvd.set_quorum(0)
+    out["back"] = _np(hvd.allreduce(x, name="back"))
+    out["report"] = hvd.stats()["switch"]["quorum"]
+    out["disagree"] = _attempt(lambda: hvd.set_quorum(1 + r % 2))
+    out["after"] = _np(hvd.allreduce(x, name="after"))
+    hvd.shutdown()
+    return out
+
+
+@case
 def torch_process_sets(comm: Any, p: dict) -> dict[str, Any]:
     """Collectives restricted to process sets: even and odd ranks, each set its own job
     at the switch; the errors Horovod raises; a set registered at init."""
