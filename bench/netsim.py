@@ -47,20 +47,22 @@ from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo")
+# ina-quorum: ina in quorum mode, n - 1 of n (docs/quorum.md)
+SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo", "ina-quorum")
 VALUE_BITS = {"ina16": 16}  # the switch's value width per system (else 32)
 
 
 def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
     """The ideal time of one allreduce on these links (for the job's time limit)."""
-    factor = ({"ina": 1.0, "ddp-ina": 1.0, "ina16": 0.5}.get(system) or 2 * (n - 1) / n)
+    factor = ({"ina": 1.0, "ddp-ina": 1.0, "ina16": 0.5, "ina-quorum": 1.0}.get(system)
+              or 2 * (n - 1) / n)
     return factor * nbytes * 8 / (link_mbit * 1e6)
 
 
 def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[int],
                reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1,
-               block: int = P.DEFAULT_BLOCK, straggler_ms: float = 0.0
-               ) -> tuple[list[dict[str, Any]], str]:
+               block: int = P.DEFAULT_BLOCK, straggler_ms: float = 0.0,
+               straggler_delay_ms: float = 0.0) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size, its ranks in the namespaces of ``workers``
     (default all); (records, error or ''). ``jobs``: how many run at once (the limit)."""
     mpiexec = find_mpiexec()
@@ -75,9 +77,14 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                INA_SWITCH_VALUE_BITS=str(VALUE_BITS.get(system, 32)),
                INA_BENCH_STRAGGLER_MS=str(straggler_ms),
                INA_TIMEOUT="120")
+    if system == "ina-quorum":
+        env["INA_QUORUM"] = str(len(workers) - 1)
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
+    # A packet held back D ms costs a window of S packets D ms in sync.
+    window = 8 * P.packet_bytes(P.elements_for_mtu(mtu, block), block, 32)
     limit = 60 + jobs * sum(6 * (reps + 1) * (expected_seconds(
-        system, len(workers), s, cluster.link_mbit) + straggler_ms / 1e3)
+        system, len(workers), s, cluster.link_mbit) + straggler_ms / 1e3
+        + s / window * straggler_delay_ms / 1e3)
         for s in sizes) * (1 + 50 * cluster.loss)
     with tempfile.TemporaryDirectory(prefix="netsim-") as tmp:
         out = Path(tmp, "records.json")
@@ -131,8 +138,11 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                     ExitStack() as switches:
                 # One ina-switch (one shard) per aggregator namespace; a job stripes
                 # across all of them.
+                # --straggler-delay-ms: each switch holds the last rank's packets back.
+                late = (["--straggler-worker", str(n - 1), "--straggler-delay-ms",
+                         str(args.straggler_delay_ms)] if args.straggler_delay_ms else [])
                 address = ",".join(switches.enter_context(embedded_switch(
-                    "--idle", "30", host=aggregator_ip(j),
+                    "--idle", "30", *late, host=aggregator_ip(j),
                     launcher=cluster.in_aggregator(j, []))).address_text
                     for j in range(args.switches))
                 if args.tcp_rto_min is not None:
@@ -148,7 +158,9 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                             runs = [(None, *run_system(cluster, address, system, args.sizes,
                                                        args.reps, args.mtu, list(range(n)),
                                                        block=args.block,
-                                                       straggler_ms=args.straggler_ms))]
+                                                       straggler_ms=args.straggler_ms,
+                                                       straggler_delay_ms=(
+                                                           args.straggler_delay_ms)))]
                         else:
                             runs = run_jobs(cluster, address, system, args, n)
                         for job, measured, error in runs:
@@ -165,6 +177,7 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                     "value_bits": VALUE_BITS.get(system, 32),
                                     "block": args.block,
                                     "straggler_ms": args.straggler_ms,
+                                    "straggler_delay_ms": args.straggler_delay_ms,
                                     "tcp_rto_min_ms": args.tcp_rto_min,
                                     "switches": args.switches, "jobs": args.jobs,
                                     **({} if job is None else {"job": job}),
@@ -214,6 +227,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--straggler-ms", type=float, default=0.0, metavar="MS",
                         help="the last rank starts each call MS late (a straggler); every "
                              "system's time includes the wait it causes")
+    parser.add_argument("--straggler-delay-ms", type=float, default=0.0, metavar="MS",
+                        help="the switch holds each packet of the last rank back MS (a "
+                             "straggler on a slow path; INA systems only: the others do not "
+                             "pass the switch)")
     parser.add_argument("--switches", type=int, default=1, metavar="N",
                         help="aggregators, each an ina-switch in a namespace of its own on "
                              "the bridge; INA jobs stripe each call across all of them")
@@ -246,6 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--mtu must be 576..65535")
     if not 0 <= args.straggler_ms <= 60_000:
         parser.error("--straggler-ms must be 0..60000")
+    if not 0 <= args.straggler_delay_ms <= 10_000:
+        parser.error("--straggler-delay-ms must be 0..10000")
     if not 1 <= args.switches <= 50 or not 1 <= args.jobs or max(args.n) * args.jobs > 200:
         parser.error("--switches must be 1..50, --jobs 1 or more, n x jobs at most 200")
     return args

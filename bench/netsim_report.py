@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 PEERS = ("ring", "mpi", "gloo")
-INAS = ("ina", "ina16")  # the switch's value widths: 32 and 16 bits
+INAS = ("ina", "ina16", "ina-quorum")  # 32 and 16 bits; quorum n - 1 of n
 
 
 def _size(nbytes: int) -> str:
@@ -45,7 +45,9 @@ def table(records: list[dict[str, Any]]) -> str:
             busbw = algbw * 2 * (n - 1) / n
             speedup = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and name in PEERS
                        else f"{best['seconds'] / r['seconds']:.2f}x over {best['system']}"
-                       if best and name == "ina16" else "")
+                       if best and name == "ina16"
+                       else f"{ina['seconds'] / r['seconds']:.2f}x over ina"
+                       if ina and name == "ina-quorum" else "")
             rows.append(f"| {n} | {link:g} | {loss:g} | {_size(nbytes)} | {name} | "
                         f"{r['seconds'] * 1e3:.1f} | {algbw:.1f} | {busbw:.1f} | "
                         f"{algbw / link:.2f} | {speedup} | {r.get('cpu_utilisation', 0):.0%} |")

@@ -37,6 +37,28 @@ def _start(comm: Any, **options: Any) -> None:
 
 
 @case
+def ddp_quorum(comm: Any, p: dict) -> dict[str, Any]:
+    """ina_collectives.set_quorum on the default group, then all_reduce AVG and SUM."""
+    import numpy as np
+
+    import ina_collectives as ina
+    _start(comm)
+    r = dist.get_rank()
+    x = torch.from_numpy(np.random.default_rng(70 + r).standard_normal(70_000)
+                         .astype(np.float32))
+    ina.set_quorum(p["quorum"])
+    out: dict[str, Any] = {}
+    for op in ("AVG", "SUM"):
+        t = x.clone()
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        out[op] = _np(t)
+    out["counted"] = ina.last_call_counted()
+    out["report"] = ina.stats()["switch"]["quorum"]
+    dist.destroy_process_group()
+    return out
+
+
+@case
 def ddp_ops(comm: Any, p: dict) -> dict[str, Any]:
     """Every collective and dtype, against values computed by the test."""
     import ina_collectives.torch.distributed as ina_dist

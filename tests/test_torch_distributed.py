@@ -142,6 +142,30 @@ def test_ddp_goes_on_when_the_switch_is_killed_mid_training(n):
             np.testing.assert_array_equal(a, b)  # every rank the same bits
 
 
+@pytest.mark.mpi
+def test_set_quorum_on_the_default_group_leaves_a_straggler_out():
+    """ina_collectives.set_quorum(2) under torch.distributed (backend "ina"), three ranks,
+    rank 2's packets held back by the switch: AVG is the mean of ranks 0 and 1."""
+    import numpy as np
+
+    from ina_collectives.switch import send_faults
+    from ina_collectives.switch.embedded import embedded_switch
+
+    with embedded_switch() as sw:
+        send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
+        results = run(3, "ddp_quorum", {"quorum": 2},
+                      env={"INA_SWITCH": sw.address_text, "INA_SWITCH_MIN_BYTES": "0"},
+                      timeout=180)
+    xs = np.stack([np.random.default_rng(70 + r).standard_normal(70_000).astype(np.float32)
+                   for r in range(3)]).astype(np.float64)
+    for op, exact in (("AVG", xs[:2].mean(axis=0)), ("SUM", xs[:2].sum(axis=0))):
+        got = results[0][op]
+        assert np.abs(got - exact).max() < 1e-4, op  # (the bound: test_torch's quorum test)
+        assert all((r[op] == got).all() for r in results), f"{op}: ranks differ"
+    assert [r["counted"] for r in results] == [True, True, False]
+    assert results[0]["report"]["mode"] == "quorum 2", results[0]["report"]
+
+
 # -- under torchrun: no MPI job at all -------------------------------------------------------
 
 def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.0):
