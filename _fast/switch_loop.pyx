@@ -6,8 +6,8 @@ the rule of docs/protocol.md exactly as the P4 program does: per job S slots x 2
 versions of K accumulators (int32 or int16, the job's value width), a bitmap of workers
 seen, a count, and per sub-block of B values the chunk's exponent and the max of the
 exponent proposals. A chunk completes when all n workers contributed, or, in a quorum
-call (the packets' ``quorum`` k, docs/quorum.md), when k did: a later packet for it gets
-the result back and is not added. Control packets (join/leave/probe/faults) are rare: they are
+call (the packets' ``quorum`` k, docs/quorum.md), when k did: a later packet for it is
+not added (a retransmission gets the result back). Control packets (join/leave/probe/faults) are rare: they are
 handed back to Python (ina_collectives.switch.server), which configures jobs through the
 methods below. Every packet that is neither aggregated nor answered is dropped and
 counted by reason.
@@ -132,7 +132,7 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t packets_in, packets_out, results, retransmits_answered
     cdef public uint64_t nacks  # workers told that their packet for a chunk never came
     cdef public uint64_t result_requests  # header-only retransmissions (answer_request)
-    cdef public uint64_t late_answered  # quorum: packets of a finished chunk, answered
+    cdef public uint64_t late_answered  # quorum: resends of a finished chunk, answered
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
     # 1: results leave with UDP_SEGMENT, one send per run of a worker's equal-sized results
     # (cleared if the kernel refuses it); 0: sendmmsg of the whole outbox
@@ -758,9 +758,16 @@ cdef class Aggregator(FaultInjection):
             return
         if (job.count[cell] == 0 and job.result_len[cell] and job.need[cell]
                 and job.call[cell] == call and job.offset[cell] == offset):
-            # A quorum finished this chunk without this worker: the result, not added.
-            self.late_answered += 1
-            self.send(job.result + cell * width, job.result_len[cell], &job.addr[worker])
+            # A quorum finished this chunk without this worker: nothing is added. The
+            # result went to it in the multicast; a retransmission says it never came,
+            # and gets it again. (Answering first copies too doubled a late worker's
+            # downlink bytes and overflowed shaped links: docs/quorum.md.)
+            if flags & FLAG_RETRANSMIT:
+                self.late_answered += 1
+                self.send(job.result + cell * width, job.result_len[cell],
+                          &job.addr[worker])
+            else:
+                self.drops[<int>DROP_LATE] += 1
             return
         if job.count[cell] == 0:
             job.call[cell] = call

@@ -3,7 +3,7 @@
 
 One packet in flight per slot (S in all), self-clocked by results: the result of chunk c
 frees slot c mod S for chunk c + S, whose agreed exponents the result carries (the max of
-all workers' proposals). The new packets a batch of results frees leave together, with
+all workers' proposals; a quorum call's were all agreed before it started). The new packets a batch of results frees leave together, with
 UDP segmentation offload where the kernel has it, else in one sendmmsg (udp_batch.h). A
 per-slot timer resends with exponential backoff; each chunk's result is applied to the
 output exactly once (a result for a chunk not in flight in its slot, with its version and
@@ -29,10 +29,11 @@ left to the second and later timeouts.
 
 In a quorum call (``quorum`` k > 0, docs/quorum.md) a chunk completes when k workers
 contributed: a result may not count this worker (its contributors say who was counted,
-and an AVERAGE divides by their number), and the next chunk of the slot then carries
-exponents agreed without this worker's proposal. Where its own values do not fit them,
-the worker sends that chunk's header alone (a result request) instead of clipped values,
-and is left out of the chunk.
+and an AVERAGE divides by their number). Every chunk's exponents are agreed before a
+quorum call starts (a result's proposals are those of the workers it counted, which a
+left-out worker's values need not fit). Should its values not fit all the same, a worker
+sends that chunk's header alone (a result request) instead of clipped values, and is
+left out of the chunk.
 """
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -335,8 +336,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                         break
                 c = chunk + slots
                 if c < nb:  # its exponents: the max proposals the result carries
-                    for j in range(get16(pkt + OFF_BLOCKS)):
-                        agreed[c * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
+                    for j in range(get16(pkt + OFF_BLOCKS)):  # (a quorum's: agreed already)
+                        if not quorum:
+                            agreed[c * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
                     s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
                                    versions, overtaken, next_seq, slot_seq,
                                    <const char *>&xin[0], size, kind, c, k, block,
@@ -432,9 +434,8 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
                            Py_ssize_t *skipped) noexcept nogil:
     """Write chunk c's packet into its slot's row and start its clocks; the slot. The
     caller sends it, with the others of its batch (ina_send_batch). In a quorum call,
-    a chunk whose values need larger exponents than those agreed (agreed by the workers
-    counted in the slot's previous chunk, without this one) becomes a result request:
-    its header alone; clipped values would spoil the sum."""
+    a chunk whose values need larger exponents than those agreed becomes a result
+    request, its header alone: clipped values would spoil the sum."""
     cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block, j
     cdef Py_ssize_t blocks = (min(k, size - c * k) + block - 1) // block
     cdef bint fits = True

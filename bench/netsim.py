@@ -184,7 +184,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                     "dropped_packets": (cluster.dropped() - dropped0
                                                         if loss else 0),
                                     **{k: m[k] for k in ("packets", "tcp_retransmits",
-                                                         "stream_seconds", "compute_seconds")
+                                                         "stream_seconds", "compute_seconds",
+                                                         "fallback_reasons")
                                        if k in m}})
                         progress.advance(task)
                         if args.json:

@@ -122,6 +122,8 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
         engines = ({e: c - before.get(e, 0) for e, c in collectives.stats.by_engine.items()
                     if c - before.get(e, 0)} if collectives else {"mpi": reps + 1})
         record = {"bytes": nbytes, "times": times, "engines": engines, "cpu": cpu,
+                  **({"fallback_reasons": dict(collectives.stats.fallback_reasons)}
+                     if collectives and collectives.stats.fallback_reasons else {}),
                   "tcp_retransmits": [int(v) for v in np.sum(comm.allgather(resent), 0)]}
         if streams:  # the slowest rank's seconds in the packet stream, per repetition
             record["stream_seconds"] = [float(v) for v in np.max(comm.allgather(streams), 0)]

@@ -12,6 +12,7 @@ const bit<16> INA_PORT        = 47474;
 const bit<8>  INA_VERSION     = 4;
 const bit<8>  FLAG_RESULT     = 0x01;
 const bit<8>  FLAG_CONTROL    = 0x04;
+const bit<8>  FLAG_RETRANSMIT = 0x02;
 const bit<32> CTRL_PROBE      = 3;
 const bit<16> WORKER_NONE     = 0xffff;   // the worker id of a result
 const bit<16> ELEMENTS        = 64;      // K: values per packet
@@ -984,6 +985,13 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 // its bit set from an earlier use, here or in the slot's other cell (its
                 // late packet cleared nothing). In sync every bit is clear by now.
                 seen = 0;
+            }
+            if (!late && (seen & meta.worker_bit) == 0 && count == 0 && seen != 0
+                && cell_call[7:0] != 0 && cell_call == this_call && chunk == this_chunk
+                && (hdr.ina.flags & FLAG_RETRANSMIT) == 0) {
+                // A quorum finished this chunk without this worker, whose result went
+                // out in the multicast: a first copy is dropped, a resend answered.
+                late = true;
             }
             if (late) {
                 reason = DROP_LATE;

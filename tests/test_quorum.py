@@ -62,10 +62,14 @@ def test_a_quorum_completes_without_the_late_worker_whose_packet_is_never_added(
             assert values.tolist() == [3] * K
             assert head["contributors"] == 0b011 and head["quorum"] == 2, head
             assert {r[2] for r in results} == {first}
-            # The straggler's packet for the finished chunk: the same result, not added.
+            # The straggler's packet for the finished chunk: not added; it had the result
+            # in the multicast. Its resend (the result was lost) gets the same bytes.
             workers[2].sendto(_packet(2, [1000] * K, seq=0), sw.address)
+            workers[2].sendto(_packet(2, [1000] * K, seq=0, flags=P.FLAG_RETRANSMIT),
+                              sw.address)
             assert _result(workers[2])[2] == first
             assert sw.aggregator.late_answered == 1
+            assert sw.aggregator.drop_counts()["late"] == 1
             # The next call uses the slot's other version; the one after, this cell again,
             # where worker 2 still has its bit from call 1 (its late packet cleared
             # nothing): a new use all the same, a sum of its own.
@@ -80,7 +84,7 @@ def test_a_quorum_completes_without_the_late_worker_whose_packet_is_never_added(
             # Worker 1's packet of call 1 arrives now: its cell moved on, it is dropped.
             workers[1].sendto(_packet(1, [5] * K, seq=1), sw.address)
             deadline = time.monotonic() + 5
-            while sw.aggregator.drop_counts().get("late", 0) < 1:
+            while sw.aggregator.drop_counts().get("late", 0) < 2:
                 assert time.monotonic() < deadline, sw.aggregator.drop_counts()
                 time.sleep(0.01)
             assert sw.aggregator.get_cell(JOB, 0, 0) == 40  # unchanged

@@ -470,8 +470,11 @@ class InaEngine:
         parts = [(i, int(edges[j]), int(edges[j + 1])) for j, i in enumerate(serving)
                  if edges[j + 1] > edges[j]]
         # The first window of each share (G exponents per chunk) is agreed here; the rest
-        # ride on the results.
-        windows = [(c0 * g, min(c0 + self.links[i].slots, c1) * g) for i, c0, c1 in parts]
+        # ride on the results. In a quorum call every chunk's are agreed here: a result
+        # carries the proposals of the workers it counted only, and the values of one it
+        # left out would not fit them (docs/quorum.md).
+        windows = [(c0 * g, (c1 if quorum else min(c0 + self.links[i].slots, c1)) * g)
+                   for i, c0, c1 in parts]
         proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in windows)]
                                   ).astype(np.int16)
         agreed_first = np.empty_like(proposal)
