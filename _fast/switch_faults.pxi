@@ -200,6 +200,9 @@ cdef class FaultInjection:
         while h != NULL:
             self.deliver(h.data, h.length, &h.addr)
             h = queue_pop_due(&self.delayed_in, now)
+        # What those packets completed leaves now, not with the next packet received (up
+        # to the loop's idle timeout later: 100 ms a round trip, found by the straggler).
+        self.flush_outbox()
         h = queue_pop_due(&self.delayed_out, now)
         while h != NULL:
             self.transmit(h.data, h.length, &h.addr)
