@@ -1,9 +1,13 @@
 """The training demo with one straggler, in sync and in quorum n - 1 of n: the loss
 against wall time of both runs in one PNG (issue 17's target: quorum reaches the sync
-run's final loss within 1% in less wall time).
+run's final loss within 1% in less wall time). Quorum drops most of the straggler's
+gradients, so it needs more epochs for the same loss: it runs --quorum-epochs (default
+twice --epochs), and the figure says when it first reaches sync's final loss.
 
     python -m bench.quorum_training                 # 4 ranks, the last one's packets 10 ms late
     python -m bench.quorum_training --delay-ms 20 --epochs 3
+
+The PNG and JSON go to bench/results/; docs/quorum_training.png is one run's figure.
 
 The straggler is a slow path: the embedded switch holds each packet of the last rank
 back (ina-switch --straggler-worker, --straggler-delay-ms). A rank that starts its steps
@@ -52,23 +56,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--delay-ms", type=float, default=10.0,
                         help="how long the switch holds each packet of the last rank")
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=5, help="epochs of the sync run")
+    parser.add_argument("--quorum-epochs", type=int, default=0,
+                        help="epochs of the quorum run (default twice --epochs)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "quorum_training")
     args = parser.parse_args(argv)
     if args.np < 2:
         parser.error("--np must be 2 or more")
-    runs = [train(args.np, args.delay_ms, args.epochs, q) for q in (0, args.np - 1)]
+    runs = [train(args.np, args.delay_ms, args.epochs, 0),
+            train(args.np, args.delay_ms, args.quorum_epochs or 2 * args.epochs,
+                  args.np - 1)]
     sync, quorum = runs
     difference = (quorum["loss"][-1] - sync["loss"][-1]) / sync["loss"][-1]
-    speedup = sync["seconds"][-1] / quorum["seconds"][-1]
+    seconds_per_epoch = [r["seconds"][-1] / (len(r["loss"]) - 1) for r in runs]
     # When quorum first reaches the sync run's final loss (within 1%), if it does.
     reached = next((t for t, loss in zip(quorum["seconds"], quorum["loss"])
                     if loss <= sync["loss"][-1] * 1.01), None)
     summary = {"np": args.np, "delay_ms": args.delay_ms, "epochs": args.epochs,
+               "quorum_epochs": len(quorum["loss"]) - 1,
                "sync_final_loss": sync["loss"][-1], "quorum_final_loss": quorum["loss"][-1],
-               "relative_difference": difference, "sync_seconds": sync["seconds"][-1],
-               "quorum_seconds": quorum["seconds"][-1], "speedup": speedup,
-               "quorum_reaches_sync_loss_at": reached}
+               "final_relative_difference": difference,
+               "sync_seconds": sync["seconds"][-1],
+               "quorum_seconds": quorum["seconds"][-1],
+               "epoch_speedup": seconds_per_epoch[0] / seconds_per_epoch[1],
+               "quorum_reaches_sync_loss_at": reached,
+               "time_to_sync_loss_speedup": (sync["seconds"][-1] / reached
+                                             if reached else None)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(
         {"summary": summary, "runs": [{k: v for k, v in r.items() if k != "output"}
