@@ -7,10 +7,10 @@ versions of K accumulators (int32 or int16, the job's value width), a bitmap of 
 seen, a count, and per sub-block of B values the chunk's exponent and the max of the
 exponent proposals. A chunk completes when all n workers contributed, or, in a quorum
 call (the packets' ``quorum`` k, docs/quorum.md), when k did: a later packet for it is
-not added (a retransmission gets the result back). Control packets (join/leave/probe/faults) are rare: they are
-handed back to Python (ina_collectives.switch.server), which configures jobs through the
-methods below. Every packet that is neither aggregated nor answered is dropped and
-counted by reason.
+not added (a retransmission gets the result back). Control packets (join/leave/probe/
+faults) are rare: they are handed back to Python (ina_collectives.switch.server), which
+configures jobs through the methods below. Every packet that is neither aggregated nor
+answered is dropped and counted by reason.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t

@@ -3,13 +3,13 @@
 
 One packet in flight per slot (S in all), self-clocked by results: the result of chunk c
 frees slot c mod S for chunk c + S, whose agreed exponents the result carries (the max of
-all workers' proposals; a quorum call's were all agreed before it started). The new packets a batch of results frees leave together, with
-UDP segmentation offload where the kernel has it, else in one sendmmsg (udp_batch.h). A
-per-slot timer resends with exponential backoff; each chunk's result is applied to the
-output exactly once (a result for a chunk not in flight in its slot, with its version and
-call number, is stale and dropped). Runs without the GIL,
-taking it every 20 ms to let Python see signals: Ctrl-C ends a blocked stream with
-KeyboardInterrupt.
+all workers' proposals; a quorum call's were all agreed before it started). The new
+packets a batch of results frees leave together, with UDP segmentation offload where the
+kernel has it, else in one sendmmsg (udp_batch.h). A per-slot timer resends with
+exponential backoff; each chunk's result is applied to the output exactly once (a result
+for a chunk not in flight in its slot, with its version and call number, is stale and
+dropped). Runs without the GIL, taking it every 20 ms to let Python see signals: Ctrl-C
+ends a blocked stream with KeyboardInterrupt.
 
 The timeout adapts as TCP's does (RFC 6298): SRTT and RTTVAR from the round trips of
 chunks sent once (Karn), RTO = SRTT + max(G, 4 RTTVAR) within [rto_min, rto_max]; a
@@ -67,6 +67,10 @@ cdef double SIGNAL_CHECK = 0.02     # the GIL is taken this often to see Ctrl-C
 # Results of later packets after which a packet in flight asks for its result: more than
 # one, so that a little reordering on the way asks nothing (TCP's duplicate-ACK threshold).
 cdef int OVERTAKEN = 3
+# Quorum: timeouts of one packet after which its chunk is given up (the others may have
+# moved its cell on, and the later chunks that would say so may be lost too); the engine
+# takes it from a peer. Its timer has doubled this many times by then.
+cdef int QUORUM_TRIES = 5
 
 
 cdef inline void rtt_sample(double *state, double r, double rto_min,
@@ -91,10 +95,12 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
 
 # What stream() returns as its first value.
 cdef enum:
-    DONE, SILENT, TIMEOUT, SEND_FAILED, CANCELLED
+    DONE, SILENT, TIMEOUT, SEND_FAILED, CANCELLED, LOST
 STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
           "the operation's deadline passed", "a send failed",
-          "cancelled (another part of the call was interrupted)")
+          "cancelled (another part of the call was interrupted)",
+          "done but for chunks whose results the switch no longer holds (quorum: the "
+          "others had moved their cells on)")
 
 # The system call whose errno an unfinished stream reports: counters["errno"] and
 # counters["call"] (an index of CALLS). A send's ends the stream (SEND_FAILED); a receive
@@ -128,11 +134,16 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     (a call striped over several aggregators streams each part in a thread of its own).
     call: the call's number (mod 65536), in every packet; quorum: the k its chunks
     complete at (0: all n).
+    In a quorum call a worker that lags takes the results of its slots' later chunks as
+    they pass (they were multicast to it), sending nothing for them; a chunk whose result
+    it lost after the others moved its cell on cannot be had from the switch any more:
+    the stream ends LOST with those chunks missing (the engine takes them from a peer).
     Returns (status, counters dict, chunks not completed as an array). The counters
     include "left_out" (results that did not count this worker), "skipped" (chunks whose
     values did not fit the exponents agreed without it: a header sent alone),
     "counted_all" (the workers every result counted, a bitmap; all ones if no result came),
-    "counted_any" (those some result counted) and "mode" (the largest mode generation << 8 | mode quorum the results announced). A stream that did
+    "counted_any" (those some result counted) and "mode" (the largest mode generation << 8
+    | mode quorum the results announced). A stream that did
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
     """
@@ -200,6 +211,13 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef int64_t mode = 0, announced
     cdef Py_ssize_t samples = 0
     cdef int status = DONE, wait_ms, parsed, ver, failure = 0
+    # Quorum: each slot's latest chunk with a result, the slots' versions at the start
+    # (chunk c of slot s uses version v0[s] ^ ((c - s) / S & 1)), chunks given up.
+    cdef int64_t[::1] latest = np.full(slots, -1, np.int64)
+    cdef uint8_t[::1] v0 = np.array(versions, np.uint8)
+    cdef Py_ssize_t lost = 0
+    cdef bint idle
+    cdef uint8_t[::1] tries = np.zeros(slots, np.uint8)  # timeouts of the slot's packet
     cdef int receive_failure = 0, receive_call = CALL_RECVMMSG
     cdef double now, start = monotonic(), last_result, next_timer
     cdef double next_signal_check = start
@@ -288,11 +306,14 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 offset = get32(pkt + OFF_OFFSET)
                 chunk = offset // k
                 ver = pkt[OFF_SLOT_VERSION]
-                if (s >= slots or inflight[s] != chunk or chunk >= nb or done[chunk]
-                        or ver != versions[s] or get16(pkt + OFF_JOB) != job
+                if (s >= slots or chunk >= nb or done[chunk] or chunk % slots != s
+                        or get16(pkt + OFF_JOB) != job
                         or get16(pkt + OFF_EPOCH) != <uint16_t>epoch
                         or get16(pkt + OFF_CALL) != <uint16_t>call
-                        or pkt[OFF_FLAGS] & FLAG_CONTROL):
+                        or pkt[OFF_FLAGS] & FLAG_CONTROL
+                        or not ((inflight[s] == chunk and ver == versions[s])
+                                or (quorum and chunk > inflight[s] and chunk > latest[s]
+                                    and ver == v0[s] ^ (((chunk - s) // slots) & 1)))):
                     stale += 1
                     continue
                 parsed = parse_result(pkt, seg_len[i], <char *>&xout[0], size, kind, k,
@@ -312,13 +333,31 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if announced > mode:
                     mode = announced
                 last_result = now
-                if not resent[s]:
+                if inflight[s] == chunk and not resent[s]:
                     rtt_sample(est, now - born[s], rto_min, rto_max)
                     rto = est[RTO]
                     samples += 1
-                inflight[s] = -1
-                asked[s] = 0
-                versions[s] ^= 1
+                if quorum:
+                    if chunk > latest[s]:
+                        latest[s] = chunk
+                    if inflight[s] != chunk:  # a later chunk of the slot, passing by
+                        if inflight[s] < 0 or inflight[s] + 2 * slots > latest[s]:
+                            continue  # (the one in flight may still be answered)
+                        lost += 1  # its cell holds a later chunk now: gone
+                    # On from the latest result, past chunks already had.
+                    c = latest[s] + slots
+                    while c < nb and done[c]:
+                        c += slots
+                    inflight[s] = -1
+                    asked[s] = 0
+                    if c >= nb:
+                        continue
+                    versions[s] = v0[s] ^ (((c - s) // slots) & 1)
+                    chunk = c - slots  # (sent below, as the slot's next)
+                else:
+                    inflight[s] = -1
+                    asked[s] = 0
+                    versions[s] ^= 1
                 if nacking[0]:  # results of earlier packets still missing: ask for them
                     sent_last = sent_at[s]
                     for q in range(slots):
@@ -344,6 +383,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                                    <const char *>&xin[0], size, kind, c, k, block,
                                    value_bits, n, agreed, local, slots, nb, job, worker, rto,
                                    0, epoch, call, quorum, &skipped)
+                    tries[s] = 0
                     pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
                     npend += 1
                     sent += 1
@@ -353,6 +393,15 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                             status, failure = SEND_FAILED, errno
                             break
                         npend = 0
+            if lost and quorum:  # nothing in flight, nothing to send: the rest is gone
+                idle = True
+                for s in range(slots):
+                    if inflight[s] >= 0:
+                        idle = False
+                        break
+                if idle and npend == 0:
+                    status = LOST
+                    break
             # The new packets this batch of results freed: out in one go.
             if status == DONE and npend:
                 if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
@@ -369,6 +418,25 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             # most of the bytes loss cost (docs/reliability.md).
             for s in range(slots):
                 if status == DONE and inflight[s] >= 0 and now - sent_at[s] >= timer[s]:
+                    if quorum and tries[s] >= QUORUM_TRIES and npend < INA_BATCH_MAX:
+                        lost += 1  # given up: on with the slot's next chunk not had
+                        c = max(inflight[s], latest[s]) + slots
+                        inflight[s] = -1
+                        while c < nb and done[c]:
+                            c += slots
+                        if c < nb:
+                            versions[s] = v0[s] ^ (((c - s) // slots) & 1)
+                            send_chunk(rows, lengths, inflight, sent_at, timer, born,
+                                       resent, versions, overtaken, next_seq, slot_seq,
+                                       <const char *>&xin[0], size, kind, c, k, block,
+                                       value_bits, n, agreed, local, slots, nb, job, worker,
+                                       rto, 0, epoch, call, quorum, &skipped)
+                            tries[s] = 0
+                            pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
+                            npend += 1
+                            sent += 1
+                        continue
+                    tries[s] += 1
                     if nacking[0] and not asked[s]:
                         if request_result(fd, &to, rows, s, request) < 0:
                             status, failure = SEND_FAILED, errno
@@ -385,15 +453,24 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     overtaken[s] = 0
                     timer[s] = min(timer[s] * 2, rto_max)
                     rto = max(rto, timer[s])
+            if status == DONE and npend:  # (the next chunks of slots given up)
+                if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
+                                  &send_calls) < 0:
+                    status, failure = SEND_FAILED, errno
+                npend = 0
     missing = np.flatnonzero(done_arr == 0)
     send_state[0] = gso
+    if quorum:  # every use of each slot passed at the switch, whoever sent it
+        for s in range(min(slots, nb)):
+            versions[s] = v0[s] ^ (((nb - s + slots - 1) // slots) & 1)
     counters = {"sent": sent, "send_calls": send_calls, "gso": gso,
                 "gro_buffers": gro_buffers,
                 "retransmitted": retransmitted, "nacks": nacks,
                 "nack_resent": nacked, "result_requests": requests,
                 "rtt_samples": samples,
                 "stale": stale, "rejected": rejected, "seconds": monotonic() - start,
-                "left_out": left_out, "skipped": skipped, "counted_all": counted_all,
+                "left_out": left_out, "skipped": skipped, "lost": lost,
+                "counted_all": counted_all,
                 "counted_any": counted_any, "mode": mode}
     if failure:  # SEND_FAILED
         counters["errno"], counters["call"] = failure, CALL_SEND

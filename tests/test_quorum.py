@@ -181,3 +181,33 @@ def test_quorum_calls_do_not_wait_for_a_straggler_and_the_bound_waits_for_it():
     assert report["quorum_calls"] == 3 and report["waited_calls"] == 1, report
     assert report["calls_left_out"] == 3 and report["mode"] == "sync", report
     assert "late" in sw.final_status or "late answered" in sw.final_status, sw.final_status
+
+
+@pytest.mark.mpi
+def test_a_lagging_rank_that_loses_results_takes_them_from_a_peer():
+    """Quorum 2 of 3, rank 2's packets held back 30 ms, and 10% of the switch's packets
+    lost on the way out: a rank whose result is lost after the others moved its cell on
+    cannot get it from the switch any more. It takes the results of its slots' later
+    chunks as they pass, and the lost ones from a peer (chunks_repaired): every call is
+    served by the switch, and every rank gets the same bits."""
+    count = 1_000_000
+    steps = [(2, "float32", "sum", count, 11), (None, "float32", "sum", count, 12),
+             (None, "float32", "average", count, 13)]
+    with embedded_switch() as sw:
+        send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=30,
+                    drop_out=0.1)
+        results = mpirun.run(N, "quorum_calls", {
+            "steps": steps, "settings": {"switch_min_bytes": 0}},
+            env={"INA_SWITCH": sw.address_text}, timeout=180)
+        sw.stop()
+    for i, (_, dtype, op, n_, seed) in enumerate(steps):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"call {i}: ranks differ"
+        calls = [r["calls"][i] for r in results]
+        if calls[0]["ranks_left_out"] == calls[0]["ranks_never_counted"]:
+            counted = [r for r in range(N) if r not in calls[0]["ranks_left_out"]]
+            check_counted(per_rank[0], dtype, op, n_, seed, N, counted)
+    for r in results:
+        assert r["stats"]["engines"] == {"ina": len(steps)}, r["stats"]
+        assert not r["stats"]["fallback_reasons"], r["stats"]["fallback_reasons"]
+    assert sum(r["stats"]["switch"]["quorum"]["chunks_repaired"] for r in results) > 0

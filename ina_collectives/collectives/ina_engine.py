@@ -502,11 +502,12 @@ class InaEngine:
         # the call's time must still reach the vote on every rank, or one rank would give
         # up while another hands over.
         count = len(self.addresses)
-        mine = np.zeros(3 * count)
+        mine = np.zeros(4 * count)
         for (i, _, _), result in zip(parts, results):
             mine[i] = 0 if result.ok else 1
             mine[count + i] = result.counters.get("seconds", 0.0)
             mine[2 * count + i] = result.mode  # generation << 8 | k: exact in a float64
+            mine[3 * count + i] = bool(result.ok and result.missing.size)  # quorum: lost
         votes = np.empty_like(mine)
         wait(self.comm.Iallreduce(mine, votes, MPI.MAX), Deadline(self.settings.timeout),
              lambda: f"all ranks to report the outcome of a {call.nbytes}-byte allreduce "
@@ -520,8 +521,15 @@ class InaEngine:
                 counted_any |= result.counted_any
             else:
                 counted_any = -1
+        # Chunks a lagging rank lost in a quorum (the switch moved their cells on): from
+        # a peer that has them, else from the ring.
+        ring_ranges: list[tuple[int, int]] = []
+        for (i, c0, c1), result in zip(parts, results):
+            if votes[3 * count + i] and not votes[i]:
+                ring_ranges += self._repair(c0, c1, result.missing if result.ok else
+                                            np.zeros(0, np.int64), out, x.size, k)
         self.quorum.after_call(counted_all, counted_any,
-                               int(votes[2 * count:].max(initial=0)),
+                               int(votes[2 * count:3 * count].max(initial=0)),
                                sum(r.counters.get("left_out", 0) for r in results),
                                sum(r.counters.get("skipped", 0) for r in results))
         for i, c0, c1 in parts:
@@ -544,10 +552,45 @@ class InaEngine:
             self.partial_handovers += 1
             if out is not call.recv:
                 np.copyto(call.recv, out, casting="unsafe")
-            return HandOver(reason, x, [(c0 * k, min(c1 * k, x.size)) for _, c0, c1 in failed])
+            return HandOver(reason, x, [(c0 * k, min(c1 * k, x.size))
+                                        for _, c0, c1 in failed] + ring_ranges)
         if out is not call.recv:
             np.copyto(call.recv, out, casting="unsafe")
+        if ring_ranges:
+            self.partial_handovers += 1
+            return HandOver("ina: quorum chunks that no rank received whole", x, ring_ranges)
         return None
+
+    def _repair(self, c0: int, c1: int, missing: np.ndarray, out: np.ndarray, size: int,
+                k: int) -> list[tuple[int, int]]:
+        """Collective, for a share (chunks c0 .. c1) some rank did not finish in a quorum
+        call: the chunks any rank lacks (their results were gone from the switch) are
+        sent to every rank by the lowest rank that has them all, so every rank holds the
+        same bits. Returns the element ranges no rank has whole (for the ring)."""
+        comm, rank, n = self.comm, self.comm.Get_rank(), self.comm.Get_size()
+        marks = np.zeros(c1 - c0, np.uint8)
+        marks[missing] = 1
+        union = np.empty_like(marks)
+        self._collective(comm.Iallreduce(marks, union, MPI.MAX), "the chunks lost")
+        root = np.array([rank if not marks.any() else n], np.int64)
+        lowest = np.empty_like(root)
+        self._collective(comm.Iallreduce(root, lowest, MPI.MIN),
+                         "which rank has every chunk")
+        ranges = [((c0 + j) * k, min((c0 + j + 1) * k, size))
+                  for j in np.flatnonzero(union).tolist()]
+        if lowest[0] == n:
+            return ranges
+        total = sum(b - a for a, b in ranges)
+        buf = (np.concatenate([out[a:b] for a, b in ranges]) if rank == lowest[0]
+               else np.empty(total, out.dtype))
+        self._collective(comm.Ibcast(buf, root=int(lowest[0])),
+                         f"rank {lowest[0]}'s copy of {len(ranges)} chunks")
+        at = 0
+        for a, b in ranges:
+            out[a:b] = buf[at:at + b - a]
+            at += b - a
+        self.quorum.repaired += len(ranges)
+        return []
 
     def _stream_parts(self, parts: list[tuple[int, int, int]], x: np.ndarray,
                       out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int, k: int,

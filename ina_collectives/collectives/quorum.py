@@ -33,6 +33,7 @@ class Quorum:
         self._stamp = 0  # the quorum stamped in the packets of the call under way
         self.quorum_calls = self.waited_calls = self.changes = 0
         self.calls_left_out = 0  # quorum calls that left this rank out of some chunk
+        self.repaired = 0  # chunks a rank lost that another sent it (InaEngine._repair)
         self.last: dict[str, Any] = {}
 
     @staticmethod
@@ -96,4 +97,5 @@ class Quorum:
                 "generation": self.generation, "mode_changes": self.changes,
                 "max_skips": self.max_skips, "quorum_calls": self.quorum_calls,
                 "waited_calls": self.waited_calls, "calls_left_out": self.calls_left_out,
+                "chunks_repaired": self.repaired,
                 "last_call": dict(self.last)}

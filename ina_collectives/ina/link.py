@@ -151,5 +151,8 @@ class WorkerLink:
             reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"
         elif failure:
             reason = f"{reason}; {call} failed: {SystemCallError(failure, f'from {switch}')}"
-        return StreamResult(status == 0, reason, counters, missing, counted_all,
+        # LOST (quorum): done but for chunks whose results the switch no longer holds;
+        # ``missing`` names them, and the engine takes them from a peer.
+        ok = transport.STATUS[status] in (transport.STATUS[0], transport.STATUS[-1])
+        return StreamResult(ok, reason, counters, missing, counted_all,
                             counted_any or ~0, mode)  # (no result: nothing known)
