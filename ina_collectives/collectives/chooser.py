@@ -168,7 +168,7 @@ class Collectives:
         same k: AgreementError on every rank otherwise (``checked``: the caller compared
         the ranks' k already, as the Horovod runtime's negotiation does)."""
         self._check_usable()
-        Quorum._check(k)
+        Quorum.check(k)
         if not checked:
             both = np.array([k, -k], np.int64)
             extremes = np.empty_like(both)

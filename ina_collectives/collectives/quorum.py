@@ -24,7 +24,7 @@ class Quorum:
 
     def __init__(self, n: int, rank: int, k: int, max_skips: int):
         self.n, self.rank = n, rank
-        self.k = self._check(k)
+        self.k = self.check(k)
         self.max_skips = max_skips
         self.generation = 0  # the control plane's mode last adopted (0: none yet)
         # calls in a row each rank was left out of a chunk: the staleness bound's count
@@ -37,7 +37,7 @@ class Quorum:
         self.last: dict[str, Any] = {}
 
     @staticmethod
-    def _check(k: int) -> int:
+    def check(k: int) -> int:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) \
                 or not 0 <= k <= P.MAX_WORKERS:
             raise ValueError(f"quorum must be an int 0 (sync) .. {P.MAX_WORKERS}, got {k!r}")
@@ -46,7 +46,7 @@ class Quorum:
     def set(self, k: int) -> None:
         """Quorum k (0: sync) from the next call on; the caller made sure every rank
         asks the same k at the same point."""
-        self.k = self._check(k)
+        self.k = self.check(k)
 
     def next_call(self) -> tuple[int, int]:
         """(call number, quorum stamp) of the switch-served call about to start. The

@@ -227,7 +227,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         calls it with the same k; ina_collectives.set_quorum)."""
         from ..collectives.quorum import Quorum
 
-        Quorum._check(k)
+        Quorum.check(k)
         request = OpRequest("quorum", self._name(), "none", "uint8", shape=(int(k),))
         self._work([self._runtime.submit(request)], lambda results: [], "set_quorum").wait()
 

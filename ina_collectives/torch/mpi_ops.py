@@ -1071,7 +1071,7 @@ def set_quorum(k: int, process_set: ProcessSet = global_process_set) -> None:
     (docs/quorum.md)."""
     from ..collectives.quorum import Quorum
 
-    Quorum._check(k)
+    Quorum.check(k)
     member = _member(process_set, "set_quorum")
     request = OpRequest("quorum", _name("set_quorum", None, member), "none", "uint8",
                         shape=(int(k),))
