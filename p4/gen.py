@@ -45,6 +45,23 @@ def params(action: S.Action) -> str:
     return ", ".join(f"bit<{p.bits}> {p.name}" for p in action.params)
 
 
+def table(t: S.Table) -> str:
+    """A table of exact keys, its entry actions and its const default (control.schema)."""
+    short = lambda a: a.name.rsplit(".", 1)[1]  # noqa: E731
+    actions = "".join(f"            {short(a)};\n" for a in t.actions)
+    return (f"""    {annotate(t)}
+    table {short(t)} {{
+        key = {{
+{key_lines(t)}
+        }}
+        actions = {{
+{actions}            @defaultonly {short(t.default)};
+        }}
+        const default_action = {short(t.default)}();
+        size = {t.size};
+    }}""")
+
+
 def program(k: int, slots: int, block: int = S.DEFAULT_BLOCK,
             value_bits: int = S.DEFAULT_VALUE_BITS) -> str:
     assert S.effective_block(k, block) == block and value_bits in P.VALUE_BITS
@@ -285,18 +302,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     }}
 
     // (job, source address and port) -> worker: only installed workers aggregate.
-    {annotate(S.WORKERS)}
-    table ina_workers {{
-        key = {{
-{key_lines(S.WORKERS)}
-        }}
-        actions = {{
-            admit;
-            @defaultonly reject;
-        }}
-        const default_action = reject();
-        size = {S.WORKERS.size};
-    }}
+{table(S.WORKERS)}
 
     {annotate(S.SET_MODE)}
     action set_mode({params(S.SET_MODE)}) {{
@@ -312,18 +318,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
 
     // job -> the mode the control plane asks for; results announce it, and the workers
     // adopt it at a call boundary (they stamp each packet with the quorum in force).
-    {annotate(S.MODES)}
-    table ina_modes {{
-        key = {{
-{key_lines(S.MODES)}
-        }}
-        actions = {{
-            set_mode;
-            @defaultonly sync_mode;
-        }}
-        const default_action = sync_mode();
-        size = {S.MODES.size};
-    }}
+{table(S.MODES)}
 
     {annotate(S.FORWARD)}
     action forward({params(S.FORWARD)}) {{
@@ -336,18 +331,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     }}
 
     // Everything that is not INA: plain L2 forwarding.
-    {annotate(S.L2)}
-    table l2_forward {{
-        key = {{
-{key_lines(S.L2)}
-        }}
-        actions = {{
-            forward;
-            @defaultonly drop;
-        }}
-        const default_action = drop();
-        size = {S.L2.size};
-    }}
+{table(S.L2)}
 
     // The switch answers: it becomes the source (the worker addressed it).
     {annotate(S.ANSWER)}
@@ -574,18 +558,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     }}
 
     // One entry per replica of a job's group (replica id = worker id): where it goes.
-    {annotate(S.REPLICAS)}
-    table ina_replicas {{
-        key = {{
-{key_lines(S.REPLICAS)}
-        }}
-        actions = {{
-            rewrite_result;
-            @defaultonly drop_replica;
-        }}
-        const default_action = drop_replica();
-        size = {S.REPLICAS.size};
-    }}
+{table(S.REPLICAS)}
 
     apply {{
         if (hdr.ina.isValid() && meta.mcast_grp != 0 && standard_metadata.instance_type == 5) {{

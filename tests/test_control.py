@@ -63,6 +63,22 @@ def free_udp_sockets(n, host="127.0.0.1"):
     return socks
 
 
+def free_ports(n):
+    """n UDP ports free a moment ago, for ranks to bind."""
+    socks = free_udp_sockets(n, "0.0.0.0")
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def job_env(switch, job):
+    """What the ranks of an installed job are told (ina-run and the CLI say the same)."""
+    return {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
+            "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in job.workers),
+            **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
+
+
 def test_pipeline_push_and_entries_read_back(controller):
     build = controller.build
     assert (build.k, build.slots, build.block, build.value_bits) == (K, SLOTS, B, BITS)
@@ -401,19 +417,14 @@ def test_join_cannot_take_a_controllers_job(controller, switch):
 def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch, n):
     """ina-run's path without ina-run: the controller installs the job, the ranks get
     its id and their ports, probe their entries (no join) and aggregate through it."""
-    socks = free_udp_sockets(n, "0.0.0.0")
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()  # the ranks bind them
+    ports = free_ports(n)  # the ranks bind them
     job = JobSpec(50 + n, [Worker("127.0.0.1", p) for p in ports], slots=6, slot_base=3)
     controller.configure(job)
     try:
         before = controller.read_drops()
         cases = [("float32", "sum", 5 * K + 3, 1), ("float64", "average", 3000, 2),
                  ("float32", "sum", 20_000, 3)]
-        env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
-               "INA_WORKER_PORTS": ",".join(map(str, ports)),
-               **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
+        env = job_env(switch, job)
         results = mpirun.run(n, "ina_cases", {
             "cases": cases, "rounds": 2,
             "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env, timeout=180)
@@ -437,10 +448,7 @@ def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
     per-job counter that the controller reads over P4Runtime."""
     from concurrent.futures import ThreadPoolExecutor
 
-    socks = free_udp_sockets(4, "0.0.0.0")
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    ports = free_ports(4)
     jobs = [JobSpec(70 + j, [Worker("127.0.0.1", p) for p in ports[2 * j:2 * j + 2]],
                     slots=4, slot_base=4 * j) for j in range(2)]
     for job in jobs:
@@ -448,9 +456,7 @@ def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
     try:
         def run(j: int) -> list:
             job = jobs[j]
-            env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
-                   "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in job.workers),
-                   **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
+            env = job_env(switch, job)
             return mpirun.run(2, "ina_cases", {
                 "cases": [("float32", "sum", 20 * K + 1, 80 + j)], "rounds": 3,
                 "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env,
@@ -479,16 +485,11 @@ def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, 
     the old sums. The run's epoch makes that state idle: three runs against one job,
     configured once and never reset, each exact for its own inputs."""
     n = 2
-    socks = free_udp_sockets(n, "0.0.0.0")
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    ports = free_ports(n)
     job = JobSpec(60, [Worker("127.0.0.1", p) for p in ports], slots=4)
     controller.configure(job)
     try:
-        env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
-               "INA_WORKER_PORTS": ",".join(map(str, ports)),
-               **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
+        env = job_env(switch, job)
         for run in range(3):  # another seed each run: a stale answer is another sum
             case = ("float32", "sum", 1, 10 + run)
             results = mpirun.run(n, "ina_cases", {
@@ -731,16 +732,11 @@ def test_a_mode_asked_while_the_job_runs_takes_effect_at_one_call_boundary(contr
     from concurrent.futures import ThreadPoolExecutor
 
     n, count = 3, 2000
-    socks = free_udp_sockets(n, "0.0.0.0")
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    ports = free_ports(n)
     job = JobSpec(90, [Worker("127.0.0.1", p) for p in ports], slots=4)
     controller.configure(job)
     try:
-        env = {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
-               "INA_WORKER_PORTS": ",".join(map(str, ports)), **BUILD_ENV,
-               "INA_SWITCH_SLOTS": str(job.slots)}
+        env = job_env(switch, job)
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(mpirun.run, n, "quorum_calls", {
                 "steps": [(None, "float32", "sum", count, 1)], "until_quorum": 5,
