@@ -87,6 +87,21 @@ cdef inline void rtt_sample(double *state, double r, double rto_min,
     state[RTO] = min(max(state[RTO], rto_min), rto_max)
 
 
+cdef inline int use_version(const uint8_t[::1] v0, Py_ssize_t c, Py_ssize_t slots
+                            ) noexcept nogil:
+    """The slot version chunk c uses: its slot's first chunk used v0[c mod S], and each
+    later use of the slot the other one."""
+    return v0[c % slots] ^ ((c // slots) & 1)
+
+
+cdef inline Py_ssize_t next_undone(const uint8_t[::1] done, Py_ssize_t c, Py_ssize_t nb,
+                                   Py_ssize_t slots) noexcept nogil:
+    """The first chunk c, c + S, ... of a slot without its result yet (nb if none)."""
+    while c < nb and done[c]:
+        c += slots
+    return c if c < nb else nb
+
+
 def rtt_update(double[::1] state, double sample, double rto_min, double rto_max):
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
     rtt_sample(&state[0], sample, rto_min, rto_max)
@@ -101,6 +116,7 @@ STATUS = ("done", "no result within the silence bound (the aggregator or a peer 
           "cancelled (another part of the call was interrupted)",
           "done but for chunks whose results the switch no longer holds (quorum: the "
           "others had moved their cells on)")
+COMPLETE = (DONE, LOST)  # what ended without a failure (LOST: ``missing`` says what)
 
 # The system call whose errno an unfinished stream reports: counters["errno"] and
 # counters["call"] (an index of CALLS). A send's ends the stream (SEND_FAILED); a receive
@@ -212,7 +228,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef Py_ssize_t samples = 0
     cdef int status = DONE, wait_ms, parsed, ver, failure = 0
     # Quorum: each slot's latest chunk with a result, the slots' versions at the start
-    # (chunk c of slot s uses version v0[s] ^ ((c - s) / S & 1)), chunks given up.
+    # (use_version), chunks given up.
     cdef int64_t[::1] latest = np.full(slots, -1, np.int64)
     cdef uint8_t[::1] v0 = np.array(versions, np.uint8)
     cdef Py_ssize_t lost = 0
@@ -313,7 +329,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                         or pkt[OFF_FLAGS] & FLAG_CONTROL
                         or not ((inflight[s] == chunk and ver == versions[s])
                                 or (quorum and chunk > inflight[s] and chunk > latest[s]
-                                    and ver == v0[s] ^ (((chunk - s) // slots) & 1)))):
+                                    and ver == use_version(v0, chunk, slots)))):
                     stale += 1
                     continue
                 parsed = parse_result(pkt, seg_len[i], <char *>&xout[0], size, kind, k,
@@ -345,14 +361,12 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                             continue  # (the one in flight may still be answered)
                         lost += 1  # its cell holds a later chunk now: gone
                     # On from the latest result, past chunks already had.
-                    c = latest[s] + slots
-                    while c < nb and done[c]:
-                        c += slots
+                    c = next_undone(done, latest[s] + slots, nb, slots)
                     inflight[s] = -1
                     asked[s] = 0
                     if c >= nb:
                         continue
-                    versions[s] = v0[s] ^ (((c - s) // slots) & 1)
+                    versions[s] = use_version(v0, c, slots)
                     chunk = c - slots  # (sent below, as the slot's next)
                 else:
                     inflight[s] = -1
@@ -420,12 +434,11 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if status == DONE and inflight[s] >= 0 and now - sent_at[s] >= timer[s]:
                     if quorum and tries[s] >= QUORUM_TRIES and npend < INA_BATCH_MAX:
                         lost += 1  # given up: on with the slot's next chunk not had
-                        c = max(inflight[s], latest[s]) + slots
+                        c = next_undone(done, max(inflight[s], latest[s]) + slots, nb,
+                                        slots)
                         inflight[s] = -1
-                        while c < nb and done[c]:
-                            c += slots
                         if c < nb:
-                            versions[s] = v0[s] ^ (((c - s) // slots) & 1)
+                            versions[s] = use_version(v0, c, slots)
                             send_chunk(rows, lengths, inflight, sent_at, timer, born,
                                        resent, versions, overtaken, next_seq, slot_seq,
                                        <const char *>&xin[0], size, kind, c, k, block,
@@ -462,7 +475,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     send_state[0] = gso
     if quorum:  # every use of each slot passed at the switch, whoever sent it
         for s in range(min(slots, nb)):
-            versions[s] = v0[s] ^ (((nb - s + slots - 1) // slots) & 1)
+            versions[s] = use_version(v0, s + slots * ((nb - s + slots - 1) // slots), slots)
     counters = {"sent": sent, "send_calls": send_calls, "gso": gso,
                 "gro_buffers": gro_buffers,
                 "retransmitted": retransmitted, "nacks": nacks,

@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.np < 2:
         parser.error("--np must be 2 or more")
+    if not 0 < args.delay_ms <= 10_000:
+        parser.error("--delay-ms must be in (0, 10000]: the switch holds packets that long")
+    if args.epochs < 1 or args.quorum_epochs < 0:
+        parser.error("--epochs must be 1 or more, --quorum-epochs 0 (twice --epochs) or more")
     runs = [train(args.np, args.delay_ms, args.epochs, 0),
             train(args.np, args.delay_ms, args.quorum_epochs or 2 * args.epochs,
                   args.np - 1)]

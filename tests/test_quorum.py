@@ -15,7 +15,7 @@ from ina_collectives.switch import send_faults
 from ina_collectives.switch.embedded import embedded_switch
 from tests import mpirun
 from tests.inputs import inputs_of_all_ranks
-from tests.test_fuzz import switch_thread
+from tests.test_fuzz import _join, switch_thread
 
 N, K, SLOTS, JOB = 3, 8, 2, 515
 
@@ -26,10 +26,7 @@ def _workers(sw, n=N, k=K, slots=SLOTS, job=JOB):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.bind(("127.0.0.1", 0))
         s.settimeout(5)
-        s.sendto(P.control_packet(job, w, [P.CTRL_JOIN, n, k, slots, P.DEFAULT_BLOCK, 32]),
-                 sw.address)
-        _, reply = P.read_control(s.recv(65536))
-        assert reply[:2].tolist() == [P.CTRL_JOIN, 0], reply
+        assert _join(s, sw, job, w, n, k, slots) == 0
         socks.append(s)
     return socks
 

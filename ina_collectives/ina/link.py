@@ -153,6 +153,6 @@ class WorkerLink:
             reason = f"{reason}; {call} failed: {SystemCallError(failure, f'from {switch}')}"
         # LOST (quorum): done but for chunks whose results the switch no longer holds;
         # ``missing`` names them, and the engine takes them from a peer.
-        ok = transport.STATUS[status] in (transport.STATUS[0], transport.STATUS[-1])
+        ok = status in transport.COMPLETE
         return StreamResult(ok, reason, counters, missing, counted_all,
                             counted_any or ~0, mode)  # (no result: nothing known)
