@@ -2,7 +2,10 @@
 import numpy as np
 
 STATUS: tuple[str, ...]
-"""What stream() returns first, by index: done, silent, timeout, a send failed."""
+"""What stream() returns first, by index: done, silent, timeout, a send failed,
+cancelled, lost (quorum: done but for chunks the switch no longer holds)."""
+COMPLETE: tuple[int, ...]
+"""The statuses of a stream that ended without a failure: done, lost."""
 CALLS: tuple[str, ...]
 """The failed system call of counters["call"], by index: send, recvmmsg, poll."""
 
