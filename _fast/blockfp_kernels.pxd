@@ -4,6 +4,7 @@ from libc.stdint cimport INT32_MIN, int16_t, int32_t, int64_t, uint16_t, uint32_
 
 cdef extern from "blockfp.h" nogil:
     double ina_pow2(int e)
+    void ina_prefetch(const void *p, size_t bytes, int write)
     int32_t ina_exponent_f32(int32_t peak, int32_t floor)
     int32_t ina_exponent_f64(int64_t peak, int32_t floor)
     int32_t ina_exponent_i32(const int32_t *x, size_t n)

@@ -39,7 +39,7 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t,
 
 import numpy as np
 
-from blockfp_kernels cimport KIND_F32
+from blockfp_kernels cimport KIND_F32, KIND_F64, ina_prefetch
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport errno
 from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
@@ -339,6 +339,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                     continue
                 done[chunk] = 1
                 completed += 1
+                if chunk + 1 < nb:  # where the next result goes, fetched meanwhile
+                    ina_prefetch(&xout[0] + (chunk + 1) * k * itemsize(kind),
+                                 min(k, size - (chunk + 1) * k) * itemsize(kind), 1)
                 counted = get64(pkt + OFF_CONTRIBUTORS)
                 if counted:  # (an aggregator that names none counted all)
                     counted_all &= counted
@@ -512,6 +515,10 @@ cdef inline int request_result(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, Py
                         sizeof(sockaddr_in)) < 0 else 0
 
 
+cdef inline Py_ssize_t itemsize(Kind kind) noexcept nogil:
+    return 8 if kind == KIND_F64 else 4
+
+
 cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
                            int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
                            double[::1] born, uint8_t[::1] resent,
@@ -544,6 +551,9 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
         put16(&rows[s, 0] + OFF_COUNT, 0)
         lengths[s] = <int32_t>HEADER
         skipped[0] += 1
+    if c + 1 < nb:  # the next new packet's values, from memory meanwhile
+        ina_prefetch(x + (c + 1) * k * itemsize(kind), min(k, size - (c + 1) * k) * itemsize(kind),
+                     0)
     rows[s, OFF_SEQ] = next_seq[0]
     slot_seq[s] = next_seq[0]
     next_seq[0] += 1

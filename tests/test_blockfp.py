@@ -224,3 +224,31 @@ def test_shift_uses_the_largest_safe_power_of_two():
 def test_kernels_selector():
     with pytest.raises(ValueError, match="INA_KERNELS"):
         kernel_module.load("turbo")
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+@pytest.mark.parametrize("average", [False, True])
+def test_float32_vector_path_matches_reference_at_its_edges(n, average):
+    """The AVX2 float32 kernels take float32 arithmetic only where a sub-block's scale is
+    a power of two in float32's normal range: exponents on either side of those edges,
+    rounding ties, the extreme int32 sums and partial vectors give the reference's bits."""
+    fast, ref = kernel_module.load("fast"), kernel_module.load("numpy")
+    k, b = 77, 32  # sub-blocks of 32, 32 and 13: whole vectors and a scalar tail
+    edges = [-126, -100, -99, -98, -97, -96, -95, -5, 0, 20, 100, 127, 128]
+    rng = np.random.default_rng(7)
+    for e in edges:
+        exps = np.full(3, e, np.int16)
+        shift = blockfp.shift_for(e, n, np.dtype(np.float32), 32)
+        # Values below 2**e, among them ties (m + 1/2) 2**-shift that round half to even.
+        x = (rng.uniform(-1, 1, k) * 2.0 ** e).astype(np.float32)
+        ties = (np.arange(-20, 20) + 0.5) * 2.0 ** -shift
+        x[:40] = np.where(np.abs(ties) < 2.0 ** e, ties, 0).astype(np.float32)
+        quantized = fast.quantize(x, exps, n, k, b)
+        assert quantized.tobytes() == ref.quantize(x, exps, n, k, b).tobytes(), e
+        q = rng.integers(-2**31, 2**31, k).astype(">i4")
+        q[:8] = [2**31 - 1, -2**31, 1, -1, 0, 2**24 + 1, -(2**24 + 3), 2**30 + 64]
+        out_fast, out_ref = np.empty(k, np.float32), np.empty(k, np.float32)
+        with np.errstate(over="ignore"):
+            fast.dequantize(q, exps, n, k, out_fast, average, b)
+            ref.dequantize(q, exps, n, k, out_ref, average, b)
+        assert out_fast.tobytes() == out_ref.tobytes(), e
