@@ -6,6 +6,9 @@ At 9000-byte packets (K of a 9000-byte MTU, int32 values), each figure beside th
 segmented-UDP ceiling of the same datagram size (bench/udp_ceiling.py: UDP_SEGMENT
 sender, UDP_GRO receiver, one core each):
 
+and beside the echo ceiling (udp_ceiling.echo_ceiling: one core receiving every datagram
+and sending it back, no other work; a worker and a switch shard both do that per packet):
+
 * the worker path alone: one worker (n = 1) streams a float32 tensor (quantization,
   packets, the windowed transport) through a switch that only echoes each packet back
   as its result (loadgen.echo, segmented): packets/s the worker completes;
@@ -24,7 +27,7 @@ import numpy as np
 
 from bench import loopback
 from bench.switch_ceiling import switch_rate
-from bench.udp_ceiling import ceiling
+from bench.udp_ceiling import ceiling, echo_ceiling
 from ina_collectives import protocol as P
 from ina_collectives.ina import kernels
 from ina_collectives.ina.link import WorkerLink
@@ -66,12 +69,19 @@ def main() -> int:
     size = P.packet_bytes(k, P.DEFAULT_BLOCK, 32)
     raw = ceiling(size, True, True, args.seconds)["datagrams_per_s"]
     print(f"raw ceiling, {size}-byte datagrams, UDP_SEGMENT + UDP_GRO: {raw:.0f}/s")
-    records = [{"what": "raw ceiling", "bytes": size, "packets_per_s": raw}]
+    echoed = echo_ceiling(size, args.seconds)["datagrams_per_s"]
+    print(f"echo ceiling (one core receives and sends back): {echoed:.0f}/s = "
+          f"{echoed / raw:.2f} of the one-way ceiling")
+    records = [{"what": "raw ceiling", "bytes": size, "packets_per_s": raw},
+               {"what": "echo ceiling", "bytes": size, "packets_per_s": echoed,
+                "of_ceiling": echoed / raw}]
     w = worker_path(k, args.seconds)
     records.append({"what": "worker path (echo switch)", "bytes": size, **w,
-                    "of_ceiling": w["packets_per_s"] / raw})
+                    "of_ceiling": w["packets_per_s"] / raw,
+                    "of_echo_ceiling": w["packets_per_s"] / echoed})
     print(f"worker path: {w['packets_per_s']:.0f} packets/s = {w['packets_per_s'] / raw:.2f} "
-          f"of the ceiling ({w['per_send_call']:.1f} packets per send call)", flush=True)
+          f"of the ceiling, {w['packets_per_s'] / echoed:.2f} of the echo ceiling "
+          f"({w['per_send_call']:.1f} packets per send call)", flush=True)
     one_shard = {}
     for n in (2, 4):
         for shards in (1, 2):
@@ -89,11 +99,13 @@ def main() -> int:
                             "shards": shards, "packets_per_s": r["packets_per_s"],
                             "elements_per_s": r["elements_per_s"],
                             "of_ceiling": r["packets_per_s"] / raw,
+                            "of_echo_ceiling": r["packets_per_s"] / echoed,
                             "of_one_shard": gain,
                             "generator_cpu": cpu})
             print(f"switch, {shards} shard(s), 2 jobs of n={n}: "
                   f"{r['packets_per_s']:.0f} packets/s in = "
-                  f"{r['packets_per_s'] / raw:.2f} of the ceiling, "
+                  f"{r['packets_per_s'] / raw:.2f} of the ceiling "
+                  f"({r['packets_per_s'] / echoed:.2f} of the echo ceiling), "
                   f"{r['elements_per_s'] / 1e6:.0f} M elements/s = {gain:.2f}x one shard; "
                   f"load generator CPU {cpu:.0%} of a core (with set-up)", flush=True)
     loopback.save(args.json, records)
