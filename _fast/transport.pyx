@@ -39,7 +39,7 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t,
 
 import numpy as np
 
-from blockfp_kernels cimport KIND_F32, KIND_F64, ina_prefetch
+from blockfp_kernels cimport KIND_F32, KIND_F64, chunk_exponents, ina_prefetch
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport errno
 from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
@@ -127,13 +127,13 @@ CALLS = ("send", "recvmmsg", "poll")
 
 
 def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
-           const int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
+           int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
            int n, Py_ssize_t k, int job, int worker, bint average,
            double rto, double rto_min, double rto_max, double silence, double deadline,
            double[::1] rtt, int epoch=0, uint8_t[::1] seq=None,
            Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32,
            uint8_t[::1] send_state=None, const uint8_t[::1] cancel=None, int call=0,
-           int quorum=0):
+           int quorum=0, Py_ssize_t ready=-1):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed: the
@@ -149,7 +149,12 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cancel: [0], set to 1 by another thread to end the stream (CANCELLED) within 20 ms
     (a call striped over several aggregators streams each part in a thread of its own).
     call: the call's number (mod 65536), in every packet; quorum: the k its chunks
-    complete at (0: all n).
+    complete at (0: all n). ready: the chunks whose exponents ``local`` holds already
+    (-1: all); the stream fills in the others' as it reaches them (a chunk's are needed
+    one window ahead, as the proposals its slot's packet carries), so that the pass over
+    the tensor they take runs while the stream waits on the network, not before it; a
+    NaN or an Inf among them sets counters["nonfinite"] (the caller must then discard
+    the result: those chunks' values were not representable).
     In a quorum call a worker that lags takes the results of its slots' later chunks as
     they pass (they were multicast to it), sending nothing for them; a chunk whose result
     it lost after the others moved its cell on cannot be had from the switch any more:
@@ -170,6 +175,10 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     P.check_format(block, value_bits)
     cdef Py_ssize_t g = P.sub_blocks(k, block)
     cdef Py_ssize_t nb = (size + k - 1) // k, slots = versions.shape[0]
+    cdef Lazy lazy
+    lazy.have = nb if ready < 0 else min(ready, nb)
+    lazy.floor = -990 if kind == KIND_F64 else -126  # the dtype's (EXPONENT_MIN)
+    lazy.nonfinite = False
     if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
         raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
                          f"{local.shape[0]} local and {agreed.shape[0]} agreed")
@@ -248,7 +257,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
             s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
                            versions, overtaken, next_seq, slot_seq, <const char *>&xin[0],
                            size, kind, c, k, block, value_bits, n, agreed, local, slots, nb,
-                           job, worker, rto, 0, epoch, call, quorum, &skipped)
+                           job, worker, rto, 0, epoch, call, quorum, &skipped, &lazy)
             pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
             npend += 1
             sent += 1
@@ -399,7 +408,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                                    versions, overtaken, next_seq, slot_seq,
                                    <const char *>&xin[0], size, kind, c, k, block,
                                    value_bits, n, agreed, local, slots, nb, job, worker, rto,
-                                   0, epoch, call, quorum, &skipped)
+                                   0, epoch, call, quorum, &skipped, &lazy)
                     tries[s] = 0
                     pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
                     npend += 1
@@ -446,7 +455,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                                        resent, versions, overtaken, next_seq, slot_seq,
                                        <const char *>&xin[0], size, kind, c, k, block,
                                        value_bits, n, agreed, local, slots, nb, job, worker,
-                                       rto, 0, epoch, call, quorum, &skipped)
+                                       rto, 0, epoch, call, quorum, &skipped, &lazy)
                             tries[s] = 0
                             pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
                             npend += 1
@@ -486,6 +495,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 "rtt_samples": samples,
                 "stale": stale, "rejected": rejected, "seconds": monotonic() - start,
                 "left_out": left_out, "skipped": skipped, "lost": lost,
+                "nonfinite": int(lazy.nonfinite),
                 "counted_all": counted_all,
                 "counted_any": counted_any, "mode": mode}
     if failure:  # SEND_FAILED
@@ -515,6 +525,12 @@ cdef inline int request_result(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, Py
                         sizeof(sockaddr_in)) < 0 else 0
 
 
+cdef struct Lazy:  # chunks whose exponents the stream computes as it reaches them
+    Py_ssize_t have   # the chunks with exponents in local so far
+    int32_t floor     # the dtype's smallest exponent
+    bint nonfinite    # a NaN or an Inf was seen among them
+
+
 cdef inline Py_ssize_t itemsize(Kind kind) noexcept nogil:
     return 8 if kind == KIND_F64 else 4
 
@@ -525,10 +541,10 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
                            uint8_t[::1] versions, int32_t[::1] overtaken, uint8_t *next_seq,
                            uint8_t[::1] slot_seq, const char *x, Py_ssize_t size, Kind kind,
                            Py_ssize_t c, Py_ssize_t k, Py_ssize_t block, int bits, int n,
-                           int16_t[::1] agreed, const int16_t[::1] local, Py_ssize_t slots,
+                           int16_t[::1] agreed, int16_t[::1] local, Py_ssize_t slots,
                            Py_ssize_t nb, int job, int worker, double rto, int flags,
                            int epoch, int call, int quorum,
-                           Py_ssize_t *skipped) noexcept nogil:
+                           Py_ssize_t *skipped, Lazy *lazy) noexcept nogil:
     """Write chunk c's packet into its slot's row and start its clocks; the slot. The
     caller sends it, with the others of its batch (ina_send_batch). In a quorum call,
     a chunk whose values need larger exponents than those agreed becomes a result
@@ -536,6 +552,16 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
     cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block, j
     cdef Py_ssize_t blocks = (min(k, size - c * k) + block - 1) // block
     cdef bint fits = True
+    cdef Py_ssize_t start, count
+    while lazy.have < nb and lazy.have <= c + slots:  # this chunk's and the proposals'
+        start = lazy.have * k
+        count = min(k, size - start)
+        if chunk_exponents(x + start * itemsize(kind), count, kind, block, lazy.floor,
+                           &local[lazy.have * g]):
+            lazy.nonfinite = True
+        for j in range((count + block - 1) // block, g):  # past the end: the floor
+            local[lazy.have * g + j] = <int16_t>lazy.floor
+        lazy.have += 1
     if quorum:
         for j in range(blocks):
             if local[c * g + j] > agreed[c * g + j]:

@@ -94,11 +94,14 @@ def quorum_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 @case
 def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
-    """A NaN on one rank and an Inf on another: the exact path, chosen for this call."""
+    """A NaN on one rank and an Inf on another (at p["at"] and 2 further, of p["size"]
+    values of p["dtype"]): the exact path, chosen for this call; then a clean call."""
     ina.init(comm, switch_min_bytes=0)
-    x = np.ones(100_000, np.float32)
-    x[7 + 2 * comm.rank] = [np.nan, np.inf][comm.rank % 2]
+    x = np.ones(p.get("size", 100_000), p.get("dtype", "float32"))
+    x[p.get("at", 7) + 2 * comm.rank] = [np.nan, np.inf][comm.rank % 2]
     out = {"result": ina.allreduce(x), "stats": ina.stats()}
+    out["after"] = ina.allreduce(np.ones(x.size, x.dtype))
+    out["after_engine"] = ina.stats()["last_call"]["engine"]
     ina.finalize()
     return out
 

@@ -373,12 +373,26 @@ def test_per_call_choices_nan_ints_ops_and_small_tensors(switch):
     assert "ina: dtype int32 is not a float" in reasons
     assert "ina: op MAX is not SUM or AVERAGE" in reasons
     assert "ina: below switch_min_bytes (1000)" in reasons
-    nan = mpirun.run(2, "ina_nan", {}, env={"INA_SWITCH": switch.address_text})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("where", ["first window", "last chunk"])
+def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
+    # A bad value in the first window is seen before the stream; one past it only by the
+    # stream, which computes those chunks' exponents as it goes: the result is the
+    # exact path's all the same, and the next call is the switch's again.
+    size = 2_000_000
+    at = 7 if where == "first window" else size - 5
+    nan = mpirun.run(2, "ina_nan", {"size": size, "at": at, "dtype": dtype},
+                     env={"INA_SWITCH": switch.address_text})
     for r in nan:
-        assert np.isnan(r["result"][7]) and np.isinf(r["result"][9])
-        np.testing.assert_array_equal(np.delete(r["result"], [7, 9]), 2.0)
+        assert np.isnan(r["result"][at]) and np.isinf(r["result"][at + 2])
+        np.testing.assert_array_equal(np.delete(r["result"], [at, at + 2]), 2.0)
         assert r["stats"]["last_call"]["engine"] == "ring"
         assert "ina: NaN or Inf in the input (exact path)" in r["stats"]["last_call"]["passed_over"]
+        np.testing.assert_array_equal(r["after"], 2.0)
+        assert r["after_engine"] == "ina"
 
 
 @pytest.mark.mpi

@@ -17,6 +17,7 @@ def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
            n: int, k: int, job: int, worker: int, average: bool, rto: float,
            rto_min: float, rto_max: float, silence: float, deadline: float,
            rtt: np.ndarray, epoch: int = 0, seq: np.ndarray | None = None,
-           block: int = 32, value_bits: int = 32, send_state: np.ndarray | None = None
-           ) -> tuple[int, dict[str, float], np.ndarray]:
+           block: int = 32, value_bits: int = 32, send_state: np.ndarray | None = None,
+           cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
+           ready: int = -1) -> tuple[int, dict[str, float], np.ndarray]:
     """Allreduce x into out through the aggregator: (status, counters, chunks missing)."""

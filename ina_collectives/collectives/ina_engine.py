@@ -28,6 +28,7 @@ from .waiting import Deadline, wait
 log = logging.getLogger("ina_collectives")
 REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank
 MAX_AGGREGATORS = 63  # one job's: a bit each in the int64 news of a call's agreement
+NONFINITE = "ina: NaN or Inf in the input (exact path)"
 
 
 class InaEngine:
@@ -462,7 +463,6 @@ class InaEngine:
         # The input stays intact until the result is whole: the fallback may need it.
         wide = np.float32 if call.dtype == np.float16 else call.dtype
         x = source.astype(wide) if (call.send is None or wide != call.dtype) else source
-        local, nonfinite = self.kernels.block_exponents(x, k, block)
         g = -(-k // block)
         chunks = -(-x.size // k)
         call_number, quorum = self.quorum.next_call()
@@ -473,15 +473,25 @@ class InaEngine:
         # ride on the results. In a quorum call every chunk's are agreed here: a result
         # carries the proposals of the workers it counted only, and the values of one it
         # left out would not fit them (docs/quorum.md).
-        windows = [(c0 * g, (c1 if quorum else min(c0 + self.links[i].slots, c1)) * g)
-                   for i, c0, c1 in parts]
+        ready = [c1 - c0 if quorum else min(self.links[i].slots, c1 - c0)
+                 for i, c0, c1 in parts]
+        windows = [(c0 * g, (c0 + r) * g) for (_, c0, _), r in zip(parts, ready)]
+        # Only those chunks' own exponents are computed before the stream: the streams
+        # compute the rest as they go, while they wait on the network (a pass over the
+        # whole tensor here was the largest cost of a call outside its stream).
+        local = np.empty(chunks * g, np.int16)
+        nonfinite = False
+        for (_, c0, _), r in zip(parts, ready):
+            local[c0 * g:(c0 + r) * g], bad = self.kernels.block_exponents(
+                x[c0 * k:min((c0 + r) * k, x.size)], k, block)
+            nonfinite |= bad
         proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in windows)]
                                   ).astype(np.int16)
         agreed_first = np.empty_like(proposal)
         wait(self.comm.Iallreduce(proposal, agreed_first, MPI.MAX), deadline,
              lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte allreduce")
         if agreed_first[0]:
-            return HandOver("ina: NaN or Inf in the input (exact path)", x)
+            return HandOver(NONFINITE, x)
         agreed = np.empty_like(local)
         at = 1
         for a, b in windows:
@@ -494,26 +504,29 @@ class InaEngine:
         self.striped_calls += len(parts) > 1
         results = self._stream_parts(parts, x, out, local, agreed, g, k,
                                      call.op is Op.AVERAGE, bits, deadline, call_number,
-                                     quorum)
+                                     quorum, ready)
         # Every rank learns, for each aggregator, whether any rank's share failed, the
         # longest any rank took for it (the throughput estimates: alike on every rank),
-        # and the newest mode its results announced (a quorum asked by the control plane).
+        # and the newest mode its results announced (a quorum asked by the control plane);
+        # and whether any stream met a NaN or an Inf past the first window.
         # Bounded: a dead peer never reports. A bound of its own: a stream that ran out of
         # the call's time must still reach the vote on every rank, or one rank would give
         # up while another hands over.
         count = len(self.addresses)
-        mine = np.zeros(4 * count)
+        mine = np.zeros(4 * count + 1)
         for (i, _, _), result in zip(parts, results):
             mine[i] = 0 if result.ok else 1
             mine[count + i] = result.counters.get("seconds", 0.0)
             mine[2 * count + i] = result.mode  # generation << 8 | k: exact in a float64
             mine[3 * count + i] = bool(result.ok and result.missing.size)  # quorum: lost
+            mine[4 * count] = max(mine[4 * count], result.counters.get("nonfinite", 0))
         votes = np.empty_like(mine)
         wait(self.comm.Iallreduce(mine, votes, MPI.MAX), Deadline(self.settings.timeout),
              lambda: f"all ranks to report the outcome of a {call.nbytes}-byte allreduce "
                      "through the aggregator (this rank: "
                      f"{'; '.join(r.reason for r in results) or 'nothing to stream'})")
         failed = [(i, c0, c1) for i, c0, c1 in parts if votes[i]]
+        nonfinite = bool(votes[4 * count])
         counted_all, counted_any = -1, 0
         for (i, _, _), result in zip(parts, results):
             if not votes[i]:  # (a failed share is the ring's: every worker counts)
@@ -546,14 +559,16 @@ class InaEngine:
                 for (i, _, _), result in zip(parts, results) if not result.ok)
             reason = f"ina: aggregator failed mid-operation{'; here: ' + here if here else ''}"
             self._lost([i for i, _, _ in failed], reason, self._seq)
-            if len(failed) == len(parts):
-                return HandOver(reason, x)
+            if len(failed) == len(parts) or nonfinite:
+                return HandOver(NONFINITE if nonfinite else reason, x)
             # The others' shares are done: only the failed shares take the ring.
             self.partial_handovers += 1
             if out is not call.recv:
                 np.copyto(call.recv, out, casting="unsafe")
             return HandOver(reason, x, [(c0 * k, min(c1 * k, x.size))
                                         for _, c0, c1 in failed] + ring_ranges)
+        if nonfinite:  # (the sums of those chunks are not the values')
+            return HandOver(NONFINITE, x)
         if out is not call.recv:
             np.copyto(call.recv, out, casting="unsafe")
         if ring_ranges:
@@ -595,33 +610,36 @@ class InaEngine:
     def _stream_parts(self, parts: list[tuple[int, int, int]], x: np.ndarray,
                       out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int, k: int,
                       average: bool, bits: int, deadline: Deadline, call_number: int = 0,
-                      quorum: int = 0) -> list[StreamResult]:
+                      quorum: int = 0, ready: list[int] | None = None) -> list[StreamResult]:
         """Stream each share through its aggregator: the first in this thread, the others
         in threads of their own (the streams run without the GIL). Ctrl-C here cancels
-        the others before it propagates."""
+        the others before it propagates. ready: per share, the chunks whose exponents
+        ``local`` holds (None: all)."""
         s = self.settings
         remaining = max(0.0, deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
 
-        def stream(part: tuple[int, int, int]) -> StreamResult:
+        def stream(part: tuple[int, int, int], ready: int = -1) -> StreamResult:
             i, c0, c1 = part
             a, b = c0 * k, min(c1 * k, x.size)
             return self.links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
                                         agreed[c0 * g:c1 * g], average, s.retransmit_timeout,
                                         s.retransmit_min, s.retransmit_max, s.switch_silence,
-                                        remaining, bits, cancel, call_number, quorum)
+                                        remaining, bits, cancel, call_number, quorum, ready)
 
         if not parts:  # an empty call
             return []
         if len(parts) > 1 and self._threads is None:
             self._threads = ThreadPoolExecutor(len(self.addresses) - 1,
                                                thread_name_prefix="ina-stripe")
-        others = [self._threads.submit(stream, part) for part in parts[1:]]
+        ready = ready or [-1] * len(parts)
+        others = [self._threads.submit(stream, part, r)
+                  for part, r in zip(parts[1:], ready[1:])]
         # Each stream ends by its own bounds (the call's deadline, the silence bound);
         # these bounds only back them up.
         bound = remaining + s.switch_silence + self.CANCEL_BOUND
         try:
-            results = [stream(parts[0])]
+            results = [stream(parts[0], ready[0])]
             for (i, _, _), future in zip(parts[1:], others):
                 try:
                     results.append(future.result(timeout=bound))

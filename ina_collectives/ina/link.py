@@ -123,21 +123,24 @@ class WorkerLink:
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, rto: float, rto_min: float, rto_max: float, silence: float,
                deadline: float, value_bits: int = 0, cancel: np.ndarray | None = None,
-               call: int = 0, quorum: int = 0) -> StreamResult:
+               call: int = 0, quorum: int = 0, ready: int = -1) -> StreamResult:
         """Allreduce x (float32/64, 1-D) into out through the aggregator. rto is the
         timeout until a round trip is measured; then it adapts within rto_min .. rto_max.
         value_bits: this call's width (0: the job's; see value_bits_for). cancel: a
         uint8 [0] another thread sets to 1 to end the stream. The counters are the
         caller's to add up (a job striped over several links streams them in threads).
         call: the call's number (mod 65536); quorum: the k its chunks complete at (0:
-        all n, sync)."""
+        all n, sync). ready: the chunks whose exponents ``local`` holds (-1: all); the
+        stream computes the others' as it goes, and counters["nonfinite"] says whether
+        it met a NaN or an Inf there (then the result is not the sum)."""
         from .._fast import transport
 
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
-            value_bits or self.value_bits, self.send_state, cancel, call & 0xFFFF, quorum)
+            value_bits or self.value_bits, self.send_state, cancel, call & 0xFFFF, quorum,
+            ready)
         counted_all, mode = counters.pop("counted_all"), counters.pop("mode")
         counted_any = counters.pop("counted_any")
         failure = counters.pop("errno", 0)
