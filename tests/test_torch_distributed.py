@@ -283,3 +283,29 @@ def test_ina_run_gives_mpi_ranks_torchs_env_rendezvous(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         assert re.search(rf"rank {rank} {rank} 3\.0 \{{'ina': 1\}}", proc.stdout), proc.stdout
+
+
+def test_gloo_peers_read_a_read_only_source_and_refuse_a_read_only_result():
+    # Under torchrun the ranks' peers are gloo groups over numpy buffers: an input the
+    # caller made read-only is only read (no warning from torch), a result cannot land
+    # in one (a named error, not undefined behaviour).
+    import datetime
+    import warnings
+
+    import torch.distributed as dist
+
+    from ina_collectives.collectives.peers import TorchPeers
+    from ina_collectives.collectives.waiting import Deadline, wait
+
+    peers = TorchPeers(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
+    source = np.arange(6, dtype=np.int32)
+    source.flags.writeable = False
+    gathered = np.zeros(6, np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wait(peers.Iallgather(source, gathered), Deadline(30), lambda: "the allgather")
+        wait(peers.Ibcast(source, root=0), Deadline(30), lambda: "the broadcast")
+    np.testing.assert_array_equal(gathered, source)
+    with pytest.raises(ValueError, match="read-only buffer of 24 bytes cannot take"):
+        peers.Iallgather(gathered, source)
+    peers.Free()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -63,16 +64,28 @@ class Request:
         pass
 
 
-def _tensor(array: np.ndarray) -> Any:
-    """A tensor sharing ``array``'s memory (results must land in the caller's array)."""
+def _tensor(array: np.ndarray, source: bool = False) -> Any:
+    """A tensor sharing ``array``'s memory (results must land in the caller's array).
+    ``source``: gloo only reads it, so a read-only array will do (torch warns of any
+    read-only array; a buffer results land in must be writable)."""
     import torch
     if not array.flags.c_contiguous:
         raise ValueError("the peers' operations need contiguous buffers")
-    return torch.from_numpy(array.reshape(-1))
+    if array.flags.writeable:
+        return torch.from_numpy(array.reshape(-1))
+    if not source:
+        raise ValueError(f"a read-only buffer of {array.nbytes} bytes cannot take the "
+                         "peers' results")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(array.reshape(-1))
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
-    return _tensor(array).numpy().view(np.uint8)
+    """``array``'s memory as bytes (the same memory)."""
+    if not array.flags.c_contiguous:
+        raise ValueError("the peers' operations need contiguous buffers")
+    return array.reshape(-1).view(np.uint8)
 
 
 def _buffer(spec: Any) -> tuple[np.ndarray, list[int] | None, list[int] | None]:
@@ -115,7 +128,7 @@ class TorchPeers:
         src, _, _ = _buffer(send)
         dst, _, _ = _buffer(recv)
         parts = list(_tensor(_bytes(dst)).view(self._size, -1).unbind(0))
-        return Request(self._pg.allgather([parts], [_tensor(_bytes(src))]))
+        return Request(self._pg.allgather([parts], [_tensor(_bytes(src), source=True)]))
 
     def Iallgatherv(self, send: Any, recv: Any) -> Request:  # noqa: N802
         # gloo gathers equal sizes: pad each rank's part to the largest, then place.
@@ -141,13 +154,14 @@ class TorchPeers:
         array, _, _ = _buffer(buf)
         options = dist.BroadcastOptions()
         options.rootRank = root
-        return Request(self._pg.broadcast([_tensor(_bytes(array))], options))
+        return Request(self._pg.broadcast(
+            [_tensor(_bytes(array), source=self._rank == root)], options))
 
     def Ialltoallv(self, send: Any, recv: Any) -> Request:  # noqa: N802
         src, scounts, _ = _buffer(send)
         dst, rcounts, _ = _buffer(recv)
         return Request(self._pg.alltoall_base(
-            _tensor(_bytes(dst)), _tensor(_bytes(src)),
+            _tensor(_bytes(dst)), _tensor(_bytes(src), source=True),
             [c * dst.itemsize for c in rcounts], [c * src.itemsize for c in scounts]))
 
     def Ibarrier(self) -> Request:  # noqa: N802
@@ -170,7 +184,7 @@ class TorchPeers:
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
         array, _, _ = _buffer(buf)
-        return Request(self._pg.send([_tensor(_bytes(array))], dest, tag))
+        return Request(self._pg.send([_tensor(_bytes(array), source=True)], dest, tag))
 
     def Irecv(self, buf: Any, source: int, tag: int = 0) -> Request:  # noqa: N802
         array, _, _ = _buffer(buf)
