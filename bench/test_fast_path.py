@@ -58,6 +58,8 @@ def results(tensor, ring, bits):
 
 
 def _record(benchmark):
+    if benchmark.stats is None:  # --benchmark-disable: run once, nothing measured
+        return
     benchmark.extra_info["bandwidth_GBps"] = NBYTES / benchmark.stats.stats.median / 1e9
     benchmark.extra_info["elements_per_s"] = NBYTES / 4 / benchmark.stats.stats.median
 
