@@ -22,9 +22,9 @@ numbers are resent at once, without backing off: only the worker whose packet wa
 resends, before the timeouts of the others fire (a P4 switch sends no NACKs; there the
 timers recover). With an aggregator that answers them (its join or probe reply says so,
 or it has sent a NACK), a packet in flight that OVERTAKEN results of later packets have
-passed asks for its result again with a header alone (a result request): its result was
-lost on the way back, or another worker's packet was (then the request is ignored, and
-that worker NACKed). The first timeout of a packet asks the same way; full resends are
+passed asks for its result again with a header alone (a result request), once until it
+is sent again: its result was lost on the way back, or another worker's packet was (then
+the request is ignored, and that worker NACKed). The first timeout of a packet asks the same way; full resends are
 left to the second and later timeouts.
 
 In a quorum call (``quorum`` k > 0, docs/quorum.md) a chunk completes when k workers
@@ -67,6 +67,11 @@ cdef double SIGNAL_CHECK = 0.02     # the GIL is taken this often to see Ctrl-C
 # Results of later packets after which a packet in flight asks for its result: more than
 # one, so that a little reordering on the way asks nothing (TCP's duplicate-ACK threshold).
 cdef int OVERTAKEN = 3
+# Once per transmission: a packet that asked stays quiet until it is sent again (by its
+# timer). Asking again every OVERTAKEN results made a window of S packets ask up to S / 3
+# times while another worker's lost packet was resent, and the asks that arrived after
+# the chunk completed each brought its whole result back again (docs/reliability.md).
+cdef int32_t ASKED = -(1 << 30)
 # Quorum: timeouts of one packet after which its chunk is given up (the others may have
 # moved its cell on, and the later chunks that would say so may be lost too); the engine
 # takes it from a peer. Its timer has doubled this many times by then.
@@ -391,7 +396,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                             continue
                         overtaken[q] += 1
                         if overtaken[q] == OVERTAKEN:
-                            overtaken[q] = 0
+                            overtaken[q] = ASKED
                             if request_result(fd, &to, rows, q, request) < 0:
                                 status, failure = SEND_FAILED, errno
                                 break

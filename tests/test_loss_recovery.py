@@ -142,6 +142,23 @@ def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, fault
     assert counters["result_requests"] > 0, counters
 
 
+def test_a_packet_overtaken_by_the_whole_window_asks_once_until_it_is_sent_again(job):
+    """Worker b sent chunks 1-7 but never chunk 0: a's stream gets the results of all
+    its later packets and none for chunk 0. Chunk 0 asks for its result once (after
+    OVERTAKEN results), not again every OVERTAKEN: asks that arrive after a chunk
+    completes each bring its whole result back. The timers (5 s) never fire here."""
+    _, (a, b) = job
+    for chunk in range(1, S):
+        send(b, packet(b, chunk, seq=chunk))
+    x = np.ones(S * K, np.float32)
+    exps = np.zeros(S, np.int16)  # (G = 1 sub-block per chunk of K = 4)
+    result = a.stream(x, np.empty_like(x), exps, exps.copy(), False, 5.0, 5.0, 5.0,
+                      silence=1.0, deadline=1.5)
+    assert not result.ok and result.missing.tolist() == [0], (result.reason, result.missing)
+    assert result.counters["result_requests"] == 1, result.counters
+    assert result.counters["retransmitted"] == 0, result.counters
+
+
 def test_a_late_retransmission_is_stale_not_summed_into_a_later_call():
     """Worker a's retransmission of call 1, held up on the way, arrives after a's packet of
     call 2 (the slot's other version, which cleared a's bit in call 1's cell). Taken for
