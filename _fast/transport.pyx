@@ -24,8 +24,8 @@ timers recover). With an aggregator that answers them (its join or probe reply s
 or it has sent a NACK), a packet in flight that OVERTAKEN results of later packets have
 passed asks for its result again with a header alone (a result request), once until it
 is sent again: its result was lost on the way back, or another worker's packet was (then
-the request is ignored, and that worker NACKed). The first timeout of a packet asks the same way; full resends are
-left to the second and later timeouts.
+the request is ignored, and that worker NACKed). The first timeout of a packet asks the
+same way; full resends are left to the second and later timeouts.
 
 In a quorum call (``quorum`` k > 0, docs/quorum.md) a chunk completes when k workers
 contributed: a result may not count this worker (its contributors say who was counted,
