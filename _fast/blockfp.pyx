@@ -35,14 +35,14 @@ def block_exponents(x, Py_ssize_t k, Py_ssize_t b=P.DEFAULT_BLOCK):
     cdef const unsigned char[::1] raw = x.view(np.uint8)
     cdef Py_ssize_t count = x.size, itemsize = x.itemsize
     cdef Py_ssize_t nc = ref.nblocks(count, k), g = ref.sub_blocks_per_chunk(k, b), c, start
-    exps = np.full(nc * g, floor, np.int16)
+    exps = np.empty(nc * g, np.int16)
     cdef int16_t[::1] e = exps
     cdef bint nonfinite = False
     with nogil:
         for c in range(nc):
             start = c * k
-            if chunk_exponents(<const char *>&raw[start * itemsize], min(k, count - start),
-                               kind, b, floor, &e[c * g]):
+            if chunk_proposals(<const char *>&raw[start * itemsize], min(k, count - start),
+                               kind, b, floor, g, &e[c * g]):
                 nonfinite = True
     return exps, nonfinite
 

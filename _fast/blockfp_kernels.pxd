@@ -58,6 +58,10 @@ cdef inline int shift_for(int exponent, int n, Kind kind, int bits) noexcept nog
     return bits - 2 - exponent - log2n
 
 
+cdef inline Py_ssize_t kind_itemsize(Kind kind) noexcept nogil:
+    return 8 if kind == KIND_F64 else 4
+
+
 cdef inline bint chunk_exponents(const char *x, Py_ssize_t count, Kind kind, Py_ssize_t b,
                                  int32_t floor, int16_t *out) noexcept nogil:
     """Each sub-block's exponent proposal into out (ceil(count / b) of them); whether a
@@ -93,6 +97,18 @@ cdef inline bint chunk_exponents(const char *x, Py_ssize_t count, Kind kind, Py_
                 out[j] = e
         out += blocks
         start += span
+    return nonfinite
+
+
+cdef inline bint chunk_proposals(const char *x, Py_ssize_t count, Kind kind, Py_ssize_t b,
+                                 int32_t floor, Py_ssize_t g, int16_t *out) noexcept nogil:
+    """A chunk's G exponent proposals into out: its sub-blocks' (chunk_exponents), then
+    the floor for those past its end (a short last chunk); whether a NaN or an Inf was
+    seen."""
+    cdef bint nonfinite = chunk_exponents(x, count, kind, b, floor, out)
+    cdef Py_ssize_t j
+    for j in range((count + b - 1) // b, g):
+        out[j] = <int16_t>floor
     return nonfinite
 
 

@@ -8,7 +8,7 @@ from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
 
 import numpy as np
 
-from blockfp_kernels cimport KIND_F32, KIND_I32
+from blockfp_kernels cimport KIND_F32, KIND_F64, KIND_I32
 
 from ina_collectives.ina.reference import blockfp as ref_blockfp
 from ina_collectives.ina.reference import packet as ref

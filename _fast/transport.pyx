@@ -39,7 +39,7 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t,
 
 import numpy as np
 
-from blockfp_kernels cimport KIND_F32, KIND_F64, chunk_exponents, ina_prefetch
+from blockfp_kernels cimport KIND_F32, KIND_F64, chunk_proposals, ina_prefetch, kind_itemsize
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport errno
 from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollfd,
@@ -47,6 +47,7 @@ from netio cimport (MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll, pollf
                     try_again)
 
 from ina_collectives import protocol as P
+from ina_collectives.ina.reference import blockfp as ref_blockfp
 
 include "header.pxi"
 include "wire.pxi"
@@ -173,6 +174,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     not finish because a system call failed (or after receiving failed) has that call's
     errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
     """
+    if x.dtype not in (np.float32, np.float64) or out.dtype != x.dtype:
+        raise TypeError(f"the stream reduces float32 or float64 into the same dtype, not "
+                        f"{x.dtype} into {out.dtype}")
     cdef Kind kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
     cdef const uint8_t[::1] xin = x.view(np.uint8)
     cdef uint8_t[::1] xout = out.view(np.uint8)
@@ -182,7 +186,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef Py_ssize_t nb = (size + k - 1) // k, slots = versions.shape[0]
     cdef Lazy lazy
     lazy.have = nb if ready < 0 else min(ready, nb)
-    lazy.floor = -990 if kind == KIND_F64 else -126  # the dtype's (EXPONENT_MIN)
+    lazy.floor = ref_blockfp.EXPONENT_MIN[x.dtype]
     lazy.nonfinite = False
     if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
         raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
@@ -354,8 +358,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 done[chunk] = 1
                 completed += 1
                 if chunk + 1 < nb:  # where the next result goes, fetched meanwhile
-                    ina_prefetch(&xout[0] + (chunk + 1) * k * itemsize(kind),
-                                 min(k, size - (chunk + 1) * k) * itemsize(kind), 1)
+                    ina_prefetch(&xout[0] + (chunk + 1) * k * kind_itemsize(kind),
+                                 min(k, size - (chunk + 1) * k) * kind_itemsize(kind), 1)
                 counted = get64(pkt + OFF_CONTRIBUTORS)
                 if counted:  # (an aggregator that names none counted all)
                     counted_all &= counted
@@ -536,10 +540,6 @@ cdef struct Lazy:  # chunks whose exponents the stream computes as it reaches th
     bint nonfinite    # a NaN or an Inf was seen among them
 
 
-cdef inline Py_ssize_t itemsize(Kind kind) noexcept nogil:
-    return 8 if kind == KIND_F64 else 4
-
-
 cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
                            int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
                            double[::1] born, uint8_t[::1] resent,
@@ -557,15 +557,12 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
     cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block, j
     cdef Py_ssize_t blocks = (min(k, size - c * k) + block - 1) // block
     cdef bint fits = True
-    cdef Py_ssize_t start, count
+    cdef Py_ssize_t start, width = kind_itemsize(kind)
     while lazy.have < nb and lazy.have <= c + slots:  # this chunk's and the proposals'
         start = lazy.have * k
-        count = min(k, size - start)
-        if chunk_exponents(x + start * itemsize(kind), count, kind, block, lazy.floor,
-                           &local[lazy.have * g]):
+        if chunk_proposals(x + start * width, min(k, size - start), kind, block, lazy.floor,
+                           g, &local[lazy.have * g]):
             lazy.nonfinite = True
-        for j in range((count + block - 1) // block, g):  # past the end: the floor
-            local[lazy.have * g + j] = <int16_t>lazy.floor
         lazy.have += 1
     if quorum:
         for j in range(blocks):
@@ -583,8 +580,7 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
         lengths[s] = <int32_t>HEADER
         skipped[0] += 1
     if c + 1 < nb:  # the next new packet's values, from memory meanwhile
-        ina_prefetch(x + (c + 1) * k * itemsize(kind), min(k, size - (c + 1) * k) * itemsize(kind),
-                     0)
+        ina_prefetch(x + (c + 1) * k * width, min(k, size - (c + 1) * k) * width, 0)
     rows[s, OFF_SEQ] = next_seq[0]
     slot_seq[s] = next_seq[0]
     next_seq[0] += 1

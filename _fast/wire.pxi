@@ -1,7 +1,7 @@
 # INA packets for the compiled modules: written (write_packet) and checked and read
 # (parse_result) at the offsets of header.pxi, which the including module includes first.
 # A packet: the header, ceil(count / b) pairs (exponent, proposal), count values.
-from blockfp_kernels cimport (KIND_F64, PIECE, Kind, dequantize_chunk, quantize_chunk)
+from blockfp_kernels cimport (PIECE, Kind, dequantize_chunk, kind_itemsize, quantize_chunk)
 from byteorder cimport get16, get32, get64, put16, put32, put64
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
@@ -23,7 +23,7 @@ cdef Py_ssize_t write_packet(uint8_t *row, const char *x, Py_ssize_t size, Kind 
     cdef Py_ssize_t start = chunk * k
     cdef Py_ssize_t count = min(k, size - start)
     cdef Py_ssize_t blocks = (count + b - 1) // b, j
-    cdef Py_ssize_t itemsize = 4 if kind != KIND_F64 else 8
+    cdef Py_ssize_t itemsize = kind_itemsize(kind)
     row[OFF_VERSION] = VERSION
     row[OFF_FLAGS] = flags
     put16(row + OFF_JOB, job)
@@ -84,7 +84,7 @@ cdef int parse_result(const uint8_t *pkt, Py_ssize_t length, char *out, Py_ssize
         exponent = <int16_t>get16(pair + PAIR * j)
         if exponent < exponent_min or exponent > exponent_max:
             return PARSE_EXPONENT
-    cdef Py_ssize_t itemsize = 4 if kind != KIND_F64 else 8
+    cdef Py_ssize_t itemsize = kind_itemsize(kind)
     cdef int16_t exps[PIECE]
     cdef const char *values = <const char *>(pair + PAIR * blocks)
     cdef int counted = popcount64(get64(pkt + OFF_CONTRIBUTORS))

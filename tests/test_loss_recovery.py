@@ -204,3 +204,14 @@ def test_the_software_switch_states_that_it_nacks(job):
     two-value replies leave the flag clear)."""
     _, links = job
     assert [int(link.seq[1]) for link in links] == [1, 1]
+
+
+def test_the_stream_takes_floats_into_the_same_dtype(job):
+    _, (a, _) = job
+    exps = np.zeros(S, np.int16)
+    for x, out in ((np.ones(S * K, np.int32), np.empty(S * K, np.int32)),
+                   (np.ones(S * K, np.float32), np.empty(S * K, np.float64))):
+        with pytest.raises(TypeError, match=f"float32 or float64 .* not {x.dtype} into "
+                                            f"{out.dtype}"):
+            a.stream(x, out, exps, exps.copy(), False, 1.0, 1.0, 1.0, silence=1.0,
+                     deadline=1.0)
