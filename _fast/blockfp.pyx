@@ -51,7 +51,7 @@ def quantize(x, exps, int n, Py_ssize_t k, Py_ssize_t b=P.DEFAULT_BLOCK, int bit
     """x as int32 or int16 (``bits``) in network byte order, sub-block j scaled by its
     agreed exponent exps[j]."""
     ref.check_kernel_args(x, k, b, bits)
-    ref._check_exps(exps, x.size, k, b)
+    ref.check_exps(exps, x.size, k, b)
     if x.dtype == np.int32:
         ref.check_int32_headroom(exps, n)
     if x.dtype == np.float16:
@@ -79,7 +79,7 @@ def dequantize(q, exps, int n, Py_ssize_t k, out, bint average=False,
     dtype."""
     cdef int bits = 8 * q.dtype.itemsize
     ref.check_kernel_args(out, k, b, bits)
-    ref._check_exps(exps, out.size, k, b)
+    ref.check_exps(exps, out.size, k, b)
     if q.size != out.size:
         raise ValueError(f"{q.size} aggregated values for an output of {out.size}")
     if average and out.dtype == np.int32:

@@ -107,10 +107,9 @@ def stats() -> dict[str, Any]:
     """Counters since init(): calls, bytes, calls and bytes per engine, fallback reasons
     (why a faster engine declined a call, with counts), and the last call's engine.
     Without init(), those of torch.distributed's default group of backend "ina"."""
-    import sys
-    backend = sys.modules.get("ina_collectives.torch.distributed")
-    if _state is None and backend is not None and backend.default_group() is not None:
-        return backend.default_group().stats()
+    group = _default_group()
+    if group is not None:
+        return group.stats()
     return _require().stats.snapshot()
 
 
@@ -121,12 +120,20 @@ def set_quorum(k: int) -> None:
     AVERAGE divides by the workers counted (docs/quorum.md). 0: sync (every worker).
     Calls on the ring are exact and unaffected. Without init(), on torch.distributed's
     default group of backend "ina"."""
-    import sys
-    backend = sys.modules.get("ina_collectives.torch.distributed")
-    if _state is None and backend is not None and backend.default_group() is not None:
-        backend.default_group().set_quorum(k)
+    group = _default_group()
+    if group is not None:
+        group.set_quorum(k)
         return
     _require().set_quorum(k)
+
+
+def _default_group() -> Any:
+    """Without init(): the default group a binding registered (torch.distributed's of
+    backend "ina"), or None. Imported here, not above: the runtime starts MPI."""
+    if _state is not None:
+        return None
+    from .runtime import world
+    return world.default_group()
 
 
 def last_call_counted() -> bool:

@@ -16,7 +16,8 @@ ValueError, as in NumPy and mpi4py.
     ├── AggregatorUnavailable (ConnectionError)
     ├── SystemCallError (OSError)           a socket call of the fast path failed
     ├── ControlError                        the P4Runtime target refused or failed
-    │   └── TargetUnavailable               no target answered
+    │   ├── TargetUnavailable               no target answered
+    │   └── P4RuntimeError                  the software switch's P4Runtime answer
     └── LaunchError                         ina-run cannot start the job
 """
 from __future__ import annotations
@@ -85,6 +86,16 @@ class ControlError(InaError):
 
 class TargetUnavailable(ControlError):
     """No P4Runtime target answered at the address within the bound."""
+
+
+class P4RuntimeError(ControlError):
+    """A P4Runtime request to the software switch failed with a google.rpc code
+    (``code``, from code_pb2) and a message: the server's answer to its client, never
+    raised to a caller of the library."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 class LaunchError(InaError):

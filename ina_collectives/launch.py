@@ -61,6 +61,7 @@ from typing import Any, Sequence
 
 from . import launch_horovodrun as horovodrun
 from .errors import AggregatorUnavailable, LaunchError
+from .settings import env_name
 
 # K of the embedded switch's pipeline. Its P4Info lists one register per element, which
 # p4runtime-shell's pure-Python protobuf loads slowly (docs/control.md has the numbers).
@@ -183,7 +184,7 @@ def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
     launcher = mpiexec or find_mpiexec()
     with tempfile.TemporaryDirectory(prefix="ina-run-ranks-") as folder:
         watch = RankWatch(Path(folder))
-        env = dict(env, INA_RUN_DIR=folder)
+        env = dict(env, **{env_name("run_dir"): folder})
         if "MASTER_PORT" not in env:  # torch.distributed's env:// rendezvous, rank 0 here
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))

@@ -14,6 +14,15 @@ from typing import Any, Mapping
 from . import protocol as P
 
 MiB = 1 << 20
+KERNELS = ("", "fast", "numpy")
+
+# Horovod's variables for the settings it shares: (setting, variable, parse).
+HOROVOD_VARIABLES = (
+    ("fusion_threshold", "HOROVOD_FUSION_THRESHOLD", int),
+    ("cycle_time", "HOROVOD_CYCLE_TIME", lambda v: float(v) / 1000.0),  # ms in Horovod
+    ("stall_warning_time", "HOROVOD_STALL_CHECK_TIME_SECONDS", float),
+    ("stall_shutdown_time", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", float),
+)
 
 
 def _setting(default: Any, doc: str) -> Any:
@@ -165,6 +174,19 @@ class Settings:
         "on the ranks that did, with an error naming the missing ranks and tensors. "
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is read too.",
     )
+    kernels: str = _setting(
+        "",
+        "The quantization and packet kernels: 'fast' (the compiled ones in _fast/; an "
+        "error if they are not built), 'numpy' (the NumPy reference), or empty: the "
+        "compiled ones when built, else the reference. Read once, when the kernels are "
+        "first imported.",
+    )
+    run_dir: str = _setting(
+        "",
+        "Set by ina-run for each rank: the folder where it marks a rank that failed, so "
+        "that a rank waiting on it gives up at once and names it instead of waiting out "
+        "its timeout. Empty outside ina-run.",
+    )
 
     def __post_init__(self) -> None:
         if self.ring_chunk_bytes < 1:
@@ -210,6 +232,8 @@ class Settings:
         for name in ("cycle_time", "stall_warning_time", "stall_shutdown_time"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level must be a logging level name, got {self.log_level!r}")
 
@@ -230,6 +254,33 @@ class Settings:
             elif env_name(name) in environ:
                 values[name] = _coerce(f, environ[env_name(name)], env_name(name))
         return cls(**values)
+
+    @classmethod
+    def value(cls, name: str, environ: Mapping[str, str] | None = None) -> Any:
+        """One setting from its INA_* variable, else its default, without reading (or
+        checking) the others: for what is read before any init, as the kernels are."""
+        environ = os.environ if environ is None else environ
+        f = {f.name: f for f in dataclasses.fields(cls)}[name]
+        if env_name(name) not in environ:
+            return f.default
+        value = _coerce(f, environ[env_name(name)], env_name(name))
+        if name == "kernels" and value not in KERNELS:
+            raise ValueError(f"{env_name(name)} must be 'fast' or 'numpy', got {value!r}")
+        return value
+
+
+def horovod_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Horovod's variables for the settings it shares (HOROVOD_VARIABLES), where no INA_*
+    one is set: overrides for ``Settings.load`` under the Horovod API."""
+    environ = os.environ if environ is None else environ
+    found = {}
+    for name, variable, parse in HOROVOD_VARIABLES:
+        if env_name(name) not in environ and variable in environ:
+            try:
+                found[name] = parse(environ[variable])
+            except ValueError:
+                raise ValueError(f"{variable}: cannot read {environ[variable]!r}") from None
+    return found
 
 
 def env_name(name: str) -> str:

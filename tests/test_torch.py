@@ -595,16 +595,16 @@ def test_training_demo_through_ina_run_matches_one_process():
 
 
 def test_horovod_variables_set_the_shared_settings(monkeypatch):
-    from ina_collectives.torch import mpi_ops
+    from ina_collectives.settings import horovod_environment
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1048576")
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")          # milliseconds in Horovod
     monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "7")
     monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "9")
-    assert mpi_ops._horovod_environment() == {
+    assert horovod_environment() == {
         "fusion_threshold": 1 << 20, "cycle_time": 0.005, "stall_warning_time": 7.0,
         "stall_shutdown_time": 9.0}
     monkeypatch.setenv("INA_CYCLE_TIME", "0.002")            # ours wins where both are set
-    assert "cycle_time" not in mpi_ops._horovod_environment()
+    assert "cycle_time" not in horovod_environment()
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "lots")
     with pytest.raises(ValueError, match="HOROVOD_FUSION_THRESHOLD"):
-        mpi_ops._horovod_environment()
+        horovod_environment()

@@ -44,10 +44,7 @@ class Collectives:
         self.ina = InaEngine(self.comm, settings) if settings.switch else None
         if self.ina is not None:
             self.stats.transport = self.ina.totals
-            ina = self.ina
-            self.stats.switch_state = lambda: {"serving": ina.link is not None,
-                                               "outages": ina.outages, "returns": ina.returns,
-                                               **ina.wire_format()}
+            self.stats.switch_state = self.ina.switch_state
         self.engines: list[Engine] = ([self.ina] if self.ina else []) + [
             self.fallback, MpiEngine(self.comm)]
         self._seq = 0
@@ -180,6 +177,11 @@ class Collectives:
                                      "call set_quorum with the same k")
         if self.ina is not None:
             self.ina.quorum.set(k)
+
+    def quorum_active(self) -> bool:
+        """Whether switch-served calls now complete with fewer than every worker (an
+        AVERAGE then divides each chunk by the workers it counted; docs/quorum.md)."""
+        return self.ina is not None and 0 < self.ina.quorum.k < self.size
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None,
                         news: int = 0) -> int | None:

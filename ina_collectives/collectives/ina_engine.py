@@ -247,6 +247,12 @@ class InaEngine:
                      P.address_list_text(addresses), len(expanded), listed)
         return expanded
 
+    def switch_state(self) -> dict:
+        """What stats()["switch"] reports: whether the aggregator serves, its outages and
+        returns so far, and the wire format (``wire_format``)."""
+        return {"serving": self.link is not None, "outages": self.outages,
+                "returns": self.returns, **self.wire_format()}
+
     def wire_format(self) -> dict:
         """The packets this job sends: K values of ``value_bits`` bits per packet, one
         exponent per ``block`` of them; the aggregators and their shares

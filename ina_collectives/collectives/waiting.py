@@ -8,11 +8,12 @@ from typing import Callable, Iterable
 from mpi4py import MPI
 
 from ..errors import CollectiveTimeout
+from ..settings import Settings
 
 # Under ina-run, the folder where it marks a failed rank (launch.py: RankWatch): a wait
 # that finds the mark gives up at once, naming the rank, instead of at its deadline.
-_RUN_FAILED = os.path.join(os.environ["INA_RUN_DIR"], "failed") \
-    if os.environ.get("INA_RUN_DIR") else None
+_RUN_DIR = Settings.value("run_dir")
+_RUN_FAILED = os.path.join(_RUN_DIR, "failed") if _RUN_DIR else None
 _next_look = 0.0
 
 

@@ -9,9 +9,9 @@ _fast/transport.pyx): with the reference, every call takes the ring and stats() 
 """
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
+from ..settings import Settings
 from .reference import blockfp as _ref_blockfp
 from .reference import packet as _ref_packets
 
@@ -37,7 +37,7 @@ def load(name: str) -> SimpleNamespace:
 
 
 def _default() -> SimpleNamespace:
-    wanted = os.environ.get("INA_KERNELS", "")
+    wanted = Settings.value("kernels")
     if wanted:
         return load(wanted)
     try:

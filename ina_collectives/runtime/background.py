@@ -360,7 +360,7 @@ class BackgroundRuntime:
             _scale(buffer, req.prescale)
         op = as_op(req.op)  # Average: a SUM here, then divided
         if (op is Op.AVERAGE and req.postscale == 1.0 and buffer.dtype.kind == "f"
-                and self._quorum_active()):
+                and self.collectives.quorum_active()):
             # In quorum mode a switch-served chunk is divided by the workers it counted,
             # which only the engine knows (docs/quorum.md).
             self.collectives.allreduce_flat(None, buffer, Op.AVERAGE, req.switch_bits)
@@ -431,10 +431,6 @@ class BackgroundRuntime:
     def _quorum(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> None:
         # The negotiation compared every rank's k (the request's shape).
         self.collectives.set_quorum(next(iter(reqs.values())).shape[0], checked=True)
-
-    def _quorum_active(self) -> bool:
-        ina = self.collectives.ina
-        return ina is not None and 0 < ina.quorum.k < self.size
 
 
 def split_rows(rows: int, parts: int, index: int) -> tuple[int, int]:

@@ -32,21 +32,12 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from .. import protocol as P
 from ..control import schema as S
-from ..errors import ControlError
+from ..errors import P4RuntimeError
 
 log = logging.getLogger("ina_collectives.p4runtime")
 
 API_VERSION = "1.4.1"
 WRITE_BATCH_LIMIT = 100_000  # updates per WriteRequest
-
-
-class P4RuntimeError(ControlError):
-    """A request failed with a google.rpc code (code_pb2) and a message (the server's
-    answer to a client; never raised to a caller of the library)."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 def _bits_value(data: bytes, bits: int, what: str) -> int:

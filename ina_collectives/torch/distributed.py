@@ -31,12 +31,13 @@ import torch
 import torch.distributed as dist
 
 from ..collectives.peers import TorchPeers, started_by_mpi
+from ..collectives.quorum import Quorum
 from ..errors import InaError
+from ..runtime import world
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.negotiation import OpRequest
 from ..settings import Settings
-from . import mpi_ops
-from .process_sets import SetMember
+from .staging import copy_from, data_request, reduction_request, submit_allreduce, to_numpy
 
 BACKEND = "ina"
 log = logging.getLogger("ina_collectives")
@@ -70,7 +71,6 @@ class ProcessGroupIna(dist.ProcessGroup):
                         "the exact path")
         self._runtime = BackgroundRuntime(comm, settings)
         self._comm = comm
-        self._member = SetMember(tuple(range(size)), rank, self._runtime)
         self._calls = itertools.count()
 
     # -- identity ------------------------------------------------------------------------
@@ -94,8 +94,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         op = _op_name(opts)
         if op in _BITWISE:
             return self._bitwise_allreduce(tensors, op)
-        started = [mpi_ops._allreduce_async(t, t, self._name(), op, 1.0, 1.0,
-                                            self._live()) for t in tensors]
+        started = [submit_allreduce(self._live(), t, t, self._name(), op) for t in tensors]
         return self._work([h for h, _ in started], lambda results: [
             finish(r) for (_, finish), r in zip(started, results)], "allreduce")
 
@@ -107,10 +106,9 @@ class ProcessGroupIna(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         handles, finishes = [], []
         for t in tensors:
-            request = mpi_ops._data_request("broadcast", t, self._name(),
-                                            self._live(), root=root)
-            buf = np.array(mpi_ops._numpy(t), copy=True)
-            handles.append(self._runtime.submit(request, buf=buf))
+            request = data_request("broadcast", t, self._name(), root=root)
+            buf = np.array(to_numpy(t), copy=True)
+            handles.append(self._live().submit(request, buf=buf))
             finishes.append(_copy_into(t, buf))
         return self._work(handles, lambda results: [f() for f in finishes], "broadcast")
 
@@ -124,7 +122,7 @@ class ProcessGroupIna(dist.ProcessGroup):
             for outputs, t, (gathered, _) in zip(output_tensors, input_tensors, results):
                 for out, row in zip(outputs, gathered.reshape((len(outputs),) +
                                                               tuple(t.shape))):
-                    _copy_from(out, row)
+                    copy_from(out, row)
             return output_tensors
         return self._work(handles, finish, "allgather")
 
@@ -151,12 +149,10 @@ class ProcessGroupIna(dist.ProcessGroup):
         for out, inputs in zip(output_tensors, input_tensors):
             _check_count(inputs, self.size(), "reduce_scatter")
             stacked = torch.stack([i.detach() for i in inputs])
-            request = OpRequest("reducescatter", self._name(),
-                                mpi_ops._dtype_name(stacked), _wire(stacked),
-                                tuple(stacked.shape), op)
-            handles.append(self._runtime.submit(request, send=np.ascontiguousarray(
-                mpi_ops._numpy(stacked, widen=True))))
-            finishes.append(lambda result, o=out: _copy_from(o, result))
+            request = reduction_request("reducescatter", stacked, self._name(), op)
+            handles.append(self._live().submit(request, send=np.ascontiguousarray(
+                to_numpy(stacked, widen=True))))
+            finishes.append(lambda result, o=out: copy_from(o, result))
         return self._work(handles, lambda results: [f(r) for f, r in zip(finishes, results)],
                           "reduce_scatter")
 
@@ -182,10 +178,8 @@ class ProcessGroupIna(dist.ProcessGroup):
         if sum(splits) != input.shape[0] or len(splits) != n:
             raise ValueError(f"all_to_all_single: input split sizes {splits} must be {n} "
                              f"counts summing to the first dimension {input.shape[0]}")
-        request = mpi_ops._data_request("alltoall", input, self._name(),
-                                        self._live(), splits=tuple(splits))
-        handle = self._runtime.submit(request, send=np.ascontiguousarray(
-            mpi_ops._numpy(input)))
+        request = data_request("alltoall", input, self._name(), splits=tuple(splits))
+        handle = self._live().submit(request, send=np.ascontiguousarray(to_numpy(input)))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, counts = results[0]
@@ -193,7 +187,7 @@ class ProcessGroupIna(dist.ProcessGroup):
             if counts != expected:
                 raise ValueError(f"all_to_all_single: received {counts} rows from the "
                                  f"ranks, the output's split sizes say {expected}")
-            _copy_from(output, received)
+            copy_from(output, received)
             return [output]
         return self._work([handle], finish, "all_to_all_single")
 
@@ -206,15 +200,13 @@ class ProcessGroupIna(dist.ProcessGroup):
             raise ValueError("all_to_all: backend 'ina' needs tensors of one shape for "
                              "every rank (all_to_all_single takes uneven splits)")
         stacked = torch.stack([t.detach() for t in input_tensors])
-        request = mpi_ops._data_request("alltoall", stacked, self._name(),
-                                        self._live(), splits=(1,) * n)
-        handle = self._runtime.submit(request, send=np.ascontiguousarray(
-            mpi_ops._numpy(stacked)))
+        request = data_request("alltoall", stacked, self._name(), splits=(1,) * n)
+        handle = self._live().submit(request, send=np.ascontiguousarray(to_numpy(stacked)))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, _ = results[0]
             for out, row in zip(output_tensors, received):
-                _copy_from(out, row)
+                copy_from(out, row)
             return output_tensors
         return self._work([handle], finish, "all_to_all")
 
@@ -225,8 +217,6 @@ class ProcessGroupIna(dist.ProcessGroup):
     def set_quorum(self, k: int) -> None:
         """Quorum mode for this group's switch-served calls after this one (every rank
         calls it with the same k; ina_collectives.set_quorum)."""
-        from ..collectives.quorum import Quorum
-
         Quorum.check(k)
         request = OpRequest("quorum", self._name(), "none", "uint8", shape=(int(k),))
         self._work([self._runtime.submit(request)], lambda results: [], "set_quorum").wait()
@@ -239,10 +229,10 @@ class ProcessGroupIna(dist.ProcessGroup):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _live(self) -> SetMember:
+    def _live(self) -> BackgroundRuntime:
         if self._runtime is None:
             raise RuntimeError("the process group of backend 'ina' has been shut down")
-        return self._member
+        return self._runtime
 
     def _name(self) -> str:
         # torch issues a group's collectives in one order on every rank: number them,
@@ -252,9 +242,8 @@ class ProcessGroupIna(dist.ProcessGroup):
 
     def _gather(self, tensor: torch.Tensor) -> Handle:
         row = tensor.detach().reshape((1,) + tuple(tensor.shape))
-        request = mpi_ops._data_request("allgather", row, self._name(),
-                                        self._live())
-        return self._runtime.submit(request, send=np.ascontiguousarray(mpi_ops._numpy(row)))
+        request = data_request("allgather", row, self._name())
+        return self._live().submit(request, send=np.ascontiguousarray(to_numpy(row)))
 
     def _bitwise_allreduce(self, tensors: list[torch.Tensor], op: str) -> Any:
         if any(t.is_floating_point() for t in tensors):
@@ -263,7 +252,7 @@ class ProcessGroupIna(dist.ProcessGroup):
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             for t, (gathered, _) in zip(tensors, results):
-                _copy_from(t, _BITWISE[op].reduce(gathered, axis=0))
+                copy_from(t, _BITWISE[op].reduce(gathered, axis=0))
             return tensors
         return self._work(handles, finish, f"allreduce {op}")
 
@@ -356,24 +345,13 @@ def _op_name(opts: Any) -> str:
     return _OPS[name]
 
 
-def _wire(tensor: torch.Tensor) -> str:
-    mpi_ops._check_tensor(tensor, "reduce_scatter")
-    return "float32" if tensor.dtype == torch.bfloat16 else mpi_ops._WIRE[tensor.dtype]
-
-
 def _check_count(tensors: Sequence[torch.Tensor], n: int, what: str) -> None:
     if len(tensors) != n:
         raise ValueError(f"{what}: expected one tensor per rank ({n}), got {len(tensors)}")
 
 
-def _copy_from(target: torch.Tensor, array: np.ndarray) -> torch.Tensor:
-    with torch.no_grad():
-        target.copy_(mpi_ops._from_numpy(np.ascontiguousarray(array), target, target.shape))
-    return target
-
-
 def _copy_into(target: torch.Tensor, buf: np.ndarray) -> Callable[[], torch.Tensor]:
-    return lambda: _copy_from(target, buf)
+    return lambda: copy_from(target, buf)
 
 
 def _torch_error(error: BaseException, what: str) -> BaseException:
@@ -417,5 +395,7 @@ def stats(group: Any = None) -> dict[str, Any]:
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+# The array API's stats() and set_quorum() reach the default group through the runtime.
+world.provide_default_group(default_group)
 
 __all__ = ["BACKEND", "ProcessGroupIna", "default_group", "stats"]

@@ -7,8 +7,9 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from ..runtime.world import ProcessSet, global_process_set
 from . import mpi_ops
-from .process_sets import ProcessSet, global_process_set
+from .optimizer import DistributedOptimizerMixin
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:
@@ -62,14 +63,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
 def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
     """One step on zero gradients, local to this rank: a DistributedOptimizer's own step
     would start allreduces that the other ranks, whose state may exist, never join."""
-    from .optimizer import _DistributedOptimizer
-
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-    if isinstance(optimizer, _DistributedOptimizer):
-        super(_DistributedOptimizer, optimizer).step()  # the wrapped class's step
+    if isinstance(optimizer, DistributedOptimizerMixin):
+        optimizer.local_step()  # the wrapped class's step, no allreduce
     else:
         optimizer.step()
 

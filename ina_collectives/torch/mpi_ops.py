@@ -1,18 +1,14 @@
-"""Horovod's tensor operations on PyTorch tensors, over the background runtime.
+"""Horovod's API on PyTorch tensors, over the background runtime.
 
-Tensors become NumPy views where they can (CPU, contiguous, a NumPy dtype); bfloat16,
-non-contiguous and CUDA tensors are staged through a host copy (bfloat16 reduces as
-float32, exactly widened, and is rounded back once). Every async call returns an int
-handle for ``poll``/``synchronize``; the synchronous calls are autograd Functions.
+The job's world (ranks, topology, process sets) is ``runtime.world``; tensor staging
+(NumPy views, host copies, the dtype and op tables, requests) is ``staging``. This module
+is Horovod's calls on top of them: every async call returns an int handle for
+``poll``/``synchronize``; the synchronous calls are autograd Functions.
 """
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
-import os
-import pickle
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -20,43 +16,34 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..collectives.quorum import Quorum
 from ..errors import CollectiveTimeout, InaError, OperationError, OperationTimeout
 from ..errors import OperationError as HorovodInternalError
-from ..runtime.background import BackgroundRuntime, Handle
+from ..runtime import world as _world
+from ..runtime.background import Handle
 from ..runtime.negotiation import OpRequest
-from ..settings import Settings
-from .compression import SWITCH_BITS, Compression, Compressor, switch_values
-from .process_sets import ProcessSet, SetMember, global_process_set
+from ..runtime.world import ProcessSet, SetMember, global_process_set
+from ..settings import Settings, horovod_environment
+from .compression import Compression, Compressor, switch_values
+from .staging import (
+    SUPPORTED_DTYPES,  # noqa: F401 - a public name of this module, as before
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    check_tensor,
+    copy_from,
+    data_request,
+    direct,
+    from_numpy,
+    op_of,
+    reduction_request,
+    submit_allreduce,
+    to_numpy,
+)
 
-# Reduction ops, compared by value like Horovod's.
-Average, Sum, Adasum, Min, Max, Product = "average", "sum", "adasum", "min", "max", "product"
-_OPS = (Average, Sum, Min, Max, Product)
-
-# What each supported dtype moves as (bfloat16 has no NumPy dtype: it is staged).
-_WIRE = {torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16",
-         torch.int32: "int32", torch.int64: "int64", torch.float16: "float16",
-         torch.float32: "float32", torch.float64: "float64"}
-SUPPORTED_DTYPES = tuple(_WIRE) + (torch.bfloat16,)
-
-
-@dataclass
-class _State:
-    runtime: BackgroundRuntime
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    homogeneous: bool
-    settings: Settings
-    control: Any                      # our copy of init's communicator: sets are made on it
-    sets: dict[int, SetMember]        # by process set id; 0 is the global set
-    set_ids: Any = None               # the next ids, alike on every rank
-
-
-_state: _State | None = None
-_init_lock = threading.Lock()
 _handles: dict[int, "_Pending"] = {}
 _handle_ids = itertools.count(1)
 
@@ -70,8 +57,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     COMM_WORLD). ``process_sets``: ProcessSets to register now (every rank passes the
     same list), or "dynamic" (accepted: sets can always be added later). Idempotent: a
     second call while initialized does nothing. Keyword arguments are library settings
-    (``ina_collectives.Settings``)."""
-    global _state
+    (``ina_collectives.Settings``); Horovod's variables set the settings they share."""
     if process_sets is not None and not isinstance(process_sets, str):
         process_sets = list(process_sets)
         for ps in process_sets:
@@ -81,83 +67,18 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     elif process_sets not in (None, "dynamic"):
         raise ValueError(f"init(process_sets={process_sets!r}): give a list of ProcessSet "
                          f"or 'dynamic'")
-    with _init_lock:
-        if _state is not None:
-            return
-        from mpi4py import MPI
-
-        world = MPI.COMM_WORLD
-        if comm is None:
-            comm = world
-        elif isinstance(comm, (list, tuple, range)):
-            ranks = [int(r) for r in comm]
-            if sorted(set(ranks)) != sorted(ranks) or any(
-                    not 0 <= r < world.Get_size() for r in ranks):
-                raise ValueError(f"init(comm={ranks}): ranks must be distinct and in "
-                                 f"0..{world.Get_size() - 1}")
-            group = world.Get_group().Incl(ranks)
-            sub = world.Create(group)
-            group.Free()
-            if sub == MPI.COMM_NULL:
-                raise ValueError(f"init(comm={ranks}): this process (COMM_WORLD rank "
-                                 f"{world.Get_rank()}) is not one of those ranks")
-            comm = sub
-        elif not isinstance(comm, MPI.Intracomm):
-            raise TypeError(f"init(comm=...) takes None, a list of ranks or an mpi4py "
-                            f"intracommunicator, got {type(comm).__name__}")
-        loaded = Settings.load({**_horovod_environment(), **settings})
-        runtime = BackgroundRuntime(comm, loaded)
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        cross = comm.Split(local.Get_rank(), comm.Get_rank())
-        homogeneous = len(set(comm.allgather(local.Get_size()))) == 1
-        everyone = tuple(range(comm.Get_size()))
-        # Unnamed operations are numbered per set and per runtime: from 0 again.
-        _state = _State(runtime, comm.Get_rank(), comm.Get_size(), local.Get_rank(),
-                        local.Get_size(), cross.Get_rank(), cross.Get_size(), homogeneous,
-                        loaded, comm.Dup(),
-                        {0: SetMember(everyone, comm.Get_rank(), runtime)},
-                        itertools.count(1))
-        global_process_set.ranks = list(everyone)
-        local.Free()
-        cross.Free()
-    if isinstance(process_sets, list):
-        try:
-            _register_at_init(process_sets)
-        except BaseException:
-            shutdown()  # as Horovod: a refused init leaves nothing initialized
-            raise
-
-
-def _horovod_environment() -> dict[str, Any]:
-    """Horovod's variables for the settings it shares, where no INA_* one is set."""
-    env, found = os.environ, {}
-    pairs = [("fusion_threshold", "HOROVOD_FUSION_THRESHOLD", int),
-             ("cycle_time", "HOROVOD_CYCLE_TIME", lambda v: float(v) / 1000.0),
-             ("stall_warning_time", "HOROVOD_STALL_CHECK_TIME_SECONDS", float),
-             ("stall_shutdown_time", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", float)]
-    for name, variable, parse in pairs:
-        if f"INA_{name.upper()}" not in env and variable in env:
-            try:
-                found[name] = parse(env[variable])
-            except ValueError:
-                raise ValueError(f"{variable}: cannot read {env[variable]!r}") from None
-    return found
+    if _world.current() is not None:
+        return
+    loaded = Settings.load({**horovod_environment(), **settings})
+    _world.start(comm, process_sets if isinstance(process_sets, list) else None, loaded)
 
 
 def shutdown() -> None:
     """Stop the background thread (on every rank: the others' pending operations fail)
     and free the communicator. Idempotent; init() may be called again."""
-    global _state
-    with _init_lock:
-        if _state is None:
-            return
-        state, _state = _state, None
-    for member in reversed(state.sets.values()):
-        if member.runtime is not None:
-            member.runtime.shutdown(state.settings.timeout + 5)
-        if member.comm is not None:
-            member.comm.Free()
-    state.control.Free()
+    if _world.current() is None:
+        return
+    _world.stop()
     _handles.clear()
 
 
@@ -165,7 +86,7 @@ atexit.register(shutdown)  # registered after mpi4py's finalize, so it runs befo
 
 
 def is_initialized() -> bool:
-    return _state is not None
+    return _world.current() is not None
 
 
 # -- process sets ------------------------------------------------------------------------
@@ -174,189 +95,53 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set of global ranks and return it. Collective: every rank
     calls it with the same ranks, members or not (ValueError on every rank if they
     differ or the set exists already)."""
-    _require()
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    if process_set.ranks is None:
-        raise NotImplementedError("adding a process set made from an MPI communicator after "
-                                  "init: build it from the list of its ranks (or give it "
-                                  "to init(process_sets=...))")
-    ranks = _checked_ranks(process_set.ranks, "add_process_set")
-    _agree("add_process_set", list(ranks))
-    process_set.process_set_id = _register_set(ranks, process_set)
-    return process_set
-
-
-def _checked_ranks(ranks: Sequence[int], what: str) -> tuple[int, ...]:
-    size = _require().size
-    ranks = tuple(sorted(ranks))
-    if not ranks or ranks[0] < 0 or ranks[-1] >= size or len(set(ranks)) < len(ranks):
-        raise ValueError(f"{what}: ranks {list(ranks)} must be distinct and in "
-                         f"0..{size - 1}")
-    return ranks
-
-
-def _register_set(ranks: tuple[int, ...], shown: Any) -> int:
-    """Give ``ranks`` (agreed on every rank) an id, and its members a communicator and a
-    runtime; returns the id."""
-    state = _require()
-    if any(member.ranks == ranks for member in state.sets.values()):
-        raise ValueError(f"Attempted to add a duplicate process set: {shown}")
-    set_id = next(state.set_ids)
-    runtime = comm = None
-    if state.rank in ranks:
-        # Only the members take part; all of them have agreed on the set already.
-        group = state.control.Get_group().Incl(list(ranks))
-        comm = state.control.Create_group(group, tag=set_id)
-        group.Free()
-        # Its own job at the aggregator: the one a controller installed is the global set's.
-        runtime = BackgroundRuntime(comm, dataclasses.replace(state.settings, job=0,
-                                                              worker_ports=""))
-    state.sets[set_id] = SetMember(ranks, state.rank, runtime, comm)
-    return set_id
-
-
-def _register_at_init(process_sets: list[ProcessSet]) -> None:
-    """The sets given to init: lists of ranks, alike on every rank, or communicators, one
-    per rank (as Horovod: every distinct communicator among the ranks' becomes a set, and
-    each rank's ProcessSet object names its own)."""
-    from mpi4py import MPI
-
-    state = _require()
-    world = state.control.Get_group()
-    mine = []
-    for ps in process_sets:
-        if ps.mpi_comm is None:
-            mine.append(_checked_ranks(ps.ranks, "init(process_sets=...)"))
-            continue
-        group = ps.mpi_comm.Get_group()
-        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
-        group.Free()
-        if MPI.UNDEFINED in ranks:
-            raise ValueError(f"init(process_sets=...): {ps} has processes outside the "
-                             f"communicator init was given")
-        mine.append(tuple(sorted(ranks)))
-    world.Free()
-    handle = state.runtime.submit(OpRequest(
-        "allgather", _global().next_name("init.process_sets"), "uint8", "uint8",
-        (len(pickle.dumps(mine)),)), send=np.frombuffer(pickle.dumps(mine), np.uint8))
-    gathered, rows = handle.wait(state.runtime.wait_seconds(),
-                                 "every rank's process sets given to init")
-    offsets = np.cumsum([0, *rows]).tolist()
-    every = [pickle.loads(gathered[offsets[r]:offsets[r + 1]].tobytes())
-             for r in range(state.size)]
-    if len({len(lists) for lists in every}) > 1:
-        raise ValueError(f"init(process_sets=...): ranks gave different numbers of sets: "
-                         f"{[len(lists) for lists in every]}")
-    for i, ps in enumerate(process_sets):
-        seen = [lists[i] for lists in every]
-        if ps.mpi_comm is None and len(set(seen)) > 1:
-            raise ValueError(f"init(process_sets=...): set {i} differs between ranks: "
-                             f"{', '.join(f'rank {r}: {list(v)}' for r, v in enumerate(seen))}")
-        for ranks in sorted(set(seen)):
-            strays = [q for q in ranks if seen[q] != ranks]
-            if strays:
-                raise ValueError(f"init(process_sets=...): set {i} of rank(s) "
-                                 f"{[q for q in range(state.size) if seen[q] == ranks]} is "
-                                 f"{list(ranks)}, but rank(s) {strays} gave another")
-            set_id = _register_set(ranks, ProcessSet(list(ranks)))
-            if ranks == seen[state.rank]:
-                ps.process_set_id, ps.ranks = set_id, list(ranks)
+    return _world.require().add(process_set)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a process set (collective, as add_process_set). Returns False for the
     global set or a set that is not registered; pending operations on it fail."""
-    state = _require()
-    set_id = process_set.process_set_id
-    if not set_id or set_id not in state.sets:
-        return False
-    _agree("remove_process_set", [set_id])
-    member = state.sets.pop(set_id)
-    process_set._invalidate()
-    if member.runtime is not None:
-        member.runtime.shutdown(state.settings.timeout + 5)
-    if member.comm is not None:
-        member.comm.Free()
-    return True
-
-
-def _agree(what: str, values: list[int]) -> None:
-    """Check, through the global runtime (bounded by its stall timeout), that every rank
-    passed the same values; ValueError naming each rank's on every rank if not."""
-    runtime = _require().runtime
-    array = np.array(values, np.int64)
-    request = OpRequest("allgather", _global().next_name(what), "int64", "int64",
-                        (len(values),))
-    handle = runtime.submit(request, send=array)
-    gathered, rows = handle.wait(runtime.wait_seconds(), f"every rank to call {what}")
-    offsets = np.cumsum([0, *rows]).tolist()
-    each = [gathered[offsets[r]:offsets[r + 1]].tolist() for r in range(len(rows))]
-    if any(v != each[0] for v in each):
-        listed = ", ".join(f"rank {r}: {v}" for r, v in enumerate(each))
-        raise ValueError(f"{what}: ranks disagree ({listed})")
-
-
-def _global() -> SetMember:
-    return _require().sets[0]
+    return _world.require().remove(process_set)
 
 
 def _member(process_set: Any, what: str) -> SetMember:
-    """The registered set this rank runs ``what`` on; a clear error if it cannot."""
-    state = _require()
-    if not isinstance(process_set, ProcessSet):
-        raise TypeError(f"{what}: process_set must be a ProcessSet (hvd.global_process_set "
-                        f"or one from hvd.add_process_set), got {type(process_set).__name__}")
-    member = (state.sets.get(process_set.process_set_id)
-              if process_set.process_set_id is not None else None)
-    if member is None:
-        raise ValueError(f"{what}: {process_set} is not registered (hvd.add_process_set "
-                         f"registers it; a removed set cannot be used)")
-    if member.runtime is None:
-        raise ValueError(f"{what}: rank {state.rank} is not in {process_set}")
-    return member
-
-
-def _require() -> _State:
-    if _state is None:
-        raise ValueError("ina_collectives.torch has not been initialized; use hvd.init()")
-    return _state
+    return _world.require().member(process_set, what)
 
 
 def size() -> int:
-    return _require().size
+    return _world.require().size
 
 
 def rank() -> int:
-    return _require().rank
+    return _world.require().rank
 
 
 def local_size() -> int:
-    return _require().local_size
+    return _world.require().local_size
 
 
 def local_rank() -> int:
-    return _require().local_rank
+    return _world.require().local_rank
 
 
 def cross_size() -> int:
-    return _require().cross_size
+    return _world.require().cross_size
 
 
 def cross_rank() -> int:
-    return _require().cross_rank
+    return _world.require().cross_rank
 
 
 def mpi_threads_supported() -> bool:
     """Whether MPI runs with THREAD_MULTIPLE. Like Horovod, only after init()."""
-    _require()
+    _world.require()
     from mpi4py import MPI
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 def is_homogeneous() -> bool:
     """Whether every node runs the same number of ranks."""
-    return _require().homogeneous
+    return _world.require().homogeneous
 
 
 # What this library is built with, under Horovod's names: MPI is its controller and
@@ -435,7 +220,7 @@ def synchronize(handle: int) -> Any:
         pending = _handles.pop(handle)
     except KeyError:
         raise ValueError(f"unknown handle {handle!r} (already synchronized?)") from None
-    runtime = _require().runtime
+    runtime = _world.require().runtime
     results, errors = [], []
     deadline = time.monotonic() + runtime.wait_seconds()
     for h in pending.handles:  # every one, so that each name is free again
@@ -452,34 +237,7 @@ def synchronize(handle: int) -> Any:
     return pending.complete(results)
 
 
-# -- argument checks and staging ----------------------------------------------------------------
-
-def _op_of(op: Any, average: bool | None, default: str = Average) -> str:
-    if average is not None:
-        if op is not None:
-            raise ValueError("give op or the deprecated average, not both")
-        return Average if average else Sum
-    if op is None:
-        return default
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented by ina_collectives; use "
-                                  "Average or Sum")
-    if op not in _OPS:
-        raise ValueError(f"unknown op {op!r}; expected one of hvd.Average, hvd.Sum, hvd.Min, "
-                         f"hvd.Max, hvd.Product")
-    return op
-
-
-def _check_tensor(tensor: Any, what: str) -> torch.Tensor:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{what}: dtype {tensor.dtype} is not supported; supported: "
-                        f"{', '.join(str(d).removeprefix('torch.') for d in SUPPORTED_DTYPES)}")
-    if tensor.is_sparse:
-        raise TypeError(f"{what}: sparse tensors are not supported")
-    return tensor
-
+# -- names ---------------------------------------------------------------------------------
 
 def _name(kind: str, name: str | None, member: SetMember) -> str:
     if name is None:
@@ -489,69 +247,15 @@ def _name(kind: str, name: str | None, member: SetMember) -> str:
     return name
 
 
-def _dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
-def _direct(tensor: torch.Tensor) -> bool:
-    """Whether the tensor's own memory can be handed to the runtime as a NumPy array."""
-    return (tensor.device.type == "cpu" and tensor.dtype in _WIRE
-            and tensor.is_contiguous())
-
-
-def _numpy(tensor: torch.Tensor, widen: bool = False) -> np.ndarray:
-    """A flat NumPy array of the tensor's values: its own memory where _direct, else a
-    host copy (bfloat16 as float32 if ``widen``, else as its raw 16 bits)."""
-    t = tensor.detach()
-    if _direct(t):
-        return t.numpy().reshape(-1)
-    t = t.to("cpu").contiguous()
-    if t.dtype == torch.bfloat16:
-        return (t.float() if widen else t.view(torch.int16)).numpy().reshape(-1)
-    return t.numpy().reshape(-1)
-
-
-def _from_numpy(array: np.ndarray, like: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """A tensor of ``like``'s dtype and device holding ``array``'s values."""
-    t = torch.from_numpy(array)
-    if like.dtype == torch.bfloat16:
-        t = t.view(torch.bfloat16) if array.dtype == np.int16 else t.to(torch.bfloat16)
-    return t.reshape(tuple(shape)).to(like.device)
-
-
 # -- allreduce ---------------------------------------------------------------------------------
-
-def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: str | None, op: str,
-                     prescale: float, postscale: float, member: SetMember
-                     ) -> tuple[Handle, Callable]:
-    """Submit; returns the runtime handle and the step that finishes ``output``."""
-    _check_tensor(tensor, "allreduce")
-    runtime = member.runtime
-    wire = "float32" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
-    request = OpRequest("allreduce", _name("allreduce", name, member), _dtype_name(tensor),
-                        wire, tuple(tensor.shape), op, prescale=float(prescale),
-                        postscale=float(postscale), switch_bits=SWITCH_BITS.get())
-    if output is tensor and _direct(tensor):
-        handle = runtime.submit(request, send=None, recv=_numpy(tensor))
-        return handle, lambda _: output
-    if _direct(output) and output.dtype == tensor.dtype:
-        handle = runtime.submit(request, send=_numpy(tensor), recv=_numpy(output))
-        return handle, lambda _: output
-    staged = np.array(_numpy(tensor, widen=True), copy=True)
-    handle = runtime.submit(request, send=None, recv=staged)
-
-    def copy_back(_: Any) -> torch.Tensor:
-        with torch.no_grad():
-            output.copy_(_from_numpy(staged, output, output.shape))
-        return output
-    return handle, copy_back
-
 
 def _submit_allreduce(tensor: torch.Tensor, output: torch.Tensor, name: str | None,
                       op: str, prescale: float, postscale: float,
                       process_set: ProcessSet) -> int:
     member = _member(process_set, "allreduce")
-    handle, finish = _allreduce_async(tensor, output, name, op, prescale, postscale, member)
+    handle, finish = submit_allreduce(member.runtime, tensor, output,
+                                      _name("allreduce", name, member), op, prescale,
+                                      postscale)
     return _register([handle], lambda results: finish(results[0]),
                      f"allreduce '{handle.request.name}' on all ranks")
 
@@ -562,9 +266,9 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     process_set: ProcessSet = global_process_set) -> int:
     """Start reducing ``tensor`` over the ranks of ``process_set`` into a new tensor;
     returns a handle. The default op is Average. The input is not modified."""
-    _check_tensor(tensor, "allreduce")
+    check_tensor(tensor, "allreduce")
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _submit_allreduce(tensor, output, name, _op_of(op, average), prescale_factor,
+    return _submit_allreduce(tensor, output, name, op_of(op, average), prescale_factor,
                              postscale_factor, process_set)
 
 
@@ -573,8 +277,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """In-place allreduce_async: the result replaces ``tensor``'s values."""
-    _check_tensor(tensor, "allreduce")
-    return _submit_allreduce(tensor, tensor, name, _op_of(op, average), prescale_factor,
+    check_tensor(tensor, "allreduce")
+    return _submit_allreduce(tensor, tensor, name, op_of(op, average), prescale_factor,
                              postscale_factor, process_set)
 
 
@@ -603,8 +307,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """Reduce ``tensor`` over the ranks of ``process_set`` (Average by default); returns a
     new tensor. Gradients flow: the gradient of an allreduce is the allreduce of the
     gradient."""
-    op = _op_of(op, average)
-    _check_tensor(tensor, "allreduce")
+    op = op_of(op, average)
+    check_tensor(tensor, "allreduce")
     compressed, ctx = compression.compress(tensor)
     with switch_values(compression):
         reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor,
@@ -629,7 +333,8 @@ def _grouped(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
         raise ValueError("grouped_allreduce needs at least one tensor")
     member = _member(process_set, "grouped_allreduce")
     base = _name("allreduce", name, member)
-    started = [_allreduce_async(t, o, f"{base}.{i}", op, prescale, postscale, member)
+    started = [submit_allreduce(member.runtime, check_tensor(t, "grouped_allreduce"), o,
+                                f"{base}.{i}", op, prescale, postscale)
                for i, (t, o) in enumerate(zip(tensors, outputs))]
     return _register([h for h, _ in started],
                      lambda results: [finish(r) for (_, finish), r in zip(started, results)],
@@ -642,9 +347,9 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a list of tensors together (fused into one reduction where they fit
     the fusion threshold); synchronize returns the list of new tensors."""
-    tensors = [_check_tensor(t, "grouped_allreduce") for t in tensors]
+    tensors = [check_tensor(t, "grouped_allreduce") for t in tensors]
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    return _grouped(tensors, outputs, name, _op_of(op, average), prescale_factor,
+    return _grouped(tensors, outputs, name, op_of(op, average), prescale_factor,
                     postscale_factor, process_set)
 
 
@@ -652,8 +357,8 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              name: str | None = None, op: Any = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
-    tensors = [_check_tensor(t, "grouped_allreduce") for t in tensors]
-    return _grouped(tensors, tensors, name, _op_of(op, average), prescale_factor,
+    tensors = [check_tensor(t, "grouped_allreduce") for t in tensors]
+    return _grouped(tensors, tensors, name, op_of(op, average), prescale_factor,
                     postscale_factor, process_set)
 
 
@@ -681,8 +386,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce a list of tensors together; returns new tensors. Gradients flow."""
-    op = _op_of(op, average)
-    pairs = [compression.compress(_check_tensor(t, "grouped_allreduce")) for t in tensors]
+    op = op_of(op, average)
+    pairs = [compression.compress(check_tensor(t, "grouped_allreduce")) for t in tensors]
     with switch_values(compression):
         reduced = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
                                                   process_set, *[t for t, _ in pairs])
@@ -699,23 +404,15 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 # -- allgather ---------------------------------------------------------------------------------
 
-def _data_request(kind: str, tensor: torch.Tensor, name: str | None, member: SetMember,
-                  **fields: Any) -> OpRequest:
-    _check_tensor(tensor, kind)
-    wire = "int16" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
-    return OpRequest(kind, _name(kind, name, member), _dtype_name(tensor), wire,
-                     tuple(tensor.shape), **fields)
-
-
 def _allgather_submit(tensor: torch.Tensor, name: str | None, member: SetMember
                       ) -> tuple[Handle, Callable]:
-    _check_tensor(tensor, "allgather")
+    check_tensor(tensor, "allgather")
     if tensor.dim() == 0:
         raise ValueError("allgather needs a tensor of at least one dimension (it "
                          "concatenates along the first)")
-    request = _data_request("allgather", tensor, name, member)
-    handle = member.runtime.submit(request, send=_numpy(tensor))
-    return handle, lambda result: _from_numpy(result[0], tensor, result[0].shape)
+    request = data_request("allgather", tensor, _name("allgather", name, member))
+    handle = member.runtime.submit(request, send=to_numpy(tensor))
+    return handle, lambda result: from_numpy(result[0], tensor, result[0].shape)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -793,31 +490,28 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 
 def _broadcast_submit(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
                       name: str | None, process_set: ProcessSet) -> int:
-    _check_tensor(tensor, "broadcast")
+    check_tensor(tensor, "broadcast")
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise TypeError(f"root_rank must be an int, got {root_rank!r}")
     member = _member(process_set, "broadcast")
     # The runtime numbers ranks within the set; Horovod's root is a global rank.
     root = (member.set_rank(root_rank, "broadcast") if process_set.process_set_id
             else root_rank)
-    request = _data_request("broadcast", tensor, name, member, root=root)
-    if output is tensor and _direct(tensor):
-        handle = member.runtime.submit(request, buf=_numpy(tensor))
+    request = data_request("broadcast", tensor, _name("broadcast", name, member),
+                           root=root)
+    if output is tensor and direct(tensor):
+        handle = member.runtime.submit(request, buf=to_numpy(tensor))
         return _register([handle], lambda _: output, f"broadcast '{request.name}'")
-    buf = np.array(_numpy(tensor), copy=True)
+    buf = np.array(to_numpy(tensor), copy=True)
     handle = member.runtime.submit(request, buf=buf)
-
-    def copy_back(_: Any) -> torch.Tensor:
-        with torch.no_grad():
-            output.copy_(_from_numpy(buf, output, output.shape))
-        return output
-    return _register([handle], copy_back, f"broadcast '{request.name}' from rank {root_rank}")
+    return _register([handle], lambda _: copy_from(output, buf),
+                     f"broadcast '{request.name}' from rank {root_rank}")
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start copying root_rank's ``tensor`` into a new tensor on every rank."""
-    _check_tensor(tensor, "broadcast")
+    check_tensor(tensor, "broadcast")
     return _broadcast_submit(tensor, torch.empty_like(tensor), root_rank, name, process_set)
 
 
@@ -860,7 +554,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 def _alltoall_submit(tensor: torch.Tensor, splits: Any, name: str | None,
                      process_set: ProcessSet) -> int:
     """Submit; synchronize returns (output, received_splits)."""
-    _check_tensor(tensor, "alltoall")
+    check_tensor(tensor, "alltoall")
     member = _member(process_set, "alltoall")
     n = len(member.ranks)
     if tensor.dim() == 0:
@@ -876,12 +570,13 @@ def _alltoall_submit(tensor: torch.Tensor, splits: Any, name: str | None,
         if len(parts) != n or any(p < 0 for p in parts) or sum(parts) != tensor.shape[0]:
             raise ValueError(f"alltoall: splits {parts} must be {n} non-negative counts "
                              f"summing to the first dimension {tensor.shape[0]}")
-    request = _data_request("alltoall", tensor, name, member, splits=tuple(parts))
-    handle = member.runtime.submit(request, send=_numpy(tensor))
+    request = data_request("alltoall", tensor, _name("alltoall", name, member),
+                           splits=tuple(parts))
+    handle = member.runtime.submit(request, send=to_numpy(tensor))
 
     def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         out, received = results[0]
-        return (_from_numpy(out, tensor, out.shape),
+        return (from_numpy(out, tensor, out.shape),
                 torch.tensor(received, dtype=torch.int32))
     return _register([handle], finish, f"alltoall '{request.name}' on all ranks")
 
@@ -925,17 +620,14 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 
 def _reducescatter_submit(tensor: torch.Tensor, name: str, op: str, prescale: float,
                           postscale: float, member: SetMember) -> tuple[Handle, Callable]:
-    _check_tensor(tensor, "reducescatter")
+    check_tensor(tensor, "reducescatter")
     if op not in (Average, Sum):
         raise ValueError(f"reducescatter supports hvd.Average and hvd.Sum, not {op!r}")
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor of at least one dimension")
-    wire = "float32" if tensor.dtype == torch.bfloat16 else _WIRE[tensor.dtype]
-    request = OpRequest("reducescatter", name, _dtype_name(tensor), wire,
-                        tuple(tensor.shape), op, prescale=float(prescale),
-                        postscale=float(postscale))
-    handle = member.runtime.submit(request, send=_numpy(tensor, widen=True))
-    return handle, lambda result: _from_numpy(result, tensor, result.shape)
+    request = reduction_request("reducescatter", tensor, name, op, prescale, postscale)
+    handle = member.runtime.submit(request, send=to_numpy(tensor, widen=True))
+    return handle, lambda result: from_numpy(result, tensor, result.shape)
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average,
@@ -945,7 +637,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
     this rank's part of the first dimension (split as torch.tensor_split does)."""
     member = _member(process_set, "reducescatter")
     handle, finish = _reducescatter_submit(tensor, _name("reducescatter", name, member),
-                                           _op_of(op, None), prescale_factor,
+                                           op_of(op, None), prescale_factor,
                                            postscale_factor, member)
     return _register([handle], lambda results: finish(results[0]),
                      f"reducescatter '{handle.request.name}' on all ranks")
@@ -961,7 +653,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
     if not tensors:
         raise ValueError("grouped_reducescatter needs at least one tensor")
     member = _member(process_set, "grouped_reducescatter")
-    base, op = _name("reducescatter", name, member), _op_of(op, None)
+    base, op = _name("reducescatter", name, member), op_of(op, None)
     started = [_reducescatter_submit(t, f"{base}.{i}", op, prescale_factor,
                                      postscale_factor, member) for i, t in enumerate(tensors)]
     return _register([h for h, _ in started],
@@ -998,8 +690,8 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0
                   ) -> torch.Tensor:
     """Reduce over the set's ranks and keep this rank's rows. Gradients flow."""
-    compressed, ctx = compression.compress(_check_tensor(tensor, "reducescatter"))
-    reduced = _ReducescatterFunction.apply(compressed, name, _op_of(op, None), process_set,
+    compressed, ctx = compression.compress(check_tensor(tensor, "reducescatter"))
+    reduced = _ReducescatterFunction.apply(compressed, name, op_of(op, None), process_set,
                                            prescale_factor, postscale_factor)
     return compression.decompress(reduced, ctx)
 
@@ -1024,9 +716,9 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0
                           ) -> list[torch.Tensor]:
     """A reducescatter of each tensor of a list; returns the list. Gradients flow."""
-    pairs = [compression.compress(_check_tensor(t, "grouped_reducescatter"))
+    pairs = [compression.compress(check_tensor(t, "grouped_reducescatter"))
              for t in tensors]
-    reduced = _GroupedReducescatterFunction.apply(name, _op_of(op, None), process_set,
+    reduced = _GroupedReducescatterFunction.apply(name, op_of(op, None), process_set,
                                                   prescale_factor, postscale_factor,
                                                   *[t for t, _ in pairs])
     return [compression.decompress(t, c) for t, (_, c) in zip(reduced, pairs)]
@@ -1069,8 +761,6 @@ def set_quorum(k: int, process_set: ProcessSet = global_process_set) -> None:
     dropped for that step, and Average divides by the workers counted. 0: sync.
     ``stats()["switch"]["quorum"]`` says which ranks the last call left out
     (docs/quorum.md)."""
-    from ..collectives.quorum import Quorum
-
     Quorum.check(k)
     member = _member(process_set, "set_quorum")
     request = OpRequest("quorum", _name("set_quorum", None, member), "none", "uint8",
@@ -1082,7 +772,7 @@ def set_quorum(k: int, process_set: ProcessSet = global_process_set) -> None:
 def join(device: int = -1) -> int:
     """This rank has no more batches: until every rank has joined, it takes part in the
     others' allreduces with zeros. Returns the rank that joined last."""
-    runtime = _require().runtime
+    runtime = _world.require().runtime
     handle = runtime.join()
     return handle.wait(runtime.wait_seconds(), "every rank to join")
 

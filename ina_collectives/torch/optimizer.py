@@ -12,13 +12,20 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from ..runtime import world
+from ..runtime.world import ProcessSet, global_process_set
 from . import mpi_ops
 from .compression import Compression, Compressor, switch_values
-from .process_sets import ProcessSet, global_process_set
+from .staging import Average, Sum, op_of
 
 
-class _DistributedOptimizer:
+class DistributedOptimizerMixin:
     """Mixed into the wrapped optimizer's own class (so isinstance checks still hold)."""
+
+    def local_step(self, closure: Any = None) -> Any:
+        """The wrapped optimizer's own step, on this rank's gradients as they are: no
+        allreduce (broadcast_optimizer_state initializes a missing state with it)."""
+        return super().step(closure)  # type: ignore[misc]
 
     def _ina_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                    compression: type[Compressor], backward_passes_per_step: int, op: str,
@@ -26,7 +33,7 @@ class _DistributedOptimizer:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got "
                              f"{backward_passes_per_step}")
-        if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
+        if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
         params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -135,7 +142,7 @@ class _DistributedOptimizer:
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          compression: type[Compressor] = Compression.none,
-                         backward_passes_per_step: int = 1, op: Any = mpi_ops.Average,
+                         backward_passes_per_step: int = 1, op: Any = Average,
                          gradient_predivide_factor: float = 1.0, groups: Any = None,
                          sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set
@@ -154,17 +161,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    op = mpi_ops._op_of(op, None)
-    if op not in (mpi_ops.Average, mpi_ops.Sum):
+    op = op_of(op, None)
+    if op not in (Average, Sum):
         raise ValueError(f"DistributedOptimizer reduces with Average or Sum, not {op!r}")
-    mpi_ops._require()
+    world.require()
     if groups is not None and not (isinstance(groups, int) and groups > 0 or
                                    isinstance(groups, (list, tuple))):
         raise ValueError(f"groups must be a positive int or a list of parameter lists, "
                          f"got {groups!r}")
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
-    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
+    cls = type(optimizer.__class__.__name__, (DistributedOptimizerMixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._ina_setup(named_parameters, compression, backward_passes_per_step, op,

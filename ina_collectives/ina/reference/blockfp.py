@@ -139,7 +139,7 @@ def quantize(x: np.ndarray, exps: np.ndarray, n: int, k: int, b: int = P.DEFAULT
     """x as int32 or int16 (``bits``) in network byte order, sub-block j scaled by its
     agreed exponent exps[j]."""
     check_kernel_args(x, k, b, bits)
-    _check_exps(exps, x.size, k, b)
+    check_exps(exps, x.size, k, b)
     if x.dtype.kind == "i":
         check_int32_headroom(exps, n)
         return x.astype(">i4")
@@ -153,7 +153,7 @@ def dequantize(q: np.ndarray, exps: np.ndarray, n: int, k: int, out: np.ndarray,
     dtype; an AVERAGE divides by ``counted``, the workers the sum counted (0: n)."""
     bits = 8 * q.dtype.itemsize
     check_kernel_args(out, k, b, bits)
-    _check_exps(exps, out.size, k, b)
+    check_exps(exps, out.size, k, b)
     if q.size != out.size:
         raise ValueError(f"{q.size} aggregated values for an output of {out.size}")
     values = q.astype(np.int64)
@@ -194,7 +194,9 @@ def error_bound(n: int, exponent: int | np.ndarray, dtype: np.dtype,
     return bound
 
 
-def _check_exps(exps: np.ndarray, count: int, k: int, b: int) -> None:
+def check_exps(exps: np.ndarray, count: int, k: int, b: int) -> None:
+    """ValueError unless ``exps`` holds one exponent per sub-block of ``count`` values
+    (the compiled kernels check their arguments with the same functions)."""
     want = nexponents(count, k, b)
     if exps.shape != (want,):
         raise ValueError(f"expected {want} sub-block exponents, got {exps.shape}")
