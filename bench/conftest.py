@@ -7,15 +7,25 @@ import os
 import pytest
 
 
-@pytest.hookimpl(trylast=True)  # after the terminal reporter has registered itself
-def pytest_configure(config):
-    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    if rank != 0:
+def _rank() -> int:
+    return int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+
+
+def pytest_cmdline_main(config):
+    # Before any plugin's pytest_configure: pytest-benchmark's session reads the options
+    # there. Cleared later, every rank wrote the same --benchmark-json file at once (seen:
+    # two reports interleaved into one invalid file).
+    if _rank() != 0:
         config.option.benchmark_json = None
         config.option.benchmark_autosave = False
         config.option.benchmark_save = None
-        # pytest writes the report through a copy of the original stdout taken at start-up,
-        # so redirecting fd 1 is not enough: the reporter itself must go.
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter has registered itself
+def pytest_configure(config):
+    if _rank() != 0:
+        # pytest writes the report through a copy of the original stdout taken at
+        # start-up, so redirecting fd 1 is not enough: the reporter itself must go.
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             config.pluginmanager.unregister(reporter)

@@ -1,0 +1,108 @@
+"""The fixed cost of one small allreduce (4 KiB of float32, loopback), and where it goes.
+
+    python -m bench.mpi -n 2 bench/test_call_cost.py --benchmark-json=bench/results/call_cost-2.json
+    python -m bench.mpi -n 4 bench/test_call_cost.py --benchmark-json=bench/results/call_cost-4.json
+
+Rows (microseconds per call, the median of fixed rounds; bench.mpi starts the switch):
+
+* ``ina``: the array API's allreduce through the switch (switch_min_bytes 0), everything
+  a call does today: the agreement, the first window's exponent round, the stream, the
+  outcome vote, and the Python around them;
+* ``ina-unchecked``: the same without the agreement (check_agreement off);
+* ``agreement``, ``exponent-round``, ``outcome-vote``: each of the three blocking host
+  collectives alone, as the engine makes them (same sizes, same bounded wait);
+* ``mpi``: MPI's own Allreduce of the same array; ``gloo``: torch.distributed's gloo
+  all_reduce of the same tensor (skipped, saying why, without torch).
+
+What the in-band call issue removes is the sum of the three collectives; the rest of
+``ina`` is the stream's round trip through the switch and the host's per-call work.
+"""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ina_collectives import protocol as P
+from ina_collectives.collectives import Collectives
+from ina_collectives.collectives.agreement import CallSignature, agree
+from ina_collectives.collectives.ops import dtype_code
+from ina_collectives.collectives.waiting import Deadline, wait
+from ina_collectives.settings import Settings
+
+COMM = MPI.COMM_WORLD
+NBYTES = 4 << 10
+ROUNDS = 400
+pytestmark = pytest.mark.skipif(COMM.Get_size() < 2,
+                                reason="needs several ranks: python -m bench.mpi -n 2 "
+                                       "bench/test_call_cost.py")
+
+_ina = Collectives(COMM, Settings.load({"switch_min_bytes": 0}))
+_unchecked = Collectives(COMM, Settings.load({"switch_min_bytes": 0,
+                                              "check_agreement": False}))
+_peers = COMM.Dup()
+
+
+def _sizes() -> tuple[int, int]:
+    """The exponent round's int16 count and the vote's float64 count for this call, as
+    the engine makes them (1 + the first window's exponents; 4 per aggregator + 1)."""
+    wire = _ina.ina.wire_format()
+    k, block = wire["elements"], wire["block"]
+    chunks = -(-(NBYTES // 4) // k)
+    window = min(_ina.settings.switch_slots, chunks) * -(-k // block)
+    return 1 + window, 4 * len(_ina.ina.addresses) + 1
+
+
+def _gloo():
+    torch = pytest.importorskip("torch", reason="gloo needs torch: pip install "
+                                                "'ina-collectives[torch]'")
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        port = 0
+        if COMM.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = COMM.bcast(port)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=COMM.Get_rank(), world_size=COMM.Get_size())
+    tensor = torch.ones(NBYTES // 4)
+    return lambda: dist.all_reduce(tensor)
+
+
+@pytest.mark.parametrize("system", ["ina", "ina-unchecked", "agreement", "exponent-round",
+                                    "outcome-vote", "mpi", "gloo"])
+def test_call_cost(benchmark, system):
+    n = COMM.Get_size()
+    send = np.ones(NBYTES // 4, np.float32)
+    recv = np.empty_like(send)
+    exponents, votes = _sizes()
+    proposal, agreed = np.zeros(exponents, np.int16), np.empty(exponents, np.int16)
+    mine, voted = np.zeros(votes), np.empty(votes)
+    signature = CallSignature(CallSignature.ARRAYS, send.size, dtype_code(send.dtype), 0,
+                              "bench")
+    seq = iter(range(1, 1 << 30))
+
+    def collective(request_of):
+        return lambda: wait(request_of(), Deadline(60), lambda: system)
+
+    run = {
+        "ina": lambda: _ina.allreduce(send, out=recv),
+        "ina-unchecked": lambda: _unchecked.allreduce(send, out=recv),
+        "agreement": lambda: agree(_peers, signature, next(seq), Deadline(60)),
+        "exponent-round": collective(lambda: _peers.Iallreduce(proposal, agreed, MPI.MAX)),
+        "outcome-vote": collective(lambda: _peers.Iallreduce(mine, voted, MPI.MAX)),
+        "mpi": lambda: COMM.Allreduce(send, recv),
+    }.get(system) or _gloo()
+    benchmark.group = f"call-cost-{n}-ranks"
+    COMM.Barrier()
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
+    if system in ("ina", "ina-unchecked", "mpi"):
+        assert recv[0] == n and recv[-1] == n
+    if system.startswith("ina"):
+        done = (_ina if system == "ina" else _unchecked).stats.last
+        assert done["engine"] == "ina", done
+    benchmark.extra_info.update(ranks=n, bytes=NBYTES, exponent_values=exponents,
+                                vote_values=votes, protocol=P.PROTOCOL_VERSION)
