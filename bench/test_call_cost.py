@@ -52,7 +52,7 @@ def _sizes() -> tuple[int, int]:
     k, block = wire["elements"], wire["block"]
     chunks = -(-(NBYTES // 4) // k)
     window = min(_ina.settings.switch_slots, chunks) * -(-k // block)
-    return 1 + window, 4 * len(_ina.ina.addresses) + 1
+    return 1 + window, 4 * len(_ina.ina.aggregators.addresses) + 1
 
 
 def _gloo():

@@ -3,6 +3,7 @@ a call, which engine serves it, the reasons recorded, and the chooser's argument
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from ina_collectives.collectives.ina_engine import InaEngine
 from ina_collectives.collectives.mpi_engine import MpiEngine
 from ina_collectives.collectives.ops import Op
 from ina_collectives.collectives.ring import RingEngine
+from ina_collectives.collectives.striping import Shares
 from ina_collectives.settings import Settings
 
 
@@ -47,7 +49,8 @@ def test_ina_with_no_aggregator_answering_is_unavailable_with_the_reason(closed_
 
 def test_ina_declines_what_the_switch_cannot_sum():
     engine = InaEngine.__new__(InaEngine)  # the rules alone, no link
-    engine.unavailable, engine.settings = None, Settings(switch_min_bytes=1024)
+    engine.aggregators = SimpleNamespace(unavailable=None)
+    engine.settings = Settings(switch_min_bytes=1024)
     assert engine.declines(call(size=1024)) is None
     assert engine.declines(call("float64", 1024, Op.AVERAGE)) is None
     assert "int32 is not a float" in engine.declines(call("int32", 1024))
@@ -126,7 +129,7 @@ def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
     answer at every call without waiting (its news rides on the call's agreement) and
     never blocks on a probe; with the agreement check off, it probes with a wait at calls
     1, 3, 7, 15 (after 1, 2, 4, 8 calls) instead."""
-    from ina_collectives.collectives import ina_engine
+    from ina_collectives.collectives import aggregators as ina_engine
 
     settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.2,
                         switch_min_bytes=0, ring_min_bytes=0, check_agreement=check_agreement)
@@ -187,14 +190,13 @@ def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
 
 
 def test_striped_shares_follow_measured_throughput_with_a_floor():
-    engine = InaEngine.__new__(InaEngine)  # the split alone, no links
-    engine.links = [object(), object(), None]  # the third aggregator is not serving
-    engine.capacity = np.zeros(3)
-    assert engine._shares(10).tolist() == [0, 5, 10]  # equal until measured
-    engine.capacity[:] = [3e8, 1e8, 5e8]
-    assert engine._shares(100).tolist() == [0, 75, 100]  # 3:1, the missing one ignored
-    engine.capacity[:] = [1e9, 1e6, 0]
-    edges = engine._shares(1000)
+    shares = Shares(3)
+    serving = [0, 1]  # the third aggregator is not serving
+    assert shares.split(serving, 10).tolist() == [0, 5, 10]  # equal until measured
+    shares.capacity[:] = [3e8, 1e8, 5e8]
+    assert shares.split(serving, 100).tolist() == [0, 75, 100]  # 3:1, the missing one ignored
+    shares.capacity[:] = [1e9, 1e6, 0]
+    edges = shares.split(serving, 1000)
     assert edges[0] == 0 and edges[-1] == 1000
     # a slow aggregator keeps about MIN_SHARE of an equal share (0.125 of 1000 chunks
     # here, before the shares are scaled back to the whole), so it keeps being measured

@@ -33,7 +33,7 @@ class Quorum:
         self._stamp = 0  # the quorum stamped in the packets of the call under way
         self.quorum_calls = self.waited_calls = self.changes = 0
         self.calls_left_out = 0  # quorum calls that left this rank out of some chunk
-        self.repaired = 0  # chunks a rank lost that another sent it (InaEngine._repair)
+        self.repaired = 0  # chunks a rank lost that another sent it (collectives/repair.py)
         self.last: dict[str, Any] = {}
 
     @staticmethod

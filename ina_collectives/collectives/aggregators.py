@@ -1,0 +1,453 @@
+"""The INA engine's aggregators: the links to them, joining, losing and regaining them.
+
+Collective to construct: every rank joins the job at each aggregator named (or, when a
+controller installed the job, settings.job, checks its entry with a probe) and the ranks
+agree; an aggregator that failed on any rank is used by none (``unavailable`` says why
+when none serves). While one is missing, rank 0 probes its address without waiting (a
+datagram per call, _AnswerWatch) and its news rides on each call's agreement: the call
+after it answers again, every rank joins it again. A join that fails backs off: the next
+try waits 1, 2, 4 ... calls (at most ``switch_retry_calls``). With the agreement check
+off, rank 0 probes with a wait at those calls instead. A link granted fewer slots than it
+asked for asks again at later call boundaries, backing off alike.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from types import ModuleType
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import protocol as P
+from ..errors import AggregatorUnavailable
+from ..ina.link import WorkerLink
+from ..settings import Settings
+from .waiting import Deadline, wait
+
+log = logging.getLogger("ina_collectives")
+REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank
+MAX_AGGREGATORS = 63  # one job's: a bit each in the int64 news of a call's agreement
+
+
+class Aggregators:
+    """The aggregators INA_SWITCH names (their shards included) as every rank uses them
+    alike: ``links[i]`` is None while aggregator i is not used, and
+    ``missing_reasons[i]`` says why."""
+
+    def __init__(self, comm: MPI.Intracomm, settings: Settings, kernels: ModuleType):
+        self.comm, self.settings, self.kernels = comm, settings, kernels
+        self.addresses: list[tuple[str, int]] = []
+        self.links: list[WorkerLink | None] = []
+        self.missing_reasons: dict[int, str] = {}  # aggregator index -> why it is not used
+        self.unavailable: str | None = None
+        self.outages = self.returns = 0
+        self._retry_at: int | None = None  # the call number of the next reconnection
+        self._retry_gap = 1
+        # A link granted fewer slots than it asked for asks again from this call on
+        # (every rank alike), backing off as reconnections do.
+        self._grow_at: int | None = None
+        self._grow_gap = 1
+        self._seq = 0  # the number of the call under way (at_call_boundary)
+        self._lasting = False  # the last failure was this job's setup: trying again is futile
+        self._watch: _AnswerWatch | None = None  # rank 0's probes while one is missing
+        if not settings.switch:
+            self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
+            return
+        try:
+            self.addresses = P.parse_addresses(settings.switch)
+            if len(self.addresses) > MAX_AGGREGATORS:
+                raise ValueError(f"INA_SWITCH names {len(self.addresses)} aggregators; at "
+                                 f"most {MAX_AGGREGATORS} (a bit each in rank 0's news)")
+        except ValueError as exc:
+            self.unavailable, self._lasting = f"ina: {exc}", True
+            log.warning("%s; calls take the ring", self.unavailable)
+            return
+        if not settings.job:  # (an installed job's ports are per address as installed)
+            self.addresses = self._with_shards(self.addresses)
+        self.links = [None] * len(self.addresses)
+        self._connect(list(range(len(self.addresses))))
+        if self.missing():
+            if self._lasting:
+                log.warning("%s; calls take the ring", self.unavailable or self._why_missing())
+            else:
+                self._schedule(0)
+                log.warning("%s; %s (tried again from call #%s on)",
+                            self.unavailable or self._why_missing(),
+                            "calls take the ring" if self.unavailable
+                            else "calls use the other aggregators", self._retry_at)
+
+    @property
+    def seq(self) -> int:
+        """The number of the call under way (as at_call_boundary was told)."""
+        return self._seq
+
+    @property
+    def link(self) -> WorkerLink | None:
+        """The first serving link (None: no aggregator serves)."""
+        return next((link for link in self.links if link is not None), None)
+
+    def serving(self) -> list[int]:
+        return [i for i, link in enumerate(self.links) if link is not None]
+
+    def missing(self) -> list[int]:
+        return [i for i, link in enumerate(self.links) if link is None]
+
+    def where(self, i: int) -> str:
+        return "%s:%d" % self.addresses[i]
+
+    def _why_missing(self) -> str:
+        return "; ".join(f"{self.where(i)} not used: {why}"
+                         for i, why in sorted(self.missing_reasons.items()))
+
+    def _connect(self, indices: list[int]) -> None:
+        """Every rank makes its links to the aggregators ``indices`` and joins (or probes
+        its installed entry); collective. An aggregator that failed on any rank is left
+        out on every rank, with the first failing rank's reason (``missing_reasons``);
+        ``unavailable`` is set when none serves."""
+        comm, settings, kernels = self.comm, self.settings, self.kernels
+        n, rank = comm.Get_size(), comm.Get_rank()
+        block, bits = settings.switch_block, settings.switch_value_bits
+        k = settings.switch_elements or P.max_elements(P.MAX_DATAGRAM, block, bits)
+        error, lasting = None, True
+        if n > P.MAX_WORKERS:
+            error = f"{n} ranks exceed the aggregator's {P.MAX_WORKERS} workers"
+        elif kernels.BACKEND != "fast":
+            error = "the compiled fast path is not built"
+        ports = [int(p) for p in settings.worker_ports.split(",") if p.strip()]
+        # An installed job names each rank's port at each aggregator: n per aggregator.
+        wanted = n * len(self.addresses)
+        if settings.job and error is None and len(ports) != wanted:
+            error = (f"job {settings.job} was installed by a controller, but worker_ports "
+                     f"(INA_WORKER_PORTS) names {len(ports)} ports for {n} ranks at "
+                     f"{len(self.addresses)} aggregator(s): {wanted} are needed")
+        # Rank 0's job id (INA_JOB, or a fresh one to join with) for every rank: one
+        # collective whatever the ranks' settings say, so that none can wait alone. With
+        # it, this run's epoch: every run of the ranks starts its slots at version 0, and
+        # the switch takes a cell last used in another epoch for idle (an installed job's
+        # cells are used again by each run, with no register reset).
+        draw = random.SystemRandom().randrange
+        ids = np.array([settings.job or draw(1, 65536), draw(1, 65536)], np.int32)
+        self.collective(comm.Ibcast(ids, root=0), "rank 0's job id and epoch")
+        job, epoch = int(ids[0]), int(ids[1])
+        if error is None and settings.job != (job if settings.job else 0):
+            error = f"INA_JOB is {settings.job} here but {job} on rank 0"
+        errors: list[str | None] = [error] * len(indices)
+        lasting_of = [lasting] * len(indices)
+        for j, i in enumerate(indices):
+            if error is not None:
+                continue
+            try:
+                link = WorkerLink(self.addresses[i], job, rank, n, k, settings.switch_slots,
+                                  ports[i * n + rank] if settings.job else 0, epoch, block,
+                                  bits, settings.switch_gso)
+                self.links[i] = link
+                if settings.job:  # installed by a controller: worker id = rank
+                    link.probe(settings.switch_join_timeout)
+                else:
+                    link.join(settings.switch_join_timeout)
+            except AggregatorUnavailable as exc:  # the aggregator's doing: may pass
+                errors[j], lasting_of[j] = str(exc), False
+            except (ValueError, OSError) as exc:
+                errors[j] = str(exc)
+        # Every rank learns, for each aggregator, whether any rank failed (1: it did not
+        # answer or refused; 2: this job's setup, which another try would not change) and
+        # the first failing rank's reason.
+        mine = np.array([0 if e is None else (1 if not lasting_of[j] else 2)
+                         for j, e in enumerate(errors)], np.int8)
+        flags = np.empty((n, len(indices)), np.int8)
+        self.collective(comm.Iallgather(mine, flags),
+                         "every rank's outcome of joining the aggregator")
+        self._lasting = False
+        for j, i in enumerate(indices):
+            column = flags[:, j]
+            if not column.any():
+                self.missing_reasons.pop(i, None)
+                continue
+            self._lasting = self._lasting or bool((column == 2).any())
+            r = int(np.flatnonzero(column)[0])
+            text = np.zeros(REASON_BYTES, np.uint8)
+            if rank == r:
+                raw = str(errors[j]).encode()[:REASON_BYTES]
+                text[:len(raw)] = np.frombuffer(raw, np.uint8)
+            self.collective(comm.Ibcast(text, root=r), f"rank {r}'s reason")
+            self.missing_reasons[i] = text.tobytes().rstrip(b"\0").decode(errors="replace")
+            self.close_link(i)
+        short = [i for i in indices if self.links[i] is not None
+                 and self.links[i].slots < self.links[i].asked_slots]
+        for i in short:
+            log.warning("the aggregator at %s granted %d of the %d slots asked (its pool is "
+                        "shared with other jobs); more are asked for when it has them free",
+                        self.where(i), self.links[i].slots, self.links[i].asked_slots)
+        if short and self._grow_at is None and settings.switch_retry_calls:
+            self._grow_at = self._seq + self._grow_gap
+        if self.serving():
+            self.unavailable = None
+        else:
+            first = min(self.missing_reasons)
+            r = int(np.flatnonzero(flags[:, indices.index(first)])[0]) if first in indices \
+                else 0
+            self.unavailable = (f"ina: aggregator unavailable (rank {r}: "
+                                f"{self.missing_reasons[first]})")
+            self.close()
+
+    def _with_shards(self, addresses: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Collective: every shard of the switches named (rank 0 asks each address with a
+        PROBE of job 0; a switch of several shards lists their ports, CAP_SHARDS), in
+        order, each once: INA_SWITCH may name one port of ``ina-switch --threads N``."""
+        text = np.zeros(4096, np.uint8)
+        if self.comm.Get_rank() == 0:
+            found: list[tuple[str, int]] = []
+            wait_each = min(0.5, self.settings.switch_join_timeout)
+            for host, port in addresses:
+                ports = _shard_ports((host, port), wait_each) or (port,)
+                found += [(host, p) for p in ports if (host, p) not in found]
+            raw = P.address_list_text(found).encode()
+            if len(raw) <= text.size:
+                text[:len(raw)] = np.frombuffer(raw, np.uint8)
+        self.collective(self.comm.Ibcast(text, root=0), "the aggregators' shards")
+        listed = text.tobytes().rstrip(b"\0").decode()
+        if not listed or listed.count(",") >= MAX_AGGREGATORS:
+            return addresses
+        expanded = [(host, int(port)) for host, _, port in
+                    (part.rpartition(":") for part in listed.split(","))]
+        if len(expanded) > len(addresses):
+            log.info("the aggregators at %s have %d shards: calls stripe across %s",
+                     P.address_list_text(addresses), len(expanded), listed)
+        return expanded
+
+
+    def collective(self, request: MPI.Request, what: str) -> None:
+        wait(request, Deadline(self.settings.timeout),
+             lambda: f"all {self.comm.Get_size()} ranks to exchange {what}")
+
+    def close_link(self, i: int) -> None:
+        link, self.links[i] = self.links[i], None
+        if link is not None:
+            link.leave()
+            link.close()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        for i in range(len(self.links)):
+            self.close_link(i)
+
+
+    # -- leaving aggregators and coming back ----------------------------------------------
+
+    def lost(self, indices: list[int], reason: str, seq: int) -> None:
+        """Aggregators failed mid-call (on every rank alike): the others serve on, or
+        calls take the ring until one is back."""
+        for i in indices:
+            self.missing_reasons[i] = reason
+            self.close_link(i)
+        self._retry_gap = 1
+        self._schedule(seq)
+        if self.serving():
+            log.warning("%s; %s not used from now on, calls use the others; tried again "
+                        "from call #%d on", reason,
+                        ", ".join(self.where(i) for i in indices), self._retry_at)
+            return
+        self.unavailable = reason
+        self.outages += 1
+        self.close()
+        log.warning("%s; calls take the ring, and the aggregator is tried again from call "
+                    "#%d on", reason, self._retry_at)
+
+    def _schedule(self, seq: int) -> None:
+        cap = self.settings.switch_retry_calls
+        self._retry_at = seq + self._retry_gap if cap else None
+        self._retry_gap = min(2 * self._retry_gap, max(cap, 1))
+
+    def answers_again(self) -> int:
+        """Rank 0's news for the next call's agreement: a bit per missing aggregator (its
+        index) that answered one of its probes since the last call (it may serve again),
+        else 0. While one is missing (and tried again), rank 0 sends a probe now and then
+        and reads the answers without waiting."""
+        missing = self.missing()
+        if not missing or self._retry_at is None or self.comm.Get_rank() != 0:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
+            return 0
+        if self._watch is None or self._watch.indices != missing:
+            if self._watch is not None:
+                self._watch.close()
+            self._watch = _AnswerWatch([self.addresses[i] for i in missing], missing)
+        return int(self._watch.answered())
+
+    def at_call_boundary(self, seq: int, answers: int | None = None) -> None:
+        """The chooser calls this before offering call number ``seq`` (the same number on
+        every rank), with rank 0's news (``answers_again``; None when the agreement check
+        is off): when a reconnection is due, it happens here, on every rank alike."""
+        self._seq = seq
+        if self._grow_at is not None and seq >= self._grow_at and self.serving():
+            self._grow(seq)
+        if self._retry_at is None or not self.missing() or seq < self._retry_at:
+            return
+        if answers is None:
+            self._reconnect(seq)
+        elif answers:
+            self._reconnect(seq, alive=answers)
+
+    def _reconnect(self, seq: int, alive: int | None = None) -> bool:
+        """Collective: the missing aggregators that answer (``alive``, a bit per index, or
+        None: rank 0 probes now and tells the others) are joined again by every rank (a
+        new job and epoch, or the installed entry); True if one came back."""
+        missing = self.missing()
+        if alive is None:
+            answer = np.zeros(1, np.int64)
+            if self.comm.Get_rank() == 0:
+                wait_each = min(0.5, self.settings.switch_join_timeout)
+                answer[0] = sum(1 << i for i in missing
+                                if _answers(self.where(i), wait_each))
+            self.collective(self.comm.Ibcast(answer, root=0),
+                             "whether the aggregator answers")
+            alive = int(answer[0])
+        back = [i for i in missing if alive >> i & 1]
+        if back:
+            was_serving = bool(self.serving())
+            if not was_serving:
+                self.unavailable = None
+            self._connect(back)
+            if not was_serving and self.link is not None:
+                self.returns += 1
+        returned = [i for i in back if self.links[i] is not None]
+        if not returned:
+            if self._lasting:
+                self._retry_at = None
+                log.warning("call #%d: %s; not tried again", seq,
+                            self.unavailable or self._why_missing())
+                return False
+            self._schedule(seq)
+            log.info("call #%d: the aggregator is still unavailable; next try at call #%d",
+                     seq, self._retry_at if self._retry_at is not None else -1)
+            return False
+        if self.missing():
+            self._schedule(seq)
+        else:
+            self._retry_at, self._retry_gap = None, 1
+        log.warning("call #%d: the aggregator at %s serves again; calls return to it",
+                    seq, ", ".join(self.where(i) for i in returned))
+        return True
+
+    def _grow(self, seq: int) -> None:
+        """Collective: rank 0 asks each aggregator that granted fewer slots than asked
+        how many it has free (a PROBE of job 0); where some are, every rank leaves that
+        aggregator and joins it again, to be granted what is free now."""
+        short = [i for i in self.serving() if self.links[i].slots < self.links[i].asked_slots]
+        self._grow_at = None
+        if not short:
+            return
+        free = np.zeros(len(short), np.int64)
+        if self.comm.Get_rank() == 0:
+            wait_each = min(0.5, self.settings.switch_join_timeout)
+            free[:] = [_free_slots(self.addresses[i], wait_each) for i in short]
+        self.collective(self.comm.Ibcast(free, root=0), "the aggregators' free slots")
+        regrow = [i for i, f in zip(short, free) if f > 0]
+        for i in regrow:
+            self.close_link(i)
+        if regrow:  # every rank has left (the job's slots are free) before any joins again
+            self.collective(self.comm.Ibarrier(), "every rank to leave the aggregator")
+            self._connect(regrow)
+            if not self.serving():
+                self.lost([], self.unavailable or "ina: the aggregator refused the job",
+                           seq)
+                return
+        if any(self.links[i] is not None and self.links[i].slots < self.links[i].asked_slots
+               for i in short):
+            cap = max(self.settings.switch_retry_calls, 1)
+            self._grow_gap = min(2 * self._grow_gap, cap)
+            self._grow_at = seq + self._grow_gap
+        else:
+            self._grow_gap = 1
+            log.warning("call #%d: every aggregator grants the slots asked now", seq)
+
+
+class _AnswerWatch:
+    """Rank 0's probes of the missing aggregators' addresses: a job-0 PROBE to each at
+    each call, at most one per PROBE_INTERVAL seconds, answers read without waiting (so
+    the call after the next probe's answer can rejoin). ``indices``: the aggregators'
+    places in INA_SWITCH, the bits of ``answered``."""
+
+    PROBE_INTERVAL = 0.001
+
+    def __init__(self, addresses: list[tuple[str, int]], indices: list[int]):
+        import socket
+
+        self.addresses, self.indices = addresses, indices
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.probe = P.control_packet(0, 0, [P.CTRL_PROBE])
+        self.sent_at = -float("inf")
+
+    def answered(self) -> int:
+        """A bit (its index) per aggregator that answered since the last look; sends the
+        next probes if due."""
+        seen = 0
+        while True:
+            try:
+                data, source = self.sock.recvfrom(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # ICMP port unreachable from an earlier probe: nobody there
+                continue
+            try:
+                head, reply = P.read_control(data)
+            except ValueError:
+                continue
+            wanted = P.FLAG_CONTROL | P.FLAG_RESULT
+            if (head["flags"] & wanted == wanted and len(reply) >= 2
+                    and reply[0] == P.CTRL_PROBE and reply[1] == 0
+                    and source in self.addresses):
+                seen |= 1 << self.indices[self.addresses.index(source)]
+        now = time.monotonic()
+        if now - self.sent_at >= self.PROBE_INTERVAL:
+            self.sent_at = now
+            for address in self.addresses:
+                try:
+                    self.sock.sendto(self.probe, address)
+                except OSError:
+                    pass  # unreachable now: the next probe tries again
+        return seen
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _probe(address: tuple[str, int], timeout: float) -> P.ControlReply | None:
+    """An aggregator's answer to a PROBE of job 0 (is anyone there? its free slots, its
+    shards), or None if it does not answer within timeout."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            reply = P.control_request(s, address, 0, 0, [P.CTRL_PROBE], timeout, "probe")
+    except (AggregatorUnavailable, ValueError, OSError):
+        return None
+    return reply if reply.status == 0 else None
+
+
+def _free_slots(address: tuple[str, int], timeout: float) -> int:
+    """The free slots an aggregator's pool has; 0 if it does not answer or say."""
+    reply = _probe(address, timeout)
+    return max(reply.slots, 0) if reply is not None else 0
+
+
+def _shard_ports(address: tuple[str, int], timeout: float) -> tuple[int, ...]:
+    """The ports of every shard of the switch at ``address``; () if it has one, does
+    not answer or does not say."""
+    reply = _probe(address, timeout)
+    return reply.shard_ports if reply is not None else ()
+
+
+def _answers(address: str, timeout: float) -> bool:
+    """Whether an aggregator answers a probe for job 0 at ``address`` within timeout."""
+    try:
+        where = P.parse_address(address)
+    except ValueError:
+        return False
+    return _probe(where, timeout) is not None
