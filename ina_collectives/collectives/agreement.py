@@ -6,6 +6,7 @@ silently mix unrelated data; here every rank raises AgreementError with all rank
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -22,14 +23,20 @@ class CallSignature:
     count: int         # elements (-1 where not known)
     dtype: int         # ops.dtype_code, or -1
     op: int            # index of the op, or -1
-    description: str   # for the error message only; never compared
+    # For the error message only, never compared: a text, or a function that makes it
+    # (the text of every call would cost more than the rest of the signature).
+    description: str | Callable[[], str]
 
     ARRAYS = 0
     MPI_DIRECT = 1
     OBJECTS = 2
 
-    def as_array(self) -> np.ndarray:
-        return np.array([self.kind, self.count, self.dtype, self.op], dtype=np.int64)
+    def as_array(self, news: int = 0) -> np.ndarray:
+        """The compared fields, and ``news`` after them."""
+        return np.array([self.kind, self.count, self.dtype, self.op, news], dtype=np.int64)
+
+    def describe(self) -> str:
+        return self.description if isinstance(self.description, str) else self.description()
 
 
 def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,
@@ -37,17 +44,17 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
     """Raise AgreementError on every rank unless all ranks passed the same signature.
     ``news``: a value that rides along, not compared (rank 0's tells every rank whether
     the aggregator answers again); returns rank 0's."""
-    mine = np.append(call.as_array(), news)
+    mine = call.as_array(news)
     everyone = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
     request = comm.Iallgather(mine, everyone)
     wait(request, deadline,
          lambda: f"all {comm.Get_size()} ranks to enter allreduce #{seq} "
-                 f"(this rank: {call.description})")
+                 f"(this rank: {call.describe()})")
     compared = everyone[:, :-1]
     if (compared == compared[0]).all():
         return int(everyone[0, -1])
     # Every rank saw the same table, so every rank takes this branch together.
-    descriptions = comm.allgather(call.description)
+    descriptions = comm.allgather(call.describe())
     calls = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
     fields = [name for i, name in enumerate(("API", "length", "dtype", "op"))
               if not (everyone[:, i] == everyone[0, i]).all()]

@@ -124,7 +124,7 @@ class Collectives:
         deadline = Deadline(self.settings.timeout)
         answers = self.check_agreement(CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
-            f"{recv.size} x {recv.dtype} {op.name}"), deadline,
+            lambda: f"{recv.size} x {recv.dtype} {op.name}"), deadline,
             self.ina.answers_again()
             if self.ina is not None and self.settings.check_agreement else 0)
         if self.ina is not None:  # a call boundary, the same on every rank
