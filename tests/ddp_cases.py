@@ -98,6 +98,13 @@ def ddp_ops(comm: Any, p: dict) -> dict[str, Any]:
         outs = [torch.empty(2, dtype=getattr(torch, dtype)) for _ in range(n)]
         dist.all_to_all(outs, [torch_input(dtype, (2,), r, 20 + q) for q in range(n)])
         out[f"all_to_all/{dtype}"] = [_np(o) for o in outs]
+        rows = [torch.empty(2, dtype=getattr(torch, dtype)) for _ in range(n)]
+        dist.gather(torch_input(dtype, (2,), r, 30), rows if r == n - 1 else None, dst=n - 1)
+        out[f"gather/{dtype}"] = [_np(g) for g in rows] if r == n - 1 else None
+        mine = torch.empty(3, dtype=getattr(torch, dtype))
+        dist.scatter(mine, [torch_input(dtype, (3,), q, 40) for q in range(n)] if r == 0
+                     else None, src=0)
+        out[f"scatter/{dtype}"] = _np(mine)
     dist.barrier()
     out["stats"] = ina_dist.stats()
     import ina_collectives
@@ -180,6 +187,50 @@ def ddp_subgroups(comm: Any, p: dict) -> dict[str, Any]:
     t = torch.full((4,), float(r))
     dist.all_reduce(t, group=everyone, op=dist.ReduceOp.MAX)
     out["everyone"] = _np(t)
+    dist.destroy_process_group()
+    return out
+
+
+@case
+def fsdp2_train(comm: Any, p: dict) -> dict[str, Any]:
+    """FSDP2 (fully_shard over init_device_mesh) trains an MLP for a few steps, and a
+    DTensor is sharded and replicated again on the same mesh; backend p["backend"]."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import ina_collectives.torch.distributed as ina_dist
+    backend = p.get("backend", "ina")
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        raise RuntimeError("fsdp2_train runs under torchrun")
+    dist.init_process_group(backend)
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n,), mesh_dim_names=("dp",))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 8))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(1 + dist.get_rank())
+    losses = []
+    for _ in range(p.get("steps", 4)):
+        x, y = torch.randn(16, 64, generator=generator), torch.randn(16, 8, generator=generator)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    params = [_np(q.full_tensor().detach()) for q in model.parameters()]
+    whole = torch.arange(4.0 * n * 3).reshape(4 * n, 3)
+    sharded = distribute_tensor(whole, mesh, [Shard(0)])
+    replicated = sharded.redistribute(mesh, [Replicate()]).to_local()
+    out = {"losses": losses, "params": params, "local_rows": sharded.to_local().shape[0],
+           "replicated": _np(replicated), "group_name": mesh.get_group().group_name}
+    if backend == "ina":
+        out["engines"] = dict(ina_dist.stats()["engines"])
     dist.destroy_process_group()
     return out
 

@@ -77,6 +77,12 @@ def test_every_collective_and_dtype(switch, through):
                  for q in range(n)]), dtype)
             for q, got in enumerate(out[f"all_to_all/{dtype}"]):
                 close(got, as_np(torch_input(dtype, (2,), q, 20 + r)), dtype)
+            if r == n - 1:
+                for q, got in enumerate(out[f"gather/{dtype}"]):
+                    close(got, as_np(torch_input(dtype, (2,), q, 30)), dtype)
+            else:
+                assert out[f"gather/{dtype}"] is None
+            close(out[f"scatter/{dtype}"], as_np(torch_input(dtype, (3,), r, 40)), dtype)
         engines = out["stats"]["engines"]
         assert out["package_stats"]["engines"] == engines
         if through == "switch":
@@ -309,3 +315,28 @@ def test_gloo_peers_read_a_read_only_source_and_refuse_a_read_only_result():
     with pytest.raises(ValueError, match="read-only buffer of 24 bytes cannot take"):
         peers.Iallgather(gathered, source)
     peers.Free()
+
+
+def test_fsdp2_and_dtensor_on_a_device_mesh_train_as_gloo_does():
+    """init_device_mesh, fully_shard (FSDP2) and a DTensor sharded (scatter) and
+    replicated again (all_gather), under torchrun: through the switch (ina-run), the
+    losses and parameters follow gloo's within the quantization's reach; without a
+    switch (torchrun alone, the exact path) they are gloo's."""
+    n = 2
+    gloo, _ = torchrun(n, "fsdp2_train", {"backend": "gloo"})
+    exact, _ = torchrun(n, "fsdp2_train", {"backend": "ina"})
+    served, _ = torchrun(n, "fsdp2_train", {"backend": "ina"},
+                         env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
+    whole = np.arange(4.0 * n * 3, dtype=np.float32).reshape(4 * n, 3)
+    for r in range(n):
+        assert exact[r]["losses"] == gloo[r]["losses"], (exact[r]["losses"], gloo[r])
+        for mine, theirs in zip(exact[r]["params"], gloo[r]["params"]):
+            np.testing.assert_array_equal(mine, theirs)
+        assert "ina" not in exact[r]["engines"], exact[r]["engines"]
+        np.testing.assert_allclose(served[r]["losses"], gloo[r]["losses"], rtol=1e-5)
+        for mine, theirs in zip(served[r]["params"], gloo[r]["params"]):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+        assert served[r]["engines"].get("ina", 0) > 0, served[r]["engines"]
+        for out in (exact[r], served[r]):
+            assert out["local_rows"] == 4 and out["group_name"]
+            np.testing.assert_array_equal(out["replicated"], whole)

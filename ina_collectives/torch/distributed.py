@@ -17,6 +17,11 @@ The ranks' peer communicator (agreements, exponent exchange, outcome votes, the 
 ring) is MPI's when an MPI launcher started them (ina-run, mpiexec: torch's rank must be
 MPI's) and otherwise (torchrun) gloo groups made from the group's own store: no MPI job
 is needed. Point-to-point send/recv is not offered.
+
+DeviceMesh, DTensor and FSDP2 (``fully_shard``) find their groups by name: torch keeps
+that name in a group's per-device C++ backends, which a process group written in Python
+cannot have on this torch (its ``Backend`` has no Python constructor), so the group
+keeps its own (``group_name``).
 """
 from __future__ import annotations
 
@@ -77,6 +82,26 @@ class ProcessGroupIna(dist.ProcessGroup):
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
+
+    # torch keeps a group's name in its per-device backends, and a Python process group
+    # has none (torch cannot subclass its Backend in Python): the name lives here, so
+    # that DeviceMesh, DTensor and FSDP2, which find groups by name, find this one.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "undefined")
 
     def stats(self) -> dict[str, Any]:
         """This group's counters: calls, bytes, engines and why, fusion."""
@@ -139,6 +164,45 @@ class ProcessGroupIna(dist.ProcessGroup):
                                         inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allgather([list(o.view(self.size(), *i.shape).unbind(0))
                                for o, i in zip(outputs, inputs)], inputs, opts)
+
+    def gather(self, output_tensors: list[list[torch.Tensor]],
+               input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        # An allgather whose rows the root keeps (the others' outputs are empty lists).
+        root = opts.rootRank if opts is not None else 0
+        mine = self.rank() == root
+        if mine:
+            for outputs in output_tensors:
+                _check_count(outputs, self.size(), "gather")
+        handles = [self._gather(t) for t in input_tensors]
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            if mine:
+                for outputs, t, (gathered, _) in zip(output_tensors, input_tensors, results):
+                    rows = gathered.reshape((len(outputs),) + tuple(t.shape))
+                    for out, row in zip(outputs, rows):
+                        copy_from(out, row)
+            return output_tensors
+        return self._work(handles, finish, "gather")
+
+    def scatter(self, output_tensors: list[torch.Tensor],
+                input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        # The root's rows broadcast, each rank keeping its own: n times the bytes of a
+        # point-to-point scatter, for a call DTensor makes once per tensor it shards.
+        root = opts.rootRank if opts is not None else 0
+        n, me = self.size(), self.rank()
+        handles, finishes = [], []
+        for j, out in enumerate(output_tensors):
+            if me == root:
+                _check_count(input_tensors[j], n, "scatter")
+                stacked = torch.stack([t.detach() for t in input_tensors[j]])
+            else:
+                stacked = torch.empty((n,) + tuple(out.shape), dtype=out.dtype)
+            request = data_request("broadcast", stacked, self._name(), root=root)
+            buf = np.array(to_numpy(stacked), copy=True)
+            handles.append(self._live().submit(request, buf=buf))
+            finishes.append(lambda o=out, b=buf: copy_from(
+                o, b.reshape((n,) + tuple(o.shape))[me]))
+        return self._work(handles, lambda results: [f() for f in finishes], "scatter")
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor],
                        input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
