@@ -192,6 +192,46 @@ def ddp_subgroups(comm: Any, p: dict) -> dict[str, Any]:
 
 
 @case
+def ddp_p2p(comm: Any, p: dict) -> dict[str, Any]:
+    """send/recv, isend/irecv around a ring, every dtype; batch_isend_irecv; a receive
+    whose tensor is larger than what came, and one that nobody sends (a group with a
+    2-second timeout)."""
+    import datetime
+    _start(comm)
+    r, n = dist.get_rank(), dist.get_world_size()
+    right, left = (r + 1) % n, (r - 1) % n
+    out: dict[str, Any] = {}
+    for dtype in DTYPES:
+        got = torch.empty(4, 3, dtype=getattr(torch, dtype))
+        sending = dist.isend(torch_input(dtype, (4, 3), r, 50), right, tag=7)
+        dist.recv(got, left, tag=7)
+        sending.wait()
+        out[f"ring/{dtype}"] = _np(got)
+    back = torch.empty(5)
+    ops = [dist.P2POp(dist.isend, torch.full((5,), float(r)), left),
+           dist.P2POp(dist.irecv, back, right)]
+    out["batch"] = _attempt(lambda: [w.wait() for w in dist.batch_isend_irecv(ops)])
+    out["batch_got"] = _np(back)
+    if comm.__class__.__name__ != "_TorchrunRank":
+        anyone = torch.empty(2)
+        if r == 0:
+            out["any_source"] = [dist.recv(anyone) for _ in range(n - 1)]
+        else:
+            dist.send(torch.full((2,), float(r)), 0)
+    dist.barrier()
+    short = dist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=2))
+    if r == 0:
+        out["too_large"] = _attempt(lambda: dist.recv(torch.empty(9), 1, group=short))
+        out["never_sent"] = _attempt(lambda: dist.recv(torch.empty(3), 1, tag=99,
+                                                       group=short))
+    elif r == 1:
+        dist.send(torch.ones(4), 0, group=short)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+@case
 def fsdp2_train(comm: Any, p: dict) -> dict[str, Any]:
     """FSDP2 (fully_shard over init_device_mesh) trains an MLP for a few steps, and a
     DTensor is sharded and replicated again on the same mesh; backend p["backend"]."""

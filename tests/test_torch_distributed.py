@@ -340,3 +340,30 @@ def test_fsdp2_and_dtensor_on_a_device_mesh_train_as_gloo_does():
         for out in (exact[r], served[r]):
             assert out["local_rows"] == 4 and out["group_name"]
             np.testing.assert_array_equal(out["replicated"], whole)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_point_to_point(launcher):
+    """send/recv and isend/irecv around a ring in every dtype, batch_isend_irecv, recv
+    from any source (MPI only), and the errors: a receive larger than what came, and one
+    nobody sends, ended by the group's 2-second timeout."""
+    if launcher == "mpiexec":
+        n = 3
+        results = run(n, "ddp_p2p", env={"INA_SWITCH": ""})
+    else:
+        n = 2
+        results, _ = torchrun(n, "ddp_p2p", env={})
+    for r, out in enumerate(results):
+        assert "error" not in out, out
+        left, right = (r - 1) % n, (r + 1) % n
+        for dtype in DTYPES:
+            close(out[f"ring/{dtype}"], as_np(torch_input(dtype, (4, 3), left, 50)), dtype)
+        assert out["batch"] == [True, True]
+        np.testing.assert_array_equal(out["batch_got"], [float(right)] * 5)
+    first = results[0]
+    if launcher == "mpiexec":
+        assert sorted(first["any_source"]) == list(range(1, n))
+    assert first["too_large"]["error"] == "DistBackendError"
+    assert "16 bytes came, the tensor holds 36" in first["too_large"]["message"]
+    assert first["never_sent"]["error"] == "DistBackendError"
+    assert "recv from rank 1 (tag 99)" in first["never_sent"]["message"]

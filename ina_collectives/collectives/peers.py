@@ -57,6 +57,16 @@ class Request:
         self._done = True
         return True
 
+    def Wait(self, seconds: float) -> None:  # noqa: N802
+        """Block until the operation ends, at most ``seconds`` (then gloo raises). gloo's
+        send and receive are only completed by a wait: Test() alone never sees them end."""
+        if self._done:
+            return
+        self._work.wait(datetime.timedelta(seconds=seconds))
+        if self._then is not None:
+            self._then()
+        self._done = True
+
     def Cancel(self) -> None:  # noqa: N802 - gloo cannot cancel: the peers' timeout ends it
         pass
 
