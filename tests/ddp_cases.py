@@ -81,6 +81,11 @@ def ddp_ops(comm: Any, p: dict) -> dict[str, Any]:
         flat = torch.empty(2 * n, dtype=getattr(torch, dtype))
         dist.all_gather_into_tensor(flat, torch_input(dtype, (2,), r, 3))
         out[f"all_gather_into_tensor/{dtype}"] = _np(flat)
+        lists = [[torch.empty(2, dtype=getattr(torch, dtype)),
+                  torch.empty(1, 3, dtype=getattr(torch, dtype))] for _ in range(n)]
+        dist.all_gather_coalesced(lists, [torch_input(dtype, (2,), r, 60),
+                                          torch_input(dtype, (1, 3), r, 61)])
+        out[f"all_gather_coalesced/{dtype}"] = [[_np(a), _np(b)] for a, b in lists]
         b = torch_input(dtype, (3,), r, 4)
         dist.broadcast(b, src=n - 1)
         out[f"broadcast/{dtype}"] = _np(b)

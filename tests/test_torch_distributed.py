@@ -66,6 +66,9 @@ def test_every_collective_and_dtype(switch, through):
             close(out[f"all_gather_into_tensor/{dtype}"], np.concatenate(
                 [as_np(torch_input(dtype, (2,), q, 3)) for q in range(n)]), dtype)
             close(out[f"broadcast/{dtype}"], as_np(torch_input(dtype, (3,), n - 1, 4)), dtype)
+            for q, (a, b) in enumerate(out[f"all_gather_coalesced/{dtype}"]):
+                close(a, as_np(torch_input(dtype, (2,), q, 60)), dtype)
+                close(b, as_np(torch_input(dtype, (1, 3), q, 61)), dtype)
             close(out[f"reduce_scatter/{dtype}"], reduced(dtype, "SUM", (2,), n, 10 + r),
                   dtype)
             lo, hi = split_rows(2 * n, n, r)

@@ -168,6 +168,22 @@ class ProcessGroupIna(dist.ProcessGroup):
             return output_tensors
         return self._work(handles, finish, "allgather")
 
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            input_list: list[torch.Tensor], opts: Any = None) -> Any:
+        # output_lists[rank][i] takes that rank's input_list[i]: one allgather each.
+        _check_count(output_lists, self.size(), "all_gather_coalesced")
+        for outputs in output_lists:
+            _check_count(outputs, len(input_list), "all_gather_coalesced (per rank)")
+        handles = [self._gather(t) for t in input_list]
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            for i, (t, (gathered, _)) in enumerate(zip(input_list, results)):
+                rows = gathered.reshape((self.size(),) + tuple(t.shape))
+                for outputs, row in zip(output_lists, rows):
+                    copy_from(outputs[i], row)
+            return output_lists
+        return self._work(handles, finish, "all_gather_coalesced")
+
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Any:
         return self.allgather([list(output.view(self.size(), *input.shape).unbind(0))],
