@@ -26,12 +26,14 @@ keeps its own (``group_name``).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import itertools
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -93,6 +95,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         # Point-to-point goes straight over the group's own communicator (the runtime
         # works on a copy of it), completed by a thread of its own.
         self._p2p = _PointToPoint(comm, seconds)
+        _live_groups.add(self)
 
     # -- identity ------------------------------------------------------------------------
 
@@ -124,10 +127,15 @@ class ProcessGroupIna(dist.ProcessGroup):
         return self._runtime.stats()
 
     def shutdown(self) -> None:
+        self._close(None)
+
+    def _close(self, grace: float | None) -> None:
+        """Stop the group's runtime, waiting for its thread ``grace`` seconds (None: the
+        group's timeout and 5), and free its peers."""
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             self._p2p.close()
-            runtime.shutdown(runtime.settings.timeout + 5)
+            runtime.shutdown(runtime.settings.timeout + 5 if grace is None else grace)
             self._comm.Free()
 
     # -- collectives ------------------------------------------------------------------------
@@ -679,6 +687,22 @@ def stats(group: Any = None) -> dict[str, Any]:
     return pg.stats()
 
 
+# Groups not yet shut down. A script that ends without destroy_process_group (a rank
+# that exits early, a test that skips) otherwise leaves the runtime's and the peers'
+# threads running while the interpreter tears down, and gloo's aborted the process.
+_live_groups: weakref.WeakSet[ProcessGroupIna] = weakref.WeakSet()
+EXIT_GRACE = 5.0  # seconds a group's thread may take to stop at exit (peers may be gone)
+
+
+def _shutdown_at_exit() -> None:
+    for group in list(_live_groups):
+        try:
+            group._close(EXIT_GRACE)
+        except Exception as exc:  # noqa: BLE001 - exiting: say it, go on with the rest
+            log.warning("backend 'ina': a group did not shut down at exit: %s", exc)
+
+
+atexit.register(_shutdown_at_exit)
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 # The array API's stats() and set_quorum() reach the default group through the runtime.
 world.provide_default_group(default_group)
