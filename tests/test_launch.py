@@ -6,6 +6,7 @@ options: hosts on this machine only, the setting options as the ranks' variables
 unsupported ones refused by name, --verbose, and --start-timeout's bounds."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -344,3 +345,39 @@ def test_horovodrun_command_line_runs_two_ranks_here(ina_run):
                      rf"INA_SWITCH={re.escape(address)}", proc.stderr), proc.stderr
     assert re.search(r"ina-run: mpiexec command: \S*mpiexec -disable-auto-cleanup -n 2 ",
                      proc.stderr), proc.stderr
+
+
+SEVERAL_COMMUNICATORS = """
+import json, sys, numpy as np
+from mpi4py import MPI
+import ina_collectives as ina
+from ina_collectives.mpi import Intracomm
+ina.init(switch_min_bytes=0)
+x = np.ones(4096, np.float32)
+out = {"world": float(ina.allreduce(x)[0])}
+comms = {"dup": Intracomm(MPI.COMM_WORLD.Dup(), switch_min_bytes=0),
+         "self": Intracomm(MPI.COMM_SELF, switch_min_bytes=0)}
+for name, comm in comms.items():
+    y = np.empty_like(x)
+    comm.Allreduce(x, y)
+    out[name] = float(y[0])
+engines = {"world": ina.stats()["engines"],
+           **{name: comm.ina_stats()["engines"] for name, comm in comms.items()}}
+with open(f"{sys.argv[1]}/rank{MPI.COMM_WORLD.Get_rank()}.json", "w") as f:
+    json.dump({"sums": out, "engines": engines}, f)
+"""
+
+
+@pytest.mark.mpi
+def test_every_communicator_of_an_installed_job_uses_the_switch(ina_run, tmp_path):
+    """Under ina-run the job is installed for COMM_WORLD's ranks; a Dup of it and
+    COMM_SELF join the switch as jobs of their own instead of falling back to the ring
+    (they used to fail: the installed job's ports were taken, or too many)."""
+    proc = ina_run("-np", "2", "--", sys.executable, "-c", SEVERAL_COMMUNICATORS,
+                   str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for result in results:
+        assert result["sums"] == {"world": 2.0, "dup": 2.0, "self": 1.0}, result
+        assert result["engines"] == {"world": {"ina": 1}, "dup": {"ina": 1},
+                                     "self": {"ina": 1}}, result

@@ -12,6 +12,7 @@ asked for asks again at later call boundaries, backing off alike.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -29,6 +30,11 @@ from .waiting import Deadline, wait
 log = logging.getLogger("ina_collectives")
 REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank
 MAX_AGGREGATORS = 63  # one job's: a bit each in the int64 news of a call's agreement
+
+# The job a controller installed (settings.job: ina-run's) has one entry per rank of the
+# job, so one communicator per process can use it: the first whose size fits. Any other
+# (a Dup, COMM_SELF, a sub-communicator) joins the aggregators as a job of its own.
+_installed_holders: set[int] = set()  # id() of the Aggregators holding it
 
 
 class Aggregators:
@@ -64,6 +70,18 @@ class Aggregators:
             self.unavailable, self._lasting = f"ina: {exc}", True
             log.warning("%s; calls take the ring", self.unavailable)
             return
+        if settings.job:
+            ports = [p for p in settings.worker_ports.split(",") if p.strip()]
+            fits = len(ports) == comm.Get_size() * len(self.addresses)
+            if _installed_holders or not fits:
+                log.info("the installed job %d is %s: this communicator of %d rank(s) "
+                         "joins as a job of its own", settings.job,
+                         "another communicator's" if _installed_holders
+                         else f"for {len(ports)} worker port(s)", comm.Get_size())
+                settings = self.settings = dataclasses.replace(settings, job=0,
+                                                               worker_ports="")
+            else:
+                _installed_holders.add(id(self))
         if not settings.job:  # (an installed job's ports are per address as installed)
             self.addresses = self._with_shards(self.addresses)
         self.links = [None] * len(self.addresses)
@@ -227,6 +245,11 @@ class Aggregators:
         if link is not None:
             link.leave()
             link.close()
+
+    def release(self) -> None:
+        """This communicator is done: another may use the installed job now."""
+        self.close()
+        _installed_holders.discard(id(self))
 
     def close(self) -> None:
         if self._watch is not None:

@@ -81,7 +81,7 @@ class InaEngine:
         self.aggregators.at_call_boundary(seq, answers)
 
     def close(self) -> None:
-        self.aggregators.close()
+        self.aggregators.release()
         if self._threads is not None:
             self._threads.shutdown(wait=True)
             self._threads = None

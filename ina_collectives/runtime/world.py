@@ -17,7 +17,6 @@ registers a source of it (``provide_default_group``), so that the array API's
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import pickle
 import threading
@@ -292,10 +291,9 @@ class World:
             group = self.control.Get_group().Incl(list(ranks))
             comm = self.control.Create_group(group, tag=set_id)
             group.Free()
-            # Its own job at the aggregator: the one a controller installed is the global
-            # set's.
-            runtime = BackgroundRuntime(comm, dataclasses.replace(self.settings, job=0,
-                                                                  worker_ports=""))
+            # (Its own job at the aggregator: the one a controller installed is the
+            # global set's; collectives/aggregators.py decides.)
+            runtime = BackgroundRuntime(comm, self.settings)
         self.sets[set_id] = SetMember(ranks, self.rank, runtime, comm)
         return set_id
 

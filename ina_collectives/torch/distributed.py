@@ -82,10 +82,8 @@ class ProcessGroupIna(dist.ProcessGroup):
             settings, timeout=min(settings.timeout, seconds),
             stall_shutdown_time=min(settings.stall_shutdown_time, seconds),
             stall_warning_time=min(settings.stall_warning_time, seconds / 2))
-        if subgroup:
-            # A subgroup is a job of its own at the aggregator; an installed job (ina-run's
-            # controller) is the whole world's.
-            settings = dataclasses.replace(settings, job=0, worker_ports="")
+        # (A subgroup is a job of its own at the aggregator: an installed job, ina-run's,
+        # is the default group's; collectives/aggregators.py decides.)
         if not settings.switch and rank == 0 and not subgroup:
             log.warning("backend 'ina': INA_SWITCH names no aggregator: every call takes "
                         "the exact path")
