@@ -264,8 +264,10 @@ class Settings:
         if env_name(name) not in environ:
             return f.default
         value = _coerce(f, environ[env_name(name)], env_name(name))
-        if name == "kernels" and value not in KERNELS:
-            raise ValueError(f"{env_name(name)} must be 'fast' or 'numpy', got {value!r}")
+        try:
+            cls(**{name: value})  # the same checks as a whole load (the others: defaults)
+        except ValueError as exc:
+            raise ValueError(f"{env_name(name)}: {exc}") from None
         return value
 
 

@@ -231,6 +231,13 @@ def ddp_p2p(comm: Any, p: dict) -> dict[str, Any]:
                                                        group=short))
     elif r == 1:
         dist.send(torch.ones(4), 0, group=short)
+    out["bad_tag"] = _attempt(lambda: dist.send(torch.ones(1), right, tag=-1))
+    out["bad_peer"] = _attempt(lambda: short.send([torch.ones(1)], n, 0))
+    # The root's rows do not fit the output: the root refuses at once, the others' wait
+    # ends with the short group's bound.
+    rows = [torch.ones(3) for _ in range(n)] if r == 0 else None
+    out["scatter_misfit"] = _attempt(lambda: dist.scatter(torch.empty(2), rows, src=0,
+                                                          group=short))
     dist.barrier()
     dist.destroy_process_group()
     return out

@@ -370,3 +370,16 @@ def test_point_to_point(launcher):
     assert "16 bytes came, the tensor holds 36" in first["too_large"]["message"]
     assert first["never_sent"]["error"] == "DistBackendError"
     assert "recv from rank 1 (tag 99)" in first["never_sent"]["message"]
+    for r, out in enumerate(results):
+        assert out["bad_tag"]["error"] == "ValueError", out["bad_tag"]
+        assert "send: tag -1 must be 0 .. " in out["bad_tag"]["message"]
+        assert out["bad_peer"]["error"] == "ValueError", out["bad_peer"]
+        assert f"rank {n} is not in the group's 0..{n - 1}" in out["bad_peer"]["message"]
+        misfit = out["scatter_misfit"]
+        if r == 0:
+            assert misfit["error"] == "ValueError", misfit
+            assert "tensor 0 is torch.float32 [3], the operation's is torch.float32 [2]" \
+                in misfit["message"], misfit
+        else:
+            assert misfit["error"] == "DistBackendError", misfit
+            assert "rank(s) [0] never submitted it" in misfit["message"], misfit

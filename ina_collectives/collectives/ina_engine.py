@@ -217,7 +217,7 @@ class InaEngine:
             if i in outcome.lost:
                 ranges, repaired = repair_share(
                     self.comm, c0, c1, result.missing if result.ok else
-                    np.zeros(0, np.int64), out, x.size, k, self.settings.timeout)
+                    np.zeros(0, np.int64), out, x.size, k, agg.collective)
                 ring_ranges += ranges
                 self.quorum.repaired += repaired
         self.quorum.after_call(counted_all, counted_any, outcome.mode,

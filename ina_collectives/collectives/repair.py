@@ -3,24 +3,22 @@ its results reached that rank), sent to it by a peer that has them, so that ever
 holds the same bits; what no rank has whole is left to the ring (docs/quorum.md)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 from mpi4py import MPI
 
-from .waiting import Deadline, wait
-
 
 def repair_share(comm: MPI.Intracomm, c0: int, c1: int, missing: np.ndarray,
-                 out: np.ndarray, size: int, k: int, seconds: float
+                 out: np.ndarray, size: int, k: int,
+                 collective: Callable[[MPI.Request, str], None]
                  ) -> tuple[list[tuple[int, int]], int]:
     """Collective, for a share (chunks c0 .. c1) some rank did not finish: the chunks any
     rank lacks (``missing``: this rank's, relative to c0) are sent to every rank by the
     lowest rank that has them all. Returns the element ranges no rank has whole (for the
-    ring) and the number of chunks repaired here. ``seconds`` bounds each wait."""
+    ring) and the number of chunks repaired here. ``collective`` completes a request
+    within a bound, naming what it waited for (``Aggregators.collective``)."""
     rank, n = comm.Get_rank(), comm.Get_size()
-
-    def collective(request: MPI.Request, what: str) -> None:
-        wait(request, Deadline(seconds), lambda: f"all {n} ranks to exchange {what}")
-
     marks = np.zeros(c1 - c0, np.uint8)
     marks[missing] = 1
     union = np.empty_like(marks)

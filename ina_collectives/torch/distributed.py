@@ -180,6 +180,8 @@ class ProcessGroupIna(dist.ProcessGroup):
         _check_count(output_lists, self.size(), "all_gather_coalesced")
         for outputs in output_lists:
             _check_count(outputs, len(input_list), "all_gather_coalesced (per rank)")
+            for out, t in zip(outputs, input_list):
+                _check_like([out], t, "all_gather_coalesced")
         handles = [self._gather(t) for t in input_list]
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
@@ -210,8 +212,9 @@ class ProcessGroupIna(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         mine = self.rank() == root
         if mine:
-            for outputs in output_tensors:
+            for outputs, t in zip(output_tensors, input_tensors):
                 _check_count(outputs, self.size(), "gather")
+                _check_like(outputs, t, "gather")
         handles = [self._gather(t) for t in input_tensors]
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
@@ -233,6 +236,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         for j, out in enumerate(output_tensors):
             if me == root:
                 _check_count(input_tensors[j], n, "scatter")
+                _check_like(input_tensors[j], out, "scatter")
                 stacked = torch.stack([t.detach() for t in input_tensors[j]])
             else:
                 stacked = torch.empty((n,) + tuple(out.shape), dtype=out.dtype)
@@ -329,7 +333,7 @@ class ProcessGroupIna(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> Any:  # noqa: N803
         (tensor,) = tensors
         self._live()
-        _check_peer(dstRank, self.size(), "send")
+        _check_peer(dstRank, tag, self.size(), "send")
         check_tensor(tensor, "send")
         buf = to_numpy(tensor)
         if not isinstance(self._comm, MPI.Comm):
@@ -342,12 +346,13 @@ class ProcessGroupIna(dist.ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any:  # noqa: N803
         (tensor,) = tensors
         self._live()
-        _check_peer(srcRank, self.size(), "recv")
+        _check_peer(srcRank, tag, self.size(), "recv")
         return self._recv(tensor, srcRank, tag, f"recv from rank {srcRank} (tag {tag})")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         (tensor,) = tensors
         self._live()
+        _check_peer(0, tag, self.size(), "recv from any source")
         if not started_by_mpi():
             raise ValueError("recv from any source: backend 'ina' offers it under MPI "
                              "launchers (ina-run, mpiexec), not under torchrun (gloo "
@@ -597,9 +602,21 @@ class _PeerWork(dist._Work):
         return self._transfer.source
 
 
-def _check_peer(peer: int, size: int, what: str) -> None:
+def _check_peer(peer: int, tag: int, size: int, what: str) -> None:
     if not 0 <= peer < size:
         raise ValueError(f"{what}: rank {peer} is not in the group's 0..{size - 1}")
+    if not 0 <= tag <= MPI.COMM_WORLD.Get_attr(MPI.TAG_UB):
+        raise ValueError(f"{what}: tag {tag} must be 0 .. "
+                         f"{MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)}")
+
+
+def _check_like(tensors: Sequence[torch.Tensor], like: torch.Tensor, what: str) -> None:
+    """Each of ``tensors`` has ``like``'s shape and dtype (one rank's row of a gather or
+    a scatter), else ValueError naming the first that does not."""
+    for i, t in enumerate(tensors):
+        if t.shape != like.shape or t.dtype != like.dtype:
+            raise ValueError(f"{what}: tensor {i} is {t.dtype} {list(t.shape)}, the "
+                             f"operation's is {like.dtype} {list(like.shape)}")
 
 
 def _communicator(store: Any, rank: int, size: int, timeout: datetime.timedelta,
