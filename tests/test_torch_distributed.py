@@ -177,9 +177,13 @@ def test_set_quorum_on_the_default_group_leaves_a_straggler_out():
 
 # -- under torchrun: no MPI job at all -------------------------------------------------------
 
-def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.0):
+def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.0,
+             reference=False):
     """Run a case of tests.ddp_cases on n ranks that torchrun starts (through
-    ``ina-run --launcher torchrun``, or torchrun alone); each rank's result by rank."""
+    ``ina-run --launcher torchrun``, or torchrun alone); each rank's result by rank.
+    ``reference``: a run on gloo to compare with, whose exit code is not judged (seen
+    twice here: torch's gloo groups of a DeviceMesh abort the process at exit, after
+    the case has returned and its result is written); its results must all be there."""
     import json
     import pickle
     import socket
@@ -199,7 +203,7 @@ def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.
                     str(n), "--master-addr", "127.0.0.1", "--master-port", str(port), *script]
         proc = subprocess.run(line, cwd=ROOT, env=_child_env(env), capture_output=True,
                               text=True, timeout=timeout)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0 or reference, proc.stdout[-3000:] + proc.stderr[-3000:]
         results = [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(n)]
     for r in results:
         assert not (isinstance(r, dict) and "traceback" in r), r
@@ -326,7 +330,7 @@ def test_fsdp2_and_dtensor_on_a_device_mesh_train_as_gloo_does():
     losses and parameters follow gloo's within the quantization's reach; without a
     switch (torchrun alone, the exact path) they are gloo's."""
     n = 2
-    gloo, _ = torchrun(n, "fsdp2_train", {"backend": "gloo"})
+    gloo, _ = torchrun(n, "fsdp2_train", {"backend": "gloo"}, reference=True)
     exact, _ = torchrun(n, "fsdp2_train", {"backend": "ina"})
     served, _ = torchrun(n, "fsdp2_train", {"backend": "ina"},
                          env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
