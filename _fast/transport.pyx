@@ -188,6 +188,14 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     lazy.have = nb if ready < 0 else min(ready, nb)
     lazy.floor = ref_blockfp.EXPONENT_MIN[x.dtype]
     lazy.nonfinite = False
+    flagged_arr = np.full(max(P.sub_blocks(k, block), 1), P.NONFINITE_MARK, np.int16)
+    cdef int16_t[::1] flagged_view = flagged_arr
+    lazy.flagged = &flagged_view[0]
+    # A result proposing NONFINITE_MARK: some worker met a NaN or an Inf; its slot's next
+    # chunk then goes with the dtype's largest exponent (every worker alike), its values
+    # being discarded anyway.
+    cdef int16_t exponent_ceiling = <int16_t>(2 - lazy.floor)
+    cdef bint nonfinite_seen = False
     if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
         raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
                          f"{local.shape[0]} local and {agreed.shape[0]} agreed")
@@ -408,11 +416,15 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                             requests += 1
                     if status != DONE:
                         break
+                if <int16_t>get16(pkt + HEADER + 2) == NONFINITE_MARK:
+                    nonfinite_seen = True
                 c = chunk + slots
                 if c < nb:  # its exponents: the max proposals the result carries
                     for j in range(get16(pkt + OFF_BLOCKS)):  # (a quorum's: agreed already)
                         if not quorum:
                             agreed[c * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
+                            if agreed[c * g + j] == NONFINITE_MARK:
+                                agreed[c * g + j] = exponent_ceiling
                     s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
                                    versions, overtaken, next_seq, slot_seq,
                                    <const char *>&xin[0], size, kind, c, k, block,
@@ -505,6 +517,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 "stale": stale, "rejected": rejected, "seconds": monotonic() - start,
                 "left_out": left_out, "skipped": skipped, "lost": lost,
                 "nonfinite": int(lazy.nonfinite),
+                "nonfinite_seen": int(nonfinite_seen),
                 "counted_all": counted_all,
                 "counted_any": counted_any, "mode": mode}
     if failure:  # SEND_FAILED
@@ -538,6 +551,7 @@ cdef struct Lazy:  # chunks whose exponents the stream computes as it reaches th
     Py_ssize_t have   # the chunks with exponents in local so far
     int32_t floor     # the dtype's smallest exponent
     bint nonfinite    # a NaN or an Inf was seen among them
+    const int16_t *flagged  # G proposals of NONFINITE_MARK: what a packet proposes once seen
 
 
 cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
@@ -571,6 +585,7 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
                 break
     lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, block, bits, n,
                                        &agreed[c * g] if fits else &local[c * g],
+                                       lazy.flagged if lazy.nonfinite and not quorum else
                                        &local[(c + slots) * g] if c + slots < nb else NULL,
                                        <uint32_t>s, versions[s], job, worker, flags, epoch,
                                        call, quorum)

@@ -107,6 +107,45 @@ def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 
 @case
+def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """A sync call's results reach rank 0, which returns and SIGKILLs the switch; rank 1's
+    never arrive (its socket takes datagrams from a dead address only, from the second
+    call on). Rank 1 must return the bits rank 0 returned, from rank 0's kept window,
+    when rank 0 reaches its next gate: p["then"] "call" (a third allreduce) or
+    "finalize"."""
+    import signal
+    ina.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30)
+    count = p["count"]
+    first = ina.allreduce(np.full(count, 1.0 + comm.rank, np.float32))
+    served_first = ina.stats()["last_call"]["engine"]
+    if comm.rank == 1:  # results from the switch's address no longer reach this socket
+        ina._state.ina.link.sock.connect(("127.0.0.1", _closed_udp_port()))
+    comm.barrier()
+    x = np.arange(count, dtype=np.float32) * (comm.rank + 1)
+    start = time.monotonic()
+    second = ina.allreduce(x)
+    seconds = time.monotonic() - start
+    out: dict[str, Any] = {"first": first, "served_first": served_first, "second": second,
+                           "second_engine": ina.stats()["last_call"]["engine"],
+                           "seconds": seconds}
+    if comm.rank == 0:
+        os.kill(p["switch_pid"], signal.SIGKILL)
+    if p["then"] == "call":
+        out["third"] = ina.allreduce(np.full(count, 2.0, np.float32))
+        out["third_engine"] = ina.stats()["last_call"]["engine"]
+    out["switch"] = ina.stats()["switch"]
+    ina.finalize()
+    return out
+
+
+def _closed_udp_port() -> int:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@case
 def ina_switch_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """Rank 0 SIGKILLs the switch p["kill_after"] s into the second of three calls."""
     import signal

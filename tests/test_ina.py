@@ -302,7 +302,7 @@ def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch, faul
     assert interrupted["error"]["error"] == "KeyboardInterrupt", interrupted
     assert interrupted["after_signal"] < 1.0, interrupted
     assert other["error"]["error"] == "CollectiveTimeout", other
-    assert "to report the outcome" in other["error"]["message"], other
+    assert "to take up the error path" in other["error"]["message"], other
 
 
 @pytest.mark.mpi
@@ -325,10 +325,12 @@ def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job(qu
         err = r["error"]
         assert err["error"] == "CollectiveTimeout", err
         # Where the peer froze decides which wait gives up first (entering the call,
-        # agreeing on exponents, reporting the stream's outcome); each names its wait.
+        # agreeing on exponents, reporting the stream's outcome or, a sync call's, taking
+        # up its error path); each names its wait.
         assert err["message"].startswith("waited 4 s for all "), err
         assert any(w in err["message"] for w in ("to enter allreduce", "to agree on the exponents",
-                                                  "to report the outcome")), err
+                                                  "to report the outcome",
+                                                  "to take up the error path")), err
         assert r["seconds"] < 20
     assert any("sent nothing for 1 s: freed" in line for line in lines), lines
 
@@ -393,6 +395,35 @@ def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
         assert "ina: NaN or Inf in the input (exact path)" in r["stats"]["last_call"]["passed_over"]
         np.testing.assert_array_equal(r["after"], 2.0)
         assert r["after_engine"] == "ina"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("then", ["call", "finalize"])
+def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_bits(then):
+    """All or nothing without a vote (docs/protocol.md): rank 0 holds every result of a
+    sync call, returns and kills the switch; rank 1 lost those results. Rank 1 reaches
+    its error path by the silence bound, rank 0 at its next gate (the next call's
+    agreement, or finalize), and rank 1 completes the call from rank 0's kept window:
+    both return the same bits, the exact sum, and the next call takes an exact engine."""
+    count = 3 * K + 100  # 4 chunks: with S 8, all of them are the last window
+    with embedded_switch() as sw:
+        results = mpirun.run(2, "ina_switch_dies_after_the_last_result",
+                             {"count": count, "then": then, "switch_pid": sw.process.pid},
+                             env={"INA_SWITCH": sw.address_text}, timeout=120)
+    expected = np.arange(count, dtype=np.float32) * 3
+    for r in results:
+        assert r["served_first"] == "ina" and r["second_engine"] == "ina", r
+        np.testing.assert_array_equal(r["second"], expected)
+    assert results[0]["second"].tobytes() == results[1]["second"].tobytes()
+    assert results[0]["switch"]["rescued_calls"] == 0
+    assert results[1]["switch"]["rescued_calls"] == 1
+    assert results[0]["switch"]["vote_free_calls"] == 2   # (rank 1's second was rescued)
+    assert results[1]["seconds"] >= 1.5   # it waited for its silence bound
+    if then == "call":
+        for r in results:
+            assert r["third_engine"] in ("ring", "mpi"), r  # an exact engine
+            np.testing.assert_array_equal(r["third"], 4.0)
+            assert r["switch"]["outages"] == 1
 
 
 @pytest.mark.mpi

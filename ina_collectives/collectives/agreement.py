@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import AgreementError
+from ..errors import AgreementError, CommunicatorBroken
+from .recovery import TROUBLE
 from .waiting import Deadline, wait
 
 
@@ -19,7 +20,8 @@ from .waiting import Deadline, wait
 class CallSignature:
     """What every rank must agree on for one collective call."""
 
-    kind: int          # which API path: 0 = array engines, 1 = handed to MPI, 2 = objects
+    kind: int          # which API path: 0 = array engines, 1 = handed to MPI, 2 = objects,
+    #                    3 = finalize
     count: int         # elements (-1 where not known)
     dtype: int         # ops.dtype_code, or -1
     op: int            # index of the op, or -1
@@ -30,6 +32,7 @@ class CallSignature:
     ARRAYS = 0
     MPI_DIRECT = 1
     OBJECTS = 2
+    FINISH = 3     # the communicator's last gate (Collectives.finish_calls)
 
     def as_array(self, news: int = 0) -> np.ndarray:
         """The compared fields, and ``news`` after them."""
@@ -40,16 +43,26 @@ class CallSignature:
 
 
 def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,
-          news: int = 0) -> int:
+          news: int = 0, on_trouble: Callable[[str], None] | None = None) -> int:
     """Raise AgreementError on every rank unless all ranks passed the same signature.
     ``news``: a value that rides along, not compared (rank 0's tells every rank whether
-    the aggregator answers again); returns rank 0's."""
+    the aggregator answers again); returns rank 0's. This is the chooser's gate
+    (recovery.py): a rank that could not finish its last call posts ``trouble`` instead;
+    every rank then runs ``on_trouble`` (the rescue) and agrees again."""
     mine = call.as_array(news)
     everyone = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
-    request = comm.Iallgather(mine, everyone)
-    wait(request, deadline,
-         lambda: f"all {comm.Get_size()} ranks to enter allreduce #{seq} "
-                 f"(this rank: {call.describe()})")
+    while True:
+        request = comm.Iallgather(mine, everyone)
+        wait(request, deadline,
+             lambda: f"all {comm.Get_size()} ranks to enter allreduce #{seq} "
+                     f"(this rank: {call.describe()})")
+        if not (everyone[:, 0] == TROUBLE).any():
+            break
+        if on_trouble is None:
+            raise CommunicatorBroken(
+                f"rank(s) {np.flatnonzero(everyone[:, 0] == TROUBLE).tolist()} could not "
+                f"finish their last switch call, and this communicator cannot help")
+        on_trouble(f"the switch call before allreduce #{seq}")
     compared = everyone[:, :-1]
     if (compared == compared[0]).all():
         return int(everyone[0, -1])
@@ -60,3 +73,13 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
               if not (everyone[:, i] == everyone[0, i]).all()]
     raise AgreementError(f"ranks disagree on the {', '.join(fields)} of allreduce #{seq}: "
                          f"{calls}")
+
+
+def trouble(comm: MPI.Intracomm, seconds: float, what: str) -> None:
+    """The chooser's gate from a rank that could not finish ``what`` alone: its row says
+    TROUBLE (recovery.py); bounded by ``seconds``."""
+    mine = np.zeros(len(CallSignature(0, 0, 0, 0, "").as_array()), np.int64)
+    mine[0] = TROUBLE
+    everyone = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
+    wait(comm.Iallgather(mine, everyone), Deadline(seconds),
+         lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}")

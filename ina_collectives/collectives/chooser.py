@@ -12,7 +12,7 @@ from mpi4py import MPI
 from .. import protocol as P
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
-from .agreement import CallSignature, agree
+from .agreement import CallSignature, agree, trouble
 from .engine import AllreduceCall, Engine, was_refused
 from .ina_engine import InaEngine
 from .mpi_engine import MpiEngine
@@ -45,6 +45,8 @@ class Collectives:
         if self.ina is not None:
             self.stats.transport = self.ina.totals
             self.stats.switch_state = self.ina.switch_state
+            if settings.check_agreement:  # every call starts with the agreement: a gate
+                self.ina.gate = self._trouble
         self.engines: list[Engine] = ([self.ina] if self.ina else []) + [
             self.fallback, MpiEngine(self.comm)]
         self._seq = 0
@@ -59,6 +61,8 @@ class Collectives:
         return self.comm.Get_rank()
 
     def free(self) -> None:
+        if self._broken is None:
+            self.finish_calls()
         for engine in self.engines:
             engine.close()
         if self.comm != MPI.COMM_NULL:
@@ -193,12 +197,33 @@ class Collectives:
             return None
         try:
             return agree(self.comm, signature, self._seq,
-                         deadline or Deadline(self.settings.timeout), news)
+                         deadline or Deadline(self.settings.timeout), news,
+                         self.ina.help_rescue if self.ina is not None else None)
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable
         except BaseException as exc:
             self._broken = f"the agreement of allreduce #{self._seq} failed: {exc!r}"
             raise
+
+    def _trouble(self, what: str) -> None:
+        """The INA engine's gate here: this rank could not finish ``what`` alone."""
+        trouble(self.comm, self.settings.timeout, what)
+
+    def finish_calls(self) -> None:
+        """Collective, before the communicator goes: a rank that could not finish the
+        last switch call alone may still need this rank's kept window (recovery.py). A
+        gate of its own, bounded by the silence bound (the time a stream takes to give
+        up) plus a margin; no answer only logs."""
+        if self.ina is None or self.ina.kept is None or self.ina.gate is None:
+            return
+        try:
+            agree(self.comm, CallSignature(CallSignature.FINISH, -1, -1, -1, "finalize"),
+                  self._seq + 1, Deadline(self.settings.switch_silence + 5.0), 0,
+                  self.ina.help_rescue)
+        except Exception as exc:  # (the ranks may free at different times: log only)
+            log.warning("at finalize, the ranks did not all confirm the last switch "
+                        "call: %s", exc)
+        self.ina.kept = None
 
     def _check_usable(self) -> None:
         if self._broken is not None:

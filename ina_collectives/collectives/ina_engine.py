@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
-from ..errors import CollectiveTimeout
+from ..errors import CollectiveTimeout, CommunicatorBroken
 from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
 from .aggregators import Aggregators
@@ -27,6 +28,7 @@ from .engine import AllreduceCall, HandOver
 from .ops import FLOAT_DTYPES, Op
 from .outcome import vote
 from .quorum import Quorum
+from .recovery import CLEAN, FAILED, NAN_OR_INF, Kept, rescue
 from .repair import repair_share
 from .striping import Shares
 from .waiting import Deadline, wait
@@ -59,6 +61,12 @@ class InaEngine:
                              settings.quorum_max_skips)
         self.aggregators = Aggregators(comm, settings, kernels)
         self.shares = Shares(len(self.aggregators.addresses))
+        # The owner's gate (see recovery.py): posts this rank's TROUBLE row in the
+        # collective every rank makes next on the communicator, naming the call; None
+        # while the next collective is not a gate (then calls end with a vote).
+        self.gate: Callable[[str], None] | None = None
+        self.kept: Kept | None = None      # the last window of the last vote-free call
+        self.vote_free_calls = self.rescued_calls = 0
 
     # -- the aggregators, as the chooser and stats see them ---------------------------------
 
@@ -120,6 +128,10 @@ class InaEngine:
                         if i in agg.missing_reasons else {})}
                     for i in range(len(agg.addresses))],
                 "striped_calls": self.striped_calls,
+                # sync calls through one aggregator that ended with no vote, and those
+                # of them that a rank finished from a peer's kept window (recovery.py)
+                "vote_free_calls": self.vote_free_calls,
+                "rescued_calls": self.rescued_calls,
                 "partial_handovers": self.partial_handovers,
                 "quorum": self.quorum.report()}
 
@@ -155,6 +167,10 @@ class InaEngine:
         edges = self._shares(chunks)
         parts = [(i, int(edges[j]), int(edges[j + 1])) for j, i in enumerate(serving)
                  if edges[j + 1] > edges[j]]
+        # A sync call through one aggregator needs no vote when the caller's next
+        # collective is a gate (recovery.py): its outcome is in the results.
+        vote_free = self.gate is not None and not quorum and len(parts) == 1
+        self.kept = None
         # The first window of each share (G exponents per chunk) is agreed here; the rest
         # ride on the results. In a quorum call every chunk's are agreed here: a result
         # carries the proposals of the workers it counted only, and the values of one it
@@ -191,6 +207,8 @@ class InaEngine:
         results = self._stream_parts(parts, x, out, local, agreed, g, k,
                                      call.op is Op.AVERAGE, bits, deadline, call_number,
                                      quorum, ready)
+        if vote_free:
+            return self._finish_alone(call, parts[0], results[0], x, out, k)
         # Every rank learns, for each aggregator, whether any rank's share failed, the
         # longest any rank took for it (the throughput estimates: alike on every rank),
         # and the newest mode its results announced (a quorum asked by the control plane);
@@ -309,7 +327,67 @@ class InaEngine:
             self.totals[name] = self.totals.get(name, 0) + value
         self.totals["srtt"], self.totals["rto"] = float(link.rtt[0]), float(link.rtt[2])
 
-    def _account(self, link: WorkerLink, result: StreamResult) -> None:
-        for name, value in result.counters.items():
-            self.totals[name] = self.totals.get(name, 0) + value
-        self.totals["srtt"], self.totals["rto"] = float(link.rtt[0]), float(link.rtt[2])
+    # -- a call without a vote (recovery.py) ------------------------------------------
+
+    def _finish_alone(self, call: AllreduceCall, part: tuple[int, int, int],
+                      result: StreamResult, x: np.ndarray, out: np.ndarray, k: int
+                      ) -> HandOver | None:
+        """End a vote-free call: on this rank's own results when it holds them all and
+        none said NaN or Inf (keeping the last window), else through the rescue."""
+        i, c0, c1 = part
+        agg = self.aggregators
+        nonfinite = bool(result.counters.get("nonfinite_seen", 0))
+        if result.ok and not nonfinite:
+            self.quorum.after_call(result.counted_all, result.counted_any, result.mode,
+                                   0, 0)
+            if c1 - c0 >= 2 and result.counters.get("seconds", 0.0) > 0:
+                # (one share: its estimate is never compared with another's)
+                self.shares.measured(i, min(c1 * k, x.size) - c0 * k,
+                                     result.counters["seconds"])
+            if out is not call.recv:
+                np.copyto(call.recv, out, casting="unsafe")
+            start = max(c0, c1 - agg.links[i].slots) * k
+            self.kept = Kept(self.quorum.calls, i, start, call.recv[start:].copy())
+            self.vote_free_calls += 1
+            return None
+        what = f"switch call #{self.quorum.calls} ({call.nbytes} bytes)"
+        role = FAILED if not result.ok else NAN_OR_INF
+        here = (f"{agg.where(i)}: {result.reason}, {result.missing.size} chunks never "
+                f"completed (first {result.missing[:8].tolist()})" if not result.ok
+                else "a result said an input held a NaN or an Inf")
+        self.gate(f"{what}: {here}")
+        got = rescue(self.comm, role, self.quorum.calls, None, call.recv.dtype,
+                     self.settings.timeout, what)
+        self.quorum.after_call(-1, -1, 0, 0, 0)
+        if got.failed:
+            self.shares.forget(i)
+            agg.lost([i], f"ina: the aggregator failed mid-operation on rank(s) "
+                          f"{got.failed}; here: {here}", agg.seq)
+        if got.to_ring:
+            return HandOver(NONFINITE if nonfinite and not got.failed else
+                            f"ina: aggregator failed mid-operation; here: {here}", x)
+        # Another rank finished the call: every chunk this rank lacks lies in the last
+        # window, which that rank kept (docs/protocol.md).
+        first_missing = int(result.missing[0]) * k if result.missing.size else x.size
+        if first_missing < got.start:
+            raise CommunicatorBroken(
+                f"{what}: this rank lacks element {first_missing} on, rank {got.holder} "
+                f"kept only from {got.start}: the last-window rule does not hold")
+        if out is not call.recv:
+            np.copyto(call.recv, out, casting="unsafe")
+        call.recv[got.start:] = got.values
+        self.rescued_calls += 1
+        return None
+
+    def help_rescue(self, what: str) -> None:
+        """Collective with ranks that could not finish a call (a gate showed TROUBLE):
+        this rank finished it, and sends or stands by with its kept window; then marks
+        the aggregator lost as they do when a stream failed."""
+        kept = self.kept
+        got = rescue(self.comm, CLEAN, -1, kept, None, self.settings.timeout, what)
+        self.kept = None
+        if got.failed and kept is not None and self.aggregators.links[kept.aggregator]:
+            self.shares.forget(kept.aggregator)
+            self.aggregators.lost([kept.aggregator],
+                                  f"ina: the aggregator failed mid-operation on rank(s) "
+                                  f"{got.failed}", self.aggregators.seq)

@@ -30,6 +30,10 @@ FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL", "NACK")  # bit 0, 1, 2, 3
 # Exponent proposals: a worker with nothing more for a slot proposes this, which
 # loses every max; block exponents themselves never go below the dtype's floor.
 PROPOSAL_NONE = -32768
+# A worker whose input holds a NaN or an Inf proposes this from then on, for every
+# sub-block: it wins every max, so each result of such a packet tells every worker (the
+# call then takes the exact path on every rank alike, with no vote; docs/protocol.md).
+NONFINITE_MARK = 32767
 
 # Values: int32 (the default) or int16, a job's choice (settings: switch_value_bits).
 VALUE_BITS = (32, 16)

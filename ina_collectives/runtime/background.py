@@ -28,7 +28,7 @@ from ..collectives.peers import TorchPeers
 from ..collectives.waiting import Deadline, wait
 from ..errors import CollectiveTimeout, InaError, OperationError
 from ..settings import Settings
-from .negotiation import Message, OpRequest, ReadinessTable, Ready, exchange
+from .negotiation import Message, OpRequest, ReadinessTable, Ready, exchange, trouble
 
 log = logging.getLogger("ina_collectives")
 
@@ -228,7 +228,9 @@ class BackgroundRuntime:
             message = Message([h.request for h in new], send_join, self._shutdown,
                               self._stalled)
         deadline = Deadline(self.settings.timeout)
-        messages = exchange(self.comm, message, deadline, self.table.cycle + 1)
+        ina = self.collectives.ina
+        messages = exchange(self.comm, message, deadline, self.table.cycle + 1,
+                            ina.help_rescue if ina is not None else None)
         self.fusion["cycles"] += 1
         outcome = self.table.absorb(messages, time.monotonic())
         for failed in outcome.failed:
@@ -269,8 +271,17 @@ class BackgroundRuntime:
 
     def _execute(self, ready: list[Ready]) -> None:
         reductions = [r for r in ready if r.any_request().kind == "allreduce"]
-        for group in self._fusion_groups(reductions):
+        groups = self._fusion_groups(reductions)
+        ina = self.collectives.ina
+        for j, group in enumerate(groups):
+            # The cycle's last call, with nothing after it, is followed by the next
+            # negotiation, a gate: the switch may serve it without a vote (recovery.py).
+            if ina is not None:
+                ina.gate = (self._trouble if j == len(groups) - 1
+                            and len(reductions) == len(ready) else None)
             self._allreduce_group(group)
+        if ina is not None:
+            ina.gate = None
         for item in ready:
             kind = item.any_request().kind
             if kind == "allreduce":
@@ -284,6 +295,10 @@ class BackgroundRuntime:
                     raise
                 continue
             self._finish(item.name, result)
+
+    def _trouble(self, what: str) -> None:
+        """The INA engine's gate here: this rank could not finish ``what`` alone."""
+        trouble(self.comm, self.settings.timeout, what)
 
     def _fusion_groups(self, reductions: list[Ready]) -> list[list[Ready]]:
         """Consecutive runs of one dtype, op, scale and switch width, each up to the

@@ -18,7 +18,9 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
+from ..collectives.recovery import TROUBLE
 from ..collectives.waiting import Deadline, wait
+from ..errors import CommunicatorBroken
 
 log = logging.getLogger("ina_collectives")
 
@@ -200,17 +202,27 @@ class ReadinessTable:
         return tuple(failing)
 
 
-def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: int
-             ) -> list[Message]:
+def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: int,
+             on_trouble: Callable[[str], None] | None = None) -> list[Message]:
     """Every rank's message of this cycle, in rank order (one or two allgathers).
 
-    An idle cycle costs one allgather of one int64 per rank."""
+    An idle cycle costs one allgather of one int64 per rank. That allgather is the
+    runtime's gate (collectives/recovery.py): a rank that could not finish its last
+    switch call posts ``trouble`` instead; every rank then runs ``on_trouble`` (the
+    rescue) and makes the allgather again."""
     payload = b"" if message == Message() else pickle.dumps(message, protocol=5)
     n = comm.Get_size()
     sizes = np.empty(n, np.int64)
-    wait(comm.Iallgather(np.array([len(payload)], np.int64), sizes), deadline,
-         lambda: f"all {n} ranks to reach negotiation cycle {cycle} of the background thread",
-         background=True)
+    while True:
+        wait(comm.Iallgather(np.array([len(payload)], np.int64), sizes), deadline,
+             lambda: f"all {n} ranks to reach negotiation cycle {cycle} of the background "
+                     f"thread", background=True)
+        if not (sizes == TROUBLE).any():
+            break
+        if on_trouble is None:
+            raise CommunicatorBroken(f"rank(s) {np.flatnonzero(sizes == TROUBLE).tolist()} "
+                                     "could not finish their last switch call")
+        on_trouble(f"the switch call before negotiation cycle {cycle}")
     if not sizes.any():
         return [Message() for _ in range(n)]
     displs = np.zeros(n, np.int64)
@@ -221,3 +233,11 @@ def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: i
          lambda: f"every rank's requests of negotiation cycle {cycle}", background=True)
     return [pickle.loads(gathered[d:d + s].tobytes()) if s else Message()
             for d, s in zip(displs.tolist(), sizes.tolist())]
+
+
+def trouble(comm: MPI.Intracomm, seconds: float, what: str) -> None:
+    """The runtime's gate from a rank that could not finish ``what`` alone (its
+    negotiation row says TROUBLE); bounded by ``seconds``."""
+    sizes = np.empty(comm.Get_size(), np.int64)
+    wait(comm.Iallgather(np.array([TROUBLE], np.int64), sizes), Deadline(seconds),
+         lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}", background=True)

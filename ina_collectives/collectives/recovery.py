@@ -1,0 +1,103 @@
+"""The error path of a call the switch served without a vote (docs/protocol.md, "A call
+without host collectives: all or nothing").
+
+A call streamed through one aggregator in sync mode returns as soon as this rank holds
+every result: no rank can hold them all unless every other rank holds all but the last
+chunk of each slot (the last window). So each rank keeps a copy of its last window's
+final values (``Kept``) until its next call. A rank that cannot finish a call alone (its
+stream failed, or a result said some input held a NaN or an Inf) tells the others
+through its owner's *gate*, the collective every rank makes before anything else on the
+communicator (the chooser's agreement, the runtime's negotiation), with ``TROUBLE`` in
+the first column of its row. Every rank then runs ``rescue`` together:
+
+- if some rank finished the call cleanly, the lowest such rank broadcasts its kept
+  window and the ranks that lost part of it complete the call from that: every rank
+  returns the same bits;
+- if none did (every rank is still in the call), every rank hands the whole call over
+  to the ring, from its untouched input.
+
+Both steps are bounded and say what they wait for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import CommunicatorBroken
+from .waiting import Deadline, wait
+
+# The first column of a gate row from a rank that cannot finish its call alone (the
+# gates' own first columns are never negative: a kind of call, a byte count).
+TROUBLE = -2
+
+# What a rank is to the rescue.
+CLEAN = 0       # it finished its last call (and keeps its last window, if it was one)
+FAILED = 1      # its stream failed: it lacks results of the call
+NAN_OR_INF = 2   # it holds every result, one of which said an input held a NaN or an Inf
+
+
+@dataclass
+class Kept:
+    """A rank's last window of the call it finished last without a vote: the final values
+    (the output's dtype) of the elements from ``start`` on."""
+
+    call: int            # the engine's number of the call
+    aggregator: int      # which aggregator served it (its index in INA_SWITCH)
+    start: int
+    values: np.ndarray
+
+
+@dataclass
+class Rescue:
+    """What every rank learned: ``values`` (a rank that lacked results: the kept window,
+    from element ``start``; else None), whether no rank finished the call (then every rank
+    hands it to the ring), the ranks whose streams failed, and who sent the window."""
+
+    values: np.ndarray | None
+    start: int
+    to_ring: bool
+    failed: list[int]
+    holder: int | None
+
+
+def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
+           dtype: np.dtype | None, seconds: float, what: str) -> Rescue:
+    """Collective, once a gate showed TROUBLE: this rank's ``role`` in ``call`` (a CLEAN
+    rank passes its ``kept`` window, if any; a FAILED one the ``dtype`` of its output).
+    ``seconds`` bounds each wait; ``what`` names the call in a timeout's message."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    have = kept if role == CLEAN else None
+    mine = np.array([role, call if role != CLEAN else (have.call if have else -1),
+                     have.start if have else -1, have.values.size if have else 0], np.int64)
+    rows = np.empty((n, 4), np.int64)
+    wait(comm.Iallgather(mine, rows), Deadline(seconds),
+         lambda: f"every rank to say what it holds of {what}, which a rank could not "
+                 f"finish alone (this rank: {_ROLES[role]})")
+    failed = [r for r in range(n) if rows[r, 0] == FAILED]
+    troubled = [r for r in range(n) if rows[r, 0] != CLEAN]
+    if len(troubled) == n:  # every rank is still in the call: none returned
+        return Rescue(None, 0, True, failed, None)
+    target = int(rows[troubled[0], 1])
+    holders = [r for r in range(n) if rows[r, 0] == CLEAN and rows[r, 1] == target]
+    if any(rows[r, 0] == NAN_OR_INF for r in troubled) or not holders:
+        # (Impossible by the protocol: a rank that finished the call saw every result.)
+        raise CommunicatorBroken(
+            f"ranks {troubled} could not finish {what} and no rank keeps its last window "
+            f"(roles {rows[:, 0].tolist()}, calls {rows[:, 1].tolist()})")
+    root = holders[0]
+    start, length = int(rows[root, 2]), int(rows[root, 3])
+    if me == root:
+        buf = have.values
+    elif have is not None and have.call == target:
+        buf = np.empty_like(have.values)
+    else:
+        buf = np.empty(length, dtype if dtype is not None else np.float64)
+    wait(comm.Ibcast(buf, root=root), Deadline(seconds),
+         lambda: f"rank {root}'s last window of {what} ({length} values)")
+    return Rescue(buf if role == FAILED else None, start, False, failed, root)
+
+
+_ROLES = {CLEAN: "finished it", FAILED: "its stream failed",
+          NAN_OR_INF: "a result said an input held a NaN or an Inf"}
