@@ -6,16 +6,20 @@
 Rows (microseconds per call, the median of fixed rounds; bench.mpi starts the switch):
 
 * ``ina``: the array API's allreduce through the switch (switch_min_bytes 0), everything
-  a call does today: the agreement, the first window's exponent round, the stream, the
-  outcome vote, and the Python around them;
-* ``ina-unchecked``: the same without the agreement (check_agreement off);
-* ``agreement``, ``exponent-round``, ``outcome-vote``: each of the three blocking host
-  collectives alone, as the engine makes them (same sizes, same bounded wait);
+  a call does: one gate (the agreement, which also agrees on the first window's
+  exponents), the stream, no vote (its outcome is in the results), and the Python
+  around them;
+* ``ina-unchecked``: the same without the agreement (check_agreement off): with no gate
+  after it, the call makes its own exponent round and ends with the outcome vote;
+* ``gate``: the agreement alone, with the first window's exponents as the engine passes
+  them; ``agreement``: the same without them;
+* ``exponent-round``, ``outcome-vote``: the two collectives an ungated call makes, alone;
 * ``mpi``: MPI's own Allreduce of the same array; ``gloo``: torch.distributed's gloo
   all_reduce of the same tensor (skipped, saying why, without torch).
 
-What the in-band call issue removes is the sum of the three collectives; the rest of
-``ina`` is the stream's round trip through the switch and the host's per-call work.
+Before issue 30 a checked call made three blocking collectives (agreement, exponent
+round, vote); now it makes one, the gate. The rest of ``ina`` is the stream's round trip
+through the switch and the host's per-call work.
 """
 from __future__ import annotations
 
@@ -72,8 +76,8 @@ def _gloo():
     return lambda: dist.all_reduce(tensor)
 
 
-@pytest.mark.parametrize("system", ["ina", "ina-unchecked", "agreement", "exponent-round",
-                                    "outcome-vote", "mpi", "gloo"])
+@pytest.mark.parametrize("system", ["ina", "ina-unchecked", "gate", "agreement",
+                                    "exponent-round", "outcome-vote", "mpi", "gloo"])
 def test_call_cost(benchmark, system):
     n = COMM.Get_size()
     send = np.ones(NBYTES // 4, np.float32)
@@ -84,6 +88,8 @@ def test_call_cost(benchmark, system):
     signature = CallSignature(CallSignature.ARRAYS, send.size, dtype_code(send.dtype), 0,
                               "bench")
     seq = iter(range(1, 1 << 30))
+    window = np.full(_ina.ina.window_size(), np.iinfo(np.int16).min, np.int16)
+    window[:exponents] = 0
 
     def collective(request_of):
         return lambda: wait(request_of(), Deadline(60), lambda: system)
@@ -91,6 +97,7 @@ def test_call_cost(benchmark, system):
     run = {
         "ina": lambda: _ina.allreduce(send, out=recv),
         "ina-unchecked": lambda: _unchecked.allreduce(send, out=recv),
+        "gate": lambda: agree(_peers, signature, next(seq), Deadline(60), 0, window),
         "agreement": lambda: agree(_peers, signature, next(seq), Deadline(60)),
         "exponent-round": collective(lambda: _peers.Iallreduce(proposal, agreed, MPI.MAX)),
         "outcome-vote": collective(lambda: _peers.Iallreduce(mine, voted, MPI.MAX)),
@@ -104,5 +111,7 @@ def test_call_cost(benchmark, system):
     if system.startswith("ina"):
         done = (_ina if system == "ina" else _unchecked).stats.last
         assert done["engine"] == "ina", done
+    if system == "ina":  # every call ended without a vote
+        assert _ina.ina.vote_free_calls >= ROUNDS, _ina.ina.switch_state()
     benchmark.extra_info.update(ranks=n, bytes=NBYTES, exponent_values=exponents,
                                 vote_values=votes, protocol=P.PROTOCOL_VERSION)

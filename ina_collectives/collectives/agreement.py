@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import AgreementError, CommunicatorBroken
+from ..errors import AgreementError
 from .recovery import TROUBLE
 from .waiting import Deadline, wait
 
@@ -42,30 +42,39 @@ class CallSignature:
         return self.description if isinstance(self.description, str) else self.description()
 
 
+@dataclass
+class Agreed:
+    """What the agreement gave every rank: rank 0's ``news``, and the element-wise max of
+    the ranks' ``window``s (int16; None if the call passed none). ``trouble``: a rank
+    could not finish its last switch call: nothing was agreed, the caller runs the
+    rescue (recovery.py) and starts the call again."""
+
+    news: int = 0
+    window: np.ndarray | None = None
+    trouble: bool = False
+
+
 def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,
-          news: int = 0, on_trouble: Callable[[str], None] | None = None) -> int:
+          news: int = 0, window: np.ndarray | None = None) -> Agreed:
     """Raise AgreementError on every rank unless all ranks passed the same signature.
     ``news``: a value that rides along, not compared (rank 0's tells every rank whether
-    the aggregator answers again); returns rank 0's. This is the chooser's gate
-    (recovery.py): a rank that could not finish its last call posts ``trouble`` instead;
-    every rank then runs ``on_trouble`` (the rescue) and agrees again."""
-    mine = call.as_array(news)
-    everyone = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
-    while True:
-        request = comm.Iallgather(mine, everyone)
-        wait(request, deadline,
-             lambda: f"all {comm.Get_size()} ranks to enter allreduce #{seq} "
-                     f"(this rank: {call.describe()})")
-        if not (everyone[:, 0] == TROUBLE).any():
-            break
-        if on_trouble is None:
-            raise CommunicatorBroken(
-                f"rank(s) {np.flatnonzero(everyone[:, 0] == TROUBLE).tolist()} could not "
-                f"finish their last switch call, and this communicator cannot help")
-        on_trouble(f"the switch call before allreduce #{seq}")
-    compared = everyone[:, :-1]
+    the aggregator answers again). ``window``: int16 values to take the max of over the
+    ranks (the first window's exponent proposals of a switch call), the same length on
+    every rank. One allgather: this is the chooser's gate (recovery.py), where a rank
+    that could not finish its last call posts ``trouble`` instead."""
+    row = _row(call.as_array(news), window)
+    everyone = np.empty((comm.Get_size(), row.size), dtype=np.int64)
+    wait(comm.Iallgather(row, everyone), deadline,
+         lambda: f"all {comm.Get_size()} ranks to enter allreduce #{seq} "
+                 f"(this rank: {call.describe()})")
+    if (everyone[:, 0] == TROUBLE).any():
+        return Agreed(trouble=True)
+    compared = everyone[:, :SIGNATURE - 1]
     if (compared == compared[0]).all():
-        return int(everyone[0, -1])
+        agreed = None
+        if window is not None:
+            agreed = everyone[:, SIGNATURE:].copy().view(np.int16).max(axis=0)[:window.size]
+        return Agreed(int(everyone[0, SIGNATURE - 1]), agreed)
     # Every rank saw the same table, so every rank takes this branch together.
     descriptions = comm.allgather(call.describe())
     calls = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
@@ -75,11 +84,25 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
                          f"{calls}")
 
 
-def trouble(comm: MPI.Intracomm, seconds: float, what: str) -> None:
+SIGNATURE = 5  # the int64 columns of a row before the window: 4 compared, then news
+
+
+def _row(signature: np.ndarray, window: np.ndarray | None) -> np.ndarray:
+    """One rank's row: the signature's columns, then the window's int16 values four to
+    an int64 column (padded with the smallest int16, which loses every max)."""
+    if window is None or window.size == 0:
+        return signature
+    packed = np.full(-(-window.size // 4) * 4, np.iinfo(np.int16).min, np.int16)
+    packed[:window.size] = window
+    return np.concatenate([signature, packed.view(np.int64)])
+
+
+def trouble(comm: MPI.Intracomm, seconds: float, what: str, window: int) -> None:
     """The chooser's gate from a rank that could not finish ``what`` alone: its row says
-    TROUBLE (recovery.py); bounded by ``seconds``."""
-    mine = np.zeros(len(CallSignature(0, 0, 0, 0, "").as_array()), np.int64)
-    mine[0] = TROUBLE
-    everyone = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
-    wait(comm.Iallgather(mine, everyone), Deadline(seconds),
+    TROUBLE (recovery.py), as long as the others' (``window``: the int16 values they
+    pass); bounded by ``seconds``."""
+    row = _row(np.zeros(SIGNATURE, np.int64), np.zeros(window, np.int16) if window else None)
+    row[0] = TROUBLE
+    everyone = np.empty((comm.Get_size(), row.size), dtype=np.int64)
+    wait(comm.Iallgather(row, everyone), Deadline(seconds),
          lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}")

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from .. import protocol as P
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
-from .agreement import CallSignature, agree, trouble
+from .agreement import Agreed, CallSignature, agree, trouble
 from .engine import AllreduceCall, Engine, was_refused
 from .ina_engine import InaEngine
 from .mpi_engine import MpiEngine
@@ -126,24 +126,44 @@ class Collectives:
             raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
         call = AllreduceCall(send, recv, op, value_bits)
         deadline = Deadline(self.settings.timeout)
-        answers = self.check_agreement(CallSignature(
+        signature = CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
-            lambda: f"{recv.size} x {recv.dtype} {op.name}"), deadline,
-            self.ina.answers_again()
-            if self.ina is not None and self.settings.check_agreement else 0)
-        if self.ina is not None:  # a call boundary, the same on every rank
-            self.ina.at_call_boundary(self._seq, answers)
-        passed_over = []
-        for engine in self.engines:
-            reason = engine.declines(call)
-            if reason is None:
+            lambda: f"{recv.size} x {recv.dtype} {op.name}")
+        self._seq += 1
+        ina = self.ina
+        while True:
+            if not self.settings.check_agreement:
+                prepared = agreed = None
+                if ina is not None:
+                    ina.at_call_boundary(self._seq, None)
+                engine, passed_over = self._choose(call)
                 break
-            passed_over.append(reason)
-        else:
-            raise TypeError(f"no engine can reduce dtype {recv.dtype} with op {op.name}: "
-                            f"{'; '.join(passed_over)}")
+            engine, passed_over = self._choose(call)
+            # One gate per call: the agreement also agrees on a switch call's first
+            # window of exponents, as long as every rank's window (window_size).
+            width = ina.window_size() if ina is not None else 0
+            prepared = ina.prepare(call) if engine is ina else None
+            if prepared is not None and (prepared.quorum or prepared.proposal.size > width):
+                prepared = None  # (a quorum call agrees on all its chunks' own)
+            proposal = np.full(width, np.iinfo(np.int16).min, np.int16)
+            if prepared is not None:
+                proposal[:prepared.proposal.size] = prepared.proposal
+            agreed = self._agree(signature, deadline,
+                                 ina.answers_again() if ina is not None else 0, proposal)
+            if agreed is None:
+                continue  # a rescue ran (the aggregator may be gone): choose again
+            if ina is not None:  # a call boundary, the same on every rank
+                layout = ina.layout()
+                ina.at_call_boundary(self._seq, agreed.news)
+                if ina.layout() != layout:  # joined again, or grown: choose again
+                    engine, passed_over = self._choose(call)
+                    prepared = None
+            break
+        first = (agreed.window[:prepared.proposal.size]
+                 if prepared is not None and agreed is not None else None)
         try:
-            handover = engine.run(call, deadline)
+            handover = (engine.run(call, deadline, prepared, first) if engine is ina
+                        else engine.run(call, deadline))
             if handover is not None:  # given up midway, alike on every rank: start again
                 engine = self.fallback
                 passed_over.append(handover.reason)
@@ -162,6 +182,36 @@ class Collectives:
                                 f"{exc!r}")
             raise
         self.stats.record(engine.name, recv.nbytes, passed_over)
+
+    def _choose(self, call: AllreduceCall) -> tuple[Engine, list[str]]:
+        """The first engine that takes ``call``, and why the ones before it did not."""
+        passed_over = []
+        for engine in self.engines:
+            reason = engine.declines(call)
+            if reason is None:
+                return engine, passed_over
+            passed_over.append(reason)
+        raise TypeError(f"no engine can reduce dtype {call.dtype} with op {call.op.name}: "
+                        f"{'; '.join(passed_over)}")
+
+    def _agree(self, signature: CallSignature, deadline: Deadline, news: int = 0,
+               window: np.ndarray | None = None) -> Agreed | None:
+        """The gate: agree, or (a rank could not finish its last switch call) run the
+        rescue and return None."""
+        try:
+            agreed = agree(self.comm, signature, self._seq, deadline, news, window)
+            if agreed.trouble:
+                if self.ina is None:
+                    raise CommunicatorBroken("a rank could not finish a switch call, and "
+                                             "this communicator has no switch engine")
+                self.ina.help_rescue(f"the switch call before allreduce #{self._seq}")
+                return None
+            return agreed
+        except AgreementError:
+            raise  # every rank raised together: the communicator stays usable
+        except BaseException as exc:
+            self._broken = f"the agreement of allreduce #{self._seq} failed: {exc!r}"
+            raise
 
     def set_quorum(self, k: int, checked: bool = False) -> None:
         """Collective: the switch-served calls from the next one on complete each chunk
@@ -195,19 +245,17 @@ class Collectives:
         self._seq += 1
         if not self.settings.check_agreement:
             return None
-        try:
-            return agree(self.comm, signature, self._seq,
-                         deadline or Deadline(self.settings.timeout), news,
-                         self.ina.help_rescue if self.ina is not None else None)
-        except AgreementError:
-            raise  # every rank raised together: the communicator stays usable
-        except BaseException as exc:
-            self._broken = f"the agreement of allreduce #{self._seq} failed: {exc!r}"
-            raise
+        while True:
+            width = self.ina.window_size() if self.ina is not None else 0
+            agreed = self._agree(signature, deadline or Deadline(self.settings.timeout),
+                                 news, np.full(width, np.iinfo(np.int16).min, np.int16))
+            if agreed is not None:
+                return agreed.news
 
     def _trouble(self, what: str) -> None:
         """The INA engine's gate here: this rank could not finish ``what`` alone."""
-        trouble(self.comm, self.settings.timeout, what)
+        trouble(self.comm, self.settings.timeout, what,
+                self.ina.window_size() if self.ina is not None else 0)
 
     def finish_calls(self) -> None:
         """Collective, before the communicator goes: a rank that could not finish the
@@ -216,10 +264,16 @@ class Collectives:
         up) plus a margin; no answer only logs."""
         if self.ina is None or self.ina.kept is None or self.ina.gate is None:
             return
+        signature = CallSignature(CallSignature.FINISH, -1, -1, -1, "finalize")
+        bound = Deadline(self.settings.switch_silence + 5.0)
         try:
-            agree(self.comm, CallSignature(CallSignature.FINISH, -1, -1, -1, "finalize"),
-                  self._seq + 1, Deadline(self.settings.switch_silence + 5.0), 0,
-                  self.ina.help_rescue)
+            while True:
+                width = self.ina.window_size()
+                agreed = agree(self.comm, signature, self._seq + 1, bound, 0,
+                               np.full(width, np.iinfo(np.int16).min, np.int16))
+                if not agreed.trouble:
+                    break
+                self.ina.help_rescue("the last switch call")
         except Exception as exc:  # (the ranks may free at different times: log only)
             log.warning("at finalize, the ranks did not all confirm the last switch "
                         "call: %s", exc)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
@@ -35,6 +36,22 @@ from .waiting import Deadline, wait
 
 log = logging.getLogger("ina_collectives")
 NONFINITE = "ina: NaN or Inf in the input (exact path)"
+
+
+@dataclass
+class Prepared:
+    """A switch call made ready for its exponent round (InaEngine.prepare)."""
+
+    x: np.ndarray                       # the input, in the dtype reduced in
+    wide: type                          # that dtype
+    k: int                              # values per chunk
+    g: int                              # sub-blocks per chunk
+    parts: list[tuple[int, int, int]]   # (aggregator, first chunk, end chunk) per share
+    ready: list[int]                    # per share, the chunks whose exponents are agreed
+    windows: list[tuple[int, int]]      # their places in ``local``
+    local: np.ndarray                   # this rank's exponents (filled in as streamed)
+    proposal: np.ndarray                # [NaN or Inf seen, the windows' exponents], int16
+    quorum: bool                        # made for a quorum call (every chunk's window)
 
 
 class InaEngine:
@@ -152,7 +169,35 @@ class InaEngine:
     def _shares(self, chunks: int) -> np.ndarray:
         return self.shares.split(self.serving(), chunks)
 
-    def run(self, call: AllreduceCall, deadline: Deadline) -> HandOver | None:
+    def layout(self) -> tuple:
+        """What a prepared call depends on: the serving aggregators and their formats."""
+        links = self.aggregators.links
+        return (self.unavailable, tuple((i, links[i].slots, links[i].k, links[i].block)
+                                        for i in self.serving()))
+
+    # The most int16 values a gate carries for a call's first window: 256 bytes a rank,
+    # the first windows of every call of up to 127 sub-blocks (netsim's: S 8 x 11 at
+    # MTU 1500); a call with more makes its own exponent round.
+    GATE_WINDOW = 128
+
+    def window_size(self) -> int:
+        """The int16 values every rank passes in the gate for a call's first window (the
+        same on every rank between call boundaries, whatever each one's call): the most
+        a ``Prepared.proposal`` may hold (one, then G exponents per slot of each serving
+        aggregator), at most GATE_WINDOW; 0 while no aggregator serves."""
+        if self.unavailable:
+            return 0
+        links = self.aggregators.links
+        serving = self.serving()
+        g = -(-links[serving[0]].k // links[serving[0]].block)
+        return min(1 + g * sum(links[i].slots for i in serving), self.GATE_WINDOW)
+
+    def prepare(self, call: AllreduceCall) -> Prepared:
+        """What a call needs before its exponents are agreed: the input (widened), the
+        shares, and this rank's proposal: [NaN or Inf seen in the first window, the
+        first window's exponents of each share]. In a quorum call the window is every
+        chunk: a result carries the proposals of the workers it counted only, and the
+        values of one it left out would not fit them (docs/quorum.md)."""
         serving = self.serving()
         links = self.aggregators.links
         first_link = links[serving[0]]
@@ -163,21 +208,17 @@ class InaEngine:
         x = source.astype(wide) if (call.send is None or wide != call.dtype) else source
         g = -(-k // block)
         chunks = -(-x.size // k)
-        call_number, quorum = self.quorum.next_call()
+        quorum = 0 < self.quorum.k < self.quorum.n
         edges = self._shares(chunks)
         parts = [(i, int(edges[j]), int(edges[j + 1])) for j, i in enumerate(serving)
                  if edges[j + 1] > edges[j]]
-        # A sync call through one aggregator needs no vote when the caller's next
-        # collective is a gate (recovery.py): its outcome is in the results.
-        vote_free = self.gate is not None and not quorum and len(parts) == 1
-        self.kept = None
-        # The first window of each share (G exponents per chunk) is agreed here; the rest
-        # ride on the results. In a quorum call every chunk's are agreed here: a result
-        # carries the proposals of the workers it counted only, and the values of one it
-        # left out would not fit them (docs/quorum.md).
         ready = [c1 - c0 if quorum else min(links[i].slots, c1 - c0)
                  for i, c0, c1 in parts]
-        windows = [(c0 * g, (c0 + r) * g) for (_, c0, _), r in zip(parts, ready)]
+        # Each window's exponents in ``local``: G per chunk, but only as many of its last
+        # chunk's as that chunk has sub-blocks (a small call proposes a few, not G).
+        windows = [(c0 * g, c0 * g + (r - 1) * g
+                    + -(-(min((c0 + r) * k, x.size) - (c0 + r - 1) * k) // block))
+                   for (_, c0, _), r in zip(parts, ready)]
         # Only those chunks' own exponents are computed before the stream: the streams
         # compute the rest as they go, while they wait on the network (a pass over the
         # whole tensor here was the largest cost of a call outside its stream).
@@ -189,9 +230,28 @@ class InaEngine:
             nonfinite |= bad
         proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in windows)]
                                   ).astype(np.int16)
-        agreed_first = np.empty_like(proposal)
-        wait(self.comm.Iallreduce(proposal, agreed_first, MPI.MAX), deadline,
-             lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte allreduce")
+        return Prepared(x, wide, k, g, parts, ready, windows, local, proposal, quorum)
+
+    def run(self, call: AllreduceCall, deadline: Deadline, prepared: Prepared | None = None,
+            agreed_first: np.ndarray | None = None) -> HandOver | None:
+        """``prepared`` and ``agreed_first`` (the max of every rank's proposal): the
+        caller agreed on the first window's exponents already (the chooser's gate);
+        else this makes the exponent round itself."""
+        if prepared is None or agreed_first is None:
+            prepared = self.prepare(call)
+            agreed_first = np.empty_like(prepared.proposal)
+            wait(self.comm.Iallreduce(prepared.proposal, agreed_first, MPI.MAX), deadline,
+                 lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte "
+                         f"allreduce")
+        links = self.aggregators.links
+        x, wide, k, g = prepared.x, prepared.wide, prepared.k, prepared.g
+        parts, ready, windows, local = (prepared.parts, prepared.ready, prepared.windows,
+                                        prepared.local)
+        call_number, quorum = self.quorum.next_call()
+        # A sync call through one aggregator needs no vote when the caller's next
+        # collective is a gate (recovery.py): its outcome is in the results.
+        vote_free = self.gate is not None and not quorum and len(parts) == 1
+        self.kept = None
         if agreed_first[0]:
             return HandOver(NONFINITE, x)
         agreed = np.empty_like(local)
@@ -340,10 +400,8 @@ class InaEngine:
         if result.ok and not nonfinite:
             self.quorum.after_call(result.counted_all, result.counted_any, result.mode,
                                    0, 0)
-            if c1 - c0 >= 2 and result.counters.get("seconds", 0.0) > 0:
-                # (one share: its estimate is never compared with another's)
-                self.shares.measured(i, min(c1 * k, x.size) - c0 * k,
-                                     result.counters["seconds"])
+            # (No throughput estimate from this rank's own timing: the shares must be
+            # alike on every rank, and only a vote makes them so.)
             if out is not call.recv:
                 np.copyto(call.recv, out, casting="unsafe")
             start = max(c0, c1 - agg.links[i].slots) * k

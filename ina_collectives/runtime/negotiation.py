@@ -240,4 +240,5 @@ def trouble(comm: MPI.Intracomm, seconds: float, what: str) -> None:
     negotiation row says TROUBLE); bounded by ``seconds``."""
     sizes = np.empty(comm.Get_size(), np.int64)
     wait(comm.Iallgather(np.array([TROUBLE], np.int64), sizes), Deadline(seconds),
-         lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}", background=True)
+         lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}",
+         background=True)
