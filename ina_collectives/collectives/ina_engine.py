@@ -175,10 +175,10 @@ class InaEngine:
         return (self.unavailable, tuple((i, links[i].slots, links[i].k, links[i].block)
                                         for i in self.serving()))
 
-    # The most int16 values a gate carries for a call's first window: 256 bytes a rank,
-    # the first windows of every call of up to 127 sub-blocks (netsim's: S 8 x 11 at
-    # MTU 1500); a call with more makes its own exponent round.
-    GATE_WINDOW = 128
+    # The most int16 values a gate carries for a call's first window: 1,152 bytes a rank,
+    # every first window of up to 575 sub-blocks (netsim's at MTU 9000: S 8 x G 70, at
+    # MTU 1500 S 8 x G 11); a call with more makes its own exponent round.
+    GATE_WINDOW = 576
 
     def window_size(self) -> int:
         """The int16 values every rank passes in the gate for a call's first window (the

@@ -253,7 +253,7 @@ def markdown_table() -> str:
     rows.append(f"| {HEADER_BYTES} | {PAIR_BYTES} x sub-blocks | exponents | per sub-block: "
                 "int16 exponent e of its values (docs/quantization.md), int16 proposal for "
                 f"the slot's next chunk (the switch keeps the max; `{PROPOSAL_NONE}` = "
-                "none) |")
+                f"none, `{NONFINITE_MARK}` = the sender met a NaN or an Inf) |")
     rows.append(f"| {HEADER_BYTES} + {PAIR_BYTES} x sub-blocks | value bits / 8 x count | "
                 "values | int32 or int16, two's complement |")
     return "\n".join(rows)
