@@ -132,6 +132,12 @@ cdef enum:
 CALLS = ("send", "recvmmsg", "poll")
 
 
+def stream_scratch(Py_ssize_t slots, Py_ssize_t width):
+    """Buffers a stream of up to ``slots`` slots and ``width``-byte packets may reuse
+    (``stream``'s ``scratch``): the packets in flight, and the receive buffers."""
+    return np.empty((slots, width), np.uint8), np.empty((BATCH, 65536), np.uint8)
+
+
 def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
            int n, Py_ssize_t k, int job, int worker, bint average,
@@ -139,7 +145,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
            double[::1] rtt, int epoch=0, uint8_t[::1] seq=None,
            Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32,
            uint8_t[::1] send_state=None, const uint8_t[::1] cancel=None, int call=0,
-           int quorum=0, Py_ssize_t ready=-1):
+           int quorum=0, Py_ssize_t ready=-1, scratch=None):
     """Allreduce x (1-D float32/float64) into out through the aggregator.
 
     local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed: the
@@ -154,6 +160,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     batch of results frees, in one system call per run of equal-sized packets.
     cancel: [0], set to 1 by another thread to end the stream (CANCELLED) within 20 ms
     (a call striped over several aggregators streams each part in a thread of its own).
+    scratch: buffers from ``stream_scratch``, reused (None: new ones).
     call: the call's number (mod 65536), in every packet; quorum: the k its chunks
     complete at (0: all n). ready: the chunks whose exponents ``local`` holds already
     (-1: all); the stream fills in the others' as it reaches them (a chunk's are needed
@@ -200,8 +207,13 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
         raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
                          f"{local.shape[0]} local and {agreed.shape[0]} agreed")
     cdef Py_ssize_t width = P.packet_bytes(k, block, value_bits), i, c, s, got, j
-    ring = np.zeros((slots, width), np.uint8)           # the packet in flight per slot
-    inbox = np.zeros((BATCH, 65536), np.uint8)
+    # The packet in flight per slot, and the receive buffers: the caller's (``scratch``,
+    # kept from call to call: allocating 2 MiB for each call cost more than a small
+    # call's stream), else new ones.
+    if (scratch is None or scratch[0].shape[0] < slots or scratch[0].shape[1] < width
+            or scratch[1].shape[0] < BATCH or scratch[1].shape[1] != 65536):
+        scratch = stream_scratch(slots, width)
+    ring, inbox = scratch
     cdef uint8_t[:, ::1] rows = ring
     cdef uint8_t[:, ::1] rx = inbox
     inflight_arr = np.full(slots, -1, np.int64)

@@ -43,6 +43,7 @@ class WorkerLink:
         self.reply_slots = -1  # the last control reply's slots value (control_request)
         self.block, self.value_bits = block, value_bits
         self.narrow = False  # set by the join or probe reply
+        self._scratch: tuple | None = None  # the stream's buffers, kept (stream_scratch)
         # [1 while new packets may leave with UDP_SEGMENT]: cleared for good by the stream
         # if the kernel refuses the offload (then sendmmsg)
         self.send_state = np.array([1 if gso else 0], np.uint8)
@@ -135,12 +136,15 @@ class WorkerLink:
         it met a NaN or an Inf there (then the result is not the sum)."""
         from .._fast import transport
 
+        if self._scratch is None:
+            self._scratch = transport.stream_scratch(
+                self.slots, P.packet_bytes(self.k, self.block, max(P.VALUE_BITS)))
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
             self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
             value_bits or self.value_bits, self.send_state, cancel, call & 0xFFFF, quorum,
-            ready)
+            ready, self._scratch)
         counted_all, mode = counters.pop("counted_all"), counters.pop("mode")
         counted_any = counters.pop("counted_any")
         failure = counters.pop("errno", 0)
