@@ -32,7 +32,8 @@ from mpi4py import MPI
 from ina_collectives import protocol as P
 from ina_collectives.collectives import Collectives
 from ina_collectives.collectives.agreement import CallSignature, agree
-from ina_collectives.collectives.ops import dtype_code
+from ina_collectives.collectives.engine import AllreduceCall
+from ina_collectives.collectives.ops import Op, dtype_code
 from ina_collectives.collectives.waiting import Deadline, wait
 from ina_collectives.settings import Settings
 
@@ -52,11 +53,9 @@ _peers = COMM.Dup()
 def _sizes() -> tuple[int, int]:
     """The exponent round's int16 count and the vote's float64 count for this call, as
     the engine makes them (1 + the first window's exponents; 4 per aggregator + 1)."""
-    wire = _ina.ina.wire_format()
-    k, block = wire["elements"], wire["block"]
-    chunks = -(-(NBYTES // 4) // k)
-    window = min(_ina.settings.switch_slots, chunks) * -(-k // block)
-    return 1 + window, 4 * len(_ina.ina.aggregators.addresses) + 1
+    x = np.ones(NBYTES // 4, np.float32)
+    proposal = _ina.ina.prepare(AllreduceCall(x, np.empty_like(x), Op.SUM)).proposal
+    return proposal.size, 4 * len(_ina.ina.aggregators.addresses) + 1
 
 
 def _gloo():
@@ -88,8 +87,7 @@ def test_call_cost(benchmark, system):
     signature = CallSignature(CallSignature.ARRAYS, send.size, dtype_code(send.dtype), 0,
                               "bench")
     seq = iter(range(1, 1 << 30))
-    window = np.full(_ina.ina.window_size(), np.iinfo(np.int16).min, np.int16)
-    window[:exponents] = 0
+    width, window = _ina.ina.window_size(), np.zeros(exponents, np.int16)
 
     def collective(request_of):
         return lambda: wait(request_of(), Deadline(60), lambda: system)
@@ -97,7 +95,7 @@ def test_call_cost(benchmark, system):
     run = {
         "ina": lambda: _ina.allreduce(send, out=recv),
         "ina-unchecked": lambda: _unchecked.allreduce(send, out=recv),
-        "gate": lambda: agree(_peers, signature, next(seq), Deadline(60), 0, window),
+        "gate": lambda: agree(_peers, signature, next(seq), Deadline(60), 0, window, width),
         "agreement": lambda: agree(_peers, signature, next(seq), Deadline(60)),
         "exponent-round": collective(lambda: _peers.Iallreduce(proposal, agreed, MPI.MAX)),
         "outcome-vote": collective(lambda: _peers.Iallreduce(mine, voted, MPI.MAX)),

@@ -12,6 +12,10 @@ CALLS: tuple[str, ...]
 def rtt_update(state: np.ndarray, sample: float, rto_min: float, rto_max: float) -> float:
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
 
+def stream_scratch(slots: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Buffers a stream may reuse from call to call (stream's ``scratch``)."""
+
+
 def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
            out: np.ndarray, local: np.ndarray, agreed: np.ndarray, versions: np.ndarray,
            n: int, k: int, job: int, worker: int, average: bool, rto: float,
@@ -19,5 +23,6 @@ def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
            rtt: np.ndarray, epoch: int = 0, seq: np.ndarray | None = None,
            block: int = 32, value_bits: int = 32, send_state: np.ndarray | None = None,
            cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-           ready: int = -1) -> tuple[int, dict[str, float], np.ndarray]:
+           ready: int = -1, scratch: tuple[np.ndarray, np.ndarray] | None = None
+           ) -> tuple[int, dict[str, float], np.ndarray]:
     """Allreduce x into out through the aggregator: (status, counters, chunks missing)."""

@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import AgreementError
+from ..protocol import PROPOSAL_NONE
 from .recovery import TROUBLE
 from .waiting import Deadline, wait
 
@@ -34,10 +35,6 @@ class CallSignature:
     OBJECTS = 2
     FINISH = 3     # the communicator's last gate (Collectives.finish_calls)
 
-    def as_array(self, news: int = 0) -> np.ndarray:
-        """The compared fields, and ``news`` after them."""
-        return np.array([self.kind, self.count, self.dtype, self.op, news], dtype=np.int64)
-
     def describe(self) -> str:
         return self.description if isinstance(self.description, str) else self.description()
 
@@ -55,14 +52,18 @@ class Agreed:
 
 
 def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,
-          news: int = 0, window: np.ndarray | None = None) -> Agreed:
+          news: int = 0, window: np.ndarray | None = None, width: int = 0) -> Agreed:
     """Raise AgreementError on every rank unless all ranks passed the same signature.
     ``news``: a value that rides along, not compared (rank 0's tells every rank whether
-    the aggregator answers again). ``window``: int16 values to take the max of over the
-    ranks (the first window's exponent proposals of a switch call), the same length on
-    every rank. One allgather: this is the chooser's gate (recovery.py), where a rank
-    that could not finish its last call posts ``trouble`` instead."""
-    row = _row(call.as_array(news), window)
+    the aggregator answers again). ``window``: up to ``width`` int16 values to take the
+    max of over the ranks (the first window's exponent proposals of a switch call);
+    ``width`` must be the same on every rank, whatever each one's call. One allgather:
+    this is the chooser's gate (recovery.py), where a rank that could not finish its
+    last call posts ``trouble`` instead."""
+    row = _row(width)
+    row[:SIGNATURE] = (call.kind, call.count, call.dtype, call.op, news)
+    if window is not None:
+        row[SIGNATURE:].view(np.int16)[:window.size] = window
     everyone = np.empty((comm.Get_size(), row.size), dtype=np.int64)
     wait(comm.Iallgather(row, everyone), deadline,
          lambda: f"all {comm.Get_size()} ranks to enter allreduce #{seq} "
@@ -87,22 +88,21 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
 SIGNATURE = 5  # the int64 columns of a row before the window: 4 compared, then news
 
 
-def _row(signature: np.ndarray, window: np.ndarray | None) -> np.ndarray:
-    """One rank's row: the signature's columns, then the window's int16 values four to
-    an int64 column (padded with the smallest int16, which loses every max)."""
-    if window is None or window.size == 0:
-        return signature
-    packed = np.full(-(-window.size // 4) * 4, np.iinfo(np.int16).min, np.int16)
-    packed[:window.size] = window
-    return np.concatenate([signature, packed.view(np.int64)])
+def _row(width: int) -> np.ndarray:
+    """A rank's row for a gate of ``width`` window values: the signature's columns, then
+    the window's int16 values four to an int64 column, each PROPOSAL_NONE (the smallest
+    int16, which loses every max) until set."""
+    row = np.empty(SIGNATURE + -(-width // 4), np.int64)
+    row[SIGNATURE:].view(np.int16)[:] = PROPOSAL_NONE
+    return row
 
 
-def trouble(comm: MPI.Intracomm, seconds: float, what: str, window: int) -> None:
+def trouble(comm: MPI.Intracomm, seconds: float, what: str, width: int) -> None:
     """The chooser's gate from a rank that could not finish ``what`` alone: its row says
-    TROUBLE (recovery.py), as long as the others' (``window``: the int16 values they
+    TROUBLE (recovery.py), as long as the others' (``width``: the window values they
     pass); bounded by ``seconds``."""
-    row = _row(np.zeros(SIGNATURE, np.int64), np.zeros(window, np.int16) if window else None)
-    row[0] = TROUBLE
+    row = _row(width)
+    row[:SIGNATURE] = (TROUBLE, 0, 0, 0, 0)
     everyone = np.empty((comm.Get_size(), row.size), dtype=np.int64)
     wait(comm.Iallgather(row, everyone), Deadline(seconds),
          lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}")

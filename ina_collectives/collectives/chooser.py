@@ -145,11 +145,9 @@ class Collectives:
             prepared = ina.prepare(call) if engine is ina else None
             if prepared is not None and (prepared.quorum or prepared.proposal.size > width):
                 prepared = None  # (a quorum call agrees on all its chunks' own)
-            proposal = np.full(width, np.iinfo(np.int16).min, np.int16)
-            if prepared is not None:
-                proposal[:prepared.proposal.size] = prepared.proposal
             agreed = self._agree(signature, deadline,
-                                 ina.answers_again() if ina is not None else 0, proposal)
+                                 ina.answers_again() if ina is not None else 0,
+                                 prepared.proposal if prepared is not None else None, width)
             if agreed is None:
                 continue  # a rescue ran (the aggregator may be gone): choose again
             if ina is not None:  # a call boundary, the same on every rank
@@ -195,11 +193,11 @@ class Collectives:
                         f"{'; '.join(passed_over)}")
 
     def _agree(self, signature: CallSignature, deadline: Deadline, news: int = 0,
-               window: np.ndarray | None = None) -> Agreed | None:
+               window: np.ndarray | None = None, width: int = 0) -> Agreed | None:
         """The gate: agree, or (a rank could not finish its last switch call) run the
         rescue and return None."""
         try:
-            agreed = agree(self.comm, signature, self._seq, deadline, news, window)
+            agreed = agree(self.comm, signature, self._seq, deadline, news, window, width)
             if agreed.trouble:
                 if self.ina is None:
                     raise CommunicatorBroken("a rank could not finish a switch call, and "
@@ -248,7 +246,7 @@ class Collectives:
         while True:
             width = self.ina.window_size() if self.ina is not None else 0
             agreed = self._agree(signature, deadline or Deadline(self.settings.timeout),
-                                 news, np.full(width, np.iinfo(np.int16).min, np.int16))
+                                 news, None, width)
             if agreed is not None:
                 return agreed.news
 
@@ -269,8 +267,7 @@ class Collectives:
         try:
             while True:
                 width = self.ina.window_size()
-                agreed = agree(self.comm, signature, self._seq + 1, bound, 0,
-                               np.full(width, np.iinfo(np.int16).min, np.int16))
+                agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None, width)
                 if not agreed.trouble:
                     break
                 self.ina.help_rescue("the last switch call")
