@@ -134,7 +134,9 @@ def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[
         out["third"] = ina.allreduce(np.full(count, 2.0, np.float32))
         out["third_engine"] = ina.stats()["last_call"]["engine"]
     out["switch"] = ina.stats()["switch"]
+    start = time.monotonic()
     ina.finalize()
+    out["finalize_seconds"] = time.monotonic() - start
     return out
 
 

@@ -419,6 +419,9 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
     assert results[1]["switch"]["rescued_calls"] == 1
     assert results[0]["switch"]["vote_free_calls"] == 2   # (rank 1's second was rescued)
     assert results[1]["seconds"] >= 1.5   # it waited for its silence bound
+    # Finalize makes a gate again after the rescue, and both ranks meet in it (a rank
+    # left waiting there would give up after its bound, 1.5 + 5 s, with a warning).
+    assert all(r["finalize_seconds"] < 3 for r in results), results
     if then == "call":
         for r in results:
             assert r["third_engine"] in ("ring", "mpi"), r  # an exact engine

@@ -204,6 +204,8 @@ class Collectives:
                                              "this communicator has no switch engine")
                 self.ina.help_rescue(f"the switch call before allreduce #{self._seq}")
                 return None
+            if self.ina is not None:  # every rank is past its last call: nothing to keep
+                self.ina.kept = None
             return agreed
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable

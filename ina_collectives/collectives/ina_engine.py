@@ -435,6 +435,9 @@ class InaEngine:
             np.copyto(call.recv, out, casting="unsafe")
         call.recv[got.start:] = got.values
         self.rescued_calls += 1
+        # Kept like any vote-free call's: if the others were at finalize, this rank's
+        # finalize must make the gate they make again (Collectives.finish_calls).
+        self.kept = Kept(self.quorum.calls, i, got.start, got.values)
         return None
 
     def help_rescue(self, what: str) -> None:

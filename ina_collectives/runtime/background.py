@@ -231,6 +231,8 @@ class BackgroundRuntime:
         ina = self.collectives.ina
         messages = exchange(self.comm, message, deadline, self.table.cycle + 1,
                             ina.help_rescue if ina is not None else None)
+        if ina is not None:  # every rank is past its last call: nothing to keep
+            ina.kept = None
         self.fusion["cycles"] += 1
         outcome = self.table.absorb(messages, time.monotonic())
         for failed in outcome.failed:
