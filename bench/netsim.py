@@ -48,14 +48,16 @@ from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # ina-quorum: ina in quorum mode, n - 1 of n (docs/quorum.md)
-SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo", "ina-quorum")
+SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo", "ina-quorum",
+           "fsdp2-ina", "fsdp2-gloo")
+TRAINING = ("ddp-", "fsdp2-")  # systems that time a training step, not one allreduce
 VALUE_BITS = {"ina16": 16}  # the switch's value width per system (else 32)
 
 
 def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
     """The ideal time of one allreduce on these links (for the job's time limit)."""
     factor = ({"ina": 1.0, "ddp-ina": 1.0, "ina16": 0.5, "ina-quorum": 1.0}.get(system)
-              or 2 * (n - 1) / n)
+              or (4 if system.startswith("fsdp2-") else 2) * (n - 1) / n)
     return factor * nbytes * 8 / (link_mbit * 1e6)
 
 
@@ -215,7 +217,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="what to measure (default the allreduces: ina ina16 ring mpi "
                              "gloo); "
                              "ddp-ina and ddp-gloo time one DDP training step of SIZES bytes "
-                             "of gradients on backend 'ina' or 'gloo'")
+                             "of gradients on backend 'ina' or 'gloo', fsdp2-ina and "
+                             "fsdp2-gloo one FSDP2 step")
     parser.add_argument("--reps", type=int, help="timed calls per size (median reported)")
     parser.add_argument("--mtu", type=int, default=9000, help="link MTU (K follows from it)")
     parser.add_argument("--tcp-rto-min", type=float, metavar="MS",
@@ -291,10 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     single = [r for r in records if "job" not in r]
     table = "\n\n".join(filter(None, [
         netsim_report.table(plain) if (plain := [
-            r for r in single if not r["system"].startswith("ddp-")]) else "",
-        netsim_report.ddp_table(single), netsim_report.jobs_table(records)]))
+            r for r in single if not r["system"].startswith(TRAINING)]) else "",
+        netsim_report.ddp_table(single), netsim_report.ddp_table(single, "fsdp2"),
+        netsim_report.jobs_table(records)]))
     (args.json.parent / (args.json.stem + ".md")).write_text(table + "\n")
-    plots = netsim_report.plots([r for r in single if not r["system"].startswith("ddp-")],
+    plots = netsim_report.plots([r for r in single if not r["system"].startswith(TRAINING)],
                                 args.json.parent, args.json.stem)
     console.print(table, markup=False, highlight=False)
     console.print(f"{len(records)} records in {time.monotonic() - started:.0f} s: {args.json}; "

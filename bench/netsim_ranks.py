@@ -219,11 +219,70 @@ def ddp(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     return records
 
 
+def fsdp2(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    """One FSDP2 training step per repetition (fully_shard per layer over a 1-D
+    DeviceMesh), on backend ``backend`` ("ina" or "gloo"), of the same model as ``ddp``:
+    each layer's parameters all-gathered for forward and again for backward, its
+    gradients reduce-scattered (backend "ina": an allreduce, the switch's above
+    switch_min_bytes, of which each rank keeps its rows; the all-gathers MPI's
+    allgather). Beside it, the step's compute alone: the same model unsharded, on one
+    rank's data, with no communication."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+    torch.set_num_threads(1)
+    if backend == "ina":
+        import ina_collectives.torch.distributed as ina_dist
+    dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:29519",
+                            rank=rank, world_size=size)
+    mesh = init_device_mesh("cpu", (size,))
+
+    records = []
+    for nbytes in sizes:
+        torch.manual_seed(0)
+        layers = max(1, round(nbytes / (4 * (1024 * 1024 + 1024))))
+        plain = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(layers)])
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(layers)])
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+        local_optimizer = torch.optim.SGD(plain.parameters(), lr=1e-6)
+        x = torch.randn(8, 1024, generator=torch.Generator().manual_seed(rank))
+
+        def step() -> None:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+
+        def local_step() -> None:
+            local_optimizer.zero_grad()
+            plain(x).sum().backward()
+            local_optimizer.step()
+        before = dict(ina_dist.stats()["engines"]) if backend == "ina" else {}
+        times, cpu = timed(step, dist.barrier, torch_slowest, reps)
+        engines = ({e: c - before.get(e, 0) for e, c in ina_dist.stats()["engines"].items()
+                    if c - before.get(e, 0)} if backend == "ina" else {"gloo": reps + 1})
+        compute, _ = timed(local_step, dist.barrier, torch_slowest, reps)
+        grad_bytes = sum(p.numel() * 4 for p in plain.parameters())
+        records.append({"bytes": grad_bytes, "times": times, "engines": engines, "cpu": cpu,
+                        "compute_seconds": float(np.median(compute))})
+    dist.destroy_process_group()
+    return records
+
+
 def main() -> int:
     system, sizes, reps, out = (sys.argv[1], [int(s) for s in sys.argv[2].split(",")],
                                 int(sys.argv[3]), sys.argv[4])
     if system.startswith("ddp-"):
         records = ddp(system.removeprefix("ddp-"), sizes, reps)
+        rank = int(os.environ["PMI_RANK"])
+    elif system.startswith("fsdp2-"):
+        records = fsdp2(system.removeprefix("fsdp2-"), sizes, reps)
         rank = int(os.environ["PMI_RANK"])
     elif system == "gloo":
         records = gloo(sizes, reps)

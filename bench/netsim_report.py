@@ -54,23 +54,23 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def ddp_table(records: list[dict[str, Any]]) -> str:
-    """DDP steps: backend ina against gloo, with each step's breakdown (compute alone,
-    the rest communication not hidden behind backward)."""
-    rows = ["| n | link Mbit/s | loss | gradients | backend | step ms | compute ms | "
-            "communication ms | ina speed-up | engines |",
+def ddp_table(records: list[dict[str, Any]], family: str = "ddp") -> str:
+    """Training steps (``family`` "ddp" or "fsdp2"): backend ina against gloo, with each
+    step's breakdown (compute alone, the rest communication not hidden behind it)."""
+    rows = [f"| n | link Mbit/s | loss | gradients | {family} backend | step ms | "
+            "compute ms | communication ms | ina speed-up | engines |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (n, link, loss, nbytes), systems in _grouped(records).items():
-        ina = systems.get("ddp-ina")
-        for name in ("ddp-ina", "ddp-gloo"):
+        ina = systems.get(f"{family}-ina")
+        for name in (f"{family}-ina", f"{family}-gloo"):
             r = systems.get(name)
             if r is None:
                 continue
             compute = r.get("compute_seconds", 0.0)
-            speedup = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and name != "ddp-ina"
+            speedup = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and ina is not r
                        else "")
             rows.append(f"| {n} | {link:g} | {loss:g} | {_size(nbytes)} | "
-                        f"{name.removeprefix('ddp-')} | {r['seconds'] * 1e3:.0f} | "
+                        f"{name.removeprefix(family + '-')} | {r['seconds'] * 1e3:.0f} | "
                         f"{compute * 1e3:.0f} | {(r['seconds'] - compute) * 1e3:.0f} | "
                         f"{speedup} | {r['engines']} |")
     return "\n".join(rows) if len(rows) > 2 else ""
@@ -180,12 +180,14 @@ def _save(fig: Any, path: Path) -> Path:
 def main() -> int:
     path = Path(sys.argv[1])
     records = json.loads(path.read_text())
-    print(table([r for r in records if not r["system"].startswith("ddp-")]))
-    ddp = ddp_table(records)
-    if ddp:
-        print()
-        print(ddp)
-    for p in plots(records, path.parent, path.stem):
+    print(table([r for r in records if not r["system"].startswith(("ddp-", "fsdp2-"))]))
+    for family in ("ddp", "fsdp2"):
+        steps = ddp_table(records, family)
+        if steps:
+            print()
+            print(steps)
+    for p in plots([r for r in records if not r["system"].startswith(("ddp-", "fsdp2-"))],
+                   path.parent, path.stem):
         print("wrote", p)
     return 0
 

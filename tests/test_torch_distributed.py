@@ -260,6 +260,24 @@ def test_ddp_demo_under_torchrun_through_ina_run(n):
                                                             proc.stdout)[-1], proc.stdout
 
 
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_fsdp2_demo_through_the_switch_matches_one_process(launcher):
+    """examples/train_fsdp2.py: FSDP2 over a DeviceMesh on backend "ina", under ina-run's
+    MPI ranks and under torchrun, ends within 1% of one process; its reduce-scatters
+    (all-reduces kept in part) and all-gathers are served as rank 0 prints."""
+    proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch",
+                           *(["--launcher", "torchrun"] if launcher == "torchrun" else []),
+                           "-np", "2", "--", sys.executable, "examples/train_fsdp2.py",
+                           "--epochs", "2", "--samples", "4096"],
+                          cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "): OK" in proc.stdout, proc.stdout
+    assert "FSDP2 over mesh [0, 1]" in proc.stdout, proc.stdout
+    engines = re.findall(r"engines (\{.*\})", proc.stdout)
+    assert "'ina'" in engines[-1], proc.stdout  # the large layer's gradients: the switch
+
+
 def test_ddp_demo_under_plain_torchrun_without_a_switch_takes_the_exact_path():
     import socket
     with socket.socket() as s:
