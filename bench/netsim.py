@@ -106,7 +106,7 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         if proc.returncode != 0 or not out.exists():
-            tail = "\n".join(output.strip().splitlines()[-6:])
+            tail = "\n".join(output.strip().splitlines()[-40:])
             return [], f"exit {proc.returncode}: {tail}"
         return json.loads(out.read_text()), ""
 

@@ -1,7 +1,9 @@
 """The training demo with FSDP2 (torch.distributed.fsdp.fully_shard) on backend "ina":
 parameters, gradients and optimizer state are sharded over a DeviceMesh; each layer's
 parameters are all-gathered for its forward and backward, its gradients reduce-scattered,
-and training ends where one process training on the same data ends.
+and training ends where one process training on the same data ends. Backend "ina" runs
+the reduce-scatters round the ring and the all-gathers through MPI: the switch would
+move all of a layer's gradients each way, the ring (n-1)/n of them (docs/netsim.md).
 
     ina-run -np 4 -- python examples/train_fsdp2.py
     ina-run --launcher torchrun -np 4 -- python examples/train_fsdp2.py

@@ -263,8 +263,9 @@ def test_ddp_demo_under_torchrun_through_ina_run(n):
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
 def test_fsdp2_demo_through_the_switch_matches_one_process(launcher):
     """examples/train_fsdp2.py: FSDP2 over a DeviceMesh on backend "ina", under ina-run's
-    MPI ranks and under torchrun, ends within 1% of one process; its reduce-scatters
-    (all-reduces kept in part) and all-gathers are served as rank 0 prints."""
+    MPI ranks and under torchrun, ends within 1% of one process; over MPI its
+    reduce-scatters go round the ring (by arithmetic the switch gives them no bandwidth:
+    docs/netsim.md)."""
     proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch",
                            *(["--launcher", "torchrun"] if launcher == "torchrun" else []),
                            "-np", "2", "--", sys.executable, "examples/train_fsdp2.py",
@@ -275,7 +276,9 @@ def test_fsdp2_demo_through_the_switch_matches_one_process(launcher):
     assert "): OK" in proc.stdout, proc.stdout
     assert "FSDP2 over mesh [0, 1]" in proc.stdout, proc.stdout
     engines = re.findall(r"engines (\{.*\})", proc.stdout)
-    assert "'ina'" in engines[-1], proc.stdout  # the large layer's gradients: the switch
+    # The gradients' reduce-scatters: round the ring over MPI; over gloo's peers
+    # (torchrun, no MPI job), whose point-to-point cannot be polled, an allreduce.
+    assert ("'ring'" if launcher == "mpiexec" else "'ina'") in engines[-1], proc.stdout
 
 
 def test_ddp_demo_under_plain_torchrun_without_a_switch_takes_the_exact_path():
@@ -293,6 +296,44 @@ def test_ddp_demo_under_plain_torchrun_without_a_switch_takes_the_exact_path():
     assert "'ina'" not in re.findall(r"engines (\{.*\})", proc.stdout)[-1], proc.stdout
     # Said once, by rank 0 of the default group.
     assert proc.stderr.count("every call takes the exact path") == 1, proc.stderr
+
+
+def test_plain_torchrun_reduces_large_tensors_and_reduce_scatters(tmp_path):
+    """Without MPI the peers are gloo's, whose send and receive cannot be polled: a call
+    of ring_min_bytes or more took the ring and waited out its bound. Now it takes gloo's
+    allreduce, as does a reduce-scatter, and both are exact."""
+    import socket
+    script = tmp_path / "large.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "import ina_collectives.torch.distributed as ina_dist\n"
+        "dist.init_process_group('ina')\n"
+        "r, n = dist.get_rank(), dist.get_world_size()\n"
+        "x = torch.full((5 << 20,), 1.0 + r)\n"
+        "dist.all_reduce(x)\n"
+        "rows = torch.arange(6.0 * n).reshape(2 * n, 3) * (r + 1)\n"
+        "out = torch.empty(2, 3)\n"
+        "dist.reduce_scatter_tensor(out, rows)\n"
+        "print('RESULT', r, float(x.min()), float(x.max()), out.reshape(-1).tolist(),\n"
+        "      ina_dist.stats()['engines'], flush=True)\n"
+        "dist.destroy_process_group()\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                           str(script)], cwd=ROOT, env=_child_env({"INA_TIMEOUT": "20"}),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(line.split(" ", 2) for line in proc.stdout.splitlines()
+                   if line.startswith("RESULT"))
+    assert len(lines) == 2, proc.stdout
+    for _, rank, rest in lines:
+        r = int(rank)
+        assert rest.startswith("3.0 3.0 "), rest  # 1 + 2 everywhere
+        expected = [3.0 * v for v in range(6 * r, 6 * r + 6)]  # (1 + 2) x the rows
+        assert str(expected) in rest, (expected, rest)
+        assert "'ring'" not in rest, rest
 
 
 def test_ina_run_gives_mpi_ranks_torchs_env_rendezvous(tmp_path):

@@ -38,8 +38,10 @@ class Collectives:
         self.comm = comm.Dup()
         self.settings = settings
         self.stats = Stats()
-        # The exact engine that finishes a call another engine gave up midway.
-        self.fallback = RingEngine(self.comm, settings)
+        # The exact engine that finishes a call another engine gave up midway: the ring,
+        # or where it cannot run (gloo's peers, no MPI job) the peers' own allreduce.
+        self.ring = RingEngine(self.comm, settings)
+        self.fallback: Engine = self.ring if self.ring.usable else MpiEngine(self.comm)
         # Without INA_SWITCH there is no INA engine at all (no fallback reason to count).
         self.ina = InaEngine(self.comm, settings) if settings.switch else None
         if self.ina is not None:
@@ -48,7 +50,7 @@ class Collectives:
             if settings.check_agreement:  # every call starts with the agreement: a gate
                 self.ina.gate = self._trouble
         self.engines: list[Engine] = ([self.ina] if self.ina else []) + [
-            self.fallback, MpiEngine(self.comm)]
+            self.ring, MpiEngine(self.comm)]
         self._seq = 0
         self._broken: str | None = None
 
@@ -212,6 +214,32 @@ class Collectives:
         except BaseException as exc:
             self._broken = f"the agreement of allreduce #{self._seq} failed: {exc!r}"
             raise
+
+    def reduce_scatter_flat(self, buf: np.ndarray, op: Op, bounds: list[tuple[int, int]]
+                            ) -> None:
+        """Reduce the 1-D contiguous ``buf`` over all ranks into this rank's part,
+        ``buf[bounds[rank][0]:bounds[rank][1]]`` (``bounds``: every rank's part, the same
+        on every rank; the caller has made sure every rank called alike: the runtime's
+        negotiation does). On the ring: by arithmetic the switch gives a reduce-scatter
+        no bandwidth (it moves all of buf each way per worker, the ring (n-1)/n of it),
+        and measured on netsim an FSDP2 step with it was 0.85x gloo's."""
+        self._check_usable()
+        check_supported(buf.dtype, op)
+        if len(bounds) != self.size or bounds[0][0] != 0 or bounds[-1][1] != buf.size or any(
+                a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"bounds {bounds} must cover the {buf.size} elements in order, "
+                             f"one part per rank ({self.size})")
+        if not self.ring.usable:  # (gloo's peers: their allreduce, all of it)
+            self.allreduce_flat(None, buf, op)
+            return
+        self._seq += 1
+        deadline = Deadline(self.settings.timeout)
+        try:
+            self.ring.ring.reduce_scatter(buf, op, bounds, deadline)
+        except BaseException as exc:
+            self._broken = f"reduce-scatter #{self._seq} failed on the ring: {exc!r}"
+            raise
+        self.stats.record(self.ring.name, buf.nbytes, [])
 
     def set_quorum(self, k: int, checked: bool = False) -> None:
         """Collective: the switch-served calls from the next one on complete each chunk

@@ -14,6 +14,7 @@ from mpi4py import MPI
 from ..settings import Settings
 from .engine import AllreduceCall, mpi_reduces
 from .ops import RING_DTYPES, UFUNC, Op
+from .peers import TorchPeers
 from .waiting import Deadline, wait, wait_all
 
 _TAG_REDUCE_SCATTER = 11
@@ -53,6 +54,25 @@ class Ring:
                 np.divide(owned, n, out=owned)
         self._allgather(segments, chunk, deadline)
 
+    def reduce_scatter(self, buf: np.ndarray, op: Op, bounds: list[tuple[int, int]],
+                       deadline: Deadline) -> None:
+        """Reduce the 1-D contiguous ``buf`` across all ranks into this rank's part only:
+        ``bounds[r]`` ([start, stop) of buf, the same list on every rank, covering buf
+        in order) is what rank r ends with reduced; the rest of buf is left partial.
+        The ring's first half: (n-1)/n of buf sent and received, where an allreduce
+        through the switch moves all of it each way. AVERAGE divides the part by n."""
+        n, rank = self.comm.Get_size(), self.comm.Get_rank()
+        if n == 1 or buf.size == 0:
+            return
+        # The ring leaves segment s reduced on rank s - 1: rank r's part goes at r + 1.
+        parts = [buf[a:b] for a, b in bounds]
+        segments = [parts[(s - 1) % n] for s in range(n)]
+        chunk = max(1, self.chunk_bytes // buf.itemsize)
+        with np.errstate(all="ignore"):
+            self._reduce_scatter(segments, op, chunk, deadline)
+            if op is Op.AVERAGE:
+                np.divide(parts[rank], n, out=parts[rank])
+
     def _scratch_pair(self, largest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Two receive buffers, each as large as the largest segment."""
         nbytes = largest.nbytes
@@ -66,7 +86,7 @@ class Ring:
         comm, n, rank = self.comm, self.comm.Get_size(), self.comm.Get_rank()
         right, left = (rank + 1) % n, (rank - 1) % n
         reduce = UFUNC[op]
-        scratch = self._scratch_pair(segments[0])  # segment 0 is the largest
+        scratch = self._scratch_pair(max(segments, key=lambda s: s.size))
 
         def post_receives(step: int) -> list[MPI.Request]:
             seg = segments[(rank - step - 1) % n]
@@ -120,11 +140,17 @@ class Ring:
 class RingEngine:
     name = "ring"
 
-    def __init__(self, comm: MPI.Intracomm, settings: Settings):
+    def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings):
         self.ring = Ring(comm, settings.ring_chunk_bytes)
         self.min_bytes = settings.ring_min_bytes
+        # gloo's send and receive (the peers of a job without MPI) end only in a blocking
+        # wait, never in a poll: the ring's bounded waits would never see them end.
+        self.usable = not isinstance(comm, TorchPeers)
 
     def declines(self, call: AllreduceCall) -> str | None:
+        if not self.usable:
+            return ("ring: gloo's point-to-point cannot be polled (no MPI job): gloo's "
+                    "allreduce")
         if call.dtype not in RING_DTYPES:
             return f"ring: dtype {call.dtype} is left to MPI"
         if call.nbytes < self.min_bytes and mpi_reduces(call.dtype):

@@ -436,10 +436,25 @@ class BackgroundRuntime:
     def _reducescatter(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> np.ndarray:
         req = reqs[self.rank]
         full = np.array(data["send"], copy=True).reshape(-1)
-        if full.size:
-            self._reduce(full, req)
         first, row = req.shape[0], math.prod(req.shape[1:])
         start, stop = split_rows(first, self.size, self.rank)
+        if full.size and self.collectives.quorum_active():
+            self._reduce(full, req)  # (a quorum's AVERAGE divides per chunk: the switch)
+        elif full.size:
+            # The ring's reduce-scatter: (n-1)/n of the bytes, where an allreduce moves
+            # them all each way (Collectives.reduce_scatter_flat).
+            if req.prescale != 1.0:
+                _scale(full, req.prescale)
+            op = as_op(req.op)
+            bounds = [(a * row, b * row)
+                      for a, b in (split_rows(first, self.size, r) for r in range(self.size))]
+            self.collectives.reduce_scatter_flat(full, Op.SUM if op is Op.AVERAGE else op,
+                                                 bounds)
+            mine = full[start * row:stop * row]
+            if req.op == "average" and req.postscale == 1.0:
+                _divide(mine, self.size)
+            elif (post := req.postscale / (self.size if req.op == "average" else 1)) != 1.0:
+                _scale(mine, post)
         return full[start * row:stop * row].reshape((stop - start,) + req.shape[1:])
 
     def _barrier(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> None:
