@@ -172,6 +172,43 @@ def gloo(sizes: list[int], reps: int) -> list[dict[str, Any]]:
     return records
 
 
+def step_record(backend: str, step: Callable[[], None], local_step: Callable[[], None],
+                reps: int, grad_bytes: int) -> dict[str, Any]:
+    """A training step timed ``reps`` times on backend ``backend`` (the slowest rank's
+    times), the engines its calls took, and ``local_step`` (the compute alone) timed
+    the same way."""
+    import torch.distributed as dist
+    engines_of = None
+    if backend == "ina":
+        import ina_collectives.torch.distributed as ina_dist
+        engines_of = lambda: ina_dist.stats()["engines"]  # noqa: E731
+    before = dict(engines_of()) if engines_of else {}
+    times, cpu = timed(step, dist.barrier, torch_slowest, reps)
+    engines = ({e: c - before.get(e, 0) for e, c in engines_of().items()
+                if c - before.get(e, 0)} if engines_of else {backend: reps + 1})
+    compute, _ = timed(local_step, dist.barrier, torch_slowest, reps)
+    return {"bytes": grad_bytes, "times": times, "engines": engines, "cpu": cpu,
+            "compute_seconds": float(np.median(compute))}
+
+
+def linear_stack(nbytes: int) -> Any:
+    """The training benchmarks' model: 1024 x 1024 linear layers holding about
+    ``nbytes`` of float32 parameters (at least one), the same on every rank."""
+    import torch
+    torch.manual_seed(0)
+    layers = max(1, round(nbytes / (4 * (1024 * 1024 + 1024))))
+    return torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(layers)])
+
+
+def training_step(model: Any, optimizer: Any, x: Any) -> Callable[[], None]:
+    """One step of ``model`` on ``x``: gradients of the output's sum, then the update."""
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    return step
+
+
 def ddp(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     """One DistributedDataParallel training step per repetition, on torch.distributed's
     backend ``backend`` ("ina" or "gloo"), of a model of about SIZE bytes of float32
@@ -184,37 +221,24 @@ def ddp(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
     torch.set_num_threads(1)
     if backend == "ina":
-        import ina_collectives.torch.distributed as ina_dist
+        import ina_collectives.torch.distributed  # noqa: F401 - registers "ina"
     dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:29518",
                             rank=rank, world_size=size)
 
     records = []
     for nbytes in sizes:
-        torch.manual_seed(0)
-        layers = max(1, round(nbytes / (4 * (1024 * 1024 + 1024))))
-        model = DistributedDataParallel(torch.nn.Sequential(
-            *[torch.nn.Linear(1024, 1024) for _ in range(layers)]))
+        model = DistributedDataParallel(linear_stack(nbytes))
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
         x = torch.randn(8, 1024, generator=torch.Generator().manual_seed(rank))
-
-        def step() -> None:
-            optimizer.zero_grad()
-            model(x).sum().backward()
-            optimizer.step()
+        step = training_step(model, optimizer, x)
 
         def local_step() -> None:
             optimizer.zero_grad()
             with model.no_sync():
                 model(x).sum().backward()
             optimizer.step()
-        before = dict(ina_dist.stats()["engines"]) if backend == "ina" else {}
-        times, cpu = timed(step, dist.barrier, torch_slowest, reps)
-        engines = ({e: c - before.get(e, 0) for e, c in ina_dist.stats()["engines"].items()
-                    if c - before.get(e, 0)} if backend == "ina" else {"gloo": reps + 1})
-        compute, _ = timed(local_step, dist.barrier, torch_slowest, reps)
-        grad_bytes = sum(p.numel() * 4 for p in model.parameters())
-        records.append({"bytes": grad_bytes, "times": times, "engines": engines, "cpu": cpu,
-                        "compute_seconds": float(np.median(compute))})
+        records.append(step_record(backend, step, local_step, reps,
+                                   sum(p.numel() * 4 for p in model.parameters())))
     dist.destroy_process_group()
     return records
 
@@ -235,42 +259,22 @@ def fsdp2(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     rank, size = int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
     torch.set_num_threads(1)
     if backend == "ina":
-        import ina_collectives.torch.distributed as ina_dist
+        import ina_collectives.torch.distributed  # noqa: F401 - registers "ina"
     dist.init_process_group(backend, init_method=f"tcp://{os.environ['MASTER_ADDR']}:29519",
                             rank=rank, world_size=size)
     mesh = init_device_mesh("cpu", (size,))
 
     records = []
     for nbytes in sizes:
-        torch.manual_seed(0)
-        layers = max(1, round(nbytes / (4 * (1024 * 1024 + 1024))))
-        plain = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(layers)])
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(layers)])
+        plain, model = linear_stack(nbytes), linear_stack(nbytes)
         for layer in model:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-        local_optimizer = torch.optim.SGD(plain.parameters(), lr=1e-6)
         x = torch.randn(8, 1024, generator=torch.Generator().manual_seed(rank))
-
-        def step() -> None:
-            optimizer.zero_grad()
-            model(x).sum().backward()
-            optimizer.step()
-
-        def local_step() -> None:
-            local_optimizer.zero_grad()
-            plain(x).sum().backward()
-            local_optimizer.step()
-        before = dict(ina_dist.stats()["engines"]) if backend == "ina" else {}
-        times, cpu = timed(step, dist.barrier, torch_slowest, reps)
-        engines = ({e: c - before.get(e, 0) for e, c in ina_dist.stats()["engines"].items()
-                    if c - before.get(e, 0)} if backend == "ina" else {"gloo": reps + 1})
-        compute, _ = timed(local_step, dist.barrier, torch_slowest, reps)
-        grad_bytes = sum(p.numel() * 4 for p in plain.parameters())
-        records.append({"bytes": grad_bytes, "times": times, "engines": engines, "cpu": cpu,
-                        "compute_seconds": float(np.median(compute))})
+        step = training_step(model, torch.optim.SGD(model.parameters(), lr=1e-6), x)
+        local_step = training_step(plain, torch.optim.SGD(plain.parameters(), lr=1e-6), x)
+        records.append(step_record(backend, step, local_step, reps,
+                                   sum(p.numel() * 4 for p in plain.parameters())))
     dist.destroy_process_group()
     return records
 

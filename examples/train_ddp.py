@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -64,29 +65,50 @@ def train(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
     if rank == 0:
         print(f"{size} ranks, backend {dist.get_backend()}, comm hook {args.hook}",
               flush=True)
+    return train_epochs(args, model, optimizer, x, y, model.module)
+
+
+def train_epochs(args: argparse.Namespace, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                 evaluated: torch.nn.Module) -> float:
+    """The demos' loop: each rank trains on its slice of every global batch (the mean
+    loss of equal slices: the data-parallel wrapper averages the gradients), and after
+    each epoch ``evaluated`` (the model without its wrapper) is scored on all the data;
+    the last epoch's loss."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    loss = float("nan")
     for epoch in range(1, args.epochs + 1):
         for batch in global_batches(x.shape[0], args.batch, epoch):
             mine = batch.chunk(size)[rank]
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
             optimizer.step()
-        with torch.no_grad():
-            part = torch.arange(rank, x.shape[0], size)
-            total = torch.nn.functional.cross_entropy(model.module(x[part]), y[part],
-                                                      reduction="sum").reshape(1)
-        dist.all_reduce(total)
-        loss = float(total) / x.shape[0]
-        if rank == 0:
-            print(f"epoch {epoch}: loss {loss:.5f}, engines {ina_dist.stats()['engines']}",
-                  flush=True)
+        loss = epoch_loss(evaluated, x, y, epoch)
     return loss
 
 
-def main() -> int:
-    parser = demo_arguments(__doc__, epochs=3, samples=8192, hidden=512)
-    parser.add_argument("--hook", choices=("none", "fp16"), default="none",
-                        help="a DDP communication hook (fp16: default_hooks' compression)")
-    args = parser.parse_args()
+def epoch_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, epoch: int
+               ) -> float:
+    """The model's mean loss over all the data, each rank computing its share, summed
+    over the group; rank 0 prints it with the engines that served the group so far."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        part = torch.arange(rank, x.shape[0], size)
+        total = torch.nn.functional.cross_entropy(model(x[part]), y[part],
+                                                  reduction="sum").reshape(1)
+    dist.all_reduce(total)
+    loss = float(total) / x.shape[0]
+    if rank == 0:
+        print(f"epoch {epoch}: loss {loss:.5f}, engines {ina_dist.stats()['engines']}",
+              flush=True)
+    return loss
+
+
+def demo_main(args: argparse.Namespace,
+              train: Callable[[argparse.Namespace, torch.Tensor, torch.Tensor], float]
+              ) -> int:
+    """Run a demo's ``train`` on backend "ina" (under ina-run, mpiexec or torchrun) and
+    check it against one process: the exit code."""
     torch.set_num_threads(1)  # the ranks share the cores
     mpi_rendezvous()
     dist.init_process_group("ina")
@@ -95,6 +117,13 @@ def main() -> int:
     rank = dist.get_rank()
     dist.destroy_process_group()
     return check_against_one_process(args, x, y, loss) if rank == 0 else 0
+
+
+def main() -> int:
+    parser = demo_arguments(__doc__, epochs=3, samples=8192, hidden=512)
+    parser.add_argument("--hook", choices=("none", "fp16"), default="none",
+                        help="a DDP communication hook (fp16: default_hooks' compression)")
+    return demo_main(parser.parse_args(), train)
 
 
 if __name__ == "__main__":

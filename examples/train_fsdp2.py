@@ -25,16 +25,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_ddp import mpi_rendezvous  # noqa: E402
-from train_mlp import (  # noqa: E402
-    check_against_one_process,
-    demo_arguments,
-    global_batches,
-    make_data,
-    make_model,
-)
-
-import ina_collectives.torch.distributed as ina_dist  # noqa: E402 - registers "ina"
+from train_ddp import demo_main, train_epochs  # noqa: E402
+from train_mlp import demo_arguments, make_model  # noqa: E402
 
 
 def train(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -51,37 +43,12 @@ def train(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
     if rank == 0:
         print(f"{size} ranks, backend {dist.get_backend()}, FSDP2 over mesh "
               f"{mesh.mesh.tolist()}", flush=True)
-    for epoch in range(1, args.epochs + 1):
-        for batch in global_batches(x.shape[0], args.batch, epoch):
-            mine = batch.chunk(size)[rank]
-            optimizer.zero_grad()
-            # FSDP2 averages the gradients over the ranks: with equal slices, the mean
-            # loss of each slice gives the global batch's mean gradient.
-            torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
-            optimizer.step()
-        with torch.no_grad():
-            part = torch.arange(rank, x.shape[0], size)
-            total = torch.nn.functional.cross_entropy(model(x[part]), y[part],
-                                                      reduction="sum").reshape(1)
-        dist.all_reduce(total)
-        loss = float(total) / x.shape[0]
-        if rank == 0:
-            print(f"epoch {epoch}: loss {loss:.5f}, engines {ina_dist.stats()['engines']}",
-                  flush=True)
-    return loss
+    return train_epochs(args, model, optimizer, x, y, model)
 
 
 def main() -> int:
-    parser = demo_arguments(__doc__, epochs=3, samples=8192, hidden=512)
-    args = parser.parse_args()
-    torch.set_num_threads(1)  # the ranks share the cores
-    mpi_rendezvous()
-    dist.init_process_group("ina")
-    x, y = make_data(args.samples, args.features, 10)
-    loss = train(args, x, y)
-    rank = dist.get_rank()
-    dist.destroy_process_group()
-    return check_against_one_process(args, x, y, loss) if rank == 0 else 0
+    return demo_main(demo_arguments(__doc__, epochs=3, samples=8192, hidden=512).parse_args(),
+                     train)
 
 
 if __name__ == "__main__":

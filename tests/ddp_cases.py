@@ -176,6 +176,39 @@ def ddp_train(comm: Any, p: dict) -> dict[str, Any]:
 
 
 @case
+def ddp_sparse_embedding(comm: Any, p: dict) -> dict[str, Any]:
+    """DDP with an nn.Embedding(sparse=True) on backend p["backend"] ("ina" or
+    "gloo"): its sparse gradients reduced exactly; the final parameters."""
+    backend = p.get("backend", "ina")
+    if backend == "ina":
+        _start(comm)
+    else:
+        port = comm.bcast(_free_port() if comm.rank == 0 else 0, root=0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=comm.rank, world_size=comm.size)
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Embedding(50, 8, sparse=True), torch.nn.Flatten(), torch.nn.Linear(32, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(3 + r)
+    for _ in range(p.get("steps", 5)):
+        index = torch.randint(0, 50, (6, 4), generator=g)
+        optimizer.zero_grad()
+        model(index).pow(2).mean().backward()
+        optimizer.step()
+    params = [_np(q.detach()) for q in model.parameters()]
+    dist.destroy_process_group()
+    return {"params": params}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@case
 def ddp_subgroups(comm: Any, p: dict) -> dict[str, Any]:
     """new_group: a subgroup of ranks 0 and 2 (a job of its own) and one of every rank."""
     import ina_collectives.torch.distributed as ina_dist

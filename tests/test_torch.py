@@ -608,3 +608,34 @@ def test_horovod_variables_set_the_shared_settings(monkeypatch):
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "lots")
     with pytest.raises(ValueError, match="HOROVOD_FUSION_THRESHOLD"):
         horovod_environment()
+
+
+@pytest.mark.mpi
+def test_sparse_tensors_through_the_horovod_api():
+    """sparse_allreduce_async and allreduce of sparse COO tensors are the exact sums (or
+    averages) of every rank's entries, coalesced, also with a rank that has none; bad
+    input fails on every rank naming it; the DistributedOptimizer takes an
+    nn.Embedding(sparse=True)'s gradients sparse and as dense, alike on every rank."""
+    from tests.torch_cases import sparse_input
+    n = 3
+    results = run(n, "torch_sparse", env={"INA_SWITCH": ""})
+    dense = sum(sparse_input(r).to_dense() for r in range(n)).numpy()
+    for r, out in enumerate(results):
+        assert "error" not in out, out
+        np.testing.assert_allclose(out["sum"], dense, rtol=1e-6)
+        np.testing.assert_allclose(out["average"], dense / n, rtol=1e-6)
+        np.testing.assert_allclose(out["allreduce"], dense, rtol=1e-6)
+        assert out["coalesced"]
+        assert out["shapes"]["error"] == "ValueError", out["shapes"]
+        assert "the ranks' tensors differ" in out["shapes"]["message"]
+        assert "(40, 3)" in out["shapes"]["message"] and "(42, 3)" in out["shapes"]["message"]
+        assert out["range"]["error"] == "ValueError", out["range"]
+        assert "rank(s) [0] passed indices outside" in out["range"]["message"]
+        assert out["dense"]["error"] == "TypeError" and "sparse COO" in out["dense"]["message"]
+        assert out["op"]["error"] == "ValueError" and "not Sum or Average" in out["op"]["message"]
+        np.testing.assert_array_equal(out["after"], [n, n, n])
+        for key in ("weight_False", "weight_True"):
+            np.testing.assert_allclose(out[key], results[0][key], rtol=1e-6)
+    # sparse and sparse_as_dense: the same update (exact path, no switch here)
+    np.testing.assert_allclose(results[0]["weight_False"], results[0]["weight_True"],
+                               rtol=1e-6)

@@ -665,5 +665,59 @@ def torch_optimizer_state(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
+def sparse_input(rank: int, rows: int = 40, dim: int = 3) -> torch.Tensor:
+    """A rank's sparse gradient-like tensor: some rows of a rows x dim table, uncoalesced
+    (a row may repeat), rank 1's empty."""
+    if rank == 1:
+        return torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64),
+                                       torch.zeros((0, dim)), (rows, dim),
+                                       check_invariants=True)
+    g = torch.Generator().manual_seed(10 + rank)
+    index = torch.randint(0, rows, (12,), generator=g)
+    return torch.sparse_coo_tensor(index.reshape(1, -1), torch.randn(12, dim, generator=g),
+                                   (rows, dim), check_invariants=True)
+
+
+@case
+def torch_sparse(comm: Any, p: dict) -> dict[str, Any]:
+    """Sparse COO tensors through the Horovod API: sparse_allreduce_async (Sum and
+    Average, a rank with no entries), allreduce of a sparse tensor, bad input, and the
+    DistributedOptimizer with an nn.Embedding(sparse=True) (sparse and sparse_as_dense)."""
+    import ina_collectives.torch as hvd
+    hvd.init(comm)
+    r = hvd.rank()
+    out: dict[str, Any] = {}
+    x = sparse_input(r)
+    out["sum"] = _np(hvd.sparse_allreduce_async(x, name="s", op=hvd.Sum)().to_dense())
+    avg = hvd.sparse_allreduce_async(x, name="a", op=hvd.Average)()
+    out["average"] = _np(avg.to_dense())
+    out["coalesced"] = bool(avg.is_coalesced())
+    out["allreduce"] = _np(hvd.allreduce(x, op=hvd.Sum).to_dense())
+    # Bad input: tables of different sizes, an index out of range, a dense tensor.
+    out["shapes"] = _attempt(lambda: hvd.sparse_allreduce_async(sparse_input(r, rows=40 + r),
+                                                                name="bad1")())
+    wild = torch.sparse_coo_tensor([[0, 99 if r == 0 else 1]], torch.ones(2, 3), (40, 3),
+                                   check_invariants=False)
+    out["range"] = _attempt(lambda: hvd.sparse_allreduce_async(wild, name="bad2")())
+    out["dense"] = _attempt(lambda: hvd.sparse_allreduce_async(torch.ones(3), name="bad3"))
+    out["op"] = _attempt(lambda: hvd.sparse_allreduce_async(x, name="bad4", op=hvd.Max))
+    out["after"] = _np(hvd.allreduce(torch.ones(3), op=hvd.Sum))
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(0)
+        table = torch.nn.Embedding(10, 3, sparse=True)
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(table.parameters()),
+                                                              lr=0.1),
+                                       named_parameters=[(f"emb{sparse_as_dense}",
+                                                          table.weight)],
+                                       sparse_as_dense=sparse_as_dense)
+        index = torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]] if r == 0 else [[1, 3, 4], [4, 7, 9]])
+        opt.zero_grad()
+        (table(index) * (r + 1)).sum().backward()
+        opt.step()
+        out[f"weight_{sparse_as_dense}"] = _np(table.weight.detach())
+    hvd.shutdown()
+    return out
+
+
 if __name__ == "__main__":
     main()

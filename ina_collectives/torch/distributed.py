@@ -48,6 +48,7 @@ from ..runtime import world
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.negotiation import OpRequest
 from ..settings import Settings
+from .sparse import check_sparse, submit_sparse
 from .staging import (
     check_tensor,
     copy_from,
@@ -140,6 +141,8 @@ class ProcessGroupIna(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _op_name(opts)
+        if any(t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, op)
         if op in _BITWISE:
             return self._bitwise_allreduce(tensors, op)
         started = [submit_allreduce(self._live(), t, t, self._name(), op) for t in tensors]
@@ -402,6 +405,22 @@ class ProcessGroupIna(dist.ProcessGroup):
         row = tensor.detach().reshape((1,) + tuple(tensor.shape))
         request = data_request("allgather", row, self._name())
         return self._live().submit(request, send=np.ascontiguousarray(to_numpy(row)))
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], op: str) -> Any:
+        """Sparse COO tensors, each reduced exactly and replaced by its coalesced result
+        (as gloo does): DDP with sparse gradients (torch/sparse.py)."""
+        started = [submit_sparse(self._live(), check_sparse(t, op, "all_reduce"),
+                                 f"{self._name()}.{i}", op) for i, t in enumerate(tensors)]
+        handles = [h for hs, _ in started for h in hs]
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            at = 0
+            for t, (hs, make) in zip(tensors, started):
+                with torch.no_grad():
+                    t.copy_(make(results[at:at + len(hs)]))
+                at += len(hs)
+            return tensors
+        return self._work(handles, finish, "sparse allreduce")
 
     def _bitwise_allreduce(self, tensors: list[torch.Tensor], op: str) -> Any:
         if any(t.is_floating_point() for t in tensors):

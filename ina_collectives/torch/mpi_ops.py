@@ -25,6 +25,7 @@ from ..runtime.negotiation import OpRequest
 from ..runtime.world import ProcessSet, SetMember, global_process_set
 from ..settings import Settings, horovod_environment
 from .compression import Compression, Compressor, switch_values
+from .sparse import check_sparse, submit_sparse
 from .staging import (
     SUPPORTED_DTYPES,  # noqa: F401 - a public name of this module, as before
     Adasum,
@@ -308,6 +309,11 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     new tensor. Gradients flow: the gradient of an allreduce is the allreduce of the
     gradient."""
     op = op_of(op, average)
+    if isinstance(tensor, torch.Tensor) and tensor.is_sparse:
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise ValueError("allreduce of a sparse tensor takes no prescale or postscale "
+                             "factor")
+        return sparse_allreduce_async(tensor, name, op, process_set)()
     check_tensor(tensor, "allreduce")
     compressed, ctx = compression.compress(tensor)
     with switch_values(compression):
@@ -724,13 +730,25 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
     return [compression.decompress(t, c) for t, (_, c) in zip(reduced, pairs)]
 
 
-# -- what is out of scope, named --------------------------------------------------------------
+# -- sparse tensors -------------------------------------------------------------------------
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average,
-                           process_set: ProcessSet = global_process_set) -> int:
-    """Not supported: sparse tensors have no path to the switch here."""
-    raise NotImplementedError("sparse allreduce is not implemented by ina_collectives; "
-                              "reduce tensor.to_dense() with allreduce_async instead")
+                           process_set: ProcessSet = global_process_set
+                           ) -> Callable[[], torch.Tensor]:
+    """Start the exact reduction (Sum or Average) of a sparse COO tensor over
+    ``process_set``: every rank's indices and values gathered and coalesced
+    (torch/sparse.py). Returns, as Horovod does, a function that waits for it and
+    returns the coalesced result."""
+    op = op_of(op, None)
+    check_sparse(tensor, op, "sparse_allreduce_async")
+    member = _member(process_set, "sparse_allreduce")
+    base = _name("sparse_allreduce", name, member)
+    handles, finish = submit_sparse(member.runtime, tensor, base, op)
+    handle = _register(handles, finish, f"sparse allreduce '{base}' on all ranks")
+    return lambda: synchronize(handle)
+
+
+# -- what is out of scope, named --------------------------------------------------------------
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

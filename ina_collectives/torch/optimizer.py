@@ -29,7 +29,8 @@ class DistributedOptimizerMixin:
 
     def _ina_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                    compression: type[Compressor], backward_passes_per_step: int, op: str,
-                   gradient_predivide_factor: float, process_set: ProcessSet) -> None:
+                   gradient_predivide_factor: float, process_set: ProcessSet,
+                   sparse_as_dense: bool = False) -> None:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got "
                              f"{backward_passes_per_step}")
@@ -59,11 +60,14 @@ class DistributedOptimizerMixin:
         self._ina_compression = compression
         self._ina_passes = backward_passes_per_step
         self._ina_op = op
+        self._ina_sparse_as_dense = sparse_as_dense
         self._ina_prescale = 1.0 / gradient_predivide_factor
         self._ina_postscale = gradient_predivide_factor
         self._ina_delay = {p: backward_passes_per_step for p in params}
         self.process_set = process_set
-        self._ina_handles: dict[torch.Tensor, tuple[int, Any, torch.Tensor]] = {}
+        self._ina_handles: dict[torch.Tensor, tuple[Any, Any, torch.Tensor | None]] = {}
+        # Sparse gradients reduced dense: their sparse dims, to hand them back sparse.
+        self._ina_densified: dict[torch.Tensor, int] = {}
         self._ina_synchronized = False
         self._ina_skip_sync = False
         # A rank outside the process set steps on its own gradients, as in Horovod.
@@ -79,9 +83,18 @@ class DistributedOptimizerMixin:
         if self._ina_delay[p] == 0:
             self._ina_handles[p] = self._ina_start(p)
 
-    def _ina_start(self, p: torch.Tensor) -> tuple[int, Any, torch.Tensor]:
+    def _ina_start(self, p: torch.Tensor) -> tuple[Any, Any, torch.Tensor | None]:
         if p.grad is None:  # unused on this rank: every rank must still submit it
             p.grad = torch.zeros_like(p)
+        if p.grad.is_sparse:
+            if not self._ina_sparse_as_dense:  # the exact sparse exchange (sparse.py)
+                return (mpi_ops.sparse_allreduce_async(p.grad, self._ina_names[p],
+                                                       self._ina_op, self.process_set),
+                        None, None)
+            # Reduced dense (through the switch, where it serves), handed back sparse:
+            # an optimizer for sparse gradients (SparseAdam) takes no dense ones.
+            self._ina_densified[p] = p.grad.sparse_dim()
+            p.grad = p.grad.to_dense()
         compressed, ctx = self._ina_compression.compress(p.grad)
         with switch_values(self._ina_compression):
             handle = mpi_ops.allreduce_async_(compressed, name=self._ina_names[p],
@@ -101,11 +114,16 @@ class DistributedOptimizerMixin:
             if p.requires_grad and p not in self._ina_handles:
                 self._ina_handles[p] = self._ina_start(p)
         for p, (handle, ctx, compressed) in self._ina_handles.items():
+            self._ina_delay[p] = self._ina_passes
+            if compressed is None:  # a sparse gradient's exchange: its result replaces it
+                p.grad = handle()
+                continue
             reduced = mpi_ops.synchronize(handle)
             if compressed is not p.grad:
                 with torch.no_grad():
                     p.grad.copy_(self._ina_compression.decompress(reduced, ctx))
-            self._ina_delay[p] = self._ina_passes
+            if p in self._ina_densified:
+                p.grad = p.grad.to_sparse(self._ina_densified.pop(p))
         self._ina_handles.clear()
         self._ina_synchronized = True
 
@@ -156,8 +174,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``gradient_predivide_factor`` f divides before the sum and multiplies after
     (Average: overall 1/size either way). ``groups`` (Horovod's hint of which gradients to
     fuse together) is checked and accepted: the runtime already fuses every gradient
-    that is ready in a cycle, so results do not depend on it. Sparse gradients are not
-    supported, so ``sparse_as_dense`` changes nothing."""
+    that is ready in a cycle, so results do not depend on it. Sparse gradients (an
+    ``nn.Embedding(sparse=True)``'s) are reduced exactly by gathering every rank's
+    indices and values (torch/sparse.py), or with ``sparse_as_dense`` as dense tensors
+    (through the switch where it serves) and handed back sparse."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -175,5 +195,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._ina_setup(named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, process_set)
+                       gradient_predivide_factor, process_set, sparse_as_dense)
     return wrapped
