@@ -643,3 +643,28 @@ def test_sparse_tensors_through_the_horovod_api():
     # sparse and sparse_as_dense: the same update (exact path, no switch here)
     np.testing.assert_allclose(results[0]["weight_False"], results[0]["weight_True"],
                                rtol=1e-6)
+
+
+@pytest.mark.mpi
+def test_the_runtime_rescues_a_call_one_rank_lost_after_another_returned():
+    """All or nothing without a vote under the Horovod runtime: its negotiation is the
+    gate (docs/protocol.md). Rank 0 returned from the call and killed the switch; rank 1
+    lost the results, reaches its silence bound and posts TROUBLE; rank 0's runtime
+    meets it in its next negotiation and sends its kept window. Same bits, exact sum,
+    and the next call on an exact engine."""
+    from ina_collectives.switch.embedded import embedded_switch
+    count = 5000
+    with embedded_switch() as sw:
+        results = run(2, "torch_switch_dies_after_the_last_result",
+                      {"count": count, "switch_pid": sw.process.pid},
+                      env={"INA_SWITCH": sw.address_text})
+    expected = np.arange(count, dtype=np.float32) * 3
+    for out in results:
+        assert "error" not in out, out
+        np.testing.assert_array_equal(out["second"], expected)
+        np.testing.assert_array_equal(out["third"], 4.0)
+        assert out["switch"]["outages"] == 1, out["switch"]
+    assert results[0]["second"].tobytes() == results[1]["second"].tobytes()
+    assert results[1]["switch"]["rescued_calls"] == 1, results[1]["switch"]
+    assert results[0]["switch"]["rescued_calls"] == 0
+    assert results[1]["seconds"] >= 1.5

@@ -719,5 +719,40 @@ def torch_sparse(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
+@case
+def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any]:
+    """The Horovod API's runtime: rank 1's results stop reaching it from the second call
+    on (its socket takes datagrams from a dead address only), rank 0 returns from that
+    call and SIGKILLs the switch. Rank 1 must get rank 0's bits, through the rescue its
+    TROUBLE row starts in the next negotiation, which rank 0's idle cycles make."""
+    import signal
+    import socket
+
+    import ina_collectives.torch as hvd
+    from ina_collectives.runtime import world
+    hvd.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30)
+    r = hvd.rank()
+    n = p["count"]
+    first = hvd.allreduce(torch.full((n,), 1.0 + r), op=hvd.Sum, name="first")
+    if r == 1:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            dead = s.getsockname()[1]
+        world.require().runtime.collectives.ina.link.sock.connect(("127.0.0.1", dead))
+    hvd.barrier()
+    x = torch.arange(n, dtype=torch.float32) * (r + 1)
+    start = time.monotonic()
+    second = hvd.allreduce(x, op=hvd.Sum, name="second")
+    seconds = time.monotonic() - start
+    if r == 0:
+        os.kill(p["switch_pid"], signal.SIGKILL)
+    third = hvd.allreduce(torch.full((n,), 2.0), op=hvd.Sum, name="third")
+    out = {"first": _np(first), "second": _np(second), "third": _np(third),
+           "seconds": seconds, "switch": hvd.stats()["switch"],
+           "engines": hvd.stats()["engines"]}
+    hvd.shutdown()
+    return out
+
+
 if __name__ == "__main__":
     main()
