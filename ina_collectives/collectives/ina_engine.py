@@ -1,11 +1,13 @@
 """Allreduce computed by the aggregator ("the switch"): the INA engine.
 
 It quantizes, streams through the workers' links (ina/link.py) and dequantizes; the
-ranks agree on the first window's exponents first and on the outcome last. Its pieces,
+ranks agree on the first window's exponents first (in the chooser's agreement, or in a
+round of its own) and, where the results cannot tell, on the outcome last. Its pieces,
 one job each: ``aggregators`` (the links: joining, losing and regaining them),
-``striping`` (how a call is split across several), ``outcome`` (the vote), ``repair``
-(quorum chunks a rank lost) and ``quorum`` (the mode). It never runs another engine
-itself: NaN/Inf in the input or a failed aggregator give the call back to the chooser
+``striping`` (how a call is split across several), ``outcome`` (the vote), ``recovery``
+(a call that ended without one: the kept window and the rescue), ``repair`` (quorum
+chunks a rank lost) and ``quorum`` (the mode). It never runs another engine itself:
+NaN/Inf in the input or a failed aggregator give the call back to the chooser
 (HandOver), which finishes it on the ring.
 """
 from __future__ import annotations
