@@ -157,6 +157,18 @@ class Settings:
         "up to this many bytes and reduced in one call (tensor fusion); 0 turns fusion "
         "off. HOROVOD_FUSION_THRESHOLD is read too.",
     )
+    sparse_hot_rows: int = _setting(
+        1024,
+        "Horovod API, sparse gradients (issue 33, Libra): the most rows of a sparse tensor "
+        "(one sparse dimension, by name) summed densely as an allreduce, through the "
+        "switch where it serves, the rows touched most often over the ranks; the rest go "
+        "by the exact gather. 0: every row by the gather.",
+    )
+    sparse_reelect_calls: int = _setting(
+        20,
+        "Horovod API, sparse gradients: the hot rows are elected again every this many "
+        "calls of a tensor, from every rank's touches so far (the same on every rank).",
+    )
     cycle_time: float = _setting(
         0.001,
         "Horovod API: seconds between the background thread's negotiation rounds, in which "
@@ -227,6 +239,11 @@ class Settings:
         if self.retransmit_min > self.retransmit_max:
             raise ValueError(f"retransmit_min ({self.retransmit_min}) must not exceed "
                              f"retransmit_max ({self.retransmit_max})")
+        if self.sparse_hot_rows < 0:
+            raise ValueError(f"sparse_hot_rows must be >= 0, got {self.sparse_hot_rows}")
+        if self.sparse_reelect_calls < 1:
+            raise ValueError(f"sparse_reelect_calls must be >= 1, got "
+                             f"{self.sparse_reelect_calls}")
         if self.fusion_threshold < 0:
             raise ValueError(f"fusion_threshold must be >= 0, got {self.fusion_threshold}")
         for name in ("cycle_time", "stall_warning_time", "stall_shutdown_time"):

@@ -668,3 +668,35 @@ def test_the_runtime_rescues_a_call_one_rank_lost_after_another_returned():
     assert results[1]["switch"]["rescued_calls"] == 1, results[1]["switch"]
     assert results[0]["switch"]["rescued_calls"] == 0
     assert results[1]["seconds"] >= 1.5
+
+
+@pytest.mark.mpi
+def test_hot_rows_of_a_sparse_tensor_go_through_the_switch():
+    """Libra's split: after the first call the rows touched most over the ranks are
+    elected (the same on every rank) and summed through the switch; the others are
+    gathered exactly. Every step's result is the sum within the switch's bound on the
+    hot rows and exact on the rest, has exactly the rows some rank touched, and is the
+    same on every rank."""
+    from ina_collectives.switch.embedded import embedded_switch
+    from tests.torch_cases import skewed_sparse
+    n, steps = 3, 6
+    with embedded_switch() as sw:
+        results = run(n, "torch_sparse_hot", {"steps": steps, "hot_rows": 6},
+                      env={"INA_SWITCH": sw.address_text})
+    for step in range(steps):
+        inputs = [skewed_sparse(r, step) for r in range(n)]
+        exact = sum(x.to_dense() for x in inputs).numpy()
+        touched = np.unique(np.concatenate([x.coalesce().indices()[0].numpy()
+                                            for x in inputs]))
+        for out in results:
+            got = out["results"][step]
+            np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6 * np.abs(exact).max())
+            assert out["nnz"][step] == touched.size, (step, out["nnz"][step], touched)
+            assert got.tobytes() == results[0]["results"][step].tobytes()
+    for out in results:
+        table = out["sparse"]["sparse_allreduce.emb"] if "sparse_allreduce.emb" in \
+            out["sparse"] else next(iter(out["sparse"].values()))
+        assert table["calls"] == steps and table["hot_rows"] == 6, table
+        assert table["hot_share_of_touched_rows"] > 0.2, table
+        assert table["bytes_through_allreduce"] > 0 and table["bytes_gathered"] > 0, table
+        assert out["engines"].get("ina", 0) > 0, out["engines"]  # the hot blocks

@@ -754,5 +754,33 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     return out
 
 
+def skewed_sparse(rank: int, step: int, rows: int = 100, dim: int = 4) -> torch.Tensor:
+    """A rank's sparse gradient at ``step``: 20 lookups, most of them of a few rows."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    hot = torch.randint(0, 6, (14,), generator=g)
+    cold = torch.randint(0, rows, (6,), generator=g)
+    index = torch.cat([hot, cold]).reshape(1, -1)
+    return torch.sparse_coo_tensor(index, torch.randn(20, dim, generator=g), (rows, dim),
+                                   check_invariants=True)
+
+
+@case
+def torch_sparse_hot(comm: Any, p: dict) -> dict[str, Any]:
+    """The same sparse tensor name reduced p["steps"] times with hot rows on: the hot
+    rows' sums go through the switch, the rest are gathered; each step's dense result."""
+    import ina_collectives.torch as hvd
+    hvd.init(comm, switch_min_bytes=0, sparse_hot_rows=p["hot_rows"], sparse_reelect_calls=2)
+    r = hvd.rank()
+    out: dict[str, Any] = {"results": [], "nnz": []}
+    for step in range(p["steps"]):
+        result = hvd.sparse_allreduce_async(skewed_sparse(r, step), name="emb", op=hvd.Sum)()
+        out["results"].append(_np(result.to_dense()))
+        out["nnz"].append(int(result._nnz()))
+    stats = hvd.stats()
+    out["sparse"], out["engines"] = stats["sparse"], stats["engines"]
+    hvd.shutdown()
+    return out
+
+
 if __name__ == "__main__":
     main()

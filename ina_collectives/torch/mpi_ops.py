@@ -25,7 +25,7 @@ from ..runtime.negotiation import OpRequest
 from ..runtime.world import ProcessSet, SetMember, global_process_set
 from ..settings import Settings, horovod_environment
 from .compression import Compression, Compressor, switch_values
-from .sparse import check_sparse, submit_sparse
+from .sparse import check_sparse, submit_sparse, table_stats
 from .staging import (
     SUPPORTED_DTYPES,  # noqa: F401 - a public name of this module, as before
     Adasum,
@@ -186,8 +186,10 @@ def rocm_built() -> bool:
 
 
 def stats(process_set: ProcessSet = global_process_set) -> dict[str, Any]:
-    """Calls, bytes and engines of the set's reductions so far, and fusion counters."""
-    return _member(process_set, "stats").runtime.stats()
+    """Calls, bytes and engines of the set's reductions so far, fusion counters, and per
+    sparse tensor its hot rows and traffic ("sparse")."""
+    runtime = _member(process_set, "stats").runtime
+    return {**runtime.stats(), "sparse": table_stats(runtime)}
 
 
 # -- handles -------------------------------------------------------------------------------
@@ -743,7 +745,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: An
     check_sparse(tensor, op, "sparse_allreduce_async")
     member = _member(process_set, "sparse_allreduce")
     base = _name("sparse_allreduce", name, member)
-    handles, finish = submit_sparse(member.runtime, tensor, base, op)
+    settings = member.runtime.settings
+    handles, finish = submit_sparse(member.runtime, tensor, base, op,
+                                    settings.sparse_hot_rows, settings.sparse_reelect_calls)
     handle = _register(handles, finish, f"sparse allreduce '{base}' on all ranks")
     return lambda: synchronize(handle)
 
