@@ -49,8 +49,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # ina-quorum: ina in quorum mode, n - 1 of n (docs/quorum.md)
 SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo", "ina-quorum",
-           "fsdp2-ina", "fsdp2-gloo")
-TRAINING = ("ddp-", "fsdp2-")  # systems that time a training step, not one allreduce
+           "fsdp2-ina", "fsdp2-gloo", "sparse-ina", "sparse-exact", "sparse-gloo",
+           "sparse-dense")
+# Systems that time something else than one dense allreduce of SIZE bytes: a training
+# step, an embedding gradient's exchange (their own tables).
+TRAINING = ("ddp-", "fsdp2-", "sparse-")
 VALUE_BITS = {"ina16": 16}  # the switch's value width per system (else 32)
 
 
@@ -64,7 +67,8 @@ def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> floa
 def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[int],
                reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1,
                block: int = P.DEFAULT_BLOCK, straggler_ms: float = 0.0,
-               straggler_delay_ms: float = 0.0) -> tuple[list[dict[str, Any]], str]:
+               straggler_delay_ms: float = 0.0, sparse: str = ""
+               ) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size, its ranks in the namespaces of ``workers``
     (default all); (records, error or ''). ``jobs``: how many run at once (the limit)."""
     mpiexec = find_mpiexec()
@@ -78,6 +82,7 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                INA_SWITCH_BLOCK=str(block),
                INA_SWITCH_VALUE_BITS=str(VALUE_BITS.get(system, 32)),
                INA_BENCH_STRAGGLER_MS=str(straggler_ms),
+               INA_BENCH_SPARSE=sparse,
                INA_TIMEOUT="120")
     if system == "ina-quorum":
         env["INA_QUORUM"] = str(len(workers) - 1)
@@ -156,7 +161,14 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                         progress.update(task, description=(
                             f"n={n} {rate:g} Mbit/s loss {loss:g}: {system}"))
                         dropped0 = cluster.dropped() if loss else 0
-                        if args.jobs == 1:
+                        if system.startswith("sparse-"):  # one job per workload
+                            runs = [(None, *run_system(
+                                cluster, address, system, [args.rows * args.dim * 4],
+                                args.reps, args.mtu, list(range(n)), block=args.block,
+                                sparse=f"{s},{lookups},{args.rows},{args.dim},"
+                                       f"{args.hot_rows}"))
+                                    for s in args.zipf for lookups in args.lookups]
+                        elif args.jobs == 1:
                             runs = [(None, *run_system(cluster, address, system, args.sizes,
                                                        args.reps, args.mtu, list(range(n)),
                                                        block=args.block,
@@ -187,7 +199,11 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                                         if loss else 0),
                                     **{k: m[k] for k in ("packets", "tcp_retransmits",
                                                          "stream_seconds", "compute_seconds",
-                                                         "fallback_reasons")
+                                                         "fallback_reasons", "zipf",
+                                                         "lookups", "rows", "dim",
+                                                         "hot_share",
+                                                         "bytes_through_allreduce",
+                                                         "bytes_gathered")
                                        if k in m}})
                         progress.advance(task)
                         if args.json:
@@ -218,7 +234,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "gloo); "
                              "ddp-ina and ddp-gloo time one DDP training step of SIZES bytes "
                              "of gradients on backend 'ina' or 'gloo', fsdp2-ina and "
-                             "fsdp2-gloo one FSDP2 step")
+                             "fsdp2-gloo one FSDP2 step; sparse-ina, sparse-exact, "
+                             "sparse-gloo and sparse-dense one embedding gradient's exchange "
+                             "(--zipf --lookups --rows --dim)")
     parser.add_argument("--reps", type=int, help="timed calls per size (median reported)")
     parser.add_argument("--mtu", type=int, default=9000, help="link MTU (K follows from it)")
     parser.add_argument("--tcp-rto-min", type=float, metavar="MS",
@@ -242,6 +260,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="N jobs of n ranks at once through the same aggregator(s), "
                              "after the first job alone: per-job throughput and Jain's "
                              "fairness index (n x N worker namespaces)")
+    parser.add_argument("--zipf", type=float, nargs="+", default=[1.2], metavar="S",
+                        help="sparse systems: the Zipf exponents of the rows' popularity")
+    parser.add_argument("--lookups", type=int, nargs="+", default=[16384], metavar="L",
+                        help="sparse systems: rows each rank looks up per step")
+    parser.add_argument("--rows", type=int, default=1_000_000, metavar="R",
+                        help="sparse systems: the embedding table's rows")
+    parser.add_argument("--dim", type=int, default=64, metavar="D",
+                        help="sparse systems: the embedding table's columns (float32)")
+    parser.add_argument("--hot-rows", type=int, default=4096, metavar="H",
+                        help="sparse-ina: the most rows summed through the switch "
+                             "(sparse_hot_rows)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "netsim.json",
                         help="output records (the table and plots go beside it)")
     args = parser.parse_args(argv)
@@ -296,10 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         netsim_report.table(plain) if (plain := [
             r for r in single if not r["system"].startswith(TRAINING)]) else "",
         netsim_report.ddp_table(single), netsim_report.ddp_table(single, "fsdp2"),
+        netsim_report.sparse_table(single),
         netsim_report.jobs_table(records)]))
     (args.json.parent / (args.json.stem + ".md")).write_text(table + "\n")
     plots = netsim_report.plots([r for r in single if not r["system"].startswith(TRAINING)],
                                 args.json.parent, args.json.stem)
+    plots += netsim_report.sparse_plot(single, args.json.parent, args.json.stem)
     console.print(table, markup=False, highlight=False)
     console.print(f"{len(records)} records in {time.monotonic() - started:.0f} s: {args.json}; "
                   f"plots: {', '.join(str(p) for p in plots)}")

@@ -279,6 +279,74 @@ def fsdp2(backend: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
     return records
 
 
+def zipf_rows(rows: int, s: float, lookups: int, seed: int) -> np.ndarray:
+    """``lookups`` row ids of a table of ``rows``, drawn with P(k-th most popular) ~
+    k^-s; the popularity order is one fixed permutation, the same on every rank."""
+    weights = np.arange(1, rows + 1, dtype=np.float64) ** -s
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    order = np.random.default_rng(0).permutation(rows)
+    draws = np.random.default_rng(seed).random(lookups)
+    return order[np.minimum(np.searchsorted(cdf, draws), rows - 1)]
+
+
+def sparse(system: str, reps: int) -> list[dict[str, Any]]:
+    """One embedding gradient exchange per repetition (INA_BENCH_SPARSE: "zipf, lookups,
+    rows, dim, hot rows"): each rank's gradient is ``lookups`` rows of a rows x dim
+    float32 table drawn from a Zipf law (the ranks' draws differ, each repetition's too).
+    sparse-ina: the Horovod API's sparse allreduce with the hot rows through the switch;
+    sparse-exact: the same, every row gathered (sparse_hot_rows 0); sparse-gloo:
+    torch.distributed gloo's all_reduce of the sparse tensor; sparse-dense: the whole
+    table as a dense allreduce through the switch (sparse_as_dense)."""
+    import torch
+    from mpi4py import MPI
+    zipf, lookups, rows, dim, hot_rows = os.environ["INA_BENCH_SPARSE"].split(",")
+    zipf, lookups, rows, dim = float(zipf), int(lookups), int(rows), int(dim)
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    torch.set_num_threads(1)
+    grads = []
+    for step in range(reps + 1):
+        index = torch.from_numpy(zipf_rows(rows, zipf, lookups, 1000 * step + rank))
+        values = torch.randn(lookups, dim, generator=torch.Generator().manual_seed(step))
+        grads.append(torch.sparse_coo_tensor(index.reshape(1, -1), values, (rows, dim),
+                                             check_invariants=False))
+    steps = iter(range(1 << 30))
+    record: dict[str, Any] = {"bytes": rows * dim * 4, "zipf": zipf, "lookups": lookups,
+                              "rows": rows, "dim": dim}
+    if system == "sparse-gloo":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:29520",
+                                rank=rank, world_size=comm.Get_size())
+
+        def run() -> None:
+            dist.all_reduce(grads[next(steps) % len(grads)].clone())
+        times, cpu = timed(run, dist.barrier, torch_slowest, reps)
+        dist.destroy_process_group()
+        return [{**record, "times": times, "cpu": cpu, "engines": {"gloo": reps + 1}}]
+    import ina_collectives.torch as hvd
+    hvd.init(comm, switch_min_bytes=0,
+             sparse_hot_rows=int(hot_rows) if system == "sparse-ina" else 0,
+             sparse_reelect_calls=1 << 20)
+
+    def run() -> None:
+        grad = grads[next(steps) % len(grads)]
+        if system == "sparse-dense":
+            hvd.allreduce(grad.to_dense(), op=hvd.Sum, name="table")
+        else:
+            hvd.sparse_allreduce_async(grad, name="table", op=hvd.Sum)()
+    times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps)
+    stats = hvd.stats()
+    hvd.shutdown()
+    table = next(iter(stats["sparse"].values()), {})
+    return [{**record, "times": times, "cpu": cpu, "engines": stats["engines"],
+             **({"hot_share": table["hot_share_of_touched_rows"],
+                 "bytes_through_allreduce": table["bytes_through_allreduce"] // max(
+                     table["calls"], 1),
+                 "bytes_gathered": table["bytes_gathered"] // max(table["calls"], 1)}
+                if table else {})}]
+
+
 def main() -> int:
     system, sizes, reps, out = (sys.argv[1], [int(s) for s in sys.argv[2].split(",")],
                                 int(sys.argv[3]), sys.argv[4])
@@ -290,6 +358,9 @@ def main() -> int:
         rank = int(os.environ["PMI_RANK"])
     elif system == "gloo":
         records = gloo(sizes, reps)
+        rank = int(os.environ["PMI_RANK"])
+    elif system.startswith("sparse-"):
+        records = sparse(system, reps)
         rank = int(os.environ["PMI_RANK"])
     else:
         records = mpi_systems(system, sizes, reps)

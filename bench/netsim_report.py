@@ -76,6 +76,65 @@ def ddp_table(records: list[dict[str, Any]], family: str = "ddp") -> str:
     return "\n".join(rows) if len(rows) > 2 else ""
 
 
+SPARSE = ("sparse-ina", "sparse-exact", "sparse-gloo", "sparse-dense")
+
+
+def _sparse_groups(records: list[dict[str, Any]]) -> dict[tuple, dict[str, dict]]:
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        if r["system"] in SPARSE:
+            key = (r["n"], r["link_mbit"], r["zipf"], r["lookups"], r["rows"], r["dim"])
+            groups.setdefault(key, {})[r["system"]] = r
+    return dict(sorted(groups.items()))
+
+
+def sparse_table(records: list[dict[str, Any]]) -> str:
+    """Embedding gradients (issue 33): one exchange per system and workload, and
+    sparse-ina's speed-up over the best of the others."""
+    rows = ["| n | link Mbit/s | zipf | lookups | table | system | ms | hot share | "
+            "bytes through the switch | bytes gathered | sparse-ina speed-up |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (n, link, zipf, lookups, table_rows, dim), systems in _sparse_groups(records).items():
+        ina = systems.get("sparse-ina")
+        for name in SPARSE:
+            r = systems.get(name)
+            if r is None:
+                continue
+            up = (f"{r['seconds'] / ina['seconds']:.2f}x" if ina and r is not ina else "")
+            rows.append(f"| {n} | {link:g} | {zipf:g} | {lookups} | {table_rows} x {dim} | "
+                        f"{name} | {r['seconds'] * 1e3:.1f} | "
+                        f"{r.get('hot_share', '')} | {r.get('bytes_through_allreduce', '')} | "
+                        f"{r.get('bytes_gathered', '')} | {up} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def sparse_plot(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Path]:
+    """sparse-ina's speed-up over the best of the others against lookups, a line per n
+    and Zipf exponent: where the hot rows pay."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    points: dict[tuple, list[tuple[int, float]]] = {}
+    for (n, link, zipf, lookups, _, _), systems in _sparse_groups(records).items():
+        others = [r["seconds"] for name, r in systems.items() if name != "sparse-ina"]
+        if "sparse-ina" in systems and others:
+            points.setdefault((n, link, zipf), []).append(
+                (lookups, min(others) / systems["sparse-ina"]["seconds"]))
+    if not points:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (n, link, zipf), line in sorted(points.items()):
+        line.sort()
+        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o",
+                label=f"n={n}, s={zipf:g}, {link:g} Mbit/s")
+    ax.axhline(1.0, color="black", linewidth=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("lookups per rank and step")
+    ax.set_ylabel("sparse-ina speed-up over the best other")
+    ax.legend()
+    return [_save(fig, directory / f"{stem}-sparse.png")]
+
+
 def jobs_table(records: list[dict[str, Any]]) -> str:
     """--jobs N: each job's throughput while all ran at once, as a fraction of the first
     job's alone, and Jain's fairness index over the jobs' throughputs, (sum x)^2 / (N sum
@@ -180,14 +239,19 @@ def _save(fig: Any, path: Path) -> Path:
 def main() -> int:
     path = Path(sys.argv[1])
     records = json.loads(path.read_text())
-    print(table([r for r in records if not r["system"].startswith(("ddp-", "fsdp2-"))]))
+    print(table([r for r in records
+                 if not r["system"].startswith(("ddp-", "fsdp2-", "sparse-"))]))
+    if sparse_table(records):
+        print()
+        print(sparse_table(records))
     for family in ("ddp", "fsdp2"):
         steps = ddp_table(records, family)
         if steps:
             print()
             print(steps)
-    for p in plots([r for r in records if not r["system"].startswith(("ddp-", "fsdp2-"))],
-                   path.parent, path.stem):
+    for p in plots([r for r in records
+                    if not r["system"].startswith(("ddp-", "fsdp2-", "sparse-"))],
+                   path.parent, path.stem) + sparse_plot(records, path.parent, path.stem):
         print("wrote", p)
     return 0
 

@@ -700,3 +700,17 @@ def test_hot_rows_of_a_sparse_tensor_go_through_the_switch():
         assert table["hot_share_of_touched_rows"] > 0.2, table
         assert table["bytes_through_allreduce"] > 0 and table["bytes_gathered"] > 0, table
         assert out["engines"].get("ina", 0) > 0, out["engines"]  # the hot blocks
+
+
+def test_hot_rows_are_elected_only_where_they_pay():
+    """The hot set: the most touched rows, ascending; empty where summing them densely
+    would cost more bytes than gathering their entries (torch/sparse.py, elect)."""
+    from ina_collectives.torch.sparse import elect
+    counts = np.zeros(1000, np.int64)
+    counts[[7, 3, 500]] = [400, 300, 2]   # over 4 calls of 8 ranks
+    np.testing.assert_array_equal(elect(counts, 4, 2, 8, 256), [3, 7])
+    # Rows touched once in a while on 2 ranks: a dense row costs more than it saves.
+    rare = np.zeros(1000, np.int64)
+    rare[[1, 2, 3]] = 1
+    assert elect(rare, 10, 3, 2, 256).size == 0
+    assert elect(counts, 0, 2, 8, 256).size == 0   # nothing counted yet

@@ -75,6 +75,22 @@ def table_stats(runtime: BackgroundRuntime) -> dict[str, dict[str, Any]]:
     return {name: t.report() for name, t in _tables.get(runtime, {}).items()}
 
 
+def elect(counts: np.ndarray, calls: int, most: int, n: int, row_bytes: int) -> np.ndarray:
+    """The hot rows: the ``most`` rows touched most over the ranks in ``calls`` calls
+    (``counts``), ascending; none where they would not pay. By bytes: each hot row's
+    entries would otherwise reach every other rank by the gather ((n - 1) x its entries
+    per rank x (8 + row_bytes) received per rank), and summed densely they cost one row
+    each way through the switch; the set pays when what it saves exceeds what it costs.
+    The same counts on every rank give the same rows on every rank."""
+    if calls == 0:
+        return np.zeros(0, np.int64)
+    ranked = np.argsort(-counts, kind="stable")[:most]
+    hot = np.sort(ranked[counts[ranked] > 0])
+    entries_per_rank = counts[hot].sum() / calls / n
+    saved = (n - 1) * entries_per_rank * (8 + row_bytes)
+    return hot if saved > hot.size * row_bytes else np.zeros(0, np.int64)
+
+
 def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, op: str,
                   hot_rows: int = 0, reelect: int = 1
                   ) -> tuple[list[Handle], Callable[[list[Any]], torch.Tensor]]:
@@ -101,8 +117,8 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
         if table is None or table.counts.size != size[0]:
             table = tables[name] = Table(np.zeros(size[0], np.int64), np.zeros(0, np.int64))
         if table.calls % reelect == 0 or table.calls == 1:  # (1: the first counts)
-            ranked = np.argsort(-table.counts, kind="stable")[:hot_rows]
-            table.hot = np.sort(ranked[table.counts[ranked] > 0])
+            table.hot = elect(table.counts, table.calls, hot_rows, runtime.size,
+                              int(np.prod(size[1:])) * values.element_size())
         table.calls += 1
     hot = table.hot if table is not None else np.zeros(0, np.int64)
     rows = indices[:, 0].numpy() if t.sparse_dim() == 1 else np.zeros(0, np.int64)
