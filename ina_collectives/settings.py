@@ -158,11 +158,12 @@ class Settings:
         "off. HOROVOD_FUSION_THRESHOLD is read too.",
     )
     sparse_hot_rows: int = _setting(
-        1024,
+        0,
         "Horovod API, sparse gradients (issue 33, Libra): the most rows of a sparse tensor "
         "(one sparse dimension, by name) summed densely as an allreduce, through the "
-        "switch where it serves, the rows touched most often over the ranks; the rest go "
-        "by the exact gather. 0: every row by the gather.",
+        "switch where it serves, the rows touched most often over the ranks, where that "
+        "pays by bytes; the rest go by the exact gather. 0 (the default: measured on this "
+        "project's 2-core machine it never paid, docs/netsim.md): every row by the gather.",
     )
     sparse_reelect_calls: int = _setting(
         20,
