@@ -26,13 +26,8 @@ def _start(comm: Any, **options: Any) -> None:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         dist.init_process_group("ina", **options)
         return
-    port = 0
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(comm.bcast(port, root=0))
+    os.environ["MASTER_PORT"] = str(comm.bcast(_free_port() if comm.rank == 0 else 0, root=0))
     dist.init_process_group("ina", rank=comm.rank, world_size=comm.size, **options)
 
 

@@ -370,9 +370,13 @@ class BackgroundRuntime:
                 self._finish(item.name, recv)
             offset += count
 
-    def _reduce(self, buffer: np.ndarray, req: OpRequest) -> None:
+    def _reduce(self, buffer: np.ndarray, req: OpRequest,
+                part: tuple[int, int] | None = None) -> None:
         """Reduce ``buffer`` in place over all ranks with Horovod's semantics: prescale,
-        reduce, postscale (Average: divided by the number of ranks)."""
+        reduce, postscale (Average: divided by the number of ranks). ``part``: only
+        buffer[part[0]:part[1]] is wanted on this rank (a reducescatter: the ring's
+        reduce-scatter, (n-1)/n of the bytes where an allreduce moves them all each way;
+        the other ranks' parts are given too)."""
         if req.prescale != 1.0:
             _scale(buffer, req.prescale)
         op = as_op(req.op)  # Average: a SUM here, then divided
@@ -382,8 +386,15 @@ class BackgroundRuntime:
             # which only the engine knows (docs/quorum.md).
             self.collectives.allreduce_flat(None, buffer, Op.AVERAGE, req.switch_bits)
             return
-        self.collectives.allreduce_flat(None, buffer, Op.SUM if op is Op.AVERAGE else op,
-                                        req.switch_bits)
+        summed = Op.SUM if op is Op.AVERAGE else op
+        if part is None:
+            self.collectives.allreduce_flat(None, buffer, summed, req.switch_bits)
+        else:
+            row = buffer.size // max(req.shape[0], 1)
+            bounds = [(a * row, b * row) for a, b in
+                      (split_rows(req.shape[0], self.size, r) for r in range(self.size))]
+            self.collectives.reduce_scatter_flat(buffer, summed, bounds)
+            buffer = buffer[part[0]:part[1]]
         if req.op == "average" and req.postscale == 1.0:
             # A true division, not Horovod's multiplication by (float)(1 / size): one
             # rounding fewer, and what Horovod's own tests expect at 3 ranks.
@@ -438,23 +449,8 @@ class BackgroundRuntime:
         full = np.array(data["send"], copy=True).reshape(-1)
         first, row = req.shape[0], math.prod(req.shape[1:])
         start, stop = split_rows(first, self.size, self.rank)
-        if full.size and self.collectives.quorum_active():
-            self._reduce(full, req)  # (a quorum's AVERAGE divides per chunk: the switch)
-        elif full.size:
-            # The ring's reduce-scatter: (n-1)/n of the bytes, where an allreduce moves
-            # them all each way (Collectives.reduce_scatter_flat).
-            if req.prescale != 1.0:
-                _scale(full, req.prescale)
-            op = as_op(req.op)
-            bounds = [(a * row, b * row)
-                      for a, b in (split_rows(first, self.size, r) for r in range(self.size))]
-            self.collectives.reduce_scatter_flat(full, Op.SUM if op is Op.AVERAGE else op,
-                                                 bounds)
-            mine = full[start * row:stop * row]
-            if req.op == "average" and req.postscale == 1.0:
-                _divide(mine, self.size)
-            elif (post := req.postscale / (self.size if req.op == "average" else 1)) != 1.0:
-                _scale(mine, post)
+        if full.size:
+            self._reduce(full, req, (start * row, stop * row))
         return full[start * row:stop * row].reshape((stop - start,) + req.shape[1:])
 
     def _barrier(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> None:
