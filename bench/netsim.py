@@ -203,7 +203,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                                          "lookups", "rows", "dim",
                                                          "hot_share",
                                                          "bytes_through_allreduce",
-                                                         "bytes_gathered")
+                                                         "bytes_gathered", "hot_ms",
+                                                         "exact_ms", "trials_declined")
                                        if k in m}})
                         progress.advance(task)
                         if args.json:

@@ -92,8 +92,9 @@ def sparse_table(records: list[dict[str, Any]]) -> str:
     """Embedding gradients (issue 33): one exchange per system and workload, and
     sparse-ina's speed-up over the best of the others."""
     rows = ["| n | link Mbit/s | zipf | lookups | table | system | ms | hot share | "
-            "bytes through the switch | bytes gathered | sparse-ina speed-up |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "bytes through the switch | bytes gathered | hot / exact calls ms | "
+            "sparse-ina speed-up |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (n, link, zipf, lookups, table_rows, dim), systems in _sparse_groups(records).items():
         ina = systems.get("sparse-ina")
         for name in SPARSE:
@@ -104,8 +105,17 @@ def sparse_table(records: list[dict[str, Any]]) -> str:
             rows.append(f"| {n} | {link:g} | {zipf:g} | {lookups} | {table_rows} x {dim} | "
                         f"{name} | {r['seconds'] * 1e3:.1f} | "
                         f"{r.get('hot_share', '')} | {r.get('bytes_through_allreduce', '')} | "
-                        f"{r.get('bytes_gathered', '')} | {up} |")
+                        f"{r.get('bytes_gathered', '')} | {_hot_exact(r)} | {up} |")
     return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def _hot_exact(record: dict[str, Any]) -> str:
+    """sparse-ina's own medians of its calls with and without hot rows (the slowest
+    rank's), and how often it set the hot rows aside."""
+    if record.get("hot_ms") is None and record.get("exact_ms") is None:
+        return ""
+    return (f"{record.get('hot_ms')} / {record.get('exact_ms')} "
+            f"({record.get('trials_declined', 0)} set aside)")
 
 
 def sparse_plot(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Path]:

@@ -134,7 +134,7 @@ def test_ddp_demo_through_the_switch_matches_one_process(n, hook):
 def test_embedding_demo_with_sparse_gradients_matches_one_process(api):
     """examples/train_embedding.py on 4 ranks: a DLRM-shaped click model whose embedding
     tables have sparse gradients, with DDP on backend "ina" and with the Horovod API (its
-    64 hottest rows per table summed through the switch), ends within 1% of one
+    64 hottest rows per table tried through the switch), ends within 1% of one
     process; the dense layers' gradients went through the switch."""
     env = {"INA_SWITCH_MIN_BYTES": "0"}
     if api == "horovod":
@@ -153,7 +153,9 @@ def test_embedding_demo_with_sparse_gradients_matches_one_process(api):
         assert set(tables) == {"user", "item"}, proc.stdout
         for table in tables.values():
             report = ast.literal_eval(table)
-            assert report["hot_rows"] == 64 and report["bytes_through_allreduce"] > 0, report
+            # Tried after the first 20 calls, then kept or set aside by the times.
+            assert report["bytes_through_allreduce"] > 0, report
+            assert report["hot_rows"] == 64 or report["trials_declined"] > 0, report
             assert 0 < report["hot_share_of_touched_rows"] < 1, report
 
 

@@ -9,17 +9,19 @@ over every rank, summed as a dense allreduce, through the switch where it serves
 other rows, and every row of any other tensor, go as below (``submit_sparse``).
 
 Three allgathers through the group's runtime, submitted together: each rank's layout
-(its tensor's size and whether its indices lie inside it), its indices (nnz x sparse
+(its tensor's size, whether its indices lie inside it, and for hot rows which of them
+it touched and how long its last call took), its indices (nnz x sparse
 dims, int64) and its values (nnz x dense dims). The negotiation compares what it always
 compares (the values' dtype and trailing dims, the indices' width); the layout rows
 are compared here, on every rank alike, so ranks whose tables differ, or a rank whose
 indices fall outside its table, raise ValueError on every rank naming them. A rank with
-no entries (nnz 0) simply adds none.
+no entries (nnz 0) simply adds none. Hot rows add one allreduce of their dense block.
 """
 from __future__ import annotations
 
+import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -47,22 +49,99 @@ def check_sparse(tensor: Any, op: str, what: str) -> torch.Tensor:
 @dataclass
 class Table:
     """What the ranks know alike of one sparse tensor (by name): how often each row was
-    touched over every rank, the hot rows elected from that, and the traffic so far."""
+    touched over every rank, the hot rows in use, the calls' times, and the traffic.
+
+    Every field but ``elapsed`` and the byte counts is the same on every rank: each is
+    made from what the layout gather brought (every rank's touches and last time)."""
 
     counts: np.ndarray                   # touches per row, summed over the ranks
-    hot: np.ndarray                      # the hot rows, ascending (int64)
+    hot: np.ndarray                      # the hot rows in use, ascending (int64)
     calls: int = 0
     rows_touched: int = 0                # over the calls: distinct rows with entries
     hot_rows_touched: int = 0            # of those, hot ones
     bytes_through_allreduce: int = 0     # this rank's hot blocks (the switch's, if it serves)
     bytes_gathered: int = 0              # this rank's share of the exact gather
+    elapsed: float = 0.0                 # this rank's last call: exchange and finish (s)
+    last_hot: bool = False               # whether the last call had hot rows
+    exact_times: list[float] = field(default_factory=list)  # the slowest rank's, recent
+    hot_times: list[float] = field(default_factory=list)    # the same, the last trial's
+    new_trial: bool = False              # a trial began and has no times yet
+    wait: int = 0                        # more periods to stay exact before a new trial
+    backoff: int = 1                     # the next wait after a trial that did not pay
+    declined: int = 0                    # trials measured slower than the exact gather
+
+    def record(self, slowest: float, hot: bool, keep: int) -> None:
+        """The slowest rank's time of the previous call (the layout gather brings it),
+        which had hot rows or not."""
+        times = self.hot_times if hot else self.exact_times
+        if hot and self.new_trial:  # the last trial's times are kept until now (stats)
+            times.clear()
+            self.new_trial = False
+        times.append(slowest)
+        del times[:-keep]
+
+    def choose(self, elect_now: Callable[[], np.ndarray]) -> None:
+        """At the end of a period: the hot set for the next one. A trial whose calls were
+        slower (median of the slowest rank's times) than the exact gather's recent calls
+        is set aside for 1, 2, 4 ... 32 periods; one that paid is elected again from the
+        counts; after a wait the rows are elected (by bytes: ``elect``) and tried."""
+        if self.hot.size:
+            if self.exact_times and self.hot_times and not self.new_trial and (
+                    np.median(self.hot_times) > np.median(self.exact_times)):
+                self.hot = np.zeros(0, np.int64)
+                self.declined += 1
+                self.wait, self.backoff = self.backoff - 1, min(2 * self.backoff, 32)
+                return
+            self.backoff = 1
+        elif self.wait > 0:
+            self.wait -= 1
+            return
+        trial = elect_now()
+        self.new_trial = self.new_trial or bool(trial.size and not self.hot.size)
+        self.hot = trial
 
     def report(self) -> dict[str, Any]:
         touched = max(self.rows_touched, 1)
         return {"calls": self.calls, "hot_rows": int(self.hot.size),
                 "hot_share_of_touched_rows": round(self.hot_rows_touched / touched, 4),
                 "bytes_through_allreduce": self.bytes_through_allreduce,
-                "bytes_gathered": self.bytes_gathered}
+                "bytes_gathered": self.bytes_gathered,
+                "trials_declined": self.declined,
+                "median_ms": {"exact": _median_ms(self.exact_times),
+                              "hot": _median_ms(self.hot_times)}}
+
+
+def _median_ms(times: list[float]) -> float | None:
+    return round(float(np.median(times)) * 1e3, 3) if times else None
+
+
+def layout_row(inside: bool, size: tuple[int, ...], sparse_dims: int, elapsed: float,
+               touched: np.ndarray) -> np.ndarray:
+    """A rank's row of the layout gather (int64): its length, whether its indices lie
+    inside its size, its sparse dims, its size, its last call's time (µs) and which hot
+    rows it touched (a bitmap, 64 rows a word)."""
+    bits = np.packbits(touched.astype(bool), bitorder="little")
+    words = np.zeros((bits.size + 7) // 8 * 8, np.uint8)
+    words[:bits.size] = bits
+    body = [int(inside), sparse_dims, len(size), *size, int(elapsed * 1e6), touched.size]
+    return np.concatenate([np.array([len(body) + 1 + words.size // 8, *body], np.int64),
+                           words.view(np.int64)])
+
+
+def parse_layouts(gathered: np.ndarray) -> list[dict[str, Any]]:
+    """The ranks' layout rows (layout_row) from their concatenation."""
+    rows, at = [], 0
+    while at < gathered.size:
+        width = int(gathered[at])
+        row = gathered[at + 1:at + width]
+        dims = int(row[2])
+        size = tuple(int(v) for v in row[3:3 + dims])
+        nbits = int(row[4 + dims])
+        bits = np.unpackbits(row[5 + dims:].view(np.uint8), bitorder="little")[:nbits]
+        rows.append({"inside": bool(row[0]), "sparse_dims": int(row[1]), "size": size,
+                     "elapsed": int(row[3 + dims]) / 1e6, "touched": bits})
+        at += width
+    return rows
 
 
 # The tables of each runtime (a process set's, a group's), by tensor name.
@@ -99,32 +178,40 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
     tensor of ``tensor``'s size, dtype and device) from their results.
 
     ``hot_rows`` > 0 (a tensor of one sparse dimension whose name stays the same from
-    call to call, as a DistributedOptimizer's gradients'): the rows most touched over the
-    ranks so far, at most ``hot_rows``, elected again every ``reelect`` calls, are summed
+    call to call, as a DistributedOptimizer's gradients'): every ``reelect`` calls (a
+    period; the first is exact, to time the gather), the rows most touched over the
+    ranks so far, at most ``hot_rows``, are elected where they pay by bytes and summed
     as a dense allreduce (through the switch where it serves: Libra's hot parameters);
-    the other rows go by the exact gather. Every rank elects from the same counts, so
-    every rank splits alike."""
+    the other rows go by the exact gather. A period with hot rows that was slower than
+    the exact gather's is set aside (Table.choose). Every rank decides from the same
+    counts and times, so every rank splits alike."""
+    started = time.perf_counter()
     t = tensor.detach().coalesce()
     size = tuple(t.shape)
     indices = t.indices().t().contiguous()                 # nnz x sparse dims
     values = t.values().contiguous()                       # nnz x dense dims
     inside = bool(((indices >= 0) & (indices < torch.tensor(size[:t.sparse_dim()]))).all())
-    layout = torch.tensor([[int(inside), t.sparse_dim(), *size]], dtype=torch.int64)
     table = None
     if hot_rows > 0 and t.sparse_dim() == 1 and inside:
         tables = _tables.setdefault(runtime, {})
         table = tables.get(name)
         if table is None or table.counts.size != size[0]:
             table = tables[name] = Table(np.zeros(size[0], np.int64), np.zeros(0, np.int64))
-        if table.calls % reelect == 0 or table.calls == 1:  # (1: the first counts)
-            table.hot = elect(table.counts, table.calls, hot_rows, runtime.size,
-                              int(np.prod(size[1:])) * values.element_size())
+        if table.calls and table.calls % reelect == 0:
+            row_bytes = int(np.prod(size[1:])) * values.element_size()
+            table.choose(lambda: elect(table.counts, table.calls, hot_rows, runtime.size,
+                                       row_bytes))
         table.calls += 1
     hot = table.hot if table is not None else np.zeros(0, np.int64)
     rows = indices[:, 0].numpy() if t.sparse_dim() == 1 else np.zeros(0, np.int64)
     at = np.minimum(np.searchsorted(hot, rows), max(hot.size - 1, 0))
     is_hot = (hot[at] == rows) if hot.size else np.zeros(rows.size, bool)
     cold = torch.from_numpy(~is_hot) if hot.size else None
+    touched = np.zeros(hot.size, bool)
+    touched[at[is_hot]] = True
+    layout = torch.from_numpy(layout_row(inside, size, t.sparse_dim(),
+                                         table.elapsed if table is not None else 0.0,
+                                         touched))
     parts = [(f"{name}.layout", layout),
              (f"{name}.indices", indices[cold] if cold is not None else indices),
              (f"{name}.values", values[cold] if cold is not None else values)]
@@ -134,51 +221,61 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
     if hot.size:
         block = torch.zeros((hot.size, *values.shape[1:]), dtype=values.dtype)
         block[torch.from_numpy(at[is_hot])] = values[torch.from_numpy(is_hot)]
-        touched = torch.zeros(hot.size, dtype=torch.int32)
-        touched[torch.from_numpy(at[is_hot])] = 1
-        hot_parts = [submit_allreduce(runtime, block, block, f"{name}.hot", Sum),
-                     submit_allreduce(runtime, touched, touched, f"{name}.touched", Sum)]
-        handles += [h for h, _ in hot_parts]
+        handle, finish_block = submit_allreduce(runtime, block, block, f"{name}.hot", Sum)
+        handles.append(handle)
         table.bytes_through_allreduce += block.numel() * block.element_size()
     if table is not None:
         table.bytes_gathered += sum(p.numel() * p.element_size() for _, p in parts[1:])
+        previous_hot, table.last_hot = table.last_hot, bool(hot.size)
+        done_at = [started]
+
+        def on_done(_: Handle) -> None:
+            done_at[0] = max(done_at[0], time.perf_counter())
+        for handle in handles:
+            handle.add_done_callback(on_done)
 
     def finish(results: list[Any]) -> torch.Tensor:
-        (rows_meta, _), (all_indices, _), (all_values, _) = results[:3]
-        rows_meta = rows_meta.reshape(-1, layout.shape[1])
-        outside = [r for r in range(rows_meta.shape[0]) if not rows_meta[r, 0]]
+        finishing = time.perf_counter()
+        (all_layouts, _), (all_indices, _), (all_values, _) = results[:3]
+        layouts = parse_layouts(np.asarray(all_layouts).reshape(-1))
+        outside = [r for r, row in enumerate(layouts) if not row["inside"]]
         if outside:
             raise ValueError(f"sparse allreduce '{name}': rank(s) {outside} passed indices "
                              f"outside their tensor's size")
-        if not (rows_meta[:, 1:] == rows_meta[0, 1:]).all():
-            shapes = "; ".join(f"rank {r}: {tuple(rows_meta[r, 2:].tolist())} with "
-                               f"{rows_meta[r, 1]} sparse dims"
-                               for r in range(rows_meta.shape[0]))
+        if any((row["size"], row["sparse_dims"]) != (layouts[0]["size"],
+                                                     layouts[0]["sparse_dims"])
+               for row in layouts):
+            shapes = "; ".join(f"rank {r}: {row['size']} with {row['sparse_dims']} "
+                               f"sparse dims" for r, row in enumerate(layouts))
             raise ValueError(f"sparse allreduce '{name}': the ranks' tensors differ: "
                              f"{shapes}")
         gathered_indices = torch.from_numpy(all_indices.reshape(-1, t.sparse_dim()))
         gathered_values = from_numpy(all_values, values,
                                      (gathered_indices.shape[0], *values.shape[1:]))
         if hot.size:
-            (_, finish_block), (_, finish_touched) = hot_parts
             summed = finish_block(results[3])
-            counted = finish_touched(results[4]).numpy()
+            counted = np.sum([row["touched"] for row in layouts], axis=0, dtype=np.int64)
             present = torch.from_numpy(counted > 0)
             gathered_indices = torch.cat([gathered_indices,
                                           torch.from_numpy(hot[counted > 0]).reshape(-1, 1)])
             gathered_values = torch.cat([gathered_values, summed[present]])
-        if table is not None:  # every rank counts the same touches
+        if table is not None:  # every rank counts the same touches and times
             np.add.at(table.counts, all_indices.reshape(-1), 1)
             if hot.size:
                 table.counts[hot] += counted
                 table.hot_rows_touched += int((counted > 0).sum())
             table.rows_touched += int(np.unique(gathered_indices[:, 0].numpy()).size)
+            if table.calls > 2:  # (the first call's time is the connections' set-up)
+                table.record(max(row["elapsed"] for row in layouts), previous_hot,
+                             max(reelect, 3))
         # (Every rank's indices were checked inside the size above.)
         result = torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, size,
                                          device=tensor.device,
                                          check_invariants=False).coalesce()
         if op == Average:
-            result = result / rows_meta.shape[0]
+            result = result / len(layouts)
+        if table is not None:  # the exchange and this step, not the caller's delay
+            table.elapsed = done_at[0] - started + time.perf_counter() - finishing
         return result
 
     return handles, finish
