@@ -162,13 +162,17 @@ class Settings:
         "Horovod API, sparse gradients (issue 33, Libra): the most rows of a sparse tensor "
         "(one sparse dimension, by name) summed densely as an allreduce, through the "
         "switch where it serves, the rows touched most often over the ranks, where that "
-        "pays by bytes; the rest go by the exact gather. 0 (the default: measured on this "
-        "project's 2-core machine it never paid, docs/netsim.md): every row by the gather.",
+        "pays by bytes, and kept only while their calls are measured faster than the "
+        "exact gather's; the rest go by the exact gather. 0 (the default: measured on "
+        "this project's 2-core machine it never paid, docs/netsim.md): every row by the "
+        "gather.",
     )
     sparse_reelect_calls: int = _setting(
         20,
         "Horovod API, sparse gradients: the hot rows are elected again every this many "
-        "calls of a tensor, from every rank's touches so far (the same on every rank).",
+        "calls of a tensor (a period; the first is exact), from every rank's touches so "
+        "far, and a period with them that was slower than the exact gather sets them "
+        "aside for 1, 2, 4 ... 32 periods (the same on every rank).",
     )
     cycle_time: float = _setting(
         0.001,
