@@ -748,6 +748,25 @@ def test_a_hot_set_slower_than_the_exact_gather_is_set_aside_and_tried_again_lat
     assert table.report()["median_ms"] == {"exact": 10.0, "hot": 6.0}
 
 
+def test_the_hot_set_follows_a_skew_that_moves():
+    """The touches weigh half each period: when other rows become the popular ones, the
+    hot set moves to them within a few periods (here the trials pay)."""
+    from ina_collectives.torch.sparse import Table
+    table = Table(np.zeros(1000, np.int64), np.zeros(0, np.int64))
+    rng = np.random.default_rng(0)
+    elected = []
+    for period in range(12):
+        popular = np.arange(10) if period < 6 else np.arange(500, 510)
+        for _ in range(5):                      # 5 calls of 8 ranks a period
+            table.count(np.concatenate([rng.choice(popular, 8 * 30),
+                                        rng.integers(0, 1000, 8 * 5)]))
+            table.record(0.001 if table.hot.size else 0.002, bool(table.hot.size), 3)
+        table.end_period(most=10, n=8, row_bytes=256)
+        elected.append(table.hot.copy())
+    np.testing.assert_array_equal(elected[5], np.arange(10))
+    np.testing.assert_array_equal(elected[8], np.arange(500, 510))
+
+
 def test_the_sparse_layout_row_carries_size_time_and_touched_hot_rows():
     from ina_collectives.torch.sparse import layout_row, parse_layouts
     touched = np.zeros(70, bool)

@@ -57,6 +57,7 @@ class Table:
     counts: np.ndarray                   # touches per row, summed over the ranks
     hot: np.ndarray                      # the hot rows in use, ascending (int64)
     calls: int = 0
+    counted_calls: float = 0.0           # the calls ``counts`` stand for (they decay)
     rows_touched: int = 0                # over the calls: distinct rows with entries
     hot_rows_touched: int = 0            # of those, hot ones
     bytes_through_allreduce: int = 0     # this rank's hot blocks (the switch's, if it serves)
@@ -99,6 +100,19 @@ class Table:
         trial = elect_now()
         self.new_trial = self.new_trial or bool(trial.size and not self.hot.size)
         self.hot = trial
+
+    def count(self, rows: np.ndarray) -> None:
+        """One call's touches over every rank (a row once per rank that touched it)."""
+        np.add.at(self.counts, rows, 1)
+        self.counted_calls += 1
+
+    def end_period(self, most: int, n: int, row_bytes: int) -> None:
+        """The hot set for the next period (``choose``, electing by bytes); then the
+        touches so far weigh half, so that a skew that moves moves the hot set within a
+        few periods."""
+        self.choose(lambda: elect(self.counts, self.counted_calls, most, n, row_bytes))
+        self.counts >>= 1
+        self.counted_calls /= 2
 
     def report(self) -> dict[str, Any]:
         touched = max(self.rows_touched, 1)
@@ -154,7 +168,8 @@ def table_stats(runtime: BackgroundRuntime) -> dict[str, dict[str, Any]]:
     return {name: t.report() for name, t in _tables.get(runtime, {}).items()}
 
 
-def elect(counts: np.ndarray, calls: int, most: int, n: int, row_bytes: int) -> np.ndarray:
+def elect(counts: np.ndarray, calls: float, most: int, n: int, row_bytes: int
+          ) -> np.ndarray:
     """The hot rows: the ``most`` rows touched most over the ranks in ``calls`` calls
     (``counts``), ascending; none where they would not pay. By bytes: each hot row's
     entries would otherwise reach every other rank by the gather ((n - 1) x its entries
@@ -198,9 +213,8 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
         if table is None or table.counts.size != size[0]:
             table = tables[name] = Table(np.zeros(size[0], np.int64), np.zeros(0, np.int64))
         if table.calls and table.calls % reelect == 0:
-            row_bytes = int(np.prod(size[1:])) * values.element_size()
-            table.choose(lambda: elect(table.counts, table.calls, hot_rows, runtime.size,
-                                       row_bytes))
+            table.end_period(hot_rows, runtime.size,
+                             int(np.prod(size[1:])) * values.element_size())
         table.calls += 1
     hot = table.hot if table is not None else np.zeros(0, np.int64)
     rows = indices[:, 0].numpy() if t.sparse_dim() == 1 else np.zeros(0, np.int64)
@@ -260,7 +274,7 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
                                           torch.from_numpy(hot[counted > 0]).reshape(-1, 1)])
             gathered_values = torch.cat([gathered_values, summed[present]])
         if table is not None:  # every rank counts the same touches and times
-            np.add.at(table.counts, all_indices.reshape(-1), 1)
+            table.count(all_indices.reshape(-1))
             if hot.size:
                 table.counts[hot] += counted
                 table.hot_rows_touched += int((counted > 0).sum())
