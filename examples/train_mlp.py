@@ -4,6 +4,7 @@
     ina-run -np 4 -- python examples/train_mlp.py      # what `make demo` runs
     mpiexec -n 4 python examples/train_mlp.py          # ring only (no INA_SWITCH)
     ina-run -np 4 -- python examples/train_mlp.py --quorum 3   # a straggler left out
+    ina-run -np 4 -- python examples/train_mlp.py --compute-delay-ms 50   # a slower worker
 
 The data set is generated here (a fixed random teacher network labels Gaussian inputs),
 so nothing is downloaded. Every epoch rank 0 prints the loss over the whole data set,
@@ -59,6 +60,7 @@ def distributed(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> f
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    slow = args.compute_delay_ms > 0 and rank == size - 1
     if rank == 0:
         print(f"{size} ranks, {sum(p.numel() for p in model.parameters())} parameters "
               f"({grad_bytes / 2**20:.1f} MiB of gradients per step), {x.shape[0]} samples, "
@@ -74,6 +76,8 @@ def distributed(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> f
         for batch in global_batches(x.shape[0], args.batch, epoch):
             mine = batch.chunk(size)[rank]
             optimizer.zero_grad()
+            if slow:  # a worker whose every step computes longer (a slower device)
+                time.sleep(args.compute_delay_ms / 1e3)
             torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
             t = time.perf_counter()
             optimizer.synchronize()           # the allreduce waits not hidden by backward
@@ -143,7 +147,11 @@ def main() -> int:
     parser.add_argument("--quorum", type=int, default=0, metavar="K",
                         help="quorum mode: each chunk completes with K workers' gradients "
                              "(0: sync, every worker)")
+    parser.add_argument("--compute-delay-ms", type=float, default=0.0, metavar="MS",
+                        help="the last rank computes each step this much longer")
     args = parser.parse_args()
+    if args.compute_delay_ms < 0:
+        parser.error("--compute-delay-ms must be 0 or more")
     torch.set_num_threads(1)  # the ranks share the cores
     hvd.init()
     if args.quorum:
