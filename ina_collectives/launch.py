@@ -443,6 +443,12 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                               f"(K, B, value bits: {sorted(kinds)}); a job striped across "
                               "them needs one")
         build = builds[0]
+        if bmv2_config(device_config) and "INA_SWITCH_GSO" not in env:
+            env["INA_SWITCH_GSO"] = "0"
+            print("ina-run: the device config is BMv2's: the ranks send each packet as a "
+                  "datagram of its own (INA_SWITCH_GSO=0), since a software target on "
+                  "veths would take a segmented batch as one frame and drop it",
+                  file=sys.stderr, flush=True)
         env.update({"INA_SWITCH": ",".join(switch_addresses), "INA_JOB": str(job_id),
                     "INA_WORKER_PORTS": ",".join(str(w.udp_port) for job in jobs
                                                  for w in job.workers),
@@ -451,6 +457,23 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                     "INA_SWITCH_VALUE_BITS": str(build.value_bits),
                     "INA_SWITCH_SLOTS": str(jobs[0].slots)})
         return start_ranks(args, env, mpiexec)
+
+
+def bmv2_config(device_config: Path) -> bool:
+    """Whether ``device_config`` is BMv2's (the JSON p4c-bm2-ss writes). BMv2 is a
+    software target: on a veth a UDP_SEGMENT batch reaches it as one frame of several
+    datagrams, which it drops as malformed, where a NIC would have cut it into packets."""
+    import json
+
+    try:
+        with open(device_config, "rb") as f:
+            if f.read(1).strip() not in (b"{", b""):
+                return False
+            f.seek(0)
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and {"parsers", "pipelines"} <= config.keys()
 
 
 def _teardown_in_session(session: Any, target: str, job: Any) -> None:

@@ -309,7 +309,8 @@ class Controller:
         except ControlError as exc:
             # Correctness does not depend on it: every run of the ranks draws a new epoch
             # (docs/protocol.md), and a cell last used in another epoch counts as idle.
-            # BMv2's P4Runtime server refuses register writes (UNIMPLEMENTED).
+            # BMv2's P4Runtime server refuses register writes: UNIMPLEMENTED in older
+            # builds, RESOURCE_EXHAUSTED for a large batch in 1.15.5 (docs/control.md).
             log.info("job %d: the target did not reset its cells (%s); not needed: "
                      "cells of another epoch are idle", job.job_id, exc)
         log.info("job %d configured: %d workers, slots %d+%d, group %d", job.job_id,
