@@ -442,6 +442,63 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
 
 
 @pytest.mark.mpi
+def test_ranks_of_an_installed_job_return_to_a_switch_that_answers_only_its_workers(
+        controller, switch, faults, tmp_path):
+    """The controller removes the job mid-run (its packets are dropped): that call
+    finishes on the ring, the next ones take it. The controller installs it again, on a
+    switch that answers no PROBE of job 0 (as the P4 program, which answers only its
+    installed workers' probes): rank 0's return probes come as worker 0 of the job from
+    its installed port, so the ranks return to it (issue 31: against BMv2 they never
+    did)."""
+    import threading
+    ports = free_ports(2)
+    job = JobSpec(61, [Worker("127.0.0.1", p) for p in ports], slots=6, slot_base=12)
+    controller.configure(job)
+    case = ("float32", "sum", 3000)
+    outage = 4
+    params = {"case": case, "after": 6, "outage": outage, "pause": 0.02,
+              "dir": str(tmp_path),
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
+                           "switch_silence": 0.5}}
+    outcome: dict = {}
+
+    def run_job() -> None:
+        try:
+            outcome["results"] = mpirun.run(2, "ina_switch_restarts", params,
+                                            env=job_env(switch, job), timeout=120)
+        except Exception as exc:  # reported by the assertions below
+            outcome["error"] = exc
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / name).exists():
+            assert ranks.is_alive() and time.monotonic() < deadline, f"no {name}: {outcome}"
+            time.sleep(0.05)
+
+    faults(probes_from_installed_only=1)
+    ranks = threading.Thread(target=run_job)
+    try:
+        ranks.start()
+        wait_for("served")
+        controller.teardown(job)  # its packets are dropped, its probes answered "no"
+        (tmp_path / "killed").touch()
+        wait_for("failed")
+        controller.configure(job)
+        (tmp_path / "restarted").touch()
+        ranks.join(120)
+    finally:
+        controller.teardown(job)
+    assert "error" not in outcome, outcome["error"]
+    for r in outcome["results"]:
+        engines = r["engines"]
+        assert engines[0] == "ina" and "ina" not in engines[1:2 + outage], engines
+        back = engines.index("ina", 2)
+        assert back <= 2 + outage + 1 and set(engines[back:]) == {"ina"}, engines
+        state = r["stats"]["switch"]
+        assert (state["outages"], state["returns"]) == (1, 1), state
+
+
+@pytest.mark.mpi
 def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
     """Two jobs in disjoint slot ranges of one target, both running at the same time:
     each gets the sums of its own ranks' inputs, and its own count of results in the

@@ -136,7 +136,7 @@ def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
     coll = Collectives(MPI.COMM_SELF, settings)
     probes, looks = [], []
     monkeypatch.setattr(ina_engine, "_answers",
-                        lambda address, timeout: probes.append(coll.stats.calls + 1) or False)
+                        lambda prober, timeout: probes.append(coll.stats.calls + 1) or False)
     look = ina_engine._AnswerWatch.answered
     monkeypatch.setattr(ina_engine._AnswerWatch, "answered",
                         lambda self: looks.append(coll.stats.calls + 1) or look(self))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import socket
 import time
 from types import ModuleType
 
@@ -24,6 +25,7 @@ from mpi4py import MPI
 from .. import protocol as P
 from ..errors import AggregatorUnavailable
 from ..ina.link import WorkerLink
+from ..protocol import udp_socket
 from ..settings import Settings
 from .waiting import Deadline, wait
 
@@ -299,7 +301,7 @@ class Aggregators:
         if self._watch is None or self._watch.indices != missing:
             if self._watch is not None:
                 self._watch.close()
-            self._watch = _AnswerWatch([self.addresses[i] for i in missing], missing)
+            self._watch = _AnswerWatch([self._prober(i) for i in missing], missing)
         return int(self._watch.answered())
 
     def at_call_boundary(self, seq: int, answers: int | None = None) -> None:
@@ -321,12 +323,15 @@ class Aggregators:
         None: rank 0 probes now and tells the others) are joined again by every rank (a
         new job and epoch, or the installed entry); True if one came back."""
         missing = self.missing()
+        if self._watch is not None:  # (its socket may hold rank 0's installed port)
+            self._watch.close()
+            self._watch = None
         if alive is None:
             answer = np.zeros(1, np.int64)
             if self.comm.Get_rank() == 0:
                 wait_each = min(0.5, self.settings.switch_join_timeout)
                 answer[0] = sum(1 << i for i in missing
-                                if _answers(self.where(i), wait_each))
+                                if _answers(self._prober(i), wait_each))
             self.collective(self.comm.Ibcast(answer, root=0),
                              "whether the aggregator answers")
             alive = int(answer[0])
@@ -356,6 +361,16 @@ class Aggregators:
         log.warning("call #%d: the aggregator at %s serves again; calls return to it",
                     seq, ", ".join(self.where(i) for i in returned))
         return True
+
+    def _prober(self, i: int) -> Prober:
+        """How rank 0 asks whether aggregator ``i`` answers again: a PROBE of job 0 from
+        any port, or, for a job a controller installed, its own PROBE as worker 0 from
+        its installed port (a P4 switch answers nothing else)."""
+        if not self.settings.job:
+            return Prober(self.addresses[i])
+        ports = [int(p) for p in self.settings.worker_ports.split(",") if p.strip()]
+        return Prober(self.addresses[i], self.settings.job, 0,
+                      ports[i * self.comm.Get_size()])
 
     def _grow(self, seq: int) -> None:
         """Collective: rank 0 asks each aggregator that granted fewer slots than asked
@@ -390,65 +405,85 @@ class Aggregators:
             log.warning("call #%d: every aggregator grants the slots asked now", seq)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prober:
+    """Who probes an aggregator: its address, and the job, worker and local UDP port the
+    PROBE comes from (job 0 from any port: is anyone there?)."""
+
+    address: tuple[str, int]
+    job: int = 0
+    worker: int = 0
+    port: int = 0
+
+
 class _AnswerWatch:
-    """Rank 0's probes of the missing aggregators' addresses: a job-0 PROBE to each at
-    each call, at most one per PROBE_INTERVAL seconds, answers read without waiting (so
-    the call after the next probe's answer can rejoin). ``indices``: the aggregators'
-    places in INA_SWITCH, the bits of ``answered``."""
+    """Rank 0's probes of the missing aggregators: a PROBE to each at each call, at most
+    one per PROBE_INTERVAL seconds, answers read without waiting (so the call after the
+    next probe's answer can rejoin). ``indices``: the aggregators' places in INA_SWITCH,
+    the bits of ``answered``. Each prober has a socket of its own (an installed job's
+    probe comes from the worker's installed port)."""
 
     PROBE_INTERVAL = 0.001
 
-    def __init__(self, addresses: list[tuple[str, int]], indices: list[int]):
-        import socket
-
-        self.addresses, self.indices = addresses, indices
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setblocking(False)
-        self.probe = P.control_packet(0, 0, [P.CTRL_PROBE])
+    def __init__(self, probers: list[Prober], indices: list[int]):
+        self.probers, self.indices = probers, indices
+        self.socks: list[socket.socket] = []
+        try:
+            for prober in probers:
+                sock = udp_socket("0.0.0.0", prober.port)
+                sock.setblocking(False)
+                self.socks.append(sock)
+        except OSError:
+            self.close()
+            raise
+        self.packets = [P.control_packet(p.job, p.worker, [P.CTRL_PROBE]) for p in probers]
         self.sent_at = -float("inf")
 
     def answered(self) -> int:
         """A bit (its index) per aggregator that answered since the last look; sends the
         next probes if due."""
         seen = 0
-        while True:
-            try:
-                data, source = self.sock.recvfrom(65536)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:  # ICMP port unreachable from an earlier probe: nobody there
-                continue
-            try:
-                head, reply = P.read_control(data)
-            except ValueError:
-                continue
-            wanted = P.FLAG_CONTROL | P.FLAG_RESULT
-            if (head["flags"] & wanted == wanted and len(reply) >= 2
-                    and reply[0] == P.CTRL_PROBE and reply[1] == 0
-                    and source in self.addresses):
-                seen |= 1 << self.indices[self.addresses.index(source)]
+        wanted = P.FLAG_CONTROL | P.FLAG_RESULT
+        for index, prober, sock in zip(self.indices, self.probers, self.socks):
+            while True:
+                try:
+                    data, source = sock.recvfrom(65536)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:  # ICMP port unreachable from an earlier probe: nobody there
+                    continue
+                try:
+                    head, reply = P.read_control(data)
+                except ValueError:
+                    continue
+                if (head["flags"] & wanted == wanted and head["job"] == prober.job
+                        and len(reply) >= 2 and reply[0] == P.CTRL_PROBE and reply[1] == 0
+                        and source == prober.address):
+                    seen |= 1 << index
         now = time.monotonic()
         if now - self.sent_at >= self.PROBE_INTERVAL:
             self.sent_at = now
-            for address in self.addresses:
+            for prober, sock, packet in zip(self.probers, self.socks, self.packets):
                 try:
-                    self.sock.sendto(self.probe, address)
+                    sock.sendto(packet, prober.address)
                 except OSError:
                     pass  # unreachable now: the next probe tries again
         return seen
 
     def close(self) -> None:
-        self.sock.close()
+        for sock in self.socks:
+            sock.close()
 
 
-def _probe(address: tuple[str, int], timeout: float) -> P.ControlReply | None:
-    """An aggregator's answer to a PROBE of job 0 (is anyone there? its free slots, its
-    shards), or None if it does not answer within timeout."""
-    import socket
-
+def _probe(address: tuple[str, int], job: int = 0, worker: int = 0, port: int = 0,
+           timeout: float = 0.5) -> P.ControlReply | None:
+    """An aggregator's answer to a PROBE (of job 0: is anyone there? its free slots, its
+    shards; else: is this worker of the job installed at ``port``?), or None if it does
+    not answer within timeout or says no."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            reply = P.control_request(s, address, 0, 0, [P.CTRL_PROBE], timeout, "probe")
+        with udp_socket("0.0.0.0", port) as s:
+            reply = P.control_request(s, address, job, worker, [P.CTRL_PROBE], timeout,
+                                      "probe")
     except (AggregatorUnavailable, ValueError, OSError):
         return None
     return reply if reply.status == 0 else None
@@ -456,21 +491,18 @@ def _probe(address: tuple[str, int], timeout: float) -> P.ControlReply | None:
 
 def _free_slots(address: tuple[str, int], timeout: float) -> int:
     """The free slots an aggregator's pool has; 0 if it does not answer or say."""
-    reply = _probe(address, timeout)
+    reply = _probe(address, timeout=timeout)
     return max(reply.slots, 0) if reply is not None else 0
 
 
 def _shard_ports(address: tuple[str, int], timeout: float) -> tuple[int, ...]:
     """The ports of every shard of the switch at ``address``; () if it has one, does
     not answer or does not say."""
-    reply = _probe(address, timeout)
+    reply = _probe(address, timeout=timeout)
     return reply.shard_ports if reply is not None else ()
 
 
-def _answers(address: str, timeout: float) -> bool:
-    """Whether an aggregator answers a probe for job 0 at ``address`` within timeout."""
-    try:
-        where = P.parse_address(address)
-    except ValueError:
-        return False
-    return _probe(where, timeout) is not None
+def _answers(prober: Prober, timeout: float) -> bool:
+    """Whether an aggregator answers ``prober``'s PROBE within timeout."""
+    return _probe(prober.address, prober.job, prober.worker, prober.port,
+                  timeout) is not None

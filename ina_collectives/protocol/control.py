@@ -38,7 +38,9 @@ CAP_NARROW = 2    # a job of 32-bit values also takes calls of 16-bit values
 CAP_SHARDS = 4    # the reply lists the UDP ports of the switch's shards after the 4th value
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
                 "reorder_out", "delay_ms_in", "delay_ms_out", "straggler_worker",
-                "straggler_delay_ms")
+                "straggler_delay_ms", "probes_from_installed_only")
+# (probes_from_installed_only, nonzero: the switch answers no PROBE of job 0, as a P4
+# switch answers only its installed workers' probes.)
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
                "worker id taken by another address", "no room for the job",
                "the job is configured by a controller (P4Runtime)",
@@ -66,8 +68,8 @@ def read_control(packet: bytes) -> tuple[dict[str, int], np.ndarray]:
 
 
 def _fault_scale(name: str) -> float:
-    if name == "straggler_worker":
-        return 1  # a worker id
+    if name in ("straggler_worker", "probes_from_installed_only"):
+        return 1  # a worker id; a switch
     # delays ms -> us, probabilities -> ppm
     return 1e3 if "delay" in name else 1e6
 

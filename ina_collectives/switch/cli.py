@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(flag, dest=name, type=float, default=0.0,
                             help="fault injection: " + (
                                 "this worker id's packets are held back (in every job)"
-                                if name == "straggler_worker" else "milliseconds added"
+                                if name == "straggler_worker" else
+                                "nonzero: no answer to a PROBE of job 0 (as a P4 switch)"
+                                if name == "probes_from_installed_only" else
+                                "milliseconds added"
                                 if "delay" in name else "probability per packet"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -86,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     shards = switch.shards if threads > 1 else [switch]
     try:
         for shard in shards:
-            shard.aggregator.set_faults(**{name: getattr(args, name)
-                                           for name in P.FAULT_FIELDS})
+            shard.set_faults(**{name: getattr(args, name) for name in P.FAULT_FIELDS})
     except ValueError as exc:
         parser.error(str(exc))
     signal.signal(signal.SIGTERM, switch.stop)

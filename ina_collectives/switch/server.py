@@ -27,8 +27,8 @@ log = logging.getLogger("ina_collectives.switch")
 # the status line). Every JOIN is a join or a refusal, every LEAVE and PROBE from a worker
 # a leave or a probe; "foreign control" is a LEAVE of a worker from another address, or
 # fault settings from another machine; "malformed control" anything not taken whole.
-CONTROL_OUTCOMES = ("joins", "refusals", "leaves", "probes", "wakes", "fault settings",
-                    "foreign control", "malformed control")
+CONTROL_OUTCOMES = ("joins", "refusals", "leaves", "probes", "ignored probes", "wakes",
+                    "fault settings", "foreign control", "malformed control")
 # The int32 values each op's request carries (the op included).
 CONTROL_VALUES = {P.CTRL_JOIN: 6, P.CTRL_LEAVE: 1, P.CTRL_PROBE: 1, P.CTRL_WAKE: 1,
                   P.CTRL_FAULTS: 1 + len(P.FAULT_FIELDS)}
@@ -70,6 +70,9 @@ class SoftwareSwitch:
         self._unwarned = 0
         self._stop = False
         self.fault_peers: list = []  # other shards' aggregators: fault settings apply to all
+        # A fault setting of this (Python) side: no answer to a PROBE of job 0, as a P4
+        # switch answers only its installed workers' probes (tests of the return path).
+        self.probes_from_installed_only = False
         self.shard_ports: list[int] = []  # every shard's port (Shards sets it): in replies
         self.p4runtime = self._runner = None
         if p4runtime_port is not None:
@@ -134,7 +137,7 @@ class SoftwareSwitch:
                 "receive_path": "UDP_GRO" if self.gro else "recvmmsg",
                 "gro_buffers": a.gro_buffers,
                 **({"last_send_errno": a.last_errno} if a.send_failures else {}),
-                "faults": a.faults(), **self.control_counts,
+                "faults": self.faults(), **self.control_counts,
                 "free_slots": self.free_slots(),
                 "jobs": {job: {"workers": (a.job_shape(job) or (0,))[0], "slots": slots,
                                "asked": self.job_asked.get(job, slots),
@@ -182,6 +185,22 @@ class SoftwareSwitch:
                                   addr_be, port_be)
         except SystemCallError as exc:  # the reply was refused: the sender retries
             log.warning("%s", exc)
+
+    def set_faults(self, **faults: float) -> None:
+        """Fault injection (P.FAULT_FIELDS; those not named are cleared): the data path's
+        in this shard's aggregator and its peers', the probe rule here. ValueError if a
+        setting is out of range (then nothing changes)."""
+        rule = bool(faults.pop("probes_from_installed_only", 0))
+        self.aggregator.set_faults(**faults)
+        for peer in self.fault_peers:  # plain numbers, read by the peers' loops
+            peer.set_faults(**faults)
+        self.probes_from_installed_only = rule
+
+    def faults(self) -> dict[str, float]:
+        """The faults in force, as set_faults takes them (zero ones left out)."""
+        return {**self.aggregator.faults(),
+                **({"probes_from_installed_only": 1} if self.probes_from_installed_only
+                   else {})}
 
     def _warn_refused(self, outcome: str, why: str, addr_be: int, port_be: int) -> None:
         """A warning about a refused control packet, at most one a second (a flood of
@@ -234,6 +253,8 @@ class SoftwareSwitch:
                 log.info("job %d: every worker left, slots freed", job)
             return "leaves", 0, ""
         if op == P.CTRL_PROBE:
+            if job == 0 and self.probes_from_installed_only:
+                return "ignored probes", None, ""
             # Job 0: is anyone there? Else: is the sender worker `worker` of the job?
             return "probes", (0 if job == 0 or self.aggregator.worker_at(
                 job, worker, addr_be, port_be) else 1), ""
@@ -244,15 +265,13 @@ class SoftwareSwitch:
             return "foreign control", None, "fault settings from another address"
         if job != 0 or worker != 0:
             return malformed, None, f"fault settings for job {job} worker {worker}"
-        was = self.aggregator.faults()
+        was = self.faults()
         try:
-            self.aggregator.set_faults(**P.decode_faults(body[1:]))
-            for peer in self.fault_peers:  # plain numbers, read by the peers' loops
-                peer.set_faults(**P.decode_faults(body[1:]))
+            self.set_faults(**P.decode_faults(body[1:]))
         except ValueError as exc:
             return malformed, 1, f"fault settings refused: {exc}"
-        if self.aggregator.faults() != was:
-            log.warning("fault injection now %s", self.aggregator.faults() or "off")
+        if self.faults() != was:
+            log.warning("fault injection now %s", self.faults() or "off")
         return "fault settings", 0, ""
 
     def _join(self, job: int, worker: int, n: int, k: int, slots: int, block: int,
