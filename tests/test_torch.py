@@ -573,6 +573,36 @@ def test_distributed_optimizer_matches_one_process(options):
 
 
 @pytest.mark.mpi
+def test_small_gradients_wait_to_be_fused_into_calls_the_switch_serves():
+    """A DistributedOptimizer holds a gradient back while it, or what is still to come
+    in backward, is below switch_min_bytes (64 KiB here), and starts it together with
+    the next: every step's gradients go through the switch, none alone through MPI (the
+    last layer's 4 KiB came first and the first layer's 1 KiB bias last, each too small
+    alone). The parameters are one process's within the switch's bound, alike on
+    every rank."""
+    from ina_collectives.switch.embedded import embedded_switch
+    from tests.torch_cases import fusion_problem, loss_of
+    n, steps = 2, 3
+    with embedded_switch() as sw:
+        results = run(n, "torch_optimizer_fusion", {"steps": steps, "min_bytes": 65536},
+                      env={"INA_SWITCH": sw.address_text})
+    for out in results:
+        assert set(out["engines"]) == {"ina"}, out["engines"]
+        assert steps <= out["engines"]["ina"] <= 2 * steps, out["engines"]
+    for a, b in zip(results[0]["params"], results[1]["params"]):
+        np.testing.assert_array_equal(a, b)
+    model, _, _ = fusion_problem(0)
+    batches = [fusion_problem(r)[1:] for r in range(n)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        (sum(loss_of(model, x, y) for x, y in batches) / n).backward()
+        opt.step()
+    for got, want in zip(results[0]["params"], model.parameters()):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.mpi
 def test_training_demo_through_ina_run_matches_one_process():
     """The README's main job, smaller: ina-run starts the embedded switch and 2 ranks;
     the demo exits 0 only if its final loss is within its tolerance of one process's."""

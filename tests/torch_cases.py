@@ -552,6 +552,58 @@ def torch_optimizer(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
+class SlowBackward(torch.nn.Module):
+    """Tanh whose backward takes 20 ms more: the layers' gradients become ready apart,
+    as a real model's do, not all in one of the runtime's cycles."""
+
+    class _Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.02)
+            return grad
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._Function.apply(torch.tanh(x))
+
+
+def fusion_problem(rank: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A model whose first gradients in backward (the last layer's, 4 KiB) and last ones
+    (the first layer's bias, 1 KiB) are too small for a 64 KiB switch_min_bytes alone,
+    and this rank's batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), SlowBackward(),
+                                torch.nn.Linear(256, 256), SlowBackward(),
+                                torch.nn.Linear(256, 4))
+    g = torch.Generator().manual_seed(200 + rank)
+    return model, torch.randn(32, 64, generator=g), torch.randn(32, 4, generator=g)
+
+
+@case
+def torch_optimizer_fusion(comm: Any, p: dict) -> dict[str, Any]:
+    """p["steps"] steps of a DistributedOptimizer on fusion_problem: the engines that
+    served them (stats before the first and after the last) and the parameters."""
+    import ina_collectives.torch as hvd
+    hvd.init(comm, switch_min_bytes=p["min_bytes"])
+    model, x, y = fusion_problem(hvd.rank())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    before = hvd.stats()["engines"]
+    for _ in range(p["steps"]):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+    after = hvd.stats()["engines"]
+    out = {"engines": {e: c - before.get(e, 0) for e, c in after.items()
+                       if c - before.get(e, 0)},
+           "params": [_np(t) for t in model.parameters()]}
+    hvd.shutdown()
+    return out
+
+
 @case
 def torch_half_scaling(comm: Any, p: dict) -> dict[str, Any]:
     """float16 allreduces with prescale/postscale factors, through every variant."""

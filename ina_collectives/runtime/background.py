@@ -11,13 +11,14 @@ handle with CollectiveTimeout, a tensor some ranks never submit fails after
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from mpi4py import MPI
@@ -124,7 +125,7 @@ class BackgroundRuntime:
         self.table = ReadinessTable(self.size)
         self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0}
         self._fusion_buffer = np.empty(0, np.uint8)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (re-entrant: submissions made ``together``)
         self._local = _Local()
         self._names_taken: dict[str, Handle] = {}
         self._latest: Handle | None = None
@@ -157,6 +158,14 @@ class BackgroundRuntime:
             handle.on_claim = lambda: self._release(handle)
             self._local.queue.append(handle)
         return handle
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Operations submitted inside reach this rank's negotiation in one round, so
+        once every rank has submitted them they are ready, and fused, together (where
+        the fusion threshold allows): Horovod's grouped allreduce."""
+        with self._lock:
+            yield
 
     def _release(self, handle: Handle) -> None:
         with self._lock:

@@ -109,6 +109,18 @@ def _member(process_set: Any, what: str) -> SetMember:
     return _world.require().member(process_set, what)
 
 
+def submitted_together(process_set: Any = global_process_set) -> Any:
+    """A context: the operations of ``process_set`` started inside are ready, and fused,
+    together (as a grouped allreduce's)."""
+    return _member(process_set, "submitted_together").runtime.together()
+
+
+def switch_min_bytes(process_set: Any = global_process_set) -> int:
+    """The fewest bytes an allreduce of ``process_set`` needs for the switch to serve it
+    (its runtime's setting ``switch_min_bytes``)."""
+    return _member(process_set, "switch_min_bytes").runtime.settings.switch_min_bytes
+
+
 def size() -> int:
     return _world.require().size
 
@@ -341,9 +353,10 @@ def _grouped(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
         raise ValueError("grouped_allreduce needs at least one tensor")
     member = _member(process_set, "grouped_allreduce")
     base = _name("allreduce", name, member)
-    started = [submit_allreduce(member.runtime, check_tensor(t, "grouped_allreduce"), o,
-                                f"{base}.{i}", op, prescale, postscale)
-               for i, (t, o) in enumerate(zip(tensors, outputs))]
+    with member.runtime.together():
+        started = [submit_allreduce(member.runtime, check_tensor(t, "grouped_allreduce"),
+                                    o, f"{base}.{i}", op, prescale, postscale)
+                   for i, (t, o) in enumerate(zip(tensors, outputs))]
     return _register([h for h, _ in started],
                      lambda results: [finish(r) for (_, finish), r in zip(started, results)],
                      f"grouped allreduce '{base}' ({len(tensors)} tensors) on all ranks")

@@ -2,7 +2,8 @@
 
 A hook on every parameter starts its gradient's allreduce as soon as autograd has
 accumulated it, so communication overlaps the rest of backward; the background
-runtime fuses the gradients that are ready together. ``step()`` waits for them all.
+runtime fuses the gradients that are ready together. A gradient too small for the
+switch waits for the next one (``_ina_ready``). ``step()`` waits for them all.
 """
 from __future__ import annotations
 
@@ -70,6 +71,14 @@ class DistributedOptimizerMixin:
         self._ina_densified: dict[torch.Tensor, int] = {}
         self._ina_synchronized = False
         self._ina_skip_sync = False
+        # Small gradients held back to be fused with the next (_ina_ready); the bytes of
+        # every gradient a step has, and of those ready so far in this step.
+        self._ina_held: list[torch.Tensor] = []
+        self._ina_held_bytes = 0
+        self._ina_min_bytes: int | None = None
+        self._ina_total_bytes = sum(p.numel() * p.element_size() for p in params
+                                    if p.requires_grad)
+        self._ina_seen_bytes = 0
         # A rank outside the process set steps on its own gradients, as in Horovod.
         self._ina_hooks = [p.register_post_accumulate_grad_hook(self._ina_hook)
                            for p in params if p.requires_grad and process_set.included()]
@@ -81,7 +90,45 @@ class DistributedOptimizerMixin:
                 "optimizer.step() or optimizer.synchronize(); raise backward_passes_per_step")
         self._ina_delay[p] -= 1
         if self._ina_delay[p] == 0:
+            self._ina_ready(p)
+
+    def _ina_ready(self, p: torch.Tensor) -> None:
+        """Start ``p``'s allreduce. A dense gradient waits for the next one while more are
+        to come this step and either what waits, or what is still to come, is below
+        switch_min_bytes: started together, the runtime fuses them into one call that
+        the switch serves, where alone each would have gone by MPI (the first gradients
+        of backward are often a small last layer's, the last ones a first layer's
+        bias)."""
+        grad = p.grad
+        held = self._ina_held
+        nbytes = grad.numel() * grad.element_size() if grad is not None else 0
+        self._ina_seen_bytes += nbytes
+        more = len(self._ina_handles) + len(held) + 1 < len(self._ina_hooks)
+        # (The gradients still to come, if too small together to be served alone, wait
+        # for nothing: this one waits for them instead.)
+        tail = self._ina_total_bytes - self._ina_seen_bytes
+        if (more and grad is not None and not grad.is_sparse
+                and min(self._ina_held_bytes + nbytes, tail) < self._ina_floor()):
+            held.append(p)
+            self._ina_held_bytes += nbytes
+            return
+        with mpi_ops.submitted_together(self.process_set):
+            self._ina_release()
             self._ina_handles[p] = self._ina_start(p)
+
+    def _ina_release(self) -> None:
+        """Start the gradients held back by _ina_ready (together)."""
+        if self._ina_held:
+            with mpi_ops.submitted_together(self.process_set):
+                for q in self._ina_held:
+                    self._ina_handles[q] = self._ina_start(q)
+            self._ina_held.clear()
+            self._ina_held_bytes = 0
+
+    def _ina_floor(self) -> int:
+        if self._ina_min_bytes is None:
+            self._ina_min_bytes = mpi_ops.switch_min_bytes(self.process_set)
+        return self._ina_min_bytes
 
     def _ina_start(self, p: torch.Tensor) -> tuple[Any, Any, torch.Tensor | None]:
         if p.grad is None:  # unused on this rank: every rank must still submit it
@@ -110,6 +157,7 @@ class DistributedOptimizerMixin:
         if not self.process_set.included():
             self._ina_synchronized = True
             return
+        self._ina_release()  # (before the loop below, which would start them again)
         for p in self._ina_names:
             if p.requires_grad and p not in self._ina_handles:
                 self._ina_handles[p] = self._ina_start(p)
@@ -125,6 +173,7 @@ class DistributedOptimizerMixin:
             if p in self._ina_densified:
                 p.grad = p.grad.to_sparse(self._ina_densified.pop(p))
         self._ina_handles.clear()
+        self._ina_seen_bytes = 0
         self._ina_synchronized = True
 
     @contextlib.contextmanager
@@ -151,7 +200,7 @@ class DistributedOptimizerMixin:
         return super().step(closure)  # type: ignore[misc]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._ina_handles:
+        if self._ina_handles or self._ina_held:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize()")
         return super().zero_grad(set_to_none)  # type: ignore[misc]
