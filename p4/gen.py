@@ -428,8 +428,15 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                 // register reset by the controller is needed (BMv2 refuses those writes).
                 seen = 0;
                 count = 0;
+                counted = 0;
                 slot_epoch.write(cell, hdr.ina.epoch);
             }
+            // The cell holds state of this epoch: a chunk in progress, or the result of a
+            // finished one. Its bitmap alone does not say so: after a quorum finished a
+            // chunk, the workers it counted clear their bits here as they send to the
+            // slot's other cell, while a left-out worker may still ask for the result.
+            // The contributors, written when a chunk completes, stay until the next one.
+            bool holds = seen != 0 || counted != 0;
             // A quorum lets the others run ahead of a late worker: its packet may be of a
             // chunk the cell finished and moved past (an earlier call, or an earlier
             // offset of this call): nothing to add it to.
@@ -437,7 +444,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             bool older = (behind != 0 && behind < 256)
                          || (behind == 0 && hdr.ina.offset < chunk[63:32]);
             bool late = false;
-            if ((hdr.ina.quorum != 0 || cell_call[7:0] != 0) && seen != 0 && older) {
+            if ((hdr.ina.quorum != 0 || cell_call[7:0] != 0) && holds && older) {
                 late = true;
             }
             if (!older && seen != 0 && count == 0
@@ -447,7 +454,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                 // late packet cleared nothing). In sync every bit is clear by now.
                 seen = 0;
             }
-            if (!late && (seen & meta.worker_bit) == 0 && count == 0 && seen != 0
+            if (!late && (seen & meta.worker_bit) == 0 && count == 0 && holds
                 && cell_call[7:0] != 0 && cell_call == this_call && chunk == this_chunk
                 && (hdr.ina.flags & FLAG_RETRANSMIT) == 0) {
                 // A quorum finished this chunk without this worker, whose result went
@@ -458,7 +465,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                 reason = DROP_LATE;
             } else if ((seen & meta.worker_bit) != 0 && count != 0) {
                 reason = DROP_DUPLICATE_IN_PROGRESS;
-            } else if (count == 0 && seen != 0
+            } else if (count == 0 && holds
                        && ((seen & meta.worker_bit) != 0
                            || (cell_call[7:0] != 0 && cell_call == this_call
                                && chunk == this_chunk))) {
