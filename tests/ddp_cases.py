@@ -247,12 +247,14 @@ def ddp_p2p(comm: Any, p: dict) -> dict[str, Any]:
            dist.P2POp(dist.irecv, back, right)]
     out["batch"] = _attempt(lambda: [w.wait() for w in dist.batch_isend_irecv(ops)])
     out["batch_got"] = _np(back)
-    if comm.__class__.__name__ != "_TorchrunRank":
-        anyone = torch.empty(2)
-        if r == 0:
-            out["any_source"] = [dist.recv(anyone) for _ in range(n - 1)]
-        else:
-            dist.send(torch.full((2,), float(r)), 0)
+    anyone = torch.empty(2)
+    if r == 0:
+        out["any_source"] = []
+        for _ in range(n - 1):
+            sender = dist.recv(anyone)
+            out["any_source"].append((sender, _np(anyone).tolist()))
+    else:
+        dist.send(torch.full((2,), float(r)), 0)
     dist.barrier()
     short = dist.new_group(list(range(n)), timeout=datetime.timedelta(seconds=2))
     if r == 0:

@@ -457,8 +457,9 @@ def test_fsdp2_and_dtensor_on_a_device_mesh_train_as_gloo_does():
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
 def test_point_to_point(launcher):
     """send/recv and isend/irecv around a ring in every dtype, batch_isend_irecv, recv
-    from any source (MPI only), and the errors: a receive larger than what came, and one
-    nobody sends, ended by the group's 2-second timeout."""
+    from any source (MPI's, or gloo's recv_anysource under torchrun), and the errors: a
+    receive larger than what came, and one nobody sends, ended by the group's 2-second
+    timeout."""
     if launcher == "mpiexec":
         n = 3
         results = run(n, "ddp_p2p", env={"INA_SWITCH": ""})
@@ -473,8 +474,7 @@ def test_point_to_point(launcher):
         assert out["batch"] == [True, True]
         np.testing.assert_array_equal(out["batch_got"], [float(right)] * 5)
     first = results[0]
-    if launcher == "mpiexec":
-        assert sorted(first["any_source"]) == list(range(1, n))
+    assert sorted(first["any_source"]) == [(s, [float(s)] * 2) for s in range(1, n)]
     assert first["too_large"]["error"] == "DistBackendError"
     assert "16 bytes came, the tensor holds 36" in first["too_large"]["message"]
     assert first["never_sent"]["error"] == "DistBackendError"

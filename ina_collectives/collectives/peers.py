@@ -70,6 +70,10 @@ class Request:
     def Cancel(self) -> None:  # noqa: N802 - gloo cannot cancel: the peers' timeout ends it
         pass
 
+    def source(self) -> int:
+        """The rank an ended receive came from."""
+        return int(self._work._source_rank())  # (gloo's Work: its name for it)
+
     def Free(self) -> None:  # noqa: N802
         pass
 
@@ -197,7 +201,11 @@ class TorchPeers:
         return Request(self._pg.send([_tensor(_bytes(array), source=True)], dest, tag))
 
     def Irecv(self, buf: Any, source: int, tag: int = 0) -> Request:  # noqa: N802
+        """A receive from ``source``, or from any rank (MPI.ANY_SOURCE: gloo's
+        recv_anysource; ``Request.source()`` says who sent it)."""
         array, _, _ = _buffer(buf)
+        if source == MPI.ANY_SOURCE:
+            return Request(self._pg.recv_anysource([_tensor(_bytes(array))], tag))
         return Request(self._pg.recv([_tensor(_bytes(array))], source, tag))
 
 

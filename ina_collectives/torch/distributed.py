@@ -356,10 +356,6 @@ class ProcessGroupIna(dist.ProcessGroup):
         (tensor,) = tensors
         self._live()
         _check_peer(0, tag, self.size(), "recv from any source")
-        if not started_by_mpi():
-            raise ValueError("recv from any source: backend 'ina' offers it under MPI "
-                             "launchers (ina-run, mpiexec), not under torchrun (gloo "
-                             "peers); name the source rank")
         return self._recv(tensor, MPI.ANY_SOURCE, tag, f"recv from any rank (tag {tag})")
 
     def _recv(self, tensor: torch.Tensor, source: int, tag: int, what: str) -> Any:
@@ -576,6 +572,8 @@ class _Transfer:
         """A gloo transfer: wait for it (at most ``seconds``) and set the future."""
         try:
             self.request.Wait(seconds)
+            if self.receive:
+                self.source = self.request.source()
             self.future.set_result(self.finish(None))
         except Exception as exc:  # noqa: BLE001 - reaches the waiter
             self.fail(f"{self.what} failed: {exc}")
