@@ -2,6 +2,7 @@
 a call, which engine serves it, the reasons recorded, and the chooser's argument checks."""
 from __future__ import annotations
 
+import socket
 import time
 from types import SimpleNamespace
 
@@ -157,6 +158,37 @@ def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
         else:
             assert probes == [1, 3, 7, 15] and looks == [], (probes, looks)
     finally:
+        coll.free()
+
+
+def test_rank_0_whose_installed_port_is_taken_keeps_calling_on_the_ring(closed_udp_port,
+                                                                         caplog):
+    """A job installed by a controller (INA_JOB, INA_WORKER_PORTS) whose aggregator is
+    absent: rank 0 probes it as the installed worker, from its installed port. With that
+    port taken by another process, no probe can be sent: every call still takes the
+    ring (none fails), the warning says why once, and calls go on once it is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
+        free.bind(("0.0.0.0", 0))
+        port = free.getsockname()[1]
+    settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.2,
+                        switch_min_bytes=0, ring_min_bytes=0, job=77,
+                        worker_ports=str(port))
+    coll = Collectives(MPI.COMM_SELF, settings)  # (its link had the port, and closed it)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        taken.bind(("0.0.0.0", port))
+        caplog.set_level("WARNING", logger="ina_collectives")
+        x = np.arange(1000, dtype=np.float32)
+        for _ in range(4):
+            np.testing.assert_array_equal(coll.allreduce(x, op="average"), x)
+        said = [r.getMessage() for r in caplog.records if "cannot probe" in r.getMessage()]
+        assert len(said) == 1 and f":{port}" in said[0], said
+        taken.close()
+        for _ in range(2):
+            np.testing.assert_array_equal(coll.allreduce(x, op="average"), x)
+        assert coll.stats.snapshot()["engines"] == {"ring": 6}
+    finally:
+        taken.close()
         coll.free()
 
 

@@ -736,6 +736,29 @@ def test_hot_rows_of_a_sparse_tensor_go_through_the_switch():
         assert out["engines"].get("ina", 0) > 0, out["engines"]  # the hot blocks
 
 
+@pytest.mark.mpi
+def test_bad_sparse_input_with_hot_rows_on_is_named_on_every_rank():
+    """While hot rows are tried (calls 2-3, sparse_reelect_calls 2), rank 1 passes an
+    index outside its table, then a table of another size: every rank raises ValueError
+    naming it (the ranks still submit the same operations, so none waits for a hot
+    block another never sent), and the next good call works."""
+    from ina_collectives.switch.embedded import embedded_switch
+    from tests.torch_cases import skewed_sparse
+    n = 3
+    with embedded_switch() as sw:
+        results = run(n, "torch_sparse_hot", {"steps": 2, "hot_rows": 6, "bad": True},
+                      env={"INA_SWITCH": sw.address_text}, timeout=120)
+    for out in results:
+        assert out["outside"]["error"] == "ValueError", out["outside"]
+        assert "rank(s) [1] passed indices outside" in out["outside"]["message"]
+        assert out["shapes"]["error"] == "ValueError", out["shapes"]
+        assert "the ranks' tensors differ" in out["shapes"]["message"]
+        assert "rank 1: (101, 4)" in out["shapes"]["message"], out["shapes"]
+        exact = sum(skewed_sparse(r, 99).to_dense() for r in range(n)).numpy()
+        np.testing.assert_allclose(out["after"], exact, rtol=1e-5,
+                                   atol=1e-6 * np.abs(exact).max())
+
+
 def test_hot_rows_are_elected_only_where_they_pay():
     """The hot set: the most touched rows, ascending; empty where summing them densely
     would cost more bytes than gathering their entries (torch/sparse.py, elect)."""

@@ -828,6 +828,16 @@ def torch_sparse_hot(comm: Any, p: dict) -> dict[str, Any]:
         result = hvd.sparse_allreduce_async(skewed_sparse(r, step), name="emb", op=hvd.Sum)()
         out["results"].append(_np(result.to_dense()))
         out["nnz"].append(int(result._nnz()))
+    if p.get("bad"):  # the next calls are a trial of the hot rows: rank 1's input is bad
+        good = skewed_sparse(r, 99)
+        wild = torch.sparse_coo_tensor([[0, 100 + r]], torch.ones(2, 4), (100, 4),
+                                       check_invariants=False)
+        bigger = skewed_sparse(r, 98, rows=101 if r == 1 else 100)
+        for key, x in (("outside", wild if r == 1 else good),
+                       ("shapes", bigger), ("after", good)):
+            out[key] = _attempt(
+                lambda x=x: _np(hvd.sparse_allreduce_async(x, name="emb", op=hvd.Sum)()
+                                .to_dense()))
     stats = hvd.stats()
     out["sparse"], out["engines"] = stats["sparse"], stats["engines"]
     hvd.shutdown()

@@ -60,6 +60,7 @@ class Aggregators:
         self._seq = 0  # the number of the call under way (at_call_boundary)
         self._lasting = False  # the last failure was this job's setup: trying again is futile
         self._watch: _AnswerWatch | None = None  # rank 0's probes while one is missing
+        self._watch_failed = False  # its socket could not be bound (said once)
         if not settings.switch:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
@@ -301,7 +302,16 @@ class Aggregators:
         if self._watch is None or self._watch.indices != missing:
             if self._watch is not None:
                 self._watch.close()
-            self._watch = _AnswerWatch([self._prober(i) for i in missing], missing)
+                self._watch = None
+            try:
+                self._watch = _AnswerWatch([self._prober(i) for i in missing], missing)
+            except OSError as exc:  # (an installed port taken by another process)
+                if not self._watch_failed:
+                    log.warning("rank 0 cannot probe the missing aggregator(s) now: %s; "
+                                "it tries again at the next call", exc)
+                self._watch_failed = True
+                return 0
+            self._watch_failed = False
         return int(self._watch.answered())
 
     def at_call_boundary(self, seq: int, answers: int | None = None) -> None:

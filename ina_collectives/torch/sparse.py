@@ -101,6 +101,15 @@ class Table:
         self.new_trial = self.new_trial or bool(trial.size and not self.hot.size)
         self.hot = trial
 
+    def resize(self, rows: int) -> None:
+        """The tensor has ``rows`` rows now (on every rank): counts and hot rows follow."""
+        if rows != self.counts.size:
+            counts = np.zeros(rows, np.int64)
+            kept = min(rows, self.counts.size)
+            counts[:kept] = self.counts[:kept]
+            self.counts = counts
+            self.hot = self.hot[self.hot < rows]
+
     def count(self, rows: np.ndarray) -> None:
         """One call's touches over every rank (a row once per rank that touched it)."""
         np.add.at(self.counts, rows, 1)
@@ -207,10 +216,12 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
     values = t.values().contiguous()                       # nnz x dense dims
     inside = bool(((indices >= 0) & (indices < torch.tensor(size[:t.sparse_dim()]))).all())
     table = None
-    if hot_rows > 0 and t.sparse_dim() == 1 and inside:
+    if hot_rows > 0 and t.sparse_dim() == 1:
+        # Used whatever this rank's input (bad input is named in finish): every rank
+        # must submit the same operations, the hot block included.
         tables = _tables.setdefault(runtime, {})
         table = tables.get(name)
-        if table is None or table.counts.size != size[0]:
+        if table is None:
             table = tables[name] = Table(np.zeros(size[0], np.int64), np.zeros(0, np.int64))
         if table.calls and table.calls % reelect == 0:
             table.end_period(hot_rows, runtime.size,
@@ -274,6 +285,7 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
                                           torch.from_numpy(hot[counted > 0]).reshape(-1, 1)])
             gathered_values = torch.cat([gathered_values, summed[present]])
         if table is not None:  # every rank counts the same touches and times
+            table.resize(size[0])  # (every rank's size is this one, checked above)
             table.count(all_indices.reshape(-1))
             if hot.size:
                 table.counts[hot] += counted
