@@ -201,6 +201,10 @@ def main() -> int:
                         help="largest relative difference of the final loss from the "
                              "single-process run's")
     args = parser.parse_args()
+    small = [name for name in ("epochs", "samples", "users", "items", "dense", "dim",
+                               "hidden", "batch") if getattr(args, name) < 1]
+    if small or not args.zipf > 0 or not args.lr > 0:
+        parser.error(f"--{', --'.join(small) or 'zipf/lr'} must be positive")
     torch.set_num_threads(1)  # the ranks share the cores
     data = ClickData(args.samples, args.users, args.items, args.dense, args.zipf)
     rank, loss = (with_ddp if args.api == "ddp" else with_horovod)(args, data)
