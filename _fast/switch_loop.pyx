@@ -69,6 +69,7 @@ ctypedef struct Job:
     uint16_t *call         # [2 S] the call number of the chunk (with offset: which chunk)
     uint8_t *need          # [2 S] its quorum k (0: all n)
     uint64_t *counted      # [2 S] the workers its result counted
+    uint8_t *opened        # [2 S] bit 0: the use is a call's opening; bit 1: identities differed
     int mode_quorum        # the mode the control plane asks for (0 sync, else quorum k)
     uint32_t mode_generation  # counted up by each change of it
     uint8_t *result        # [2 S][width] the last result packet of each slot
@@ -98,6 +99,7 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.call)
         free(job.need)
         free(job.counted)
+        free(job.opened)
         free(job.result)
         free(job.nack)
         free(job.last_seq)
@@ -133,6 +135,7 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t nacks  # workers told that their packet for a chunk never came
     cdef public uint64_t result_requests  # header-only retransmissions (answer_request)
     cdef public uint64_t late_answered  # quorum: resends of a finished chunk, answered
+    cdef public uint64_t openings  # calls' openings completed (not chunks: not in results)
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
     # 1: results leave with UDP_SEGMENT, one send per run of a worker's equal-sized results
     # (cleared if the kernel refuses it); 0: sendmmsg of the whole outbox
@@ -215,6 +218,7 @@ cdef class Aggregator(FaultInjection):
         job.call = <uint16_t *>calloc(cells, 2)
         job.need = <uint8_t *>calloc(cells, 1)
         job.counted = <uint64_t *>calloc(cells, 8)
+        job.opened = <uint8_t *>calloc(cells, 1)
         job.result = <uint8_t *>calloc(cells, width)
         job.result_len = <int32_t *>calloc(cells, 4)
         job.nack = <uint8_t *>calloc(MAX_WORKERS * NACK_BUFFERS, HEADER)
@@ -222,7 +226,7 @@ cdef class Aggregator(FaultInjection):
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.cell_bits == NULL or job.exponent == NULL
                 or job.proposal == NULL or job.call == NULL or job.need == NULL
-                or job.counted == NULL
+                or job.counted == NULL or job.opened == NULL
                 or job.epoch == NULL or job.result == NULL or job.result_len == NULL
                 or job.nack == NULL or job.last_seq == NULL):
             job_free(job)
@@ -647,6 +651,101 @@ cdef class Aggregator(FaultInjection):
         self.nacks += 1
         self.send(nack, HEADER, &job.addr[worker])
 
+    cdef void opening(self, Job *job, const uint8_t *pkt, Py_ssize_t length, int worker,
+                      uint64_t bit, Py_ssize_t cell, Py_ssize_t other,
+                      uint16_t epoch) noexcept nogil:
+        """A call's opening (FLAG_OPEN, docs/protocol.md): no values, G pairs. The cell
+        keeps the first packet's identity (offset, count and the pairs' exponents) and
+        the max of the proposals; a packet whose identity differs marks the cell instead
+        of being dropped, so that the opening completes all the same and its result
+        (MISMATCH) tells every worker that the ranks called differently. Sync only: it
+        completes when all n workers sent theirs."""
+        cdef int blocks = get16(pkt + OFF_BLOCKS), j
+        cdef int16_t *exponents = job.exponent + cell * job.pairs
+        cdef int16_t *proposals = job.proposal + cell * job.pairs
+        cdef const uint8_t *pairs = pkt + HEADER
+        cdef int16_t proposal
+        cdef uint8_t *result
+        if (blocks != job.pairs or length != HEADER + PAIR * blocks
+                or pkt[OFF_VALUE_BITS] != job.bits or pkt[OFF_BLOCK] != job.block
+                or pkt[OFF_QUORUM] != 0):
+            self.drops[<int>DROP_MALFORMED] += 1
+            return
+        job.last_seen = monotonic()
+        if job.epoch[cell] != epoch:  # (as a data packet: another run's cell is idle)
+            job.epoch[cell] = epoch
+            job.seen[cell] = 0
+            job.count[cell] = 0
+            job.result_len[cell] = 0
+        if job.count[cell] == 0 and not (
+                job.opened[cell] and job.call[cell] == get16(pkt + OFF_CALL)
+                and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)
+                and job.elements[cell] == get16(pkt + OFF_COUNT)):
+            # A new use: bits a quorum's left-out worker may still have set here (see
+            # handle) are not this opening's.
+            job.seen[cell] = 0
+        if job.seen[cell] & bit:
+            if job.count[cell] == 0 and job.result_len[cell]:
+                self.retransmits_answered += 1
+                self.send(job.result + cell * job.width, job.result_len[cell],
+                          &job.addr[worker])
+            else:
+                self.drops[<int>DROP_DUPLICATE] += 1
+            return
+        if job.count[cell] == 0:
+            job.opened[cell] = 1
+            job.call[cell] = get16(pkt + OFF_CALL)
+            job.need[cell] = 0
+            job.offset[cell] = <int32_t>get32(pkt + OFF_OFFSET)
+            job.elements[cell] = get16(pkt + OFF_COUNT)
+            job.cell_bits[cell] = job.bits
+            for j in range(blocks):
+                exponents[j] = <int16_t>get16(pairs + PAIR * j)
+                proposals[j] = <int16_t>get16(pairs + PAIR * j + 2)
+        else:
+            if not job.opened[cell]:  # a chunk's data in this cell: not an opening's
+                self.drops[<int>DROP_MISMATCH] += 1
+                return
+            if (job.offset[cell] != <int32_t>get32(pkt + OFF_OFFSET)
+                    or job.elements[cell] != get16(pkt + OFF_COUNT)
+                    or job.call[cell] != get16(pkt + OFF_CALL)):
+                job.opened[cell] |= 2
+            for j in range(blocks):
+                if <int16_t>get16(pairs + PAIR * j) != exponents[j]:
+                    job.opened[cell] |= 2
+                proposal = <int16_t>get16(pairs + PAIR * j + 2)
+                if proposal > proposals[j]:
+                    proposals[j] = proposal
+        job.seen[cell] |= bit
+        job.seen[other] &= ~bit
+        job.count[cell] += 1
+        if job.count[cell] < job.n:
+            return
+        job.count[cell] = 0
+        job.counted[cell] = job.seen[cell]
+        result = job.result + cell * job.width
+        memcpy(result, pkt, HEADER)
+        result[OFF_FLAGS] = FLAG_RESULT | FLAG_OPEN | (FLAG_MISMATCH if job.opened[cell] & 2
+                                                       else 0)
+        put16(result + OFF_WORKER, 0xffff)
+        put32(result + OFF_OFFSET, <uint32_t>job.offset[cell])
+        put16(result + OFF_COUNT, <uint16_t>job.elements[cell])
+        put16(result + OFF_CALL, job.call[cell])
+        result[OFF_MODE_QUORUM] = <uint8_t>job.mode_quorum
+        put32(result + OFF_MODE_GENERATION, job.mode_generation)
+        put64(result + OFF_CONTRIBUTORS, job.seen[cell])
+        for j in range(blocks):
+            put16(result + HEADER + PAIR * j, <uint16_t>exponents[j])
+            put16(result + HEADER + PAIR * j + 2, <uint16_t>proposals[j])
+        job.result_len[cell] = HEADER + PAIR * blocks
+        self.openings += 1
+        if job.managed:
+            for j in range(job.nreplicas):
+                self.send(result, job.result_len[cell], &job.replica[j])
+        else:
+            for j in range(job.n):
+                self.send(result, job.result_len[cell], &job.addr[j])
+
     cdef void handle(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         """The aggregation rule (docs/protocol.md) for one packet as the switch sees it."""
         if length < HEADER:
@@ -696,6 +795,10 @@ cdef class Aggregator(FaultInjection):
             return
         if elements == 0 and length == HEADER and flags & FLAG_RETRANSMIT:
             self.answer_request(job, pkt, worker, bit, ver * job.slots + slot)
+            return
+        if flags & FLAG_OPEN:
+            self.opening(job, pkt, length, worker, bit, ver * job.slots + slot,
+                         (1 - ver) * job.slots + slot, epoch)
             return
         cdef int blocks = get16(pkt + OFF_BLOCKS)
         cdef int bits = pkt[OFF_VALUE_BITS]
@@ -770,6 +873,7 @@ cdef class Aggregator(FaultInjection):
                 self.drops[<int>DROP_LATE] += 1
             return
         if job.count[cell] == 0:
+            job.opened[cell] = 0
             job.call[cell] = call
             job.need[cell] = quorum
             job.offset[cell] = offset
@@ -785,7 +889,7 @@ cdef class Aggregator(FaultInjection):
         else:
             if (offset != job.offset[cell] or elements != job.elements[cell]
                     or bits != job.cell_bits[cell] or call != job.call[cell]
-                    or quorum != job.need[cell]):
+                    or quorum != job.need[cell] or job.opened[cell]):
                 self.drops[<int>DROP_MISMATCH] += 1
                 return
             for j in range(blocks):  # another chunk's scaling: nothing is added

@@ -618,3 +618,200 @@ cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
     resent[s] = 0
     timer[s] = rto
     return s  # the caller sends it, in a batch
+
+
+# What opening() returns as its first value besides STATUS's (a MISMATCH is complete).
+OPEN_MISMATCH = 100
+
+
+def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
+            int16_t[:, ::1] proposals, uint8_t[::1] versions, int job, int worker,
+            Py_ssize_t block, int value_bits, uint32_t ident_offset, uint16_t ident_count,
+            int16_t ident_word, double rto, double rto_min, double rto_max, double silence,
+            double deadline, double[::1] rtt, int epoch, uint8_t[::1] seq, int call,
+            uint8_t[::1] send_state, scratch):
+    """A call's opening (docs/protocol.md): one packet per slot, all S of them, each
+    with no values and G pairs: the call's identity (the packets' offset and count,
+    and every pair's exponent) and the proposals of the slot's first chunk of the call
+    (``proposals``, S x G; PROPOSAL_NONE where the call has none). The aggregator
+    keeps the max of the proposals and marks a cell whose packets' identities differ.
+    On return ``proposals`` holds the max over the workers, ``versions`` has moved on
+    one use of every slot and ``rtt`` holds the samples taken.
+
+    Returns (status, counters): status DONE when every slot's result came and every
+    identity was this worker's, OPEN_MISMATCH when a result said the workers' differ
+    (the MISMATCH flag, or an identity not this worker's), else as stream's. Reliable
+    as the stream is: a timer per slot resends the whole (small) packet, a NACK resends
+    the packets it names, and the silence bound and the deadline end it. Ctrl-C ends it
+    with KeyboardInterrupt."""
+    cdef Py_ssize_t slots = proposals.shape[0], g = proposals.shape[1]
+    cdef Py_ssize_t width = HEADER + PAIR * g, s, j, i
+    if versions.shape[0] != slots or g < 1 or width > 65536:
+        raise ValueError(f"opening: {slots} x {g} proposals for {versions.shape[0]} slots")
+    ring, inbox = scratch
+    if ring.shape[0] < slots or ring.shape[1] < width or inbox.shape[1] != 65536:
+        raise ValueError("opening: scratch buffers too small")
+    cdef uint8_t[:, ::1] rows = ring
+    cdef uint8_t[:, ::1] rx = inbox
+    cdef Py_ssize_t nrx = min(<Py_ssize_t>BATCH, rx.shape[0])
+    cdef double *est = &rtt[0]
+    if est[RTO] > 0:
+        rto = est[RTO]
+    cdef double[::1] sent_at = np.zeros(slots)
+    cdef double[::1] timer = np.full(slots, rto)
+    cdef uint8_t[::1] resent = np.zeros(slots, np.uint8)
+    cdef uint8_t[::1] done = np.zeros(slots, np.uint8)
+    cdef uint8_t[::1] slot_seq = np.zeros(slots, np.uint8)
+    cdef uint8_t *bufs[INA_BATCH_MAX]
+    cdef int32_t lens[INA_BATCH_MAX]
+    cdef int gso = send_state[0]
+    cdef long send_calls = 0
+    cdef sockaddr_in to
+    set_sockaddr(&to, switch_addr_be, switch_port_be)
+    cdef mmsghdr msgs[BATCH]
+    cdef iovec iovs[BATCH]
+    cdef char controls[BATCH * 64]
+    cdef uint8_t *seg_ptr[SEGMENTS]
+    cdef int32_t seg_len[SEGMENTS]
+    cdef Py_ssize_t nseg, completed = 0, retransmitted = 0, stale = 0, nacks = 0, nacked = 0
+    cdef Py_ssize_t samples = 0, nfirst, ncount
+    cdef int status = DONE, failure = 0, got, wait_ms, n_in, npend = 0
+    cdef bint mismatch = False
+    cdef pollfd pfd
+    pfd.fd = fd
+    pfd.events = POLLIN
+    cdef double now, start = monotonic(), last_result, next_timer, next_signal_check
+    cdef const uint8_t *pkt
+    cdef uint8_t *row
+    last_result = start
+    next_signal_check = start
+    with nogil:
+        for s in range(slots):
+            row = &rows[s, 0]
+            row[OFF_VERSION] = VERSION
+            row[OFF_FLAGS] = FLAG_OPEN
+            put16(row + OFF_JOB, job)
+            put16(row + OFF_WORKER, worker)
+            row[OFF_SLOT_VERSION] = versions[s]
+            row[OFF_SEQ] = seq[0]
+            slot_seq[s] = seq[0]
+            seq[0] += 1
+            put32(row + OFF_SLOT, <uint32_t>s)
+            put32(row + OFF_OFFSET, ident_offset)
+            put16(row + OFF_COUNT, ident_count)
+            put16(row + OFF_BLOCKS, <uint16_t>g)
+            row[OFF_VALUE_BITS] = value_bits
+            row[OFF_BLOCK] = block
+            put16(row + OFF_EPOCH, <uint16_t>epoch)
+            put16(row + OFF_CALL, <uint16_t>call)
+            row[OFF_QUORUM] = 0
+            row[OFF_MODE_QUORUM] = 0
+            put32(row + OFF_MODE_GENERATION, 0)
+            put64(row + OFF_CONTRIBUTORS, 0)
+            for j in range(g):
+                put16(row + HEADER + PAIR * j, <uint16_t>ident_word)
+                put16(row + HEADER + PAIR * j + 2, <uint16_t>proposals[s, j])
+            bufs[npend], lens[npend] = row, <int32_t>width
+            npend += 1
+            sent_at[s] = monotonic()
+            if npend == INA_BATCH_MAX or s == slots - 1:
+                if ina_send_batch(fd, &to, bufs, lens, npend, &gso, &send_calls) < 0:
+                    status, failure = SEND_FAILED, errno
+                    break
+                npend = 0
+        while status == DONE and completed < slots:
+            now = monotonic()
+            if now >= next_signal_check:
+                next_signal_check = now + SIGNAL_CHECK
+                with gil:
+                    PyErr_CheckSignals()
+            if now - start > deadline:
+                status = TIMEOUT
+                break
+            if now - last_result > silence:
+                status = SILENT
+                break
+            next_timer = now + SIGNAL_CHECK
+            for s in range(slots):
+                if not done[s] and sent_at[s] + timer[s] < next_timer:
+                    next_timer = sent_at[s] + timer[s]
+            wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
+            prepare_receive(msgs, iovs, &rx[0, 0], 65536, <int>nrx, NULL)
+            ina_attach_controls(msgs, controls, INA_GRO_CONTROL, <int>nrx)
+            got = recvmmsg(fd, msgs, <int>nrx, MSG_DONTWAIT, NULL)
+            if got <= 0:
+                if wait_ms > 0:
+                    poll(&pfd, 1, wait_ms)
+                got = 0
+            now = monotonic()
+            nseg = 0
+            for i in range(got):
+                n_in = ina_segments(&msgs[i].msg_hdr, &rx[i, 0], msgs[i].msg_len,
+                                    &seg_ptr[nseg], &seg_len[nseg], SEGMENTS - nseg)
+                nseg += n_in
+            for i in range(nseg):
+                pkt = seg_ptr[i]
+                if (seg_len[i] < HEADER or get16(pkt + OFF_JOB) != job
+                        or get16(pkt + OFF_EPOCH) != <uint16_t>epoch):
+                    stale += 1
+                    continue
+                if pkt[OFF_FLAGS] & FLAG_NACK:  # packets never seen: resend them now
+                    nacks += 1
+                    seq[1] = 1
+                    nfirst, ncount = pkt[OFF_SEQ], get16(pkt + OFF_COUNT)
+                    for s in range(slots):
+                        if not done[s] and ((slot_seq[s] - nfirst) & 255) < ncount:
+                            rows[s, OFF_FLAGS] = FLAG_OPEN | FLAG_RETRANSMIT
+                            if sendto(fd, &rows[s, 0], width, 0, <const sockaddr *>&to,
+                                      sizeof(sockaddr_in)) < 0:
+                                status, failure = SEND_FAILED, errno
+                                break
+                            resent[s] = 1
+                            sent_at[s] = now
+                            nacked += 1
+                    continue
+                s = get32(pkt + OFF_SLOT)
+                if (not (pkt[OFF_FLAGS] & FLAG_RESULT) or not (pkt[OFF_FLAGS] & FLAG_OPEN)
+                        or pkt[OFF_FLAGS] & FLAG_CONTROL or s >= slots or done[s]
+                        or pkt[OFF_SLOT_VERSION] != versions[s]
+                        or get16(pkt + OFF_CALL) != <uint16_t>call
+                        or seg_len[i] != width or get16(pkt + OFF_BLOCKS) != g):
+                    stale += 1
+                    continue
+                if (pkt[OFF_FLAGS] & FLAG_MISMATCH or get32(pkt + OFF_OFFSET) != ident_offset
+                        or get16(pkt + OFF_COUNT) != ident_count):
+                    mismatch = True
+                for j in range(g):
+                    if <int16_t>get16(pkt + HEADER + PAIR * j) != ident_word:
+                        mismatch = True
+                    proposals[s, j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
+                done[s] = 1
+                completed += 1
+                last_result = now
+                if not resent[s]:
+                    rtt_sample(est, now - sent_at[s], rto_min, rto_max)
+                    samples += 1
+            # Resend what timed out, backing off (the packets are small: whole).
+            for s in range(slots):
+                if status == DONE and not done[s] and now - sent_at[s] >= timer[s]:
+                    rows[s, OFF_FLAGS] = FLAG_OPEN | FLAG_RETRANSMIT
+                    if sendto(fd, &rows[s, 0], width, 0, <const sockaddr *>&to,
+                              sizeof(sockaddr_in)) < 0:
+                        status, failure = SEND_FAILED, errno
+                        break
+                    retransmitted += 1
+                    resent[s] = 1
+                    sent_at[s] = now
+                    timer[s] = min(timer[s] * 2, rto_max)
+    if completed == slots:
+        for s in range(slots):
+            versions[s] ^= 1
+    send_state[0] = gso
+    counters = {"open_sent": slots, "retransmitted": retransmitted, "nacks": nacks,
+                "nack_resent": nacked, "stale": stale, "rtt_samples": samples,
+                "open_seconds": monotonic() - start, "send_calls": send_calls}
+    if failure:
+        counters["errno"], counters["call"] = failure, CALL_SEND
+    if status == DONE and mismatch:
+        status = OPEN_MISMATCH
+    return status, counters

@@ -47,10 +47,11 @@ from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# ina-quorum: ina in quorum mode, n - 1 of n (docs/quorum.md)
+# ina-quorum: ina in quorum mode, n - 1 of n (docs/quorum.md); ina-gate: ina with each
+# call agreed by MPI instead of its opening through the switch (INA_SWITCH_OPENING=0)
 SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo", "ina-quorum",
            "fsdp2-ina", "fsdp2-gloo", "sparse-ina", "sparse-exact", "sparse-gloo",
-           "sparse-dense")
+           "sparse-dense", "ina-gate")
 # Systems that time something else than one dense allreduce of SIZE bytes: a training
 # step, an embedding gradient's exchange (their own tables).
 TRAINING = ("ddp-", "fsdp2-", "sparse-")
@@ -59,7 +60,8 @@ VALUE_BITS = {"ina16": 16}  # the switch's value width per system (else 32)
 
 def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
     """The ideal time of one allreduce on these links (for the job's time limit)."""
-    factor = ({"ina": 1.0, "ddp-ina": 1.0, "ina16": 0.5, "ina-quorum": 1.0}.get(system)
+    factor = ({"ina": 1.0, "ddp-ina": 1.0, "ina16": 0.5, "ina-quorum": 1.0,
+               "ina-gate": 1.0}.get(system)
               or (4 if system.startswith("fsdp2-") else 2) * (n - 1) / n)
     return factor * nbytes * 8 / (link_mbit * 1e6)
 
@@ -86,6 +88,8 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
                INA_TIMEOUT="120")
     if system == "ina-quorum":
         env["INA_QUORUM"] = str(len(workers) - 1)
+    if system == "ina-gate":
+        env["INA_SWITCH_OPENING"] = "0"
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
     # A packet held back D ms costs a window of S packets D ms in sync.
     window = 8 * P.packet_bytes(P.elements_for_mtu(mtu, block), block, 32)

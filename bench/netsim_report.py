@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 PEERS = ("ring", "mpi", "gloo")
-INAS = ("ina", "ina16", "ina-quorum")  # 32 and 16 bits; quorum n - 1 of n
+INAS = ("ina", "ina16", "ina-quorum", "ina-gate")  # 32, 16 bits; quorum n - 1; MPI gate
 
 
 def _size(nbytes: int) -> str:

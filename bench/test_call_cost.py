@@ -6,9 +6,13 @@
 Rows (microseconds per call, the median of fixed rounds; bench.mpi starts the switch):
 
 * ``ina``: the array API's allreduce through the switch (switch_min_bytes 0), everything
-  a call does: one gate (the agreement, which also agrees on the first window's
-  exponents), the stream, no vote (its outcome is in the results), and the Python
-  around them;
+  a call does: its opening through the switch (which agrees on the call and on the first
+  window's exponents), the stream, no vote (its outcome is in the results), and the
+  Python around them; no host collective;
+* ``ina-gate``: the same with the opening's agreement made by MPI instead (the gate:
+  INA_SWITCH_OPENING=0, as with a switch that takes no openings);
+* ``opening``: the opening alone, with the first window's exponents as the engine
+  passes them;
 * ``ina-unchecked``: the same without the agreement (check_agreement off): with no gate
   after it, the call makes its own exponent round and ends with the outcome vote;
 * ``gate``: the agreement alone, with the first window's exponents as the engine passes
@@ -18,8 +22,9 @@ Rows (microseconds per call, the median of fixed rounds; bench.mpi starts the sw
   all_reduce of the same tensor (skipped, saying why, without torch).
 
 Before issue 30 a checked call made three blocking collectives (agreement, exponent
-round, vote); now it makes one, the gate. The rest of ``ina`` is the stream's round trip
-through the switch and the host's per-call work.
+round, vote); then one, the gate; now none: the opening goes through the switch. The
+rest of ``ina`` is the stream's round trip through the switch and the host's per-call
+work.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from mpi4py import MPI
 
 from ina_collectives import protocol as P
 from ina_collectives.collectives import Collectives
-from ina_collectives.collectives.agreement import CallSignature, agree
+from ina_collectives.collectives.agreement import CallSignature, agree, identity
 from ina_collectives.collectives.engine import AllreduceCall
 from ina_collectives.collectives.ops import Op, dtype_code
 from ina_collectives.collectives.waiting import Deadline, wait
@@ -47,6 +52,7 @@ pytestmark = pytest.mark.skipif(COMM.Get_size() < 2,
 _ina = Collectives(COMM, Settings.load({"switch_min_bytes": 0}))
 _unchecked = Collectives(COMM, Settings.load({"switch_min_bytes": 0,
                                               "check_agreement": False}))
+_gated = Collectives(COMM, Settings.load({"switch_min_bytes": 0, "switch_opening": False}))
 _peers = COMM.Dup()
 
 
@@ -75,8 +81,9 @@ def _gloo():
     return lambda: dist.all_reduce(tensor)
 
 
-@pytest.mark.parametrize("system", ["ina", "ina-unchecked", "gate", "agreement",
-                                    "exponent-round", "outcome-vote", "mpi", "gloo"])
+@pytest.mark.parametrize("system", ["ina", "ina-gate", "ina-unchecked", "opening", "gate",
+                                    "agreement", "exponent-round", "outcome-vote", "mpi",
+                                    "gloo"])
 def test_call_cost(benchmark, system):
     n = COMM.Get_size()
     send = np.ones(NBYTES // 4, np.float32)
@@ -92,8 +99,17 @@ def test_call_cost(benchmark, system):
     def collective(request_of):
         return lambda: wait(request_of(), Deadline(60), lambda: system)
 
+    call = AllreduceCall(send, recv, Op.SUM)
+    ident = identity(signature)
+
+    def opening():
+        opened = _ina.ina.open(ident, _ina.ina.prepare(call), Deadline(60))
+        assert opened.outcome == "agreed", opened
+
     run = {
         "ina": lambda: _ina.allreduce(send, out=recv),
+        "ina-gate": lambda: _gated.allreduce(send, out=recv),
+        "opening": opening,
         "ina-unchecked": lambda: _unchecked.allreduce(send, out=recv),
         "gate": lambda: agree(_peers, signature, next(seq), Deadline(60), 0, window, width),
         "agreement": lambda: agree(_peers, signature, next(seq), Deadline(60)),
@@ -104,12 +120,13 @@ def test_call_cost(benchmark, system):
     benchmark.group = f"call-cost-{n}-ranks"
     COMM.Barrier()
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
-    if system in ("ina", "ina-unchecked", "mpi"):
+    if system in ("ina", "ina-gate", "ina-unchecked", "mpi"):
         assert recv[0] == n and recv[-1] == n
     if system.startswith("ina"):
-        done = (_ina if system == "ina" else _unchecked).stats.last
+        done = {"ina": _ina, "ina-gate": _gated, "ina-unchecked": _unchecked}[system].stats.last
         assert done["engine"] == "ina", done
-    if system == "ina":  # every call ended without a vote
+    if system == "ina":  # every call opened through the switch, and ended without a vote
         assert _ina.ina.vote_free_calls >= ROUNDS, _ina.ina.switch_state()
+        assert _ina.ina.opened_calls >= ROUNDS, _ina.ina.switch_state()
     benchmark.extra_info.update(ranks=n, bytes=NBYTES, exponent_values=exponents,
                                 vote_values=votes, protocol=P.PROTOCOL_VERSION)

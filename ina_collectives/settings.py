@@ -96,6 +96,14 @@ class Settings:
         "Arrays smaller than this skip the aggregator (its round trip beats nothing below "
         "a few hundred KiB; bench/test_allreduce.py measures the crossover).",
     )
+    switch_opening: bool = _setting(
+        True,
+        "Open each call through the aggregator when it takes openings (the software "
+        "switch does): the ranks agree on the call (its length, dtype, op and width) and "
+        "on its first exponents in one exchange of small packets through the switch, "
+        "with no host collective (docs/protocol.md, A call's opening). False: the "
+        "agreement and the exponents go by MPI, as they do with a P4 switch.",
+    )
     switch_join_timeout: float = _setting(
         3.0, "Seconds each rank waits for the aggregator to accept the job at init.")
     switch_silence: float = _setting(

@@ -110,7 +110,7 @@ def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """A sync call's results reach rank 0, which returns and SIGKILLs the switch; rank 1's
     never arrive (its socket takes datagrams from a dead address only, from the second
-    call on). Rank 1 must return the bits rank 0 returned, from rank 0's kept window,
+    call's stream on). Rank 1 must return the bits rank 0 returned, from rank 0's kept window,
     when rank 0 reaches its next gate: p["then"] "call" (a third allreduce) or
     "finalize"."""
     import signal
@@ -118,8 +118,15 @@ def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[
     count = p["count"]
     first = ina.allreduce(np.full(count, 1.0 + comm.rank, np.float32))
     served_first = ina.stats()["last_call"]["engine"]
-    if comm.rank == 1:  # results from the switch's address no longer reach this socket
-        ina._state.ina.link.sock.connect(("127.0.0.1", _closed_udp_port()))
+    if comm.rank == 1:  # from the stream on, results no longer reach this socket (the
+        # call's opening, before it, still gets through)
+        link = ina._state.ina.link
+        plain = link.stream
+
+        def deaf_stream(*args, **kwargs):
+            link.sock.connect(("127.0.0.1", _closed_udp_port()))
+            return plain(*args, **kwargs)
+        link.stream = deaf_stream
     comm.barrier()
     x = np.arange(count, dtype=np.float32) * (comm.rank + 1)
     start = time.monotonic()
@@ -372,12 +379,12 @@ def intracomm_forms(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """The last rank passes a different length, dtype or op; then a good call follows, which
     must still work (an agreement error leaves the communicator usable)."""
-    ina.init(comm, ring_min_bytes=0, timeout=30)
+    ina.init(comm, **{"ring_min_bytes": 0, "timeout": 30, **p.get("settings", {})})
     last = comm.rank == comm.size - 1
     count, dtype, op = 100, "float32", "sum"
     if last:
         count = 101 if p["what"] == "length" else count
-        dtype = "float64" if p["what"] == "dtype" else dtype
+        dtype = {"dtype": "float64", "int": "int32"}.get(p["what"], dtype)
         op = "max" if p["what"] == "op" else op
     out: dict[str, Any] = {}
     try:
@@ -386,6 +393,8 @@ def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     except Exception as exc:
         out["first"] = _error(exc)
     out["second"] = ina.allreduce(np.ones(10, np.float32))
+    out["second_engine"] = ina.stats()["last_call"]["engine"]
+    out["switch"] = ina.stats().get("switch")
     ina.finalize()
     return out
 
@@ -405,7 +414,7 @@ def intracomm_disagree(comm: MPI.Intracomm, p: dict) -> Any:
 @case
 def rank_absent(comm: MPI.Intracomm, p: dict) -> Any:
     """The last rank never calls allreduce: the others must time out and say for what."""
-    ina.init(comm, timeout=p["timeout"])
+    ina.init(comm, timeout=p["timeout"], **p.get("settings", {}))
     if comm.rank == comm.size - 1:
         return {"abandoned": True, "absent": True}
     try:

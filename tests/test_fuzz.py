@@ -497,6 +497,9 @@ def _exchange(sock: socket.socket, sw: SoftwareSwitch, packet: bytes,
         return None
 
 
+CAPS = P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN  # what the software switch states
+
+
 def test_a_stranger_cannot_end_or_steer_a_job():
     """Control requests from other addresses: a LEAVE of a running job's workers (it
     would have freed the job), fault settings from another address or not whole, control
@@ -520,7 +523,7 @@ def test_a_stranger_cannot_end_or_steer_a_job():
                     reply = _exchange(who, sw, P.control_packet(77, worker, [P.CTRL_LEAVE]))
                     assert reply is not None
                     assert P.read_control(reply)[1].tolist() == [
-                        2, 1, P.CAP_NACKS | P.CAP_NARROW, 0]
+                        2, 1, CAPS, 0]
             assert sw.aggregator.job_shape(77) == (2, 8, 4, P.DEFAULT_BLOCK, 32)
             # Fault settings: from another address, ignored; not whole, refused.
             on = P.encode_faults({"drop_in": 1.0})
@@ -547,7 +550,7 @@ def test_a_stranger_cannot_end_or_steer_a_job():
             # The job's own workers: a probe answered, data aggregated, LEAVE frees the job.
             for i, w in enumerate(workers):
                 assert P.read_control(_exchange(w, sw, P.control_packet(77, i, [P.CTRL_PROBE]))
-                                      )[1].tolist() == [3, 0, P.CAP_NACKS | P.CAP_NARROW, 0]
+                                      )[1].tolist() == [3, 0, CAPS, 0]
             values = [np.arange(8) * (i + 1) for i in range(2)]
             for i, w in enumerate(workers):
                 w.sendto(P.pack_data(values[i], flags=0, job=77, worker=i, slot_version=0,
@@ -559,11 +562,11 @@ def test_a_stranger_cannot_end_or_steer_a_job():
                     (values[0] + values[1]).tolist()
             for i, w in enumerate(workers):
                 assert P.read_control(_exchange(w, sw, P.control_packet(77, i, [P.CTRL_LEAVE]))
-                                      )[1].tolist() == [2, 0, P.CAP_NACKS | P.CAP_NARROW, 0]
+                                      )[1].tolist() == [2, 0, CAPS, 0]
             assert sw.aggregator.job_shape(77) is None
             # A LEAVE again (its reply was lost): nothing left to leave, answered 0.
             assert P.read_control(_exchange(workers[0], sw, P.control_packet(
-                77, 0, [P.CTRL_LEAVE])))[1].tolist() == [2, 0, P.CAP_NACKS | P.CAP_NARROW, 0]
+                77, 0, [P.CTRL_LEAVE])))[1].tolist() == [2, 0, CAPS, 0]
             assert "foreign control 5" in sw.status_line()
         finally:
             for s in workers + [stranger, local]:

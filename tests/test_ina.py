@@ -213,8 +213,10 @@ def test_switch_killed_mid_operation_falls_back_to_the_ring():
             check_result(per_rank[0], *case, 3)
     for r in results:
         assert [e["engine"] for e in r["engines"]] == ["ina", "ring", "ring"]
+        # (in its stream, or at its opening when the kill came that early)
         reason = r["engines"][1]["passed_over"][-1]
-        assert "aggregator failed mid-operation" in reason, reason
+        assert ("aggregator failed mid-operation" in reason
+                or "aggregator failed at the opening" in reason), reason
         assert r["seconds"][1] < 30
         assert any("aggregator failed" in k for k in r["stats"]["fallback_reasons"])
 
@@ -270,9 +272,12 @@ def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
     for r in results:
         engines = r["engines"]
         restart = 2 + outage  # the first call after the restart
-        # The failed call finishes on the ring; while the switch is down, calls of this
-        # size take MPI (below ring_min_bytes).
-        assert engines[:2] == ["ina", "ring"] and "ina" not in engines[2:restart], engines
+        # The call after the kill finds the switch gone: at its opening (then, nothing
+        # of it being lost, it takes the engine its size takes without the switch: MPI,
+        # below ring_min_bytes), or in its stream (then the ring finishes it). While the
+        # switch is down, calls of this size take MPI.
+        assert engines[0] == "ina" and engines[1] in ("ring", "mpi"), engines
+        assert "ina" not in engines[2:restart], engines
         back = engines.index("ina", 2)
         assert back <= restart + 1 and set(engines[back:]) == {"ina"}, engines
         state = r["stats"]["switch"]
@@ -464,3 +469,43 @@ def test_switch_cli_errors_are_clear():
     with pytest.raises(RuntimeError, match="cannot bind"):
         with embedded_switch(host="192.0.2.1"):
             pass
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("what", ["length", "dtype", "int", "op"])
+def test_ranks_that_disagree_learn_it_from_the_switch_and_go_on(switch, what):
+    """A call's opening (docs/protocol.md): the last rank calls with another length,
+    dtype (float64, or int32, which no switch serves) or op (MAX, likewise). The switch
+    marks the openings' cells, every rank raises AgreementError naming what differs
+    (one gate by MPI, on the error path), no opening failed (nothing waited for the
+    silence bound) and the next call goes through the switch."""
+    n = 3
+    results = mpirun.run(n, "disagree", {"what": what, "settings": {
+        "switch_min_bytes": 0, "switch_silence": 20.0}},
+        env={"INA_SWITCH": switch.address_text})
+    field = {"int": "dtype"}.get(what, what)
+    for r in results:
+        first = r["first"]
+        assert isinstance(first, dict) and first["error"] == "AgreementError", first
+        assert field in first["message"] and "rank 2:" in first["message"], first["message"]
+        np.testing.assert_array_equal(r["second"], np.full(10, n, np.float32))
+        assert r["second_engine"] == "ina", r
+        state = r["switch"]
+        assert state["failed_openings"] == 0 and state["opened_calls"] == 1, state
+        assert state["outages"] == 0, state
+
+
+@pytest.mark.mpi
+def test_a_rank_that_never_comes_fails_the_others_openings_and_is_named():
+    """The last rank never calls: the others' openings go unanswered until the silence
+    bound; they take the error path, whose gate by MPI times out naming what it waited
+    for."""
+    with embedded_switch() as sw:
+        results = mpirun.run(3, "rank_absent", {"timeout": 2.0, "settings": {
+            "switch_min_bytes": 0, "switch_silence": 1.0}},
+            env={"INA_SWITCH": sw.address_text}, timeout=60)
+    for r in results[:2]:
+        first = r["first"]
+        assert first["error"] == "CollectiveTimeout", first
+        assert "the error path of the opening of call #1" in first["message"], first
+        assert r["after"]["error"] == "CommunicatorBroken"

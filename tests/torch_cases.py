@@ -773,8 +773,8 @@ def torch_sparse(comm: Any, p: dict) -> dict[str, Any]:
 
 @case
 def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any]:
-    """The Horovod API's runtime: rank 1's results stop reaching it from the second call
-    on (its socket takes datagrams from a dead address only), rank 0 returns from that
+    """The Horovod API's runtime: rank 1's results stop reaching it from the second call's
+    stream on (its socket takes datagrams from a dead address only), rank 0 returns from that
     call and SIGKILLs the switch. Rank 1 must get rank 0's bits, through the rescue its
     TROUBLE row starts in the next negotiation, which rank 0's idle cycles make."""
     import signal
@@ -786,11 +786,17 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     r = hvd.rank()
     n = p["count"]
     first = hvd.allreduce(torch.full((n,), 1.0 + r), op=hvd.Sum, name="first")
-    if r == 1:
+    if r == 1:  # from the stream on (the call's opening still gets through)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", 0))
             dead = s.getsockname()[1]
-        world.require().runtime.collectives.ina.link.sock.connect(("127.0.0.1", dead))
+        link = world.require().runtime.collectives.ina.link
+        plain = link.stream
+
+        def deaf_stream(*args, **kwargs):
+            link.sock.connect(("127.0.0.1", dead))
+            return plain(*args, **kwargs)
+        link.stream = deaf_stream
     hvd.barrier()
     x = torch.arange(n, dtype=torch.float32) * (r + 1)
     start = time.monotonic()

@@ -26,3 +26,17 @@ def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
            ready: int = -1, scratch: tuple[np.ndarray, np.ndarray] | None = None
            ) -> tuple[int, dict[str, float], np.ndarray]:
     """Allreduce x into out through the aggregator: (status, counters, chunks missing)."""
+
+
+OPEN_MISMATCH: int
+"""What opening() returns first when a result said the workers' identities differ."""
+
+def opening(fd: int, switch_addr_be: int, switch_port_be: int, proposals: np.ndarray,
+            versions: np.ndarray, job: int, worker: int, block: int, value_bits: int,
+            ident_offset: int, ident_count: int, ident_word: int, rto: float,
+            rto_min: float, rto_max: float, silence: float, deadline: float,
+            rtt: np.ndarray, epoch: int, seq: np.ndarray, call: int,
+            send_state: np.ndarray, scratch: tuple[np.ndarray, np.ndarray]
+            ) -> tuple[int, dict[str, float]]:
+    """A call's opening through the aggregator: (status, counters); ``proposals``
+    (S x G int16) becomes the max over the workers."""

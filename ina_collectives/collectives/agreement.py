@@ -5,6 +5,7 @@ silently mix unrelated data; here every rank raises AgreementError with all rank
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -83,6 +84,24 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
               if not (everyone[:, i] == everyone[0, i]).all()]
     raise AgreementError(f"ranks disagree on the {', '.join(fields)} of allreduce #{seq}: "
                          f"{calls}")
+
+
+def identity(call: CallSignature, value_bits: int = 0) -> int:
+    """What a call's opening carries through the switch for it to compare (docs/protocol.md,
+    A call's opening): 64 bits of a hash of what every rank must call alike, the
+    signature's compared fields and the width the call asks for."""
+    fields = np.array([call.kind, call.count, call.dtype, call.op, value_bits], "<i8")
+    return int.from_bytes(hashlib.blake2b(fields.tobytes(), digest_size=8).digest(), "little")
+
+
+def disagree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,
+             width: int) -> None:
+    """The error path of an opening the switch marked MISMATCH (every rank got the mark):
+    one gate by MPI, which names what differs (AgreementError on every rank); if the
+    signatures agree, what differed is the width the calls asked for."""
+    agree(comm, call, seq, deadline, 0, None, width)
+    raise AgreementError(f"ranks disagree on the value width of allreduce #{seq} (the "
+                         f"switch saw their calls differ; this rank: {call.describe()})")
 
 
 SIGNATURE = 5  # the int64 columns of a row before the window: 4 compared, then news

@@ -12,9 +12,9 @@ from mpi4py import MPI
 from .. import protocol as P
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
-from .agreement import Agreed, CallSignature, agree, trouble
+from .agreement import Agreed, CallSignature, agree, disagree, identity, trouble
 from .engine import AllreduceCall, Engine, was_refused
-from .ina_engine import InaEngine
+from .ina_engine import InaEngine, Opened, Prepared
 from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_supported, dtype_code
 from .peers import TorchPeers
@@ -141,6 +141,18 @@ class Collectives:
                 engine, passed_over = self._choose(call)
                 break
             engine, passed_over = self._choose(call)
+            if ina is not None and ina.opens():
+                # The gate through the switch: the call's opening agrees on the call and
+                # on a switch call's first window, with no host collective.
+                prepared = ina.prepare(call) if engine is ina else None
+                opened = self._open(signature, call.value_bits, deadline, prepared)
+                if opened is None:
+                    continue  # an opening failed and nothing was lost: choose again
+                agreed = Agreed(0, opened.window)
+                if opened.outcome == "to_ring":  # a rank was streaming it: all take the ring
+                    passed_over.append(opened.reason)
+                    engine, prepared, agreed = self.fallback, None, None
+                break
             # One gate per call: the agreement also agrees on a switch call's first
             # window of exponents, as long as every rank's window (window_size).
             width = ina.window_size() if ina is not None else 0
@@ -182,6 +194,28 @@ class Collectives:
                                 f"{exc!r}")
             raise
         self.stats.record(engine.name, recv.nbytes, passed_over)
+
+    def _open(self, signature: CallSignature, value_bits: int, deadline: Deadline,
+              prepared: Prepared | None = None) -> Opened | None:
+        """The gate while the switch serves and takes openings: the call's opening
+        (InaEngine.open), this call's number a call boundary first. None when the ranks
+        must choose again (an opening failed, or the aggregators changed); raises
+        AgreementError on every rank when the switch saw their calls differ."""
+        ina = self.ina
+        layout = ina.layout()
+        ina.at_call_boundary(self._seq, 0)
+        if ina.layout() != layout:
+            return None
+        try:
+            opened = ina.open(identity(signature, value_bits), prepared, deadline)
+            if opened.outcome == "mismatch":
+                disagree(self.comm, signature, self._seq, deadline, ina.window_size())
+        except AgreementError:
+            raise  # every rank raised together: the communicator stays usable
+        except BaseException as exc:
+            self._broken = f"the opening of allreduce #{self._seq} failed: {exc!r}"
+            raise
+        return None if opened.outcome == "restart" else opened
 
     def _choose(self, call: AllreduceCall) -> tuple[Engine, list[str]]:
         """The first engine that takes ``call``, and why the ones before it did not."""
@@ -274,6 +308,10 @@ class Collectives:
         if not self.settings.check_agreement:
             return None
         while True:
+            if self.ina is not None and self.ina.opens():
+                if self._open(signature, 0, deadline or Deadline(self.settings.timeout)):
+                    return 0  # (news is for a missing aggregator: none is)
+                continue
             width = self.ina.window_size() if self.ina is not None else 0
             agreed = self._agree(signature, deadline or Deadline(self.settings.timeout),
                                  news, None, width)

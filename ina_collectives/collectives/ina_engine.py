@@ -23,15 +23,16 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
-from ..errors import CollectiveTimeout, CommunicatorBroken
+from ..errors import AgreementError, CollectiveTimeout, CommunicatorBroken
 from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
 from .aggregators import Aggregators
+from .agreement import CallSignature, identity
 from .engine import AllreduceCall, HandOver
-from .ops import FLOAT_DTYPES, Op
+from .ops import FLOAT_DTYPES, Op, dtype_code
 from .outcome import vote
 from .quorum import Quorum
-from .recovery import CLEAN, FAILED, NAN_OR_INF, Kept, rescue
+from .recovery import CLEAN, FAILED, NAN_OR_INF, OPENING, Kept, rescue
 from .repair import repair_share
 from .striping import Shares
 from .waiting import Deadline, wait
@@ -54,6 +55,19 @@ class Prepared:
     local: np.ndarray                   # this rank's exponents (filled in as streamed)
     proposal: np.ndarray                # [NaN or Inf seen, the windows' exponents], int16
     quorum: bool                        # made for a quorum call (every chunk's window)
+
+
+@dataclass
+class Opened:
+    """How a call's opening ended (InaEngine.open), alike on every rank: "agreed" (with
+    ``window``, the max of every rank's proposal, for a switch call), "mismatch" (the
+    ranks called differently), "restart" (an opening failed and nothing is lost: every
+    rank chooses the call's engine again) or "to_ring" (an opening failed while a rank
+    was already streaming the call: every rank takes it to the ring)."""
+
+    outcome: str
+    window: np.ndarray | None = None
+    reason: str = ""
 
 
 class InaEngine:
@@ -86,6 +100,7 @@ class InaEngine:
         self.gate: Callable[[str], None] | None = None
         self.kept: Kept | None = None      # the last window of the last vote-free call
         self.vote_free_calls = self.rescued_calls = 0
+        self.opened_calls = self.failed_openings = 0
 
     # -- the aggregators, as the chooser and stats see them ---------------------------------
 
@@ -150,6 +165,10 @@ class InaEngine:
                 # sync calls through one aggregator that ended with no vote, and those
                 # of them that a rank finished from a peer's kept window (recovery.py)
                 "vote_free_calls": self.vote_free_calls,
+                # calls (of any engine) the ranks agreed on through the switch, and
+                # openings that failed (docs/protocol.md, A call's opening)
+                "opened_calls": self.opened_calls,
+                "failed_openings": self.failed_openings,
                 "rescued_calls": self.rescued_calls,
                 "partial_handovers": self.partial_handovers,
                 "quorum": self.quorum.report()}
@@ -234,11 +253,86 @@ class InaEngine:
                                   ).astype(np.int16)
         return Prepared(x, wide, k, g, parts, ready, windows, local, proposal, quorum)
 
+    # -- a call's opening (docs/protocol.md) ------------------------------------------
+
+    def opens(self) -> bool:
+        """Whether the next call opens through the aggregator: one aggregator named, and
+        it serves and takes openings; a gate to report trouble in (recovery.py); sync."""
+        agg = self.aggregators
+        link = agg.link
+        return (self.settings.switch_opening and self.gate is not None
+                and len(agg.addresses) == 1 and link is not None and link.opens
+                and not 0 < self.quorum.k < self.quorum.n)
+
+    def open(self, ident: int, prepared: Prepared | None, deadline: Deadline) -> Opened:
+        """Collective through the switch (``opens()`` must hold, alike on every rank): the
+        call's opening, numbered as the next switch call. ``ident``: the call's
+        identity (agreement.identity); ``prepared``: a switch call's, whose first window
+        of exponents (and whether it holds a NaN or an Inf) the opening agrees on; None
+        for a call another engine serves. A rank whose opening fails takes the error path
+        with the others (recovery.py) and marks the aggregator lost, as they do."""
+        link = self.aggregators.link
+        s = self.settings
+        g = -(-link.k // link.block)
+        proposals = np.full((link.slots, g), P.PROPOSAL_NONE, np.int16)
+        span = 0
+        if prepared is not None and prepared.parts:
+            a, b = prepared.windows[0]
+            span = b - a
+            proposals[:prepared.ready[0]].reshape(-1)[:span] = prepared.local[a:b]
+            if prepared.proposal[0]:  # a NaN or an Inf in the first window
+                proposals[0] = P.NONFINITE_MARK
+        remaining = max(0.0, deadline.expires - time.monotonic())
+        # Numbered as the next switch call will be: the switch orders a cell's uses by
+        # call number (a quorum's late packets of earlier calls are dropped as late).
+        seq = self.quorum.calls + 1
+        outcome, counters = link.opening(ident, proposals, seq, s.retransmit_timeout,
+                                         s.retransmit_min, s.retransmit_max,
+                                         s.switch_silence, remaining)
+        self._account(link, StreamResult(True, "", counters, np.zeros(0, np.int64)))
+        if outcome == "mismatch":
+            return Opened("mismatch")
+        if outcome == "done":
+            self.opened_calls += 1
+            self.kept = None  # every rank is past its last call
+            if prepared is None:
+                return Opened("agreed")
+            window = np.empty_like(prepared.proposal)
+            window[0] = proposals[0, 0] == P.NONFINITE_MARK
+            if span:
+                window[1:] = proposals[:prepared.ready[0]].reshape(-1)[:span]
+            return Opened("agreed", window)
+        self.failed_openings += 1
+        agg = self.aggregators
+        here = f"{agg.where(0)}: {outcome}"
+        what = f"the opening of call #{self.aggregators.seq}"
+        self.gate(f"{what}: {here}")
+        got = rescue(self.comm, OPENING, -1, self.kept, None, s.timeout, what,
+                     opening=self.quorum.calls + 1)
+        self.kept = None
+        reason = (f"ina: the aggregator failed at the opening of a call on rank(s) "
+                  f"{got.failed}; here: {here}")
+        self.shares.forget(0)
+        agg.lost([0], reason, agg.seq)
+        return Opened("to_ring" if got.to_ring else "restart", reason=reason)
+
     def run(self, call: AllreduceCall, deadline: Deadline, prepared: Prepared | None = None,
             agreed_first: np.ndarray | None = None) -> HandOver | None:
         """``prepared`` and ``agreed_first`` (the max of every rank's proposal): the
-        caller agreed on the first window's exponents already (the chooser's gate);
-        else this makes the exponent round itself."""
+        caller agreed on the first window's exponents already (the chooser's gate or
+        opening); else this opens the call through the switch (``opens``) or makes the
+        exponent round by MPI itself."""
+        if (prepared is None or agreed_first is None) and self.opens():
+            prepared = self.prepare(call)
+            opened = self.open(identity(CallSignature(
+                CallSignature.ARRAYS, call.recv.size, dtype_code(call.dtype),
+                list(Op).index(call.op), ""), call.value_bits), prepared, deadline)
+            if opened.outcome == "mismatch":  # (the runtime's negotiation compared them)
+                raise AgreementError(f"the switch saw the ranks' calls differ at a "
+                                     f"{call.nbytes}-byte allreduce")
+            if opened.outcome != "agreed":  # (every rank is in this call: to the ring)
+                return HandOver(opened.reason, prepared.x)
+            agreed_first = opened.window
         if prepared is None or agreed_first is None:
             prepared = self.prepare(call)
             agreed_first = np.empty_like(prepared.proposal)

@@ -16,6 +16,13 @@ the first column of its row. Every rank then runs ``rescue`` together:
 - if none did (every rank is still in the call), every rank hands the whole call over
   to the ring, from its untouched input.
 
+A rank whose *opening* of the next call failed (docs/protocol.md, A call's opening: its
+packets through the switch went unanswered) takes the same path with the role
+``OPENING``: it finished its last call (and keeps that window) and holds nothing of the
+next one. It gives its window to a rank that lacks it, stands in for a rank still in
+the call it was opening (every rank then takes that call to the ring), or, where no rank
+lacks anything, every rank starts its call again (``restart``).
+
 Both steps are bounded and say what they wait for.
 """
 from __future__ import annotations
@@ -36,6 +43,7 @@ TROUBLE = -2
 CLEAN = 0       # it finished its last call (and keeps its last window, if it was one)
 FAILED = 1      # its stream failed: it lacks results of the call
 NAN_OR_INF = 2   # it holds every result, one of which said an input held a NaN or an Inf
+OPENING = 3     # it finished its last call (keeps its window, if any), could not open the next
 
 
 @dataclass
@@ -53,34 +61,43 @@ class Kept:
 class Rescue:
     """What every rank learned: ``values`` (a rank that lacked results: the kept window,
     from element ``start``; else None), whether no rank finished the call (then every rank
-    hands it to the ring), the ranks whose streams failed, and who sent the window."""
+    hands it to the ring), the ranks whose streams or openings failed, who sent the
+    window, and whether the ranks that were opening a call start it again."""
 
     values: np.ndarray | None
     start: int
     to_ring: bool
     failed: list[int]
     holder: int | None
+    restart: bool = False
 
 
 def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
-           dtype: np.dtype | None, seconds: float, what: str) -> Rescue:
+           dtype: np.dtype | None, seconds: float, what: str, opening: int = -1) -> Rescue:
     """Collective, once a gate showed TROUBLE: this rank's ``role`` in ``call`` (a CLEAN
-    rank passes its ``kept`` window, if any; a FAILED one the ``dtype`` of its output).
+    or OPENING rank passes its ``kept`` window, if any; a FAILED one the ``dtype`` of its
+    output; an OPENING one the number ``opening`` the call it opened would have had).
     ``seconds`` bounds each wait; ``what`` names the call in a timeout's message."""
     n, me = comm.Get_size(), comm.Get_rank()
-    have = kept if role == CLEAN else None
-    mine = np.array([role, call if role != CLEAN else (have.call if have else -1),
-                     have.start if have else -1, have.values.size if have else 0], np.int64)
-    rows = np.empty((n, 4), np.int64)
+    have = kept if role in (CLEAN, OPENING) else None
+    mine = np.array([role, call if have is None and role != CLEAN else
+                     (have.call if have else -1), have.start if have else -1,
+                     have.values.size if have else 0, opening], np.int64)
+    rows = np.empty((n, 5), np.int64)
     wait(comm.Iallgather(mine, rows), Deadline(seconds),
          lambda: f"every rank to say what it holds of {what}, which a rank could not "
                  f"finish alone (this rank: {_ROLES[role]})")
-    failed = [r for r in range(n) if rows[r, 0] == FAILED]
-    troubled = [r for r in range(n) if rows[r, 0] != CLEAN]
-    if len(troubled) == n:  # every rank is still in the call: none returned
+    failed = [r for r in range(n) if rows[r, 0] in (FAILED, OPENING)]
+    stuck = [r for r in range(n) if rows[r, 0] in (FAILED, NAN_OR_INF)]
+    if not stuck:  # only openings failed: nothing of any call is lost, start again
+        return Rescue(None, 0, False, failed, None, restart=True)
+    target = int(rows[stuck[0], 1])
+    if all(rows[r, 0] in (FAILED, NAN_OR_INF)
+           or (rows[r, 0] == OPENING and rows[r, 4] == target) for r in range(n)):
+        # every rank is still in the call (or was opening it): none returned
         return Rescue(None, 0, True, failed, None)
-    target = int(rows[troubled[0], 1])
-    holders = [r for r in range(n) if rows[r, 0] == CLEAN and rows[r, 1] == target]
+    troubled = stuck
+    holders = [r for r in range(n) if rows[r, 0] in (CLEAN, OPENING) and rows[r, 1] == target]
     if any(rows[r, 0] == NAN_OR_INF for r in troubled) or not holders:
         # (Impossible by the protocol: a rank that finished the call saw every result.)
         raise CommunicatorBroken(
@@ -96,8 +113,10 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
         buf = np.empty(length, dtype if dtype is not None else np.float64)
     wait(comm.Ibcast(buf, root=root), Deadline(seconds),
          lambda: f"rank {root}'s last window of {what} ({length} values)")
-    return Rescue(buf if role == FAILED else None, start, False, failed, root)
+    return Rescue(buf if role == FAILED else None, start, False, failed, root,
+                  restart=role == OPENING)
 
 
 _ROLES = {CLEAN: "finished it", FAILED: "its stream failed",
-          NAN_OR_INF: "a result said an input held a NaN or an Inf"}
+          NAN_OR_INF: "a result said an input held a NaN or an Inf",
+          OPENING: "it finished its last call and could not open the next"}

@@ -43,6 +43,7 @@ class WorkerLink:
         self.reply_slots = -1  # the last control reply's slots value (control_request)
         self.block, self.value_bits = block, value_bits
         self.narrow = False  # set by the join or probe reply
+        self.capabilities = 0  # the join or probe reply's (CAP_*)
         self._scratch: tuple | None = None  # the stream's buffers, kept (stream_scratch)
         # [1 while new packets may leave with UDP_SEGMENT]: cleared for good by the stream
         # if the kernel refuses the offload (then sendmmsg)
@@ -66,6 +67,7 @@ class WorkerLink:
         status, capabilities, self.reply_slots, _ = control_request(
             self.sock, self.switch, self.job, self.worker, body, timeout, what)
         # A call may ask for 16-bit values in a job of 32 (the aggregator says it takes them).
+        self.capabilities = capabilities
         self.narrow = bool(capabilities & P.CAP_NARROW)
         if capabilities & P.CAP_NACKS:  # the stream may ask for results with headers alone
             self.seq[1] = 1
@@ -121,6 +123,40 @@ class WorkerLink:
             return 16
         return self.value_bits
 
+    @property
+    def opens(self) -> bool:
+        """Whether the aggregator takes a call's opening (CAP_OPEN): the ranks then agree
+        on a call's identity and first exponents through it, with no host collective."""
+        return bool(self.capabilities & P.CAP_OPEN)
+
+    def opening(self, identity: int, proposals: np.ndarray, call: int, rto: float,
+                rto_min: float, rto_max: float, silence: float, deadline: float
+                ) -> tuple[str, dict]:
+        """A call's opening through the aggregator (docs/protocol.md): ``identity`` (64
+        bits: what every rank must call alike) and ``proposals`` (S x G int16: the first
+        exponents of each slot's first chunk, PROPOSAL_NONE for none), replaced by the
+        max over the workers. Returns ("done" | "mismatch" | why it failed, counters)."""
+        from .._fast import transport
+
+        if self._scratch is None:
+            self._scratch = transport.stream_scratch(
+                self.slots, P.packet_bytes(self.k, self.block, max(P.VALUE_BITS)))
+        status, counters = transport.opening(
+            self.sock.fileno(), self._addr_be, self._port_be, proposals, self.versions,
+            self.job, self.worker, self.block, self.value_bits, identity & 0xFFFFFFFF,
+            (identity >> 32) & 0xFFFF, _int16((identity >> 48) & 0xFFFF), rto, rto_min,
+            rto_max, silence, deadline, self.rtt, self.epoch, self.seq, call & 0xFFFF,
+            self.send_state, self._scratch)
+        failure = counters.pop("errno", 0)
+        counters.pop("call", None)
+        if status == transport.OPEN_MISMATCH:
+            return "mismatch", counters
+        reason = transport.STATUS[status]
+        if failure:
+            reason = (f"{reason}: "
+                      f"{SystemCallError(failure, f'to {self.switch[0]}:{self.switch[1]}')}")
+        return reason, counters
+
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, rto: float, rto_min: float, rto_max: float, silence: float,
                deadline: float, value_bits: int = 0, cancel: np.ndarray | None = None,
@@ -163,3 +199,8 @@ class WorkerLink:
         ok = status in transport.COMPLETE
         return StreamResult(ok, reason, counters, missing, counted_all,
                             counted_any or ~0, mode)  # (no result: nothing known)
+
+
+def _int16(word: int) -> int:
+    """A 16-bit word as the int16 it is on the wire."""
+    return word - 0x10000 if word >= 0x8000 else word

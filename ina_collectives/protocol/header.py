@@ -25,7 +25,9 @@ FLAG_RESULT = 0x01       # aggregator -> worker: the slot's sum
 FLAG_RETRANSMIT = 0x02   # worker -> aggregator: a resend after a timeout
 FLAG_CONTROL = 0x04      # join / leave / probe, no payload aggregation
 FLAG_NACK = 0x08         # aggregator -> one worker: your packet for this chunk never came
-FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL", "NACK")  # bit 0, 1, 2, 3
+FLAG_OPEN = 0x10         # a call's opening: its identity and first exponents, no values
+FLAG_MISMATCH = 0x20     # an opening's result: the workers' identities differed
+FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL", "NACK", "OPEN", "MISMATCH")  # bit 0 .. 5
 
 # Exponent proposals: a worker with nothing more for a slot proposes this, which
 # loses every max; block exponents themselves never go below the dtype's floor.
@@ -59,7 +61,11 @@ FIELDS: tuple[Field, ...] = (
           "`0x01` RESULT (aggregator to worker), `0x02` RETRANSMIT (a worker's resend; "
           "with count 0 and no payload, a result request), `0x04` CONTROL "
           "(join/leave/probe: no aggregation), `0x08` NACK (software aggregator to one "
-          "worker, header only: its packets numbered seq .. seq + count - 1 never came)"),
+          "worker, header only: its packets numbered seq .. seq + count - 1 never came), "
+          "`0x10` OPEN (a call's opening: no values; offset, count and the pairs' "
+          "exponents carry the call's identity, the proposals its first exponents; "
+          "docs/protocol.md, A call's opening), `0x20` MISMATCH (an opening's result: "
+          "the workers' identities differed)"),
     Field("job", "job_id", 16, False, "job id", "the job this packet belongs to"),
     Field("worker", "worker_id", 16, False, "worker id", "0 .. n-1 within the job"),
     Field("slot_version", "slot_version", 8, False, "slot version",

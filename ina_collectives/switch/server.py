@@ -130,7 +130,8 @@ class SoftwareSwitch:
         return {"packets_in": a.packets_in, "packets_out": a.packets_out,
                 "results": a.results, "retransmits_answered": a.retransmits_answered,
                 "nacks": a.nacks, "result_requests": a.result_requests,
-                "late_answered": a.late_answered, "slots_busy": a.busy_slots(),
+                "late_answered": a.late_answered, "openings": a.openings,
+                "slots_busy": a.busy_slots(),
                 "drops": a.drop_counts(),
                 "send_failures": a.send_failures,
                 "send_path": "UDP_SEGMENT" if a.gso else "sendmmsg", "send_calls": a.send_calls,
@@ -177,7 +178,8 @@ class SoftwareSwitch:
         # The fourth value: the slots granted to a job just joined, or the pool's free ones.
         slots = (self.job_slots.get(head["job"], 0) if op == P.CTRL_JOIN and status == 0
                  else self.free_slots() if op == P.CTRL_PROBE and head["job"] == 0 else 0)
-        caps = P.CAP_NACKS | P.CAP_NARROW | (P.CAP_SHARDS if self.shard_ports else 0)
+        caps = (P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN
+                | (P.CAP_SHARDS if self.shard_ports else 0))
         try:
             self.aggregator.reply(P.control_packet(head["job"], head["worker"],
                                                    [op, status, caps, slots,
@@ -316,7 +318,7 @@ def status_text(address: str, s: dict) -> str:
                      + (f" of {j['asked']}" if j["asked"] != j["slots"] else "")
                      + f", results {j['results']})" for job, j in sorted(s["jobs"].items()))
     return (f"ina-switch {address}: in {s['packets_in']} "
-            f"out {s['packets_out']} results {s['results']} busy slots "
+            f"out {s['packets_out']} results {s['results']} openings {s['openings']} busy slots "
             f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
             f"nacks {s['nacks']} result requests {s['result_requests']} "
             + (f"late answered {s['late_answered']} " if s.get("late_answered") else "")
