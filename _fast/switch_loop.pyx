@@ -654,8 +654,8 @@ cdef class Aggregator(FaultInjection):
     cdef void opening(self, Job *job, const uint8_t *pkt, Py_ssize_t length, int worker,
                       uint64_t bit, Py_ssize_t cell, Py_ssize_t other,
                       uint16_t epoch) noexcept nogil:
-        """A call's opening (FLAG_OPEN, docs/protocol.md): no values, G pairs. The cell
-        keeps the first packet's identity (offset, count and the pairs' exponents) and
+        """A call's opening (FLAG_OPEN, docs/protocol.md): no values (count 0), G pairs.
+        The cell keeps the first packet's identity (its offset and the pairs' exponents) and
         the max of the proposals; a packet whose identity differs marks the cell instead
         of being dropped, so that the opening completes all the same and its result
         (MISMATCH) tells every worker that the ranks called differently. Sync only: it
@@ -667,6 +667,7 @@ cdef class Aggregator(FaultInjection):
         cdef int16_t proposal
         cdef uint8_t *result
         if (blocks != job.pairs or length != HEADER + PAIR * blocks
+                or get16(pkt + OFF_COUNT) != 0
                 or pkt[OFF_VALUE_BITS] != job.bits or pkt[OFF_BLOCK] != job.block
                 or pkt[OFF_QUORUM] != 0):
             self.drops[<int>DROP_MALFORMED] += 1
@@ -679,8 +680,7 @@ cdef class Aggregator(FaultInjection):
             job.result_len[cell] = 0
         if job.count[cell] == 0 and not (
                 job.opened[cell] and job.call[cell] == get16(pkt + OFF_CALL)
-                and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)
-                and job.elements[cell] == get16(pkt + OFF_COUNT)):
+                and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)):
             # A new use: bits a quorum's left-out worker may still have set here (see
             # handle) are not this opening's.
             job.seen[cell] = 0
@@ -697,7 +697,7 @@ cdef class Aggregator(FaultInjection):
             job.call[cell] = get16(pkt + OFF_CALL)
             job.need[cell] = 0
             job.offset[cell] = <int32_t>get32(pkt + OFF_OFFSET)
-            job.elements[cell] = get16(pkt + OFF_COUNT)
+            job.elements[cell] = 0
             job.cell_bits[cell] = job.bits
             for j in range(blocks):
                 exponents[j] = <int16_t>get16(pairs + PAIR * j)
@@ -707,7 +707,6 @@ cdef class Aggregator(FaultInjection):
                 self.drops[<int>DROP_MISMATCH] += 1
                 return
             if (job.offset[cell] != <int32_t>get32(pkt + OFF_OFFSET)
-                    or job.elements[cell] != get16(pkt + OFF_COUNT)
                     or job.call[cell] != get16(pkt + OFF_CALL)):
                 job.opened[cell] |= 2
             for j in range(blocks):
@@ -729,7 +728,6 @@ cdef class Aggregator(FaultInjection):
                                                        else 0)
         put16(result + OFF_WORKER, 0xffff)
         put32(result + OFF_OFFSET, <uint32_t>job.offset[cell])
-        put16(result + OFF_COUNT, <uint16_t>job.elements[cell])
         put16(result + OFF_CALL, job.call[cell])
         result[OFF_MODE_QUORUM] = <uint8_t>job.mode_quorum
         put32(result + OFF_MODE_GENERATION, job.mode_generation)

@@ -626,13 +626,13 @@ OPEN_MISMATCH = 100
 
 def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
             int16_t[:, ::1] proposals, uint8_t[::1] versions, int job, int worker,
-            Py_ssize_t block, int value_bits, uint32_t ident_offset, uint16_t ident_count,
-            int16_t ident_word, double rto, double rto_min, double rto_max, double silence,
-            double deadline, double[::1] rtt, int epoch, uint8_t[::1] seq, int call,
-            uint8_t[::1] send_state, scratch):
+            Py_ssize_t block, int value_bits, uint32_t ident_offset, int16_t ident_word,
+            double rto, double rto_min, double rto_max, double silence, double deadline,
+            double[::1] rtt, int epoch, uint8_t[::1] seq, int call, uint8_t[::1] send_state,
+            scratch):
     """A call's opening (docs/protocol.md): one packet per slot, all S of them, each
-    with no values and G pairs: the call's identity (the packets' offset and count,
-    and every pair's exponent) and the proposals of the slot's first chunk of the call
+    with no values (count 0) and G pairs: the call's identity (the packets' offset and
+    every pair's exponent) and the proposals of the slot's first chunk of the call
     (``proposals``, S x G; PROPOSAL_NONE where the call has none). The aggregator
     keeps the max of the proposals and marks a cell whose packets' identities differ.
     On return ``proposals`` holds the max over the workers, ``versions`` has moved on
@@ -698,7 +698,7 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
             seq[0] += 1
             put32(row + OFF_SLOT, <uint32_t>s)
             put32(row + OFF_OFFSET, ident_offset)
-            put16(row + OFF_COUNT, ident_count)
+            put16(row + OFF_COUNT, 0)
             put16(row + OFF_BLOCKS, <uint16_t>g)
             row[OFF_VALUE_BITS] = value_bits
             row[OFF_BLOCK] = block
@@ -774,12 +774,14 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
                 if (not (pkt[OFF_FLAGS] & FLAG_RESULT) or not (pkt[OFF_FLAGS] & FLAG_OPEN)
                         or pkt[OFF_FLAGS] & FLAG_CONTROL or s >= slots or done[s]
                         or pkt[OFF_SLOT_VERSION] != versions[s]
-                        or get16(pkt + OFF_CALL) != <uint16_t>call
+                        or (get16(pkt + OFF_CALL) != <uint16_t>call
+                            and not pkt[OFF_FLAGS] & FLAG_MISMATCH)
                         or seg_len[i] != width or get16(pkt + OFF_BLOCKS) != g):
+                    # (a marked result may name another worker's call number: the
+                    # first packet's)
                     stale += 1
                     continue
-                if (pkt[OFF_FLAGS] & FLAG_MISMATCH or get32(pkt + OFF_OFFSET) != ident_offset
-                        or get16(pkt + OFF_COUNT) != ident_count):
+                if pkt[OFF_FLAGS] & FLAG_MISMATCH or get32(pkt + OFF_OFFSET) != ident_offset:
                     mismatch = True
                 for j in range(g):
                     if <int16_t>get16(pkt + HEADER + PAIR * j) != ident_word:

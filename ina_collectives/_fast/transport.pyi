@@ -33,7 +33,7 @@ OPEN_MISMATCH: int
 
 def opening(fd: int, switch_addr_be: int, switch_port_be: int, proposals: np.ndarray,
             versions: np.ndarray, job: int, worker: int, block: int, value_bits: int,
-            ident_offset: int, ident_count: int, ident_word: int, rto: float,
+            ident_offset: int, ident_word: int, rto: float,
             rto_min: float, rto_max: float, silence: float, deadline: float,
             rtt: np.ndarray, epoch: int, seq: np.ndarray, call: int,
             send_state: np.ndarray, scratch: tuple[np.ndarray, np.ndarray]

@@ -88,10 +88,10 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
 
 def identity(call: CallSignature, value_bits: int = 0) -> int:
     """What a call's opening carries through the switch for it to compare (docs/protocol.md,
-    A call's opening): 64 bits of a hash of what every rank must call alike, the
+    A call's opening): 48 bits of a hash of what every rank must call alike, the
     signature's compared fields and the width the call asks for."""
     fields = np.array([call.kind, call.count, call.dtype, call.op, value_bits], "<i8")
-    return int.from_bytes(hashlib.blake2b(fields.tobytes(), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(fields.tobytes(), digest_size=6).digest(), "little")
 
 
 def disagree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,

@@ -132,7 +132,7 @@ class WorkerLink:
     def opening(self, identity: int, proposals: np.ndarray, call: int, rto: float,
                 rto_min: float, rto_max: float, silence: float, deadline: float
                 ) -> tuple[str, dict]:
-        """A call's opening through the aggregator (docs/protocol.md): ``identity`` (64
+        """A call's opening through the aggregator (docs/protocol.md): ``identity`` (48
         bits: what every rank must call alike) and ``proposals`` (S x G int16: the first
         exponents of each slot's first chunk, PROPOSAL_NONE for none), replaced by the
         max over the workers. Returns ("done" | "mismatch" | why it failed, counters)."""
@@ -144,7 +144,7 @@ class WorkerLink:
         status, counters = transport.opening(
             self.sock.fileno(), self._addr_be, self._port_be, proposals, self.versions,
             self.job, self.worker, self.block, self.value_bits, identity & 0xFFFFFFFF,
-            (identity >> 32) & 0xFFFF, _int16((identity >> 48) & 0xFFFF), rto, rto_min,
+            _int16((identity >> 32) & 0xFFFF), rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, call & 0xFFFF,
             self.send_state, self._scratch)
         failure = counters.pop("errno", 0)

@@ -62,7 +62,7 @@ FIELDS: tuple[Field, ...] = (
           "with count 0 and no payload, a result request), `0x04` CONTROL "
           "(join/leave/probe: no aggregation), `0x08` NACK (software aggregator to one "
           "worker, header only: its packets numbered seq .. seq + count - 1 never came), "
-          "`0x10` OPEN (a call's opening: no values; offset, count and the pairs' "
+          "`0x10` OPEN (a call's opening: count 0, no values; the offset and the pairs' "
           "exponents carry the call's identity, the proposals its first exponents; "
           "docs/protocol.md, A call's opening), `0x20` MISMATCH (an opening's result: "
           "the workers' identities differed)"),

@@ -1,0 +1,155 @@
+"""A call's opening through the software switch, worker by worker (docs/protocol.md, A
+call's opening): the max of the proposals, the MISMATCH mark when identities differ,
+loss recovered, and the packets the switch refuses. Workers of a job joined by hand
+(WorkerLink), their openings run in threads as the ranks run them in processes."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ina_collectives import protocol as P
+from ina_collectives.ina.link import WorkerLink
+from ina_collectives.switch.faults import send_faults
+
+from .test_fuzz import switch_thread
+
+K, S, N = 64, 4, 3
+G = P.sub_blocks(K, P.DEFAULT_BLOCK)
+
+
+@pytest.fixture
+def job():
+    """N joined workers of a fresh job on a switch of its own, and the switch."""
+    with switch_thread() as sw:
+        links = [WorkerLink(sw.address, 700, w, N, K, S, epoch=9) for w in range(N)]
+        for link in links:
+            link.join(5.0)
+        yield sw, links
+        for link in links:
+            link.leave()
+            link.close()
+
+
+def open_all(links, identities, proposals, call=1, silence=5.0):
+    """Every worker's opening at once; [(outcome, counters)] by worker."""
+    out: list = [None] * len(links)
+
+    def one(w: int) -> None:
+        out[w] = links[w].opening(identities[w], proposals[w], call, 0.02, 0.001, 1.0,
+                                  silence, 30.0)
+    threads = [threading.Thread(target=one, args=(w,)) for w in range(len(links))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def proposals_of(w: int) -> np.ndarray:
+    """Worker w's proposals: slot 0 all w, slot 1's first -w, the rest none."""
+    p = np.full((S, G), P.PROPOSAL_NONE, np.int16)
+    p[0] = w
+    p[1, 0] = -w
+    return p
+
+
+def test_an_opening_agrees_on_the_max_proposals_and_uses_every_slot_once(job):
+    sw, links = job
+    assert all(link.opens for link in links)
+    ident = (1 << 47) | 12345
+    for call in (1, 2, 3):  # each opening uses every slot's next version
+        props = [proposals_of(w) for w in range(N)]
+        got = open_all(links, [ident] * N, props, call)
+        assert [g[0] for g in got] == ["done"] * N, got
+        for p in props:
+            assert (p[0] == N - 1).all() and p[1, 0] == 0
+            assert (p[1, 1:] == P.PROPOSAL_NONE).all() and (p[2:] == P.PROPOSAL_NONE).all()
+        assert all(g[1]["open_sent"] == S for g in got)
+        for link in links:
+            np.testing.assert_array_equal(link.versions, [call % 2] * S)
+    stats = sw.stats()
+    assert stats["openings"] == 3 * S and stats["results"] == 0, stats
+
+
+@pytest.mark.parametrize("which", ["identity", "call"])
+def test_an_opening_whose_identities_differ_tells_every_worker(job, which):
+    """One worker's identity (or call number) differs: every cell is marked, every
+    worker sees MISMATCH (none waits for a bound), and the next opening agrees."""
+    sw, links = job
+    identities = [77] * N
+    if which == "identity":
+        identities[-1] = 78
+    out: list = [None] * N
+
+    def one(w: int) -> None:
+        call = 5 if which == "call" and w == N - 1 else 4
+        out[w] = links[w].opening(identities[w], proposals_of(w), call, 0.02, 0.001, 1.0,
+                                  5.0, 30.0)
+    threads = [threading.Thread(target=one, args=(w,)) for w in range(N)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [o[0] for o in out] == ["mismatch"] * N, out
+    assert [o[1]["retransmitted"] for o in out] == [0] * N, out
+    again = open_all(links, [77] * N, [proposals_of(w) for w in range(N)], 6)
+    assert [g[0] for g in again] == ["done"] * N, again
+
+
+def test_an_opening_recovers_lost_packets(job):
+    """A third of the packets on the way in and out are lost: the timers and NACKs
+    recover, every worker gets the same max proposals."""
+    sw, links = job
+    send_faults(sw.address, drop_in=0.3, drop_out=0.3)
+    try:
+        for call in range(1, 6):
+            props = [proposals_of(w) for w in range(N)]
+            got = open_all(links, [9] * N, props, call)
+            assert [g[0] for g in got] == ["done"] * N, got
+            assert all((p == props[0]).all() for p in props)
+    finally:
+        send_faults(sw.address)
+    assert sum(sw.stats()["drops"].values()) > 0
+
+
+def test_an_opening_that_no_switch_answers_fails_by_the_silence_bound(job):
+    """Two of three workers open: the switch waits for the third, their openings end
+    by the silence bound and say so."""
+    sw, links = job
+    got = open_all(links[:2], [1, 1], [proposals_of(w) for w in range(2)], 1, silence=0.3)
+    assert all(g[0].startswith("no result within the silence bound") for g in got), got
+    assert [list(link.versions) for link in links[:2]] == [[0] * S] * 2  # nothing moved
+
+
+def test_the_switch_refuses_malformed_openings_and_mixed_cells(job):
+    sw, links = job
+    a, b = links[0], links[1]
+
+    def opening(link, count=0, blocks=G, flags=P.FLAG_OPEN, slot=0, quorum=0):
+        head = P.pack_header(flags=flags, job=link.job, worker=link.worker, slot_version=0,
+                             slot=slot, offset=5, count=count, blocks=blocks, epoch=9,
+                             call=1, quorum=quorum, block=P.DEFAULT_BLOCK)
+        return head + np.zeros(2 * blocks, ">i2").tobytes()
+
+    before = sw.stats()["drops"]
+    for bad in (opening(a, count=1), opening(a, blocks=G - 1), opening(a, quorum=2)):
+        a.sock.sendto(bad, a.switch)
+    # Slot 1: a's data packet starts a chunk, b's opening finds it: mismatched.
+    a.sock.sendto(P.pack_data(np.ones(K, ">i4"), flags=0, job=a.job, worker=0,
+                              slot_version=0, slot=1, offset=0, epoch=9), a.switch)
+    b.sock.sendto(opening(b, slot=1), b.switch)
+    # Slot 2: a's opening starts the cell, b's data packet finds it: mismatched.
+    a.sock.sendto(opening(a, slot=2), a.switch)
+    b.sock.sendto(P.pack_data(np.ones(K, ">i4"), flags=0, job=b.job, worker=1,
+                              slot_version=0, slot=2, offset=0, epoch=9), b.switch)
+    deadline = 50
+    while deadline:
+        drops = sw.stats()["drops"]
+        grown = {k: drops.get(k, 0) - before.get(k, 0) for k in drops}
+        if grown.get("malformed") == 3 and grown.get("mismatched chunk") == 2:
+            break
+        deadline -= 1
+        threading.Event().wait(0.1)
+    assert grown.get("malformed") == 3 and grown.get("mismatched chunk") == 2, grown
