@@ -630,13 +630,16 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
             double rto, double rto_min, double rto_max, double silence, double deadline,
             double[::1] rtt, int epoch, uint8_t[::1] seq, int call, uint8_t[::1] send_state,
             scratch):
-    """A call's opening (docs/protocol.md): one packet per slot, all S of them, each
-    with no values (count 0) and G pairs: the call's identity (the packets' offset and
+    """A call's opening (docs/protocol.md): one packet per slot of the call's first
+    window (``proposals`` has a row per slot, slots 0 .. m - 1), each with no values
+    (count 0) and G pairs: the call's identity (the packets' offset and
     every pair's exponent) and the proposals of the slot's first chunk of the call
     (``proposals``, S x G; PROPOSAL_NONE where the call has none). The aggregator
     keeps the max of the proposals and marks a cell whose packets' identities differ.
     On return ``proposals`` holds the max over the workers, ``versions`` has moved on
-    one use of every slot and ``rtt`` holds the samples taken.
+    one use of each of those slots (if every result came) and ``rtt`` holds the
+    samples taken. A result that says MISMATCH ends the opening at once: the workers may
+    have opened different numbers of slots, and the caller starts a new epoch.
 
     Returns (status, counters): status DONE when every slot's result came and every
     identity was this worker's, OPEN_MISMATCH when a result said the workers' differ
@@ -646,7 +649,7 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
     with KeyboardInterrupt."""
     cdef Py_ssize_t slots = proposals.shape[0], g = proposals.shape[1]
     cdef Py_ssize_t width = HEADER + PAIR * g, s, j, i
-    if versions.shape[0] != slots or g < 1 or width > 65536:
+    if versions.shape[0] < slots or slots < 1 or g < 1 or width > 65536:
         raise ValueError(f"opening: {slots} x {g} proposals for {versions.shape[0]} slots")
     ring, inbox = scratch
     if ring.shape[0] < slots or ring.shape[1] < width or inbox.shape[1] != 65536:
@@ -719,7 +722,7 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
                     status, failure = SEND_FAILED, errno
                     break
                 npend = 0
-        while status == DONE and completed < slots:
+        while status == DONE and completed < slots and not mismatch:
             now = monotonic()
             if now >= next_signal_check:
                 next_signal_check = now + SIGNAL_CHECK
@@ -790,6 +793,8 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
                 done[s] = 1
                 completed += 1
                 last_result = now
+                if mismatch:  # (the others' slots may never complete: no need)
+                    break
                 if not resent[s]:
                     rtt_sample(est, now - sent_at[s], rto_min, rto_max)
                     samples += 1

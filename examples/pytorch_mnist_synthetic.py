@@ -15,7 +15,7 @@ it). Rank 0 saves the model and optimizer after every epoch; --resume loads the 
 checkpoint on rank 0 alone and broadcasts it. --save-final writes the final parameters
 (rank 0); every rank prints a digest of its own.
 
-The model's gradients (85 KiB a step) are below the switch's switch_min_bytes (256
+The model's gradients (85 KiB a step) are below the switch's switch_min_bytes (128
 KiB): give INA_SWITCH_MIN_BYTES=0 for them to go through the switch (the tests do).
 """
 from __future__ import annotations

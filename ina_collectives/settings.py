@@ -92,9 +92,11 @@ class Settings:
         "Smaller is more accurate and costs 4 bytes of exponents per B values.",
     )
     switch_min_bytes: int = _setting(
-        256 * 1024,
-        "Arrays smaller than this skip the aggregator (its round trip beats nothing below "
-        "a few hundred KiB; bench/test_allreduce.py measures the crossover).",
+        128 * 1024,
+        "Arrays smaller than this skip the aggregator: below it MPI's allreduce was faster "
+        "(the crossover measured on bench/netsim.py, n = 4 at 1 Gbit/s: docs/netsim.md). "
+        "The Horovod DistributedOptimizer holds smaller gradients back and sends them "
+        "with the next.",
     )
     switch_opening: bool = _setting(
         True,

@@ -153,3 +153,20 @@ def test_the_switch_refuses_malformed_openings_and_mixed_cells(job):
         deadline -= 1
         threading.Event().wait(0.1)
     assert grown.get("malformed") == 3 and grown.get("mismatched chunk") == 2, grown
+
+
+def test_workers_that_open_different_slots_all_learn_the_mismatch_at_slot_0(job):
+    """Ranks whose calls differ in length open different numbers of slots (one for a
+    call of one chunk, S for a longer one): slot 0's marked result ends every opening at
+    once; the half-used cells are left to an epoch the ranks no longer use, and the next
+    opening, in a new epoch from version 0, agrees."""
+    sw, links = job
+    props = [proposals_of(w)[:1] for w in range(N - 1)] + [proposals_of(N - 1)]
+    got = open_all(links, [5] * (N - 1) + [6], props, 1)
+    assert [g[0] for g in got] == ["mismatch"] * N, got
+    for link in links:  # what Aggregators.new_epoch does on every rank
+        link.epoch, link.versions[:] = 10, 0
+    props = [proposals_of(w) for w in range(N)]
+    got = open_all(links, [5] * N, props, 2)
+    assert [g[0] for g in got] == ["done"] * N, got
+    assert all((p[0] == N - 1).all() for p in props)

@@ -239,6 +239,21 @@ class Aggregators:
         return expanded
 
 
+    def new_epoch(self) -> None:
+        """Collective: a new epoch from rank 0 for every link, their slots from version
+        0 again: the switch takes every cell of an earlier epoch for idle, whatever it
+        holds (an opening the ranks left half done, docs/protocol.md)."""
+        now = {link.epoch for link in self.links if link is not None}
+        draw = random.SystemRandom().randrange
+        epoch = np.array([draw(1, 65536)], np.int32)
+        while int(epoch[0]) in now:
+            epoch[0] = draw(1, 65536)
+        self.collective(self.comm.Ibcast(epoch, root=0), "rank 0's new epoch")
+        for link in self.links:
+            if link is not None:
+                link.epoch = int(epoch[0])
+                link.versions[:] = 0
+
     def collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),
              lambda: f"all {self.comm.Get_size()} ranks to exchange {what}")

@@ -274,12 +274,15 @@ class InaEngine:
         link = self.aggregators.link
         s = self.settings
         g = -(-link.k // link.block)
-        proposals = np.full((link.slots, g), P.PROPOSAL_NONE, np.int16)
+        # One packet per slot of the first window (one for a call of another engine): a
+        # small call opens with one packet, as it streams with one.
+        used = prepared.ready[0] if prepared is not None and prepared.parts else 1
+        proposals = np.full((used, g), P.PROPOSAL_NONE, np.int16)
         span = 0
         if prepared is not None and prepared.parts:
             a, b = prepared.windows[0]
             span = b - a
-            proposals[:prepared.ready[0]].reshape(-1)[:span] = prepared.local[a:b]
+            proposals.reshape(-1)[:span] = prepared.local[a:b]
             if prepared.proposal[0]:  # a NaN or an Inf in the first window
                 proposals[0] = P.NONFINITE_MARK
         remaining = max(0.0, deadline.expires - time.monotonic())
@@ -291,6 +294,9 @@ class InaEngine:
                                          s.switch_silence, remaining)
         self._account(link, StreamResult(True, "", counters, np.zeros(0, np.int64)))
         if outcome == "mismatch":
+            # The ranks may have opened different slots, some of which wait for packets
+            # that never come: a new epoch leaves every cell idle (docs/protocol.md).
+            self.aggregators.new_epoch()
             return Opened("mismatch")
         if outcome == "done":
             self.opened_calls += 1
@@ -300,7 +306,7 @@ class InaEngine:
             window = np.empty_like(prepared.proposal)
             window[0] = proposals[0, 0] == P.NONFINITE_MARK
             if span:
-                window[1:] = proposals[:prepared.ready[0]].reshape(-1)[:span]
+                window[1:] = proposals.reshape(-1)[:span]
             return Opened("agreed", window)
         self.failed_openings += 1
         agg = self.aggregators
