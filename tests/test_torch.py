@@ -701,6 +701,32 @@ def test_the_runtime_rescues_a_call_one_rank_lost_after_another_returned():
 
 
 @pytest.mark.mpi
+def test_the_runtime_opens_each_call_of_a_cycle_and_rescues_across_them():
+    """Two calls in one cycle (docs/protocol.md, A call's opening): each opens through the
+    switch and ends without a vote, the first because the second's opening is a gate. A
+    rank deaf from the first call's stream on: the other holds every result and opens
+    the second; both end in the rescue, the first call's bits come from the kept window
+    and the second call takes the ring. Same bits on both ranks, exact sums."""
+    from ina_collectives.switch.embedded import embedded_switch
+    count = 5000
+    with embedded_switch() as sw:
+        results = run(2, "torch_two_calls_a_cycle", {"count": count},
+                      env={"INA_SWITCH": sw.address_text})
+    base = np.arange(count, dtype=np.float64) * 3
+    for out in results:
+        assert "error" not in out, out
+        assert out["clean_opened"] == 2 and out["clean_vote_free"] == 2, out
+        for got, scale in ((out["clean"], 1.0), (out["deaf"], 2.0)):
+            np.testing.assert_array_equal(got[1], base * scale)
+            np.testing.assert_allclose(got[0], base * scale, rtol=1e-6)
+        assert out["switch"]["outages"] == 1, out["switch"]
+    for i in range(2):
+        assert results[0]["deaf"][i].tobytes() == results[1]["deaf"][i].tobytes()
+    assert results[1]["switch"]["rescued_calls"] == 1, results[1]["switch"]
+    assert results[0]["switch"]["failed_openings"] == 1, results[0]["switch"]
+
+
+@pytest.mark.mpi
 def test_hot_rows_of_a_sparse_tensor_go_through_the_switch():
     """Libra's split: after the first period the rows touched most over the ranks are
     elected (the same on every rank) and summed through the switch; the others are

@@ -812,6 +812,53 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     return out
 
 
+@case
+def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
+    """The Horovod API's runtime with two calls in one cycle (a grouped allreduce of a
+    float32 and a float64 tensor: two fusion groups). Both open through the switch and
+    end with no vote. Then the same with rank 1 deaf from the first call's stream on:
+    rank 0 holds every result of it and opens the second, which rank 1 never reaches;
+    both take the error path when their waits end, rank 1 completes the first call from
+    rank 0's kept window, and the second takes the ring on both."""
+    import socket
+
+    import ina_collectives.torch as hvd
+    from ina_collectives.runtime import world
+    hvd.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30)
+    r = hvd.rank()
+    n = p["count"]
+    ina = world.require().runtime.collectives.ina
+
+    def pair(scale: float) -> list[torch.Tensor]:
+        return [torch.arange(n, dtype=torch.float32) * (r + 1) * scale,
+                torch.arange(n, dtype=torch.float64) * (r + 1) * scale]
+
+    before = dict(ina.switch_state())
+    clean = hvd.grouped_allreduce(pair(1.0), op=hvd.Sum, name="clean")
+    state = ina.switch_state()
+    out: dict[str, Any] = {
+        "clean": [_np(t) for t in clean],
+        "clean_opened": state["opened_calls"] - before["opened_calls"],
+        "clean_vote_free": state["vote_free_calls"] - before["vote_free_calls"]}
+    if r == 1:  # from the next stream on (its opening still gets through)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            dead = s.getsockname()[1]
+        link = ina.link
+        plain = link.stream
+
+        def deaf_stream(*args, **kwargs):
+            link.sock.connect(("127.0.0.1", dead))
+            return plain(*args, **kwargs)
+        link.stream = deaf_stream
+    hvd.barrier()
+    deaf = hvd.grouped_allreduce(pair(2.0), op=hvd.Sum, name="deaf")
+    out.update(deaf=[_np(t) for t in deaf], switch=hvd.stats()["switch"],
+               engines=hvd.stats()["engines"])
+    hvd.shutdown()
+    return out
+
+
 def skewed_sparse(rank: int, step: int, rows: int = 100, dim: int = 4) -> torch.Tensor:
     """A rank's sparse gradient at ``step``: 20 lookups, most of them of a few rows."""
     g = torch.Generator().manual_seed(1000 * step + rank)

@@ -176,7 +176,12 @@ class Collectives:
         try:
             handover = (engine.run(call, deadline, prepared, first) if engine is ina
                         else engine.run(call, deadline))
-            if handover is not None:  # given up midway, alike on every rank: start again
+            if handover is not None and handover.rechoose:  # its opening failed
+                passed_over.append(handover.reason)
+                engine, more = self._choose(call)
+                passed_over += more
+                engine.run(call, Deadline(self.settings.timeout))
+            elif handover is not None:  # given up midway, alike on every rank: start again
                 engine = self.fallback
                 passed_over.append(handover.reason)
                 # The bound restarts: the engine that gave up may have used it all.
@@ -293,6 +298,14 @@ class Collectives:
                                      "call set_quorum with the same k")
         if self.ina is not None:
             self.ina.quorum.set(k)
+
+    def opens_served(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
+        """Whether an allreduce of this dtype, op and size, made next, would open through
+        the switch and be served by it (the runtime's gate for the call before it:
+        a rank in trouble meets the others when their opening fails, recovery.py)."""
+        ina = self.ina
+        return (ina is not None and ina.can_open()
+                and ina.declines_kind(np.dtype(dtype), op, nbytes) is None)
 
     def quorum_active(self) -> bool:
         """Whether switch-served calls now complete with fewer than every worker (an

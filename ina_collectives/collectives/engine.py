@@ -40,11 +40,14 @@ class HandOver:
     chooser finishes it on the fallback, starting again from ``intact``, the call's
     input as it was (widened to the dtype the engine reduced in, exactly). ``ranges``:
     the element ranges [start, stop) left to do, the rest of ``recv`` being done (one
-    of several aggregators failed); None: all of it."""
+    of several aggregators failed); None: all of it. ``rechoose``: nothing of the call
+    moved (its opening failed): the chooser picks its engine again, as the other ranks
+    do for it."""
 
     reason: str
     intact: np.ndarray
     ranges: list[tuple[int, int]] | None = None
+    rechoose: bool = False
 
 
 class Engine(Protocol):

@@ -177,13 +177,17 @@ class InaEngine:
     # -- one call ---------------------------------------------------------------------
 
     def declines(self, call: AllreduceCall) -> str | None:
+        return self.declines_kind(call.dtype, call.op, call.nbytes)
+
+    def declines_kind(self, dtype: np.dtype, op: Op, nbytes: int) -> str | None:
+        """Why a call of this dtype, op and size would not be served (None: it would)."""
         if self.unavailable:
             return self.unavailable
-        if call.dtype not in FLOAT_DTYPES:
-            return f"ina: dtype {call.dtype} is not a float"
-        if call.op not in (Op.SUM, Op.AVERAGE):
-            return f"ina: op {call.op.name} is not SUM or AVERAGE"
-        if call.nbytes < self.settings.switch_min_bytes:
+        if dtype not in FLOAT_DTYPES:
+            return f"ina: dtype {dtype} is not a float"
+        if op not in (Op.SUM, Op.AVERAGE):
+            return f"ina: op {op.name} is not SUM or AVERAGE"
+        if nbytes < self.settings.switch_min_bytes:
             return f"ina: below switch_min_bytes ({self.settings.switch_min_bytes})"
         return None
 
@@ -256,12 +260,16 @@ class InaEngine:
     # -- a call's opening (docs/protocol.md) ------------------------------------------
 
     def opens(self) -> bool:
-        """Whether the next call opens through the aggregator: one aggregator named, and
-        it serves and takes openings; a gate to report trouble in (recovery.py); sync."""
+        """Whether the next call opens through the aggregator: it can (``can_open``),
+        and there is a gate to report trouble in (recovery.py)."""
+        return self.gate is not None and self.can_open()
+
+    def can_open(self) -> bool:
+        """One aggregator named, and it serves and takes openings; sync mode."""
         agg = self.aggregators
         link = agg.link
-        return (self.settings.switch_opening and self.gate is not None
-                and len(agg.addresses) == 1 and link is not None and link.opens
+        return (self.settings.switch_opening and len(agg.addresses) == 1
+                and link is not None and link.opens
                 and not 0 < self.quorum.k < self.quorum.n)
 
     def open(self, ident: int, prepared: Prepared | None, deadline: Deadline) -> Opened:
@@ -314,12 +322,12 @@ class InaEngine:
         what = f"the opening of call #{self.aggregators.seq}"
         self.gate(f"{what}: {here}")
         got = rescue(self.comm, OPENING, -1, self.kept, None, s.timeout, what,
-                     opening=self.quorum.calls + 1)
+                     opening=self.quorum.calls + 1, seq=agg.seq)
         self.kept = None
         reason = (f"ina: the aggregator failed at the opening of a call on rank(s) "
                   f"{got.failed}; here: {here}")
         self.shares.forget(0)
-        agg.lost([0], reason, agg.seq)
+        agg.lost([0], reason, got.seq)
         return Opened("to_ring" if got.to_ring else "restart", reason=reason)
 
     def run(self, call: AllreduceCall, deadline: Deadline, prepared: Prepared | None = None,
@@ -336,8 +344,9 @@ class InaEngine:
             if opened.outcome == "mismatch":  # (the runtime's negotiation compared them)
                 raise AgreementError(f"the switch saw the ranks' calls differ at a "
                                      f"{call.nbytes}-byte allreduce")
-            if opened.outcome != "agreed":  # (every rank is in this call: to the ring)
-                return HandOver(opened.reason, prepared.x)
+            if opened.outcome != "agreed":  # nothing moved: chosen again, or to the ring
+                return HandOver(opened.reason, prepared.x,
+                                rechoose=opened.outcome == "restart")
             agreed_first = opened.window
         if prepared is None or agreed_first is None:
             prepared = self.prepare(call)
@@ -517,12 +526,12 @@ class InaEngine:
                 else "a result said an input held a NaN or an Inf")
         self.gate(f"{what}: {here}")
         got = rescue(self.comm, role, self.quorum.calls, None, call.recv.dtype,
-                     self.settings.timeout, what)
+                     self.settings.timeout, what, seq=agg.seq)
         self.quorum.after_call(-1, -1, 0, 0, 0)
         if got.failed:
             self.shares.forget(i)
             agg.lost([i], f"ina: the aggregator failed mid-operation on rank(s) "
-                          f"{got.failed}; here: {here}", agg.seq)
+                          f"{got.failed}; here: {here}", got.seq)
         if got.to_ring:
             return HandOver(NONFINITE if nonfinite and not got.failed else
                             f"ina: aggregator failed mid-operation; here: {here}", x)
@@ -547,10 +556,11 @@ class InaEngine:
         this rank finished it, and sends or stands by with its kept window; then marks
         the aggregator lost as they do when a stream failed."""
         kept = self.kept
-        got = rescue(self.comm, CLEAN, -1, kept, None, self.settings.timeout, what)
+        got = rescue(self.comm, CLEAN, -1, kept, None, self.settings.timeout, what,
+                     seq=self.aggregators.seq)
         self.kept = None
         if got.failed and kept is not None and self.aggregators.links[kept.aggregator]:
             self.shares.forget(kept.aggregator)
             self.aggregators.lost([kept.aggregator],
                                   f"ina: the aggregator failed mid-operation on rank(s) "
-                                  f"{got.failed}", self.aggregators.seq)
+                                  f"{got.failed}", got.seq)

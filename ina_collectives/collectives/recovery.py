@@ -62,7 +62,9 @@ class Rescue:
     """What every rank learned: ``values`` (a rank that lacked results: the kept window,
     from element ``start``; else None), whether no rank finished the call (then every rank
     hands it to the ring), the ranks whose streams or openings failed, who sent the
-    window, and whether the ranks that were opening a call start it again."""
+    window, whether the ranks that were opening a call start it again, and the call
+    number every rank marks the aggregator lost at (the largest of theirs: the retries
+    that follow are then scheduled alike)."""
 
     values: np.ndarray | None
     start: int
@@ -70,32 +72,36 @@ class Rescue:
     failed: list[int]
     holder: int | None
     restart: bool = False
+    seq: int = 0
 
 
 def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
-           dtype: np.dtype | None, seconds: float, what: str, opening: int = -1) -> Rescue:
+           dtype: np.dtype | None, seconds: float, what: str, opening: int = -1,
+           seq: int = 0) -> Rescue:
     """Collective, once a gate showed TROUBLE: this rank's ``role`` in ``call`` (a CLEAN
     or OPENING rank passes its ``kept`` window, if any; a FAILED one the ``dtype`` of its
     output; an OPENING one the number ``opening`` the call it opened would have had).
-    ``seconds`` bounds each wait; ``what`` names the call in a timeout's message."""
+    ``seq``: the chooser's call number this rank is at. ``seconds`` bounds each wait;
+    ``what`` names the call in a timeout's message."""
     n, me = comm.Get_size(), comm.Get_rank()
     have = kept if role in (CLEAN, OPENING) else None
     mine = np.array([role, call if have is None and role != CLEAN else
                      (have.call if have else -1), have.start if have else -1,
-                     have.values.size if have else 0, opening], np.int64)
-    rows = np.empty((n, 5), np.int64)
+                     have.values.size if have else 0, opening, seq], np.int64)
+    rows = np.empty((n, 6), np.int64)
     wait(comm.Iallgather(mine, rows), Deadline(seconds),
          lambda: f"every rank to say what it holds of {what}, which a rank could not "
                  f"finish alone (this rank: {_ROLES[role]})")
     failed = [r for r in range(n) if rows[r, 0] in (FAILED, OPENING)]
     stuck = [r for r in range(n) if rows[r, 0] in (FAILED, NAN_OR_INF)]
+    seq = int(rows[:, 5].max())
     if not stuck:  # only openings failed: nothing of any call is lost, start again
-        return Rescue(None, 0, False, failed, None, restart=True)
+        return Rescue(None, 0, False, failed, None, restart=True, seq=seq)
     target = int(rows[stuck[0], 1])
     if all(rows[r, 0] in (FAILED, NAN_OR_INF)
            or (rows[r, 0] == OPENING and rows[r, 4] == target) for r in range(n)):
         # every rank is still in the call (or was opening it): none returned
-        return Rescue(None, 0, True, failed, None)
+        return Rescue(None, 0, True, failed, None, seq=seq)
     troubled = stuck
     holders = [r for r in range(n) if rows[r, 0] in (CLEAN, OPENING) and rows[r, 1] == target]
     if any(rows[r, 0] == NAN_OR_INF for r in troubled) or not holders:
@@ -114,7 +120,7 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
     wait(comm.Ibcast(buf, root=root), Deadline(seconds),
          lambda: f"rank {root}'s last window of {what} ({length} values)")
     return Rescue(buf if role == FAILED else None, start, False, failed, root,
-                  restart=role == OPENING)
+                  restart=role == OPENING, seq=seq)
 
 
 _ROLES = {CLEAN: "finished it", FAILED: "its stream failed",

@@ -285,11 +285,14 @@ class BackgroundRuntime:
         groups = self._fusion_groups(reductions)
         ina = self.collectives.ina
         for j, group in enumerate(groups):
-            # The cycle's last call, with nothing after it, is followed by the next
-            # negotiation, a gate: the switch may serve it without a vote (recovery.py).
+            # A call followed by a gate may be served without a vote (recovery.py): the
+            # cycle's last call, with nothing after it, is followed by the next
+            # negotiation; another, by the next call's opening through the switch (where a
+            # rank in trouble meets the others when their opening fails).
             if ina is not None:
-                ina.gate = (self._trouble if j == len(groups) - 1
-                            and len(reductions) == len(ready) else None)
+                gated = (len(reductions) == len(ready) if j == len(groups) - 1
+                         else self._opens(groups[j + 1]))
+                ina.gate = self._trouble if gated else None
             self._allreduce_group(group)
         if ina is not None:
             ina.gate = None
@@ -328,6 +331,15 @@ class BackgroundRuntime:
             members.append(item)
             open_groups[key] = (members, used + nbytes)
         return groups
+
+    def _opens(self, group: list[Ready]) -> bool:
+        """Whether this group's call will open through the switch (as _reduce makes it)."""
+        req = group[0].any_request()
+        wire = np.dtype(req.wire)
+        nbytes = sum(math.prod(item.any_request().shape) for item in group) * wire.itemsize
+        op = as_op(req.op)
+        return self.collectives.opens_served(wire, Op.SUM if op is Op.AVERAGE else op,
+                                             nbytes)
 
     def _allreduce_group(self, group: list[Ready]) -> None:
         req = group[0].any_request()
