@@ -107,6 +107,14 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job)
 
 
+cdef inline void idle_cell(Job *job, Py_ssize_t cell, uint16_t epoch) noexcept nogil:
+    """A cell last used by another run (epoch) of the job: idle, now this run's."""
+    job.epoch[cell] = epoch
+    job.seen[cell] = 0
+    job.count[cell] = 0
+    job.result_len[cell] = 0
+
+
 cdef inline Job *find_job(Job **jobs, int job_id) noexcept nogil:
     """The job of an id, NULL if there is none or the id is not 0..65535: the one bounds
     check of every access by job id (the data path's and Python's)."""
@@ -674,10 +682,7 @@ cdef class Aggregator(FaultInjection):
             return
         job.last_seen = monotonic()
         if job.epoch[cell] != epoch:  # (as a data packet: another run's cell is idle)
-            job.epoch[cell] = epoch
-            job.seen[cell] = 0
-            job.count[cell] = 0
-            job.result_len[cell] = 0
+            idle_cell(job, cell, epoch)
         if job.count[cell] == 0 and not (
                 job.opened[cell] and job.call[cell] == get16(pkt + OFF_CALL)
                 and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)):
@@ -685,12 +690,7 @@ cdef class Aggregator(FaultInjection):
             # handle) are not this opening's.
             job.seen[cell] = 0
         if job.seen[cell] & bit:
-            if job.count[cell] == 0 and job.result_len[cell]:
-                self.retransmits_answered += 1
-                self.send(job.result + cell * job.width, job.result_len[cell],
-                          &job.addr[worker])
-            else:
-                self.drops[<int>DROP_DUPLICATE] += 1
+            self.answer_again(job, cell, worker)
             return
         if job.count[cell] == 0:
             job.opened[cell] = 1
@@ -720,29 +720,56 @@ cdef class Aggregator(FaultInjection):
         job.count[cell] += 1
         if job.count[cell] < job.n:
             return
-        job.count[cell] = 0
-        job.counted[cell] = job.seen[cell]
-        result = job.result + cell * job.width
-        memcpy(result, pkt, HEADER)
-        result[OFF_FLAGS] = FLAG_RESULT | FLAG_OPEN | (FLAG_MISMATCH if job.opened[cell] & 2
-                                                       else 0)
-        put16(result + OFF_WORKER, 0xffff)
+        result = self.result_header(job, cell, pkt, blocks,
+                                    FLAG_RESULT | FLAG_OPEN
+                                    | (FLAG_MISMATCH if job.opened[cell] & 2 else 0))
         put32(result + OFF_OFFSET, <uint32_t>job.offset[cell])
         put16(result + OFF_CALL, job.call[cell])
+        self.openings += 1
+        self.multicast(job, cell, HEADER + PAIR * blocks)
+
+    cdef uint8_t *result_header(self, Job *job, Py_ssize_t cell, const uint8_t *pkt,
+                                int blocks, int flags) noexcept nogil:
+        """A cell just completed: its result's header (the last packet's, stamped as the
+        switch's answer) and pairs, in the cell's result buffer; returns the buffer."""
+        cdef uint8_t *result = job.result + cell * job.width
+        cdef int16_t *exponents = job.exponent + cell * job.pairs
+        cdef int16_t *proposals = job.proposal + cell * job.pairs
+        cdef int j
+        job.count[cell] = 0
+        job.counted[cell] = job.seen[cell]
+        memcpy(result, pkt, HEADER)
+        result[OFF_FLAGS] = flags
+        put16(result + OFF_WORKER, 0xffff)
         result[OFF_MODE_QUORUM] = <uint8_t>job.mode_quorum
         put32(result + OFF_MODE_GENERATION, job.mode_generation)
         put64(result + OFF_CONTRIBUTORS, job.seen[cell])
         for j in range(blocks):
             put16(result + HEADER + PAIR * j, <uint16_t>exponents[j])
             put16(result + HEADER + PAIR * j + 2, <uint16_t>proposals[j])
-        job.result_len[cell] = HEADER + PAIR * blocks
-        self.openings += 1
+        return result
+
+    cdef void multicast(self, Job *job, Py_ssize_t cell, Py_ssize_t length) noexcept nogil:
+        """Send a cell's result (``length`` bytes, kept for resends) to every worker: the
+        replicas a controller installed (multicast group + rewrites), or the joined ones."""
+        cdef uint8_t *result = job.result + cell * job.width
+        cdef int w
+        job.result_len[cell] = <int32_t>length
         if job.managed:
-            for j in range(job.nreplicas):
-                self.send(result, job.result_len[cell], &job.replica[j])
+            for w in range(job.nreplicas):
+                self.send(result, length, &job.replica[w])
         else:
-            for j in range(job.n):
-                self.send(result, job.result_len[cell], &job.addr[j])
+            for w in range(job.n):
+                self.send(result, length, &job.addr[w])
+
+    cdef void answer_again(self, Job *job, Py_ssize_t cell, int worker) noexcept nogil:
+        """A worker counted in the cell sent again: the stored result if the cell is done
+        (its result was lost), else a duplicate while the cell waits for the others."""
+        if job.count[cell] == 0 and job.result_len[cell]:
+            self.retransmits_answered += 1
+            self.send(job.result + cell * job.width, job.result_len[cell], &job.addr[worker])
+        else:
+            self.drops[<int>DROP_DUPLICATE] += 1
 
     cdef void handle(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         """The aggregation rule (docs/protocol.md) for one packet as the switch sees it."""
@@ -824,15 +851,12 @@ cdef class Aggregator(FaultInjection):
         cdef uint8_t *acc = job.acc + cell * job.k * (job.bits // 8)
         cdef uint8_t *result
         cdef int16_t proposal
-        cdef int w, j, behind
+        cdef int j, behind
         cdef bint older
         if job.epoch[cell] != epoch:
             # Last used by another run of the job (its ranks started their slots at version
             # 0 again): that state is not this run's, the cell is idle.
-            job.epoch[cell] = epoch
-            job.seen[cell] = 0
-            job.count[cell] = 0
-            job.result_len[cell] = 0
+            idle_cell(job, cell, epoch)
         elif job.count[cell] or job.result_len[cell]:
             behind = <int16_t>(job.call[cell] - call)
             older = 0 < behind < 256 or (behind == 0 and offset < job.offset[cell])
@@ -849,13 +873,8 @@ cdef class Aggregator(FaultInjection):
                 # late packet cleared nothing): not this chunk's. (In sync every bit is
                 # clear by now.)
                 job.seen[cell] = 0
-        if job.seen[cell] & bit:
-            if job.count[cell] == 0 and job.result_len[cell]:
-                # Done, and this worker missed the result: answer it alone.
-                self.retransmits_answered += 1
-                self.send(job.result + cell * width, job.result_len[cell], &job.addr[worker])
-            else:
-                self.drops[<int>DROP_DUPLICATE] += 1
+        if job.seen[cell] & bit:  # done, and this worker missed the result; or waiting
+            self.answer_again(job, cell, worker)
             return
         if (job.count[cell] == 0 and job.result_len[cell] and job.need[cell]
                 and job.call[cell] == call and job.offset[cell] == offset):
@@ -907,30 +926,13 @@ cdef class Aggregator(FaultInjection):
         job.count[cell] += 1
         if job.count[cell] < (quorum if quorum else job.n):
             return
-        job.count[cell] = 0
-        job.counted[cell] = job.seen[cell]
-        result = job.result + cell * width
-        memcpy(result, pkt, HEADER)
-        result[OFF_FLAGS] = FLAG_RESULT
-        put16(result + OFF_WORKER, 0xffff)
-        result[OFF_MODE_QUORUM] = <uint8_t>job.mode_quorum
-        put32(result + OFF_MODE_GENERATION, job.mode_generation)
-        put64(result + OFF_CONTRIBUTORS, job.seen[cell])
-        for j in range(blocks):
-            put16(result + HEADER + PAIR * j, <uint16_t>exponents[j])
-            put16(result + HEADER + PAIR * j + 2, <uint16_t>proposals[j])
+        result = self.result_header(job, cell, pkt, blocks, FLAG_RESULT)
         if vb == 4:
             ina_store_be32(<uint32_t *>(result + HEADER + PAIR * blocks),
                            <const uint32_t *>acc, elements)
         else:
             ina_store_be16(<uint16_t *>(result + HEADER + PAIR * blocks),
                            <const uint16_t *>acc, elements)
-        job.result_len[cell] = HEADER + PAIR * blocks + vb * elements
         self.results += 1
         job.results += 1
-        if job.managed:  # the replicas a controller installed (multicast group + rewrites)
-            for w in range(job.nreplicas):
-                self.send(result, job.result_len[cell], &job.replica[w])
-        else:
-            for w in range(job.n):
-                self.send(result, job.result_len[cell], &job.addr[w])
+        self.multicast(job, cell, HEADER + PAIR * blocks + vb * elements)

@@ -108,6 +108,17 @@ cdef inline Py_ssize_t next_undone(const uint8_t[::1] done, Py_ssize_t c, Py_ssi
     return c if c < nb else nb
 
 
+cdef inline int bounds_passed(double now, double start, double deadline, double last_result,
+                              double silence) noexcept nogil:
+    """TIMEOUT once the deadline passed, SILENT once no result came for ``silence``
+    seconds, else DONE (go on)."""
+    if now - start > deadline:
+        return TIMEOUT
+    if now - last_result > silence:
+        return SILENT
+    return DONE
+
+
 def rtt_update(double[::1] state, double sample, double rto_min, double rto_max):
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
     rtt_sample(&state[0], sample, rto_min, rto_max)
@@ -305,11 +316,8 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if cancelled != NULL and cancelled[0]:
                     status = CANCELLED
                     break
-            if now - start > deadline:
-                status = TIMEOUT
-                break
-            if now - last_result > silence:
-                status = SILENT
+            status = bounds_passed(now, start, deadline, last_result, silence)
+            if status != DONE:
                 break
             next_timer = now + SIGNAL_CHECK
             for s in range(slots):
@@ -728,11 +736,8 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
                 next_signal_check = now + SIGNAL_CHECK
                 with gil:
                     PyErr_CheckSignals()
-            if now - start > deadline:
-                status = TIMEOUT
-                break
-            if now - last_result > silence:
-                status = SILENT
+            status = bounds_passed(now, start, deadline, last_result, silence)
+            if status != DONE:
                 break
             next_timer = now + SIGNAL_CHECK
             for s in range(slots):

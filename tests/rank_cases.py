@@ -118,15 +118,8 @@ def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[
     count = p["count"]
     first = ina.allreduce(np.full(count, 1.0 + comm.rank, np.float32))
     served_first = ina.stats()["last_call"]["engine"]
-    if comm.rank == 1:  # from the stream on, results no longer reach this socket (the
-        # call's opening, before it, still gets through)
-        link = ina._state.ina.link
-        plain = link.stream
-
-        def deaf_stream(*args, **kwargs):
-            link.sock.connect(("127.0.0.1", _closed_udp_port()))
-            return plain(*args, **kwargs)
-        link.stream = deaf_stream
+    if comm.rank == 1:
+        deaf_from_the_stream(ina._state.ina.link)
     comm.barrier()
     x = np.arange(count, dtype=np.float32) * (comm.rank + 1)
     start = time.monotonic()
@@ -145,6 +138,18 @@ def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[
     ina.finalize()
     out["finalize_seconds"] = time.monotonic() - start
     return out
+
+
+def deaf_from_the_stream(link: Any) -> None:
+    """From the link's next stream on, results no longer reach its socket (it takes
+    datagrams from a dead address only); the call's opening, before the stream, still
+    gets through."""
+    plain = link.stream
+
+    def deaf_stream(*args: Any, **kwargs: Any) -> Any:
+        link.sock.connect(("127.0.0.1", _closed_udp_port()))
+        return plain(*args, **kwargs)
+    link.stream = deaf_stream
 
 
 def _closed_udp_port() -> int:

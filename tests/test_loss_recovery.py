@@ -4,7 +4,9 @@ retransmitted packets, and result requests answered only when the cell is done. 
 workers of a job joined by hand (WorkerLink), packets written here."""
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -17,20 +19,28 @@ K, S, EPOCH = 4, 8, 77
 QUIET = 0.3  # seconds a socket is watched to show that nothing arrives
 
 
+@contextlib.contextmanager
+def joined(address: tuple[str, int], job_id: int, n: int, k: int, slots: int,
+           epoch: int) -> Iterator[list[WorkerLink]]:
+    """The n workers of a job, joined at the switch at ``address``; left and closed
+    after."""
+    links = [WorkerLink(address, job_id, w, n, k, slots, epoch=epoch) for w in range(n)]
+    try:
+        for link in links:
+            link.join(5.0)
+        yield links
+    finally:
+        for link in links:
+            link.leave()
+            link.close()
+
+
 @pytest.fixture
 def job():
     """Two joined workers of a fresh job on a switch of its own (its counters are the
     test's), and the switch."""
-    with embedded_switch() as sw:
-        job_id = 900
-        links = [WorkerLink((sw.host, sw.port), job_id, w, 2, K, S, epoch=EPOCH)
-                 for w in range(2)]
-        for link in links:
-            link.join(5.0)
+    with embedded_switch() as sw, joined((sw.host, sw.port), 900, 2, K, S, EPOCH) as links:
         yield sw, links
-        for link in links:
-            link.leave()
-            link.close()
 
 
 def packet(link: WorkerLink, chunk: int, seq: int, flags: int = 0, values=None) -> bytes:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
-from ina_collectives.ina.link import WorkerLink
 from ina_collectives.switch.faults import send_faults
 
 from .test_fuzz import switch_thread
+from .test_loss_recovery import joined
 
 K, S, N = 64, 4, 3
 G = P.sub_blocks(K, P.DEFAULT_BLOCK)
@@ -22,14 +22,8 @@ G = P.sub_blocks(K, P.DEFAULT_BLOCK)
 @pytest.fixture
 def job():
     """N joined workers of a fresh job on a switch of its own, and the switch."""
-    with switch_thread() as sw:
-        links = [WorkerLink(sw.address, 700, w, N, K, S, epoch=9) for w in range(N)]
-        for link in links:
-            link.join(5.0)
+    with switch_thread() as sw, joined(sw.address, 700, N, K, S, 9) as links:
         yield sw, links
-        for link in links:
-            link.leave()
-            link.close()
 
 
 def open_all(links, identities, proposals, call=1, silence=5.0):

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.rank_cases import _error, case, main
+from tests.rank_cases import _error, case, deaf_from_the_stream, main
 
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
           "bfloat16"]
@@ -778,7 +778,6 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     call and SIGKILLs the switch. Rank 1 must get rank 0's bits, through the rescue its
     TROUBLE row starts in the next negotiation, which rank 0's idle cycles make."""
     import signal
-    import socket
 
     import ina_collectives.torch as hvd
     from ina_collectives.runtime import world
@@ -787,16 +786,7 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     n = p["count"]
     first = hvd.allreduce(torch.full((n,), 1.0 + r), op=hvd.Sum, name="first")
     if r == 1:  # from the stream on (the call's opening still gets through)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind(("127.0.0.1", 0))
-            dead = s.getsockname()[1]
-        link = world.require().runtime.collectives.ina.link
-        plain = link.stream
-
-        def deaf_stream(*args, **kwargs):
-            link.sock.connect(("127.0.0.1", dead))
-            return plain(*args, **kwargs)
-        link.stream = deaf_stream
+        deaf_from_the_stream(world.require().runtime.collectives.ina.link)
     hvd.barrier()
     x = torch.arange(n, dtype=torch.float32) * (r + 1)
     start = time.monotonic()
@@ -820,7 +810,6 @@ def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
     rank 0 holds every result of it and opens the second, which rank 1 never reaches;
     both take the error path when their waits end, rank 1 completes the first call from
     rank 0's kept window, and the second takes the ring on both."""
-    import socket
 
     import ina_collectives.torch as hvd
     from ina_collectives.runtime import world
@@ -841,16 +830,7 @@ def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
         "clean_opened": state["opened_calls"] - before["opened_calls"],
         "clean_vote_free": state["vote_free_calls"] - before["vote_free_calls"]}
     if r == 1:  # from the next stream on (its opening still gets through)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind(("127.0.0.1", 0))
-            dead = s.getsockname()[1]
-        link = ina.link
-        plain = link.stream
-
-        def deaf_stream(*args, **kwargs):
-            link.sock.connect(("127.0.0.1", dead))
-            return plain(*args, **kwargs)
-        link.stream = deaf_stream
+        deaf_from_the_stream(ina.link)
     hvd.barrier()
     deaf = hvd.grouped_allreduce(pair(2.0), op=hvd.Sum, name="deaf")
     out.update(deaf=[_np(t) for t in deaf], switch=hvd.stats()["switch"],
