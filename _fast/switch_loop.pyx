@@ -115,6 +115,27 @@ cdef inline void idle_cell(Job *job, Py_ssize_t cell, uint16_t epoch) noexcept n
     job.result_len[cell] = 0
 
 
+cdef inline void keep_max(int16_t *proposals, const uint8_t *pairs, int blocks
+                          ) noexcept nogil:
+    """A cell's max proposals, with a packet's (its pairs') taken in."""
+    cdef int j
+    cdef int16_t proposal
+    for j in range(blocks):
+        proposal = <int16_t>get16(pairs + PAIR * j + 2)
+        if proposal > proposals[j]:
+            proposals[j] = proposal
+
+
+cdef inline int32_t count_in(Job *job, Py_ssize_t cell, Py_ssize_t other,
+                             uint64_t bit) noexcept nogil:
+    """The worker (``bit``) counted in the cell, and cleared in the slot's other one
+    (it has left that use behind); the cell's count now."""
+    job.seen[cell] |= bit
+    job.seen[other] &= ~bit
+    job.count[cell] += 1
+    return job.count[cell]
+
+
 cdef inline Job *find_job(Job **jobs, int job_id) noexcept nogil:
     """The job of an id, NULL if there is none or the id is not 0..65535: the one bounds
     check of every access by job id (the data path's and Python's)."""
@@ -672,7 +693,6 @@ cdef class Aggregator(FaultInjection):
         cdef int16_t *exponents = job.exponent + cell * job.pairs
         cdef int16_t *proposals = job.proposal + cell * job.pairs
         cdef const uint8_t *pairs = pkt + HEADER
-        cdef int16_t proposal
         cdef uint8_t *result
         if (blocks != job.pairs or length != HEADER + PAIR * blocks
                 or get16(pkt + OFF_COUNT) != 0
@@ -712,13 +732,8 @@ cdef class Aggregator(FaultInjection):
             for j in range(blocks):
                 if <int16_t>get16(pairs + PAIR * j) != exponents[j]:
                     job.opened[cell] |= 2
-                proposal = <int16_t>get16(pairs + PAIR * j + 2)
-                if proposal > proposals[j]:
-                    proposals[j] = proposal
-        job.seen[cell] |= bit
-        job.seen[other] &= ~bit
-        job.count[cell] += 1
-        if job.count[cell] < job.n:
+            keep_max(proposals, pairs, blocks)
+        if count_in(job, cell, other, bit) < job.n:
             return
         result = self.result_header(job, cell, pkt, blocks,
                                     FLAG_RESULT | FLAG_OPEN
@@ -850,7 +865,6 @@ cdef class Aggregator(FaultInjection):
         cdef int16_t *proposals = job.proposal + cell * job.pairs
         cdef uint8_t *acc = job.acc + cell * job.k * (job.bits // 8)
         cdef uint8_t *result
-        cdef int16_t proposal
         cdef int j, behind
         cdef bint older
         if job.epoch[cell] != epoch:
@@ -917,14 +931,8 @@ cdef class Aggregator(FaultInjection):
                 ina_accumulate_be32(<uint32_t *>acc, <const uint32_t *>values, elements)
             else:
                 ina_accumulate_be16(<uint16_t *>acc, <const uint16_t *>values, elements)
-            for j in range(blocks):
-                proposal = <int16_t>get16(pairs + PAIR * j + 2)
-                if proposal > proposals[j]:
-                    proposals[j] = proposal
-        job.seen[cell] |= bit
-        job.seen[other] &= ~bit
-        job.count[cell] += 1
-        if job.count[cell] < (quorum if quorum else job.n):
+            keep_max(proposals, pairs, blocks)
+        if count_in(job, cell, other, bit) < (quorum if quorum else job.n):
             return
         result = self.result_header(job, cell, pkt, blocks, FLAG_RESULT)
         if vb == 4:

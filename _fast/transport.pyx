@@ -119,6 +119,33 @@ cdef inline int bounds_passed(double now, double start, double deadline, double 
     return DONE
 
 
+cdef Py_ssize_t receive(int fd, mmsghdr *msgs, iovec *iovs, char *controls, uint8_t *rx,
+                        int nrx, int wait_ms, pollfd *pfd, uint8_t **seg_ptr,
+                        int32_t *seg_len, Py_ssize_t *gro_buffers, int *failure,
+                        int *failed_call) noexcept nogil:
+    """What has come on fd, waiting up to ``wait_ms`` if nothing has: up to ``nrx``
+    buffers of 65,536 bytes at ``rx``, each split into its datagrams (UDP_GRO may bring
+    several results back to back) in seg_ptr / seg_len; their number. A failed receive
+    or poll leaves its errno in ``failure`` and the call (CALLS) in ``failed_call``."""
+    cdef int got, i, n_in
+    cdef Py_ssize_t nseg = 0
+    prepare_receive(msgs, iovs, rx, 65536, nrx, NULL)
+    ina_attach_controls(msgs, controls, INA_GRO_CONTROL, nrx)
+    got = recvmmsg(fd, msgs, nrx, MSG_DONTWAIT, NULL)
+    if got < 0 and not try_again(errno):
+        failure[0], failed_call[0] = errno, CALL_RECVMMSG
+    if got <= 0:
+        if wait_ms > 0 and poll(pfd, 1, wait_ms) < 0 and not try_again(errno):
+            failure[0], failed_call[0] = errno, CALL_POLL
+        got = 0
+    for i in range(got):
+        n_in = ina_segments(&msgs[i].msg_hdr, rx + i * 65536, msgs[i].msg_len,
+                            &seg_ptr[nseg], &seg_len[nseg], SEGMENTS - nseg)
+        gro_buffers[0] += n_in > 1
+        nseg += n_in
+    return nseg
+
+
 def rtt_update(double[::1] state, double sample, double rto_min, double rto_max):
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
     rtt_sample(&state[0], sample, rto_min, rto_max)
@@ -217,7 +244,7 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
         raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
                          f"{local.shape[0]} local and {agreed.shape[0]} agreed")
-    cdef Py_ssize_t width = P.packet_bytes(k, block, value_bits), i, c, s, got, j
+    cdef Py_ssize_t width = P.packet_bytes(k, block, value_bits), i, c, s, j
     # The packet in flight per slot, and the receive buffers: the caller's (``scratch``,
     # kept from call to call: allocating 2 MiB for each call cost more than a small
     # call's stream), else new ones.
@@ -265,7 +292,6 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
     cdef uint8_t *seg_ptr[SEGMENTS]           # the datagrams received, split (UDP_GRO)
     cdef int32_t seg_len[SEGMENTS]
     cdef Py_ssize_t nseg, gro_buffers = 0
-    cdef int n_in
     cdef pollfd pfd
     pfd.fd = fd
     pfd.events = POLLIN
@@ -324,23 +350,9 @@ def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
                 if inflight[s] >= 0 and sent_at[s] + timer[s] < next_timer:
                     next_timer = sent_at[s] + timer[s]
             wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
-            prepare_receive(msgs, iovs, &rx[0, 0], 65536, BATCH, NULL)
-            ina_attach_controls(msgs, controls, INA_GRO_CONTROL, BATCH)
-            got = recvmmsg(fd, msgs, BATCH, MSG_DONTWAIT, NULL)
-            if got < 0 and not try_again(errno):
-                receive_failure, receive_call = errno, CALL_RECVMMSG
-            if got <= 0:
-                if wait_ms > 0 and poll(&pfd, 1, wait_ms) < 0 and not try_again(errno):
-                    receive_failure, receive_call = errno, CALL_POLL
-                got = 0
+            nseg = receive(fd, msgs, iovs, controls, &rx[0, 0], BATCH, wait_ms, &pfd,
+                           seg_ptr, seg_len, &gro_buffers, &receive_failure, &receive_call)
             now = monotonic()
-            # A buffer may hold several results back to back (UDP_GRO): split it.
-            nseg = 0
-            for i in range(got):
-                n_in = ina_segments(&msgs[i].msg_hdr, &rx[i, 0], msgs[i].msg_len,
-                                    &seg_ptr[nseg], &seg_len[nseg], SEGMENTS - nseg)
-                gro_buffers += n_in > 1
-                nseg += n_in
             for i in range(nseg):
                 pkt = seg_ptr[i]
                 if seg_len[i] < HEADER:
@@ -686,7 +698,9 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
     cdef int32_t seg_len[SEGMENTS]
     cdef Py_ssize_t nseg, completed = 0, retransmitted = 0, stale = 0, nacks = 0, nacked = 0
     cdef Py_ssize_t samples = 0, nfirst, ncount
-    cdef int status = DONE, failure = 0, got, wait_ms, n_in, npend = 0
+    cdef int status = DONE, failure = 0, wait_ms, npend = 0
+    cdef int receive_failure = 0, receive_call = CALL_RECVMMSG
+    cdef Py_ssize_t gro_buffers = 0
     cdef bint mismatch = False
     cdef pollfd pfd
     pfd.fd = fd
@@ -744,19 +758,9 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
                 if not done[s] and sent_at[s] + timer[s] < next_timer:
                     next_timer = sent_at[s] + timer[s]
             wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
-            prepare_receive(msgs, iovs, &rx[0, 0], 65536, <int>nrx, NULL)
-            ina_attach_controls(msgs, controls, INA_GRO_CONTROL, <int>nrx)
-            got = recvmmsg(fd, msgs, <int>nrx, MSG_DONTWAIT, NULL)
-            if got <= 0:
-                if wait_ms > 0:
-                    poll(&pfd, 1, wait_ms)
-                got = 0
+            nseg = receive(fd, msgs, iovs, controls, &rx[0, 0], <int>nrx, wait_ms, &pfd,
+                           seg_ptr, seg_len, &gro_buffers, &receive_failure, &receive_call)
             now = monotonic()
-            nseg = 0
-            for i in range(got):
-                n_in = ina_segments(&msgs[i].msg_hdr, &rx[i, 0], msgs[i].msg_len,
-                                    &seg_ptr[nseg], &seg_len[nseg], SEGMENTS - nseg)
-                nseg += n_in
             for i in range(nseg):
                 pkt = seg_ptr[i]
                 if (seg_len[i] < HEADER or get16(pkt + OFF_JOB) != job
@@ -824,6 +828,8 @@ def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
                 "open_seconds": monotonic() - start, "send_calls": send_calls}
     if failure:
         counters["errno"], counters["call"] = failure, CALL_SEND
+    elif receive_failure and status != DONE:
+        counters["errno"], counters["call"] = receive_failure, receive_call
     if status == DONE and mismatch:
         status = OPEN_MISMATCH
     return status, counters

@@ -147,15 +147,9 @@ class WorkerLink:
             _int16((identity >> 32) & 0xFFFF), rto, rto_min,
             rto_max, silence, deadline, self.rtt, self.epoch, self.seq, call & 0xFFFF,
             self.send_state, self._scratch)
-        failure = counters.pop("errno", 0)
-        counters.pop("call", None)
         if status == transport.OPEN_MISMATCH:
             return "mismatch", counters
-        reason = transport.STATUS[status]
-        if failure:
-            reason = (f"{reason}: "
-                      f"{SystemCallError(failure, f'to {self.switch[0]}:{self.switch[1]}')}")
-        return reason, counters
+        return self._reason(status, counters), counters
 
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, rto: float, rto_min: float, rto_max: float, silence: float,
@@ -183,22 +177,30 @@ class WorkerLink:
             ready, self._scratch)
         counted_all, mode = counters.pop("counted_all"), counters.pop("mode")
         counted_any = counters.pop("counted_any")
-        failure = counters.pop("errno", 0)
         counters.pop("gso", None)  # (a state, in send_state; not a count)
-        call = transport.CALLS[int(counters.pop("call", 0))]
-        reason = transport.STATUS[status]
-        switch = f"{self.switch[0]}:{self.switch[1]}"
-        # The system call's own words, as OSError would say them: "a send failed: [Errno
-        # 111] Connection refused: to 127.0.0.1:47474", or a receive failure beside a silence.
-        if failure and call == "send":
-            reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"
-        elif failure:
-            reason = f"{reason}; {call} failed: {SystemCallError(failure, f'from {switch}')}"
+        reason = self._reason(status, counters)
         # LOST (quorum): done but for chunks whose results the switch no longer holds;
         # ``missing`` names them, and the engine takes them from a peer.
         ok = status in transport.COMPLETE
         return StreamResult(ok, reason, counters, missing, counted_all,
                             counted_any or ~0, mode)  # (no result: nothing known)
+
+    def _reason(self, status: int, counters: dict) -> str:
+        """How a stream or an opening ended (transport.STATUS), with the failed system
+        call's own words, as OSError would say them: "a send failed: [Errno 111]
+        Connection refused: to 127.0.0.1:47474", or a receive failure beside a silence.
+        Takes the failure's counters out."""
+        from .._fast import transport
+
+        failure = counters.pop("errno", 0)
+        call = transport.CALLS[int(counters.pop("call", 0))]
+        reason = transport.STATUS[status]
+        switch = f"{self.switch[0]}:{self.switch[1]}"
+        if failure and call == "send":
+            reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"
+        elif failure:
+            reason = f"{reason}; {call} failed: {SystemCallError(failure, f'from {switch}')}"
+        return reason
 
 
 def _int16(word: int) -> int:
