@@ -14,10 +14,12 @@ from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import Agreed, CallSignature, agree, disagree, identity, trouble
 from .engine import AllreduceCall, Engine, was_refused
-from .ina_engine import InaEngine, Opened, Prepared
+from .ina_engine import InaEngine
 from .mpi_engine import MpiEngine
+from .opening import Opened
 from .ops import Op, as_op, check_supported, dtype_code
 from .peers import TorchPeers
+from .preparing import Prepared
 from .quorum import Quorum
 from .ring import RingEngine
 from .stats import Stats

@@ -1,73 +1,44 @@
 """Allreduce computed by the aggregator ("the switch"): the INA engine.
 
 It quantizes, streams through the workers' links (ina/link.py) and dequantizes; the
-ranks agree on the first window's exponents first (in the chooser's agreement, or in a
-round of its own) and, where the results cannot tell, on the outcome last. Its pieces,
-one job each: ``aggregators`` (the links: joining, losing and regaining them),
-``striping`` (how a call is split across several), ``outcome`` (the vote), ``recovery``
-(a call that ended without one: the kept window and the rescue), ``repair`` (quorum
-chunks a rank lost) and ``quorum`` (the mode). It never runs another engine itself:
+ranks agree on the first window's exponents first (in the chooser's agreement, in the
+call's opening through the switch, or in a round of its own) and, where the results
+cannot tell, on the outcome last. This module only orders the steps; its pieces, one
+job each: ``aggregators`` (the links: joining, losing and regaining them),
+``preparing`` (a call made ready: its shares and its first window's proposal),
+``opening`` (the call's identity and first exponents agreed in-band), ``striping`` (how
+a call is split across several aggregators, and the shares streamed at once),
+``outcome`` (the vote), ``recovery`` (a call that ended without one, or an opening that
+failed: the kept window and the rescue), ``repair`` (quorum chunks a rank lost) and
+``quorum`` (the mode). It never runs another engine itself:
 NaN/Inf in the input or a failed aggregator give the call back to the chooser
 (HandOver), which finishes it on the ring.
 """
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
-from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
-from ..errors import AgreementError, CollectiveTimeout, CommunicatorBroken
+from ..errors import AgreementError, CommunicatorBroken
 from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
 from .aggregators import Aggregators
 from .agreement import CallSignature, identity
 from .engine import AllreduceCall, HandOver
+from .opening import Opened, open_call
 from .ops import FLOAT_DTYPES, Op, dtype_code
 from .outcome import vote
+from .preparing import Prepared, prepare, window_size
 from .quorum import Quorum
 from .recovery import CLEAN, FAILED, NAN_OR_INF, OPENING, Kept, rescue
 from .repair import repair_share
-from .striping import Shares
+from .striping import Shares, Streams
 from .waiting import Deadline, wait
 
-log = logging.getLogger("ina_collectives")
 NONFINITE = "ina: NaN or Inf in the input (exact path)"
-
-
-@dataclass
-class Prepared:
-    """A switch call made ready for its exponent round (InaEngine.prepare)."""
-
-    x: np.ndarray                       # the input, in the dtype reduced in
-    wide: type                          # that dtype
-    k: int                              # values per chunk
-    g: int                              # sub-blocks per chunk
-    parts: list[tuple[int, int, int]]   # (aggregator, first chunk, end chunk) per share
-    ready: list[int]                    # per share, the chunks whose exponents are agreed
-    windows: list[tuple[int, int]]      # their places in ``local``
-    local: np.ndarray                   # this rank's exponents (filled in as streamed)
-    proposal: np.ndarray                # [NaN or Inf seen, the windows' exponents], int16
-    quorum: bool                        # made for a quorum call (every chunk's window)
-
-
-@dataclass
-class Opened:
-    """How a call's opening ended (InaEngine.open), alike on every rank: "agreed" (with
-    ``window``, the max of every rank's proposal, for a switch call), "mismatch" (the
-    ranks called differently), "restart" (an opening failed and nothing is lost: every
-    rank chooses the call's engine again) or "to_ring" (an opening failed while a rank
-    was already streaming the call: every rank takes it to the ring)."""
-
-    outcome: str
-    window: np.ndarray | None = None
-    reason: str = ""
 
 
 class InaEngine:
@@ -78,8 +49,6 @@ class InaEngine:
     ``Aggregators``)."""
 
     name = "ina"
-    # Seconds a cancelled stream may take to end (it looks every 20 ms).
-    CANCEL_BOUND = 5.0
 
     def __init__(self, comm: MPI.Intracomm, settings: Settings):
         from ..ina import kernels
@@ -89,11 +58,12 @@ class InaEngine:
         self.totals: dict[str, float] = {}  # the links' counters, over reconnections
         self.calls_by_width: dict[int, int] = {}  # calls served, by value bits
         self.striped_calls = self.partial_handovers = 0
-        self._threads: ThreadPoolExecutor | None = None
         self.quorum = Quorum(comm.Get_size(), comm.Get_rank(), settings.quorum,
                              settings.quorum_max_skips)
         self.aggregators = Aggregators(comm, settings, kernels)
         self.shares = Shares(len(self.aggregators.addresses))
+        self.streams = Streams(len(self.aggregators.addresses), settings,
+                               self.aggregators.where)
         # The owner's gate (see recovery.py): posts this rank's TROUBLE row in the
         # collective every rank makes next on the communicator, naming the call; None
         # while the next collective is not a gate (then calls end with a vote).
@@ -124,9 +94,7 @@ class InaEngine:
 
     def close(self) -> None:
         self.aggregators.release()
-        if self._threads is not None:
-            self._threads.shutdown(wait=True)
-            self._threads = None
+        self.streams.close()
 
     def switch_state(self) -> dict:
         """What stats()["switch"] reports: whether the aggregator serves, its outages and
@@ -200,62 +168,19 @@ class InaEngine:
         return (self.unavailable, tuple((i, links[i].slots, links[i].k, links[i].block)
                                         for i in self.serving()))
 
-    # The most int16 values a gate carries for a call's first window: 1,152 bytes a rank,
-    # every first window of up to 575 sub-blocks (netsim's at MTU 9000: S 8 x G 70, at
-    # MTU 1500 S 8 x G 11); a call with more makes its own exponent round.
-    GATE_WINDOW = 576
-
     def window_size(self) -> int:
         """The int16 values every rank passes in the gate for a call's first window (the
-        same on every rank between call boundaries, whatever each one's call): the most
-        a ``Prepared.proposal`` may hold (one, then G exponents per slot of each serving
-        aggregator), at most GATE_WINDOW; 0 while no aggregator serves."""
+        same on every rank between call boundaries, whatever each one's call; see
+        preparing.window_size); 0 while no aggregator serves."""
         if self.unavailable:
             return 0
-        links = self.aggregators.links
-        serving = self.serving()
-        g = -(-links[serving[0]].k // links[serving[0]].block)
-        return min(1 + g * sum(links[i].slots for i in serving), self.GATE_WINDOW)
+        return window_size(self.aggregators.links, self.serving())
 
     def prepare(self, call: AllreduceCall) -> Prepared:
-        """What a call needs before its exponents are agreed: the input (widened), the
-        shares, and this rank's proposal: [NaN or Inf seen in the first window, the
-        first window's exponents of each share]. In a quorum call the window is every
-        chunk: a result carries the proposals of the workers it counted only, and the
-        values of one it left out would not fit them (docs/quorum.md)."""
-        serving = self.serving()
-        links = self.aggregators.links
-        first_link = links[serving[0]]
-        k, block = first_link.k, first_link.block
-        source = call.recv if call.send is None else call.send
-        # The input stays intact until the result is whole: the fallback may need it.
-        wide = np.float32 if call.dtype == np.float16 else call.dtype
-        x = source.astype(wide) if (call.send is None or wide != call.dtype) else source
-        g = -(-k // block)
-        chunks = -(-x.size // k)
-        quorum = 0 < self.quorum.k < self.quorum.n
-        edges = self._shares(chunks)
-        parts = [(i, int(edges[j]), int(edges[j + 1])) for j, i in enumerate(serving)
-                 if edges[j + 1] > edges[j]]
-        ready = [c1 - c0 if quorum else min(links[i].slots, c1 - c0)
-                 for i, c0, c1 in parts]
-        # Each window's exponents in ``local``: G per chunk, but only as many of its last
-        # chunk's as that chunk has sub-blocks (a small call proposes a few, not G).
-        windows = [(c0 * g, c0 * g + (r - 1) * g
-                    + -(-(min((c0 + r) * k, x.size) - (c0 + r - 1) * k) // block))
-                   for (_, c0, _), r in zip(parts, ready)]
-        # Only those chunks' own exponents are computed before the stream: the streams
-        # compute the rest as they go, while they wait on the network (a pass over the
-        # whole tensor here was the largest cost of a call outside its stream).
-        local = np.empty(chunks * g, np.int16)
-        nonfinite = False
-        for (_, c0, _), r in zip(parts, ready):
-            local[c0 * g:(c0 + r) * g], bad = self.kernels.block_exponents(
-                x[c0 * k:min((c0 + r) * k, x.size)], k, block)
-            nonfinite |= bad
-        proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in windows)]
-                                  ).astype(np.int16)
-        return Prepared(x, wide, k, g, parts, ready, windows, local, proposal, quorum)
+        """The call made ready for its exponent agreement (preparing.prepare), split by
+        the shares in force."""
+        return prepare(call, self.aggregators.links, self.serving(), self._shares,
+                       0 < self.quorum.k < self.quorum.n, self.kernels)
 
     # -- a call's opening (docs/protocol.md) ------------------------------------------
 
@@ -281,25 +206,10 @@ class InaEngine:
         with the others (recovery.py) and marks the aggregator lost, as they do."""
         link = self.aggregators.link
         s = self.settings
-        g = -(-link.k // link.block)
-        # One packet per slot of the first window (one for a call of another engine): a
-        # small call opens with one packet, as it streams with one.
-        used = prepared.ready[0] if prepared is not None and prepared.parts else 1
-        proposals = np.full((used, g), P.PROPOSAL_NONE, np.int16)
-        span = 0
-        if prepared is not None and prepared.parts:
-            a, b = prepared.windows[0]
-            span = b - a
-            proposals.reshape(-1)[:span] = prepared.local[a:b]
-            if prepared.proposal[0]:  # a NaN or an Inf in the first window
-                proposals[0] = P.NONFINITE_MARK
-        remaining = max(0.0, deadline.expires - time.monotonic())
         # Numbered as the next switch call will be: the switch orders a cell's uses by
         # call number (a quorum's late packets of earlier calls are dropped as late).
-        seq = self.quorum.calls + 1
-        outcome, counters = link.opening(ident, proposals, seq, s.retransmit_timeout,
-                                         s.retransmit_min, s.retransmit_max,
-                                         s.switch_silence, remaining)
+        outcome, window, counters = open_call(link, ident, prepared,
+                                              self.quorum.calls + 1, s, deadline)
         self._account(link, StreamResult(True, "", counters, np.zeros(0, np.int64)))
         if outcome == "mismatch":
             # The ranks may have opened different slots, some of which wait for packets
@@ -309,12 +219,6 @@ class InaEngine:
         if outcome == "done":
             self.opened_calls += 1
             self.kept = None  # every rank is past its last call
-            if prepared is None:
-                return Opened("agreed")
-            window = np.empty_like(prepared.proposal)
-            window[0] = proposals[0, 0] == P.NONFINITE_MARK
-            if span:
-                window[1:] = proposals.reshape(-1)[:span]
             return Opened("agreed", window)
         self.failed_openings += 1
         agg = self.aggregators
@@ -356,8 +260,7 @@ class InaEngine:
                          f"allreduce")
         links = self.aggregators.links
         x, wide, k, g = prepared.x, prepared.wide, prepared.k, prepared.g
-        parts, ready, windows, local = (prepared.parts, prepared.ready, prepared.windows,
-                                        prepared.local)
+        parts, ready, local = prepared.parts, prepared.ready, prepared.local
         call_number, quorum = self.quorum.next_call()
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (recovery.py): its outcome is in the results.
@@ -365,19 +268,17 @@ class InaEngine:
         self.kept = None
         if agreed_first[0]:
             return HandOver(NONFINITE, x)
-        agreed = np.empty_like(local)
-        at = 1
-        for a, b in windows:
-            agreed[a:b] = agreed_first[at:at + b - a]
-            at += b - a
+        agreed = prepared.agreed(agreed_first)
         out = call.recv if wide == call.dtype else np.empty(call.recv.size, wide)
         widths = {links[i].value_bits_for(call.value_bits) for i, _, _ in parts}
         bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.striped_calls += len(parts) > 1
-        results = self._stream_parts(parts, x, out, local, agreed, g, k,
-                                     call.op is Op.AVERAGE, bits, deadline, call_number,
-                                     quorum, ready)
+        results = self.streams.run(links, parts, x, out, local, agreed, g, k,
+                                   call.op is Op.AVERAGE, bits, deadline, call_number,
+                                   quorum, ready)
+        for (i, _, _), result in zip(parts, results):
+            self._account(links[i], result)
         if vote_free:
             return self._finish_alone(call, parts[0], results[0], x, out, k)
         # Every rank learns, for each aggregator, whether any rank's share failed, the
@@ -441,57 +342,6 @@ class InaEngine:
             self.partial_handovers += 1
             return HandOver("ina: quorum chunks that no rank received whole", x, ring_ranges)
         return None
-
-    def _stream_parts(self, parts: list[tuple[int, int, int]], x: np.ndarray,
-                      out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int, k: int,
-                      average: bool, bits: int, deadline: Deadline, call_number: int = 0,
-                      quorum: int = 0, ready: list[int] | None = None) -> list[StreamResult]:
-        """Stream each share through its aggregator: the first in this thread, the others
-        in threads of their own (the streams run without the GIL). Ctrl-C here cancels
-        the others before it propagates. ready: per share, the chunks whose exponents
-        ``local`` holds (None: all)."""
-        s = self.settings
-        remaining = max(0.0, deadline.expires - time.monotonic())
-        cancel = np.zeros(1, np.uint8)
-
-        def stream(part: tuple[int, int, int], ready: int = -1) -> StreamResult:
-            i, c0, c1 = part
-            a, b = c0 * k, min(c1 * k, x.size)
-            return self.aggregators.links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
-                                        agreed[c0 * g:c1 * g], average, s.retransmit_timeout,
-                                        s.retransmit_min, s.retransmit_max, s.switch_silence,
-                                        remaining, bits, cancel, call_number, quorum, ready)
-
-        if not parts:  # an empty call
-            return []
-        if len(parts) > 1 and self._threads is None:
-            self._threads = ThreadPoolExecutor(len(self.aggregators.addresses) - 1,
-                                               thread_name_prefix="ina-stripe")
-        ready = ready or [-1] * len(parts)
-        others = [self._threads.submit(stream, part, r)
-                  for part, r in zip(parts[1:], ready[1:])]
-        # Each stream ends by its own bounds (the call's deadline, the silence bound);
-        # these bounds only back them up.
-        bound = remaining + s.switch_silence + self.CANCEL_BOUND
-        try:
-            results = [stream(parts[0], ready[0])]
-            for (i, _, _), future in zip(parts[1:], others):
-                try:
-                    results.append(future.result(timeout=bound))
-                except futures.TimeoutError:
-                    raise CollectiveTimeout(
-                        f"waited {bound:g} s for the stream of a share through the "
-                        f"aggregator at {self.aggregators.where(i)}") from None
-        except BaseException:
-            cancel[0] = 1
-            _, late = futures.wait(others, timeout=self.CANCEL_BOUND)
-            if late:
-                log.error("%d stream(s) of a striped call did not end within %g s of "
-                          "being cancelled", len(late), self.CANCEL_BOUND)
-            raise
-        for (i, _, _), result in zip(parts, results):
-            self._account(self.aggregators.links[i], result)
-        return results
 
     def _account(self, link: WorkerLink, result: StreamResult) -> None:
         for name, value in result.counters.items():

@@ -1,12 +1,26 @@
 """How a call is split across several aggregators: contiguous shares of its chunks in
-proportion to each one's measured throughput (docs/striping.md).
+proportion to each one's measured throughput (``Shares``), and the shares streamed at
+once, one thread each (``Streams``; docs/striping.md).
 
 Every rank holds the same estimates (they are updated from the times every rank learns
 in the call's outcome), so every rank splits alike.
 """
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+
+from ..errors import CollectiveTimeout
+from ..ina.link import StreamResult, WorkerLink
+from ..settings import Settings
+from .waiting import Deadline
+
+log = logging.getLogger("ina_collectives")
 
 
 class Shares:
@@ -46,3 +60,71 @@ class Shares:
     def forget(self, i: int) -> None:
         """Aggregator i left: measured anew when it serves again."""
         self.capacity[i] = 0.0
+
+
+class Streams:
+    """A call's shares streamed through their aggregators: the first in the calling
+    thread, the others in threads of their own (the streams run without the GIL). Ctrl-C
+    or an error in one cancels the others before it propagates."""
+
+    # Seconds a cancelled stream may take to end (it looks every 20 ms).
+    CANCEL_BOUND = 5.0
+
+    def __init__(self, aggregators: int, settings: Settings,
+                 where: Callable[[int], str]):
+        self.aggregators, self.settings, self.where = aggregators, settings, where
+        self._threads: ThreadPoolExecutor | None = None
+
+    def run(self, links: list[WorkerLink | None], parts: list[tuple[int, int, int]],
+            x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int,
+            k: int, average: bool, bits: int, deadline: Deadline, call_number: int = 0,
+            quorum: int = 0, ready: list[int] | None = None) -> list[StreamResult]:
+        """Stream each share (aggregator, first chunk, end chunk) of ``parts``: ``x``'s
+        chunks into ``out``, with this rank's exponents ``local`` and the agreed ones
+        ``agreed`` (G per chunk). ready: per share, the chunks whose exponents ``local``
+        holds (None: all)."""
+        s = self.settings
+        remaining = max(0.0, deadline.expires - time.monotonic())
+        cancel = np.zeros(1, np.uint8)
+
+        def stream(part: tuple[int, int, int], ready: int = -1) -> StreamResult:
+            i, c0, c1 = part
+            a, b = c0 * k, min(c1 * k, x.size)
+            return links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
+                                   agreed[c0 * g:c1 * g], average, s.retransmit_timeout,
+                                   s.retransmit_min, s.retransmit_max, s.switch_silence,
+                                   remaining, bits, cancel, call_number, quorum, ready)
+
+        if not parts:  # an empty call
+            return []
+        if len(parts) > 1 and self._threads is None:
+            self._threads = ThreadPoolExecutor(self.aggregators - 1,
+                                               thread_name_prefix="ina-stripe")
+        ready = ready or [-1] * len(parts)
+        others = [self._threads.submit(stream, part, r)
+                  for part, r in zip(parts[1:], ready[1:])]
+        # Each stream ends by its own bounds (the call's deadline, the silence bound);
+        # these bounds only back them up.
+        bound = remaining + s.switch_silence + self.CANCEL_BOUND
+        try:
+            results = [stream(parts[0], ready[0])]
+            for (i, _, _), future in zip(parts[1:], others):
+                try:
+                    results.append(future.result(timeout=bound))
+                except futures.TimeoutError:
+                    raise CollectiveTimeout(
+                        f"waited {bound:g} s for the stream of a share through the "
+                        f"aggregator at {self.where(i)}") from None
+        except BaseException:
+            cancel[0] = 1
+            _, late = futures.wait(others, timeout=self.CANCEL_BOUND)
+            if late:
+                log.error("%d stream(s) of a striped call did not end within %g s of "
+                          "being cancelled", len(late), self.CANCEL_BOUND)
+            raise
+        return results
+
+    def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None

@@ -1,0 +1,65 @@
+"""A call's opening through the switch (docs/protocol.md, "A call's opening"): the
+call's identity and its first window's exponents agreed in-band, in one round trip.
+
+This module makes the packets' contents from a prepared call and reads the agreement
+back; the engine decides what the outcome means for the call (recovery.py when it
+failed).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import protocol as P
+from ..ina.link import WorkerLink
+from ..settings import Settings
+from .preparing import Prepared
+from .waiting import Deadline
+
+
+@dataclass
+class Opened:
+    """How a call's opening ended (InaEngine.open), alike on every rank: "agreed" (with
+    ``window``, the max of every rank's proposal, for a switch call), "mismatch" (the
+    ranks called differently), "restart" (an opening failed and nothing is lost: every
+    rank chooses the call's engine again) or "to_ring" (an opening failed while a rank
+    was already streaming the call: every rank takes it to the ring)."""
+
+    outcome: str
+    window: np.ndarray | None = None
+    reason: str = ""
+
+
+def open_call(link: WorkerLink, ident: int, prepared: Prepared | None, call_number: int,
+              settings: Settings, deadline: Deadline) -> tuple[str, np.ndarray | None,
+                                                                dict]:
+    """This rank's opening of call ``call_number`` with identity ``ident``
+    (agreement.identity): one packet per slot of the first window (one for a small call,
+    or a call another engine serves), proposing ``prepared``'s first exponents and
+    whether that window holds a NaN or an Inf. Returns the link's outcome ("done",
+    "mismatch" or why it failed), the agreed window in ``Prepared.proposal``'s layout
+    (when done and ``prepared`` is a switch call's) and the link's counters."""
+    g = -(-link.k // link.block)
+    used = prepared.ready[0] if prepared is not None and prepared.parts else 1
+    proposals = np.full((used, g), P.PROPOSAL_NONE, np.int16)
+    span = 0
+    if prepared is not None and prepared.parts:
+        a, b = prepared.windows[0]
+        span = b - a
+        proposals.reshape(-1)[:span] = prepared.local[a:b]
+        if prepared.proposal[0]:  # a NaN or an Inf in the first window
+            proposals[0] = P.NONFINITE_MARK
+    remaining = max(0.0, deadline.expires - time.monotonic())
+    s = settings
+    outcome, counters = link.opening(ident, proposals, call_number, s.retransmit_timeout,
+                                     s.retransmit_min, s.retransmit_max, s.switch_silence,
+                                     remaining)
+    if outcome != "done" or prepared is None:
+        return outcome, None, counters
+    window = np.empty_like(prepared.proposal)
+    window[0] = proposals[0, 0] == P.NONFINITE_MARK
+    if span:
+        window[1:] = proposals.reshape(-1)[:span]
+    return outcome, window, counters
