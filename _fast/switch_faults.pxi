@@ -4,8 +4,11 @@
 # ("out") through send() on their way to emit(); each direction can drop, duplicate,
 # reorder (hold one packet back until the next) and delay them; and one worker's data
 # packets can be held back on the way in (a straggler: straggler_worker, its id in every
-# job, straggler_delay_ms), as a slow link to that worker would. Aggregator subclasses it
-# and provides handle (the rule), emit and flush_outbox (the batched sender).
+# job, straggler_delay_ms), as a slow link to that worker would; and every data packet
+# can be served at a bounded rate (service_pps: a slow target, such as BMv2's few
+# thousand packets a second, queued in order and dropped when DELAY_CAPACITY wait).
+# Aggregator subclasses it and provides handle (the rule), emit and flush_outbox (the
+# batched sender).
 
 ctypedef struct Faults:
     uint32_t drop, duplicate, reorder   # probabilities, in parts per million
@@ -90,6 +93,8 @@ cdef class FaultInjection:
     cdef DelayQueue delayed_straggler   # the straggler's packets: one delay, in order
     cdef int straggler                  # its worker id
     cdef double straggler_delay         # seconds; 0: none
+    cdef double service_gap             # seconds between inbound packets served; 0: none
+    cdef double service_next            # when the next inbound packet can be served
 
     STRAGGLER = ("straggler_worker", "straggler_delay_ms")
 
@@ -112,10 +117,15 @@ cdef class FaultInjection:
     def set_faults(self, **faults):
         """``<fault>_<in|out>`` for fault in drop, duplicate, reorder (probabilities) and
         delay_ms (milliseconds); straggler_worker and straggler_delay_ms (0..10000) hold
-        that worker's data packets back on the way in. Faults not named are cleared."""
+        that worker's data packets back on the way in; service_pps (0..10^7) serves the
+        data packets received at most that many a second. Faults not named are
+        cleared."""
         chosen = {"in": {}, "out": {}}
         straggler = faults.pop("straggler_worker", 0)
         delay = faults.pop("straggler_delay_ms", 0)
+        pps = faults.pop("service_pps", 0)
+        if not 0 <= pps <= 10_000_000:
+            raise ValueError(f"service_pps must be 0..10000000 packets a second, got {pps}")
         if not 0 <= straggler < 65536 or straggler != int(straggler):
             raise ValueError(f"straggler_worker must be a worker id, got {straggler}")
         if not 0 <= delay <= 10000:
@@ -133,6 +143,7 @@ cdef class FaultInjection:
         self.faults_in = faults_from(chosen["in"])
         self.faults_out = faults_from(chosen["out"])
         self.straggler, self.straggler_delay = <int>straggler, delay / 1e3
+        self.service_gap = 1.0 / pps if pps else 0.0
 
     def faults(self):
         """The faults in force, as set_faults takes them (zero ones left out)."""
@@ -147,6 +158,8 @@ cdef class FaultInjection:
         if self.straggler_delay > 0:
             out["straggler_worker"] = self.straggler
             out["straggler_delay_ms"] = self.straggler_delay * 1e3
+        if self.service_gap > 0:
+            out["service_pps"] = round(1.0 / self.service_gap)
         return out
 
     # -- what the subclass provides ------------------------------------------------------
@@ -221,8 +234,17 @@ cdef class FaultInjection:
 
     cdef void receive_now(self, uint8_t *pkt, Py_ssize_t length,
                           sockaddr_in *src) noexcept nogil:
+        cdef double due
         if self.chance(self.faults_in.drop):
             self.injected_drop(True)
+            return
+        if self.service_gap > 0 and length >= HEADER and not pkt[OFF_FLAGS] & FLAG_CONTROL:
+            # A slow target: served in order, one every service_gap; a full queue drops.
+            due = max(monotonic() + self.faults_in.delay, self.service_next)
+            if not queue_push(&self.delayed_in, pkt, length, src, due):
+                self.injected_drop(True)
+                return
+            self.service_next = due + self.service_gap
             return
         if self.faults_in.delay > 0 and queue_push(&self.delayed_in, pkt, length, src,
                                                    monotonic() + self.faults_in.delay):

@@ -12,9 +12,11 @@ dropped). Runs without the GIL, taking it every 20 ms to let Python see signals:
 ends a blocked stream with KeyboardInterrupt.
 
 The timeout adapts as TCP's does (RFC 6298): SRTT and RTTVAR from the round trips of
-chunks sent once (Karn), RTO = SRTT + max(G, 4 RTTVAR) within [rto_min, rto_max]; a
-timeout doubles it until the next sample. The estimate lives in the caller's array, so
-it carries over from one call to the next.
+chunks sent once (Karn), RTO = SRTT + max(G, 4 RTTVAR), but at least 3/2 SRTT
+(AGGREGATION_MARGIN), within [rto_min, rto_max]; a timeout doubles it until the next
+sample. The estimate lives in the caller's array, so it carries over from one call to
+the next (the link keeps one for its streams and one for its openings, whose small
+packets meet no queue).
 
 Each new packet carries the worker's packet number (seq, mod 256, counted across calls);
 the software aggregator NACKs numbers it never saw, and the packets in flight with those
@@ -64,6 +66,14 @@ cdef enum:
     SRTT, RTTVAR, RTO
 
 cdef double GRANULARITY = 0.001     # poll() waits in whole milliseconds
+# The RTO is at least (1 + AGGREGATION_MARGIN) x SRTT. The aggregator answers a packet
+# only when every worker's packet of its chunk is in, as a delayed ACK answers late (QUIC
+# bounds that with max_ack_delay). Against a slow target (BMv2) the round trip is mostly
+# its queue of n x S packets: steady, so RTTVAR shrinks to a fraction of a millisecond,
+# and a timer at SRTT + 4 RTTVAR fired on the queue's ordinary swings; each needless
+# result request then lengthened that queue (13% of the packets asked again at 4,000
+# packets a second, n = 4, S = 8; none with the margin: docs/reliability.md).
+cdef double AGGREGATION_MARGIN = 0.5
 cdef double SIGNAL_CHECK = 0.02     # the GIL is taken this often to see Ctrl-C
 # Results of later packets after which a packet in flight asks for its result: more than
 # one, so that a little reordering on the way asks nothing (TCP's duplicate-ACK threshold).
@@ -81,7 +91,7 @@ cdef int QUORUM_TRIES = 5
 
 cdef inline void rtt_sample(double *state, double r, double rto_min,
                             double rto_max) noexcept nogil:
-    """RFC 6298 section 2 with alpha 1/8, beta 1/4."""
+    """RFC 6298 section 2 with alpha 1/8, beta 1/4; the RTO at least 3/2 SRTT."""
     if state[SRTT] <= 0:
         state[SRTT] = r
         state[RTTVAR] = r / 2
@@ -89,7 +99,8 @@ cdef inline void rtt_sample(double *state, double r, double rto_min,
         state[RTTVAR] = (0.75 * state[RTTVAR]
                          + 0.25 * (state[SRTT] - r if state[SRTT] > r else r - state[SRTT]))
         state[SRTT] = 0.875 * state[SRTT] + 0.125 * r
-    state[RTO] = state[SRTT] + max(GRANULARITY, 4 * state[RTTVAR])
+    state[RTO] = max(state[SRTT] + max(GRANULARITY, 4 * state[RTTVAR]),
+                     (1 + AGGREGATION_MARGIN) * state[SRTT])
     state[RTO] = min(max(state[RTO], rto_min), rto_max)
 
 

@@ -175,6 +175,12 @@ def test_rtt_estimator_follows_rfc6298():
         rto = transport.rtt_update(state, 0.001, 0.005, 0.5)
     assert rto == 0.005 and state[0] == pytest.approx(0.001)
     assert transport.rtt_update(state, 10.0, 0.005, 0.5) == 0.5
+    # Steady round trips of 8 ms (a slow target's queue): RTTVAR decays to nothing, and
+    # the RTO stays at 3/2 SRTT, not SRTT + 1 ms.
+    state[:] = 0
+    for _ in range(200):
+        rto = transport.rtt_update(state, 0.008, 0.001, 0.5)
+    assert state[0] == pytest.approx(0.008) and rto == pytest.approx(0.012)
 
 
 @pytest.mark.mpi

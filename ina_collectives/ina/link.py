@@ -56,6 +56,9 @@ class WorkerLink:
         self.joined = False
         self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
         self.rtt = np.zeros(3)  # SRTT, RTTVAR, RTO (_fast/transport.pyx), kept across calls
+        # The openings' own: their small packets meet no queue, and their round trips
+        # would pull the stream's estimate below its first window's (one per call).
+        self.open_rtt = np.zeros(3)
         # [the next packet's number, 1 if the aggregator NACKs], kept across calls
         self.seq = np.zeros(2, np.uint8)
         self._addr_be, self._port_be = sockaddr_be(switch)
@@ -145,8 +148,8 @@ class WorkerLink:
             self.sock.fileno(), self._addr_be, self._port_be, proposals, self.versions,
             self.job, self.worker, self.block, self.value_bits, identity & 0xFFFFFFFF,
             _int16((identity >> 32) & 0xFFFF), rto, rto_min,
-            rto_max, silence, deadline, self.rtt, self.epoch, self.seq, call & 0xFFFF,
-            self.send_state, self._scratch)
+            rto_max, silence, deadline, self.open_rtt, self.epoch, self.seq,
+            call & 0xFFFF, self.send_state, self._scratch)
         if status == transport.OPEN_MISMATCH:
             return "mismatch", counters
         return self._reason(status, counters), counters

@@ -39,9 +39,10 @@ CAP_SHARDS = 4    # the reply lists the UDP ports of the switch's shards after t
 CAP_OPEN = 8      # it takes a call's opening (FLAG_OPEN): no host collective per call
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
                 "reorder_out", "delay_ms_in", "delay_ms_out", "straggler_worker",
-                "straggler_delay_ms", "probes_from_installed_only")
+                "straggler_delay_ms", "probes_from_installed_only", "service_pps")
 # (probes_from_installed_only, nonzero: the switch answers no PROBE of job 0, as a P4
-# switch answers only its installed workers' probes.)
+# switch answers only its installed workers' probes; service_pps, nonzero: the switch
+# serves at most that many data packets a second, as a slow target such as BMv2 does.)
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
                "worker id taken by another address", "no room for the job",
                "the job is configured by a controller (P4Runtime)",
@@ -69,8 +70,8 @@ def read_control(packet: bytes) -> tuple[dict[str, int], np.ndarray]:
 
 
 def _fault_scale(name: str) -> float:
-    if name in ("straggler_worker", "probes_from_installed_only"):
-        return 1  # a worker id; a switch
+    if name in ("straggler_worker", "probes_from_installed_only", "service_pps"):
+        return 1  # a worker id; a switch; packets a second
     # delays ms -> us, probabilities -> ppm
     return 1e3 if "delay" in name else 1e6
 

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                                 if name == "straggler_worker" else
                                 "nonzero: no answer to a PROBE of job 0 (as a P4 switch)"
                                 if name == "probes_from_installed_only" else
+                                "data packets served a second, at most (a slow target, "
+                                "such as BMv2)" if name == "service_pps" else
                                 "milliseconds added"
                                 if "delay" in name else "probability per packet"))
     args = parser.parse_args(argv)
