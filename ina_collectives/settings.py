@@ -15,6 +15,7 @@ from . import protocol as P
 
 MiB = 1 << 20
 KERNELS = ("", "fast", "numpy")
+ORDERINGS = ("priority", "fifo")
 
 # Horovod's variables for the settings it shares: (setting, variable, parse).
 HOROVOD_VARIABLES = (
@@ -167,6 +168,22 @@ class Settings:
         "up to this many bytes and reduced in one call (tensor fusion); 0 turns fusion "
         "off. HOROVOD_FUSION_THRESHOLD is read too.",
     )
+    partition_bytes: int = _setting(
+        16 * MiB,
+        "Horovod API and torch.distributed: allreduces larger than this are cut into "
+        "partitions of about this many bytes, and the background thread runs at most "
+        "this many bytes of allreduce between two negotiation rounds, always the "
+        "highest-priority ready partitions first (lowest priority value; by default a "
+        "parameter's place in the model, so the first layers, which the next forward "
+        "needs first, go first: ByteScheduler, P3; docs/ordering.md). 0: no partitions, "
+        "every ready allreduce runs in its round, still in priority order.",
+    )
+    ordering: str = _setting(
+        "priority",
+        "Horovod API and torch.distributed: 'priority' runs ready allreduces lowest "
+        "priority first (DistributedOptimizer: a parameter's place in the model), "
+        "'fifo' in the order they were submitted, as Horovod does (docs/ordering.md).",
+    )
     sparse_hot_rows: int = _setting(
         0,
         "Horovod API, sparse gradients (issue 33, Libra): the most rows of a sparse tensor "
@@ -259,11 +276,15 @@ class Settings:
         if self.sparse_reelect_calls < 1:
             raise ValueError(f"sparse_reelect_calls must be >= 1, got "
                              f"{self.sparse_reelect_calls}")
+        if self.partition_bytes < 0:
+            raise ValueError(f"partition_bytes must be >= 0, got {self.partition_bytes}")
         if self.fusion_threshold < 0:
             raise ValueError(f"fusion_threshold must be >= 0, got {self.fusion_threshold}")
         for name in ("cycle_time", "stall_warning_time", "stall_shutdown_time"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.ordering not in ORDERINGS:
+            raise ValueError(f"ordering must be one of {ORDERINGS}, got {self.ordering!r}")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

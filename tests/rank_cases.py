@@ -474,6 +474,50 @@ def _readonly() -> np.ndarray:
     return ina.allreduce(np.ones(3), out=a)
 
 
+@case
+def runtime_priority(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """The background runtime's order (docs/ordering.md): six tensors each rank submits
+    in an order of its own, ready together; then a large low-priority tensor cut into
+    partitions and, just after it, small high-priority ones. The order handles finish
+    in, and whether every sum is right."""
+    from ina_collectives.runtime.background import BackgroundRuntime
+    from ina_collectives.runtime.negotiation import OpRequest
+    from ina_collectives.settings import Settings
+
+    runtime = BackgroundRuntime(comm.Dup(), Settings.load(p.get("settings", {})))
+    order: list[str] = []
+    arrays: dict[str, np.ndarray] = {}
+
+    def submit(name: str, count: int, priority: int) -> Any:
+        x = np.full(count, comm.rank + 1, np.float32)
+        arrays[name] = x
+        handle = runtime.submit(OpRequest("allreduce", name, "float32", "float32",
+                                          (count,), "sum", priority=priority),
+                                send=None, recv=x)
+        handle.add_done_callback(lambda h: order.append(h.request.name))
+        return handle
+
+    try:
+        tensors = [(f"t{i}", 1000 * (i + 1), 5 - i) for i in range(6)]
+        mine = np.random.default_rng(comm.rank).permutation(len(tensors))
+        with runtime.together():
+            handles = [submit(*tensors[i]) for i in mine]
+        for h in handles:
+            h.wait(60, "a tensor of the first round")
+        together = list(order)
+        order.clear()
+        handles = [submit("big", p["big"], 9)]
+        handles += [submit(f"small{i}", 256, i) for i in range(3)]
+        for h in handles:
+            h.wait(60, "a tensor of the second round")
+        n = comm.size
+        right = all(bool((x == n * (n + 1) // 2).all()) for x in arrays.values())
+        return {"together": together, "preempted": list(order), "right": right,
+                "partitions": runtime.fusion}
+    finally:
+        runtime.shutdown(30)
+
+
 def main() -> None:
     name, params, outdir = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
     comm = MPI.COMM_WORLD

@@ -877,5 +877,49 @@ def torch_sparse_hot(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
+@case
+def torch_overlap(comm: Any, p: dict) -> dict[str, Any]:
+    """The same model trained twice from the same start on the same batches: with the
+    plain DistributedOptimizer, and with overlap=model (each module's update at its next
+    forward). The parameters of both after every step, and the engines that served."""
+    import ina_collectives.torch as hvd
+    hvd.init()
+    r = hvd.rank()
+
+    def model_and_optimizer(overlap: bool) -> tuple[torch.nn.Module, Any]:
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                    torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                    torch.nn.Linear(128, 10))
+        inner = (torch.optim.Adam(model.parameters(), lr=1e-2) if p["optimizer"] == "adam"
+                 else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        return model, hvd.DistributedOptimizer(
+            inner, named_parameters=model.named_parameters(),
+            overlap=model if overlap else None)
+
+    g = torch.Generator().manual_seed(100 + r)
+    batches = [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g))
+               for _ in range(p["steps"])]
+    out: dict[str, Any] = {}
+    for overlap in (False, True):
+        model, opt = model_and_optimizer(overlap)
+        steps = []
+        for x, y in batches:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if not overlap:
+                steps.append([_np(q) for q in model.parameters()])
+        if overlap:
+            pending = len(opt._ina_pending)
+            opt.synchronize()
+            out["pending_before_synchronize"] = pending
+        out["overlap" if overlap else "plain"] = [_np(q) for q in model.parameters()]
+        out["steps_" + ("overlap" if overlap else "plain")] = len(batches)
+    out["engines"] = hvd.stats()["engines"]
+    return out
+
+
 if __name__ == "__main__":
     main()
+

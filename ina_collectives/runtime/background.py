@@ -3,10 +3,15 @@
 One thread per process owns all communication of the runtime's communicator: callers
 ``submit`` a named operation and get a ``Handle``; every ``cycle_time`` the thread
 negotiates with the other ranks which operations are ready (negotiation.py), then runs
-them in the agreed order. Ready allreduces of one dtype, op and scale are packed into a
-fusion buffer and reduced with one call through ``Collectives`` (so INA serves them when
-it applies). Every wait is bounded: a peer that stops negotiating fails every pending
-handle with CollectiveTimeout, a tensor some ranks never submit fails after
+them. Ready allreduces run in priority order (the lowest ``OpRequest.priority`` first,
+ties in the agreed order), cut into partitions of about ``partition_bytes``; a round runs
+at most that many bytes of them and carries the rest to the next round, where newly
+ready ones of a higher priority go before them (docs/ordering.md). Partitions of one
+dtype, op and scale are packed into a fusion buffer, each at a multiple of the switch's
+sub-block B (so that a float's quantization does not depend on its neighbours), and
+reduced with one call through ``Collectives`` (so INA serves them when it applies).
+Every wait is bounded: a peer that stops negotiating fails every pending handle with
+CollectiveTimeout, a tensor some ranks never submit fails after
 ``stall_shutdown_time`` naming them.
 """
 from __future__ import annotations
@@ -101,6 +106,21 @@ class Handle:
 
 
 @dataclass
+class _Piece:
+    """Elements [start, stop) of a ready allreduce: the unit the runtime orders, fuses
+    and reduces (the whole tensor unless it is larger than ``partition_bytes``)."""
+
+    item: Ready
+    start: int
+    stop: int
+    order: int  # when its tensor became ready (ties of priority keep the agreed order)
+
+    @property
+    def request(self) -> OpRequest:
+        return self.item.any_request()
+
+
+@dataclass
 class _Local:
     """This rank's submissions, in the order it made them."""
 
@@ -130,6 +150,12 @@ class BackgroundRuntime:
         self._names_taken: dict[str, Handle] = {}
         self._latest: Handle | None = None
         self._sweep_at = 64
+        # Ready partitions a round left for the next (the same on every rank), the
+        # partitions of each tensor not reduced yet, and the number of the next ready one.
+        self._carry: list[_Piece] = []
+        self._parts_left: dict[str, int] = {}
+        self._ready_count = 0
+        self._join_done: int | None = None  # every rank joined: finished once carried ran
         self._shutdown = False
         self._stopped: str | None = None   # why the loop ended, once it has
         self._stalled: tuple[str, ...] = ()
@@ -247,9 +273,13 @@ class BackgroundRuntime:
         for failed in outcome.failed:
             self._finish(failed.name, error=OperationError(failed.message))
         self._execute(outcome.ready)
-        if outcome.join_done is not None and self._local.join is not None:
+        if outcome.join_done is not None:
+            self._join_done = outcome.join_done
+        # (A joined rank adds zeros to what others carry over: it stays joined till then.)
+        if self._join_done is not None and not self._carry and self._local.join is not None:
             handle, self._local.join, self._local.join_sent = self._local.join, None, False
-            handle.finish(outcome.join_done)
+            handle.finish(self._join_done)
+            self._join_done = None
         if outcome.shutdown_by is not None:
             self._fail_all(OperationError(f"rank {outcome.shutdown_by} shut the runtime down "
                                           f"before this operation could run"))
@@ -281,25 +311,35 @@ class BackgroundRuntime:
     # -- running what is ready ------------------------------------------------------------
 
     def _execute(self, ready: list[Ready]) -> None:
-        reductions = [r for r in ready if r.any_request().kind == "allreduce"]
-        groups = self._fusion_groups(reductions)
+        others = [r for r in ready if r.any_request().kind != "allreduce"]
+        pieces = self._carry + self._cut([r for r in ready
+                                          if r.any_request().kind == "allreduce"])
+        fifo = self.settings.ordering == "fifo"
+        pieces.sort(key=lambda p: (0 if fifo else p.request.priority, p.order, p.start))
+        groups = self._fusion_groups(pieces)
+        run, budget, spent = groups, self.settings.partition_bytes, 0
+        if budget:
+            run = []
+            for group in groups:
+                if run and spent >= budget:
+                    break
+                run.append(group)
+                spent += self._layout(group)[1] * np.dtype(group[0].request.wire).itemsize
+        self._carry = [piece for group in groups[len(run):] for piece in group]
         ina = self.collectives.ina
-        for j, group in enumerate(groups):
+        for j, group in enumerate(run):
             # A call followed by a gate may be served without a vote (recovery.py): the
-            # cycle's last call, with nothing after it, is followed by the next
+            # round's last call, with nothing after it, is followed by the next
             # negotiation; another, by the next call's opening through the switch (where a
             # rank in trouble meets the others when their opening fails).
             if ina is not None:
-                gated = (len(reductions) == len(ready) if j == len(groups) - 1
-                         else self._opens(groups[j + 1]))
+                gated = (not others if j == len(run) - 1 else self._opens(run[j + 1]))
                 ina.gate = self._trouble if gated else None
             self._allreduce_group(group)
         if ina is not None:
             ina.gate = None
-        for item in ready:
+        for item in others:
             kind = item.any_request().kind
-            if kind == "allreduce":
-                continue
             handle = self._local.inflight.get(item.name)
             try:
                 result = getattr(self, "_" + kind)(item.requests, handle.data if handle else {})
@@ -310,86 +350,140 @@ class BackgroundRuntime:
                 continue
             self._finish(item.name, result)
 
+    def _cut(self, reductions: list[Ready]) -> list[_Piece]:
+        """Each ready allreduce as its partitions: whole if it is at most
+        ``partition_bytes``, else in pieces of that many bytes (a multiple of the
+        sub-block B, the last one shorter)."""
+        pieces = []
+        limit = self.settings.partition_bytes
+        for item in reductions:
+            req = item.any_request()
+            count = math.prod(req.shape)
+            step = count
+            if limit and count * np.dtype(req.wire).itemsize > limit:
+                align = self._align(req)
+                step = max(align, limit // np.dtype(req.wire).itemsize // align * align)
+            starts = range(0, count, step) if count else [0]
+            self._parts_left[item.name] = len(starts)
+            for start in starts:
+                pieces.append(_Piece(item, start, min(start + step, count),
+                                     self._ready_count))
+            self._ready_count += 1
+        return pieces
+
+    def _align(self, req: OpRequest) -> int:
+        """Where a float tensor's pieces start in a fusion buffer: at a multiple of the
+        switch's sub-block B, so that every sub-block holds one tensor's values and their
+        quantization is the same wherever the tensor lands (elements otherwise)."""
+        return self.settings.switch_block if np.dtype(req.wire).kind == "f" else 1
+
+    def _layout(self, group: list[_Piece]) -> tuple[list[int], int]:
+        """Each piece's offset in the group's buffer, and the buffer's length: a lone
+        piece at 0 with no padding, fused ones each at a multiple of ``_align``."""
+        if len(group) == 1:
+            return [0], group[0].stop - group[0].start
+        align = self._align(group[0].request)
+        offsets, end = [], 0
+        for piece in group:
+            end = -(-end // align) * align
+            offsets.append(end)
+            end += piece.stop - piece.start
+        return offsets, end
+
     def _trouble(self, what: str) -> None:
         """The INA engine's gate here: this rank could not finish ``what`` alone."""
         trouble(self.comm, self.settings.timeout, what)
 
-    def _fusion_groups(self, reductions: list[Ready]) -> list[list[Ready]]:
-        """Consecutive runs of one dtype, op, scale and switch width, each up to the
-        fusion threshold."""
-        groups: list[list[Ready]] = []
-        open_groups: dict[tuple, tuple[list[Ready], int]] = {}
+    def _fusion_groups(self, pieces: list[_Piece]) -> list[list[_Piece]]:
+        """Runs of one dtype, op, scale and switch width, in the pieces' order, each of
+        up to the fusion threshold (and ``partition_bytes``, where set) of bytes."""
+        groups: list[list[_Piece]] = []
+        open_groups: dict[tuple, tuple[list[_Piece], int]] = {}
         limit = self.settings.fusion_threshold
-        for item in reductions:
-            req = item.any_request()
+        if self.settings.partition_bytes:
+            limit = min(limit, self.settings.partition_bytes)
+        for piece in pieces:
+            req = piece.request
             key = (req.wire, req.op, req.prescale, req.postscale, req.switch_bits)
-            nbytes = math.prod(req.shape) * np.dtype(req.wire).itemsize
+            nbytes = (piece.stop - piece.start) * np.dtype(req.wire).itemsize
             members, used = open_groups.get(key, (None, 0))
             if members is None or used + nbytes > limit:
                 members, used = [], 0
                 groups.append(members)
-            members.append(item)
+            members.append(piece)
             open_groups[key] = (members, used + nbytes)
         return groups
 
-    def _opens(self, group: list[Ready]) -> bool:
+    def _opens(self, group: list[_Piece]) -> bool:
         """Whether this group's call will open through the switch (as _reduce makes it)."""
-        req = group[0].any_request()
+        req = group[0].request
         wire = np.dtype(req.wire)
-        nbytes = sum(math.prod(item.any_request().shape) for item in group) * wire.itemsize
+        nbytes = self._layout(group)[1] * wire.itemsize
         op = as_op(req.op)
         return self.collectives.opens_served(wire, Op.SUM if op is Op.AVERAGE else op,
                                              nbytes)
 
-    def _allreduce_group(self, group: list[Ready]) -> None:
-        req = group[0].any_request()
+    def _allreduce_group(self, group: list[_Piece]) -> None:
+        req = group[0].request
         wire = np.dtype(req.wire)
-        counts = [math.prod(item.any_request().shape) for item in group]
-        total = sum(counts)
+        offsets, total = self._layout(group)
         if len(group) > 1:
             if self._fusion_buffer.nbytes < total * wire.itemsize:
                 self._fusion_buffer = np.empty(max(total * wire.itemsize,
                                                    self.settings.fusion_threshold), np.uint8)
             buffer = self._fusion_buffer[:total * wire.itemsize].view(wire)
+            if total > offsets[-1] + group[-1].stop - group[-1].start or any(
+                    offsets[i] + p.stop - p.start != offsets[i + 1]
+                    for i, p in enumerate(group[:-1])):
+                buffer[...] = 0  # the padding between pieces adds nothing
             self.fusion["fused calls"] += 1
             self.fusion["tensors fused"] += len(group)
         else:
-            handle = self._local.inflight.get(group[0].name)
+            piece = group[0]
+            handle = self._local.inflight.get(piece.item.name)
             recv = handle.data["recv"] if handle else None
-            # A lone tensor is reduced in its output (no copy out) unless it is an input
+            # A lone piece is reduced in its output (no copy out) unless it is an input
             # the caller still needs unchanged.
-            buffer = recv if recv is not None else np.empty(total, wire)
-        offset = 0
-        for item, count in zip(group, counts):
-            handle = self._local.inflight.get(item.name)
-            piece = buffer[offset:offset + count]
+            buffer = (recv[piece.start:piece.stop] if recv is not None
+                      else np.empty(total, wire))
+        for piece, offset in zip(group, offsets):
+            handle = self._local.inflight.get(piece.item.name)
+            place = buffer[offset:offset + piece.stop - piece.start]
             if handle is None:          # this rank has joined: it adds nothing
-                piece[...] = 0
-            else:                       # send None: in place, the input is in recv
+                place[...] = 0
+            elif handle.data["send"] is not None or len(group) > 1:
+                # (send None: in place, the input is in recv, where a lone piece is)
                 source = handle.data["send"]
                 if source is None:
                     source = handle.data["recv"]
-                if source is not buffer:
-                    np.copyto(piece, source)
-            offset += count
+                np.copyto(place, source[piece.start:piece.stop])
         try:
             if total:
                 self._reduce(buffer, req)
         except InaError as exc:
-            for item in group:
-                self._finish(item.name, error=exc)
+            failed = {piece.item.name for piece in group}
+            self._carry = [p for p in self._carry if p.item.name not in failed]
+            for name in failed:
+                self._parts_left.pop(name, None)
+                self._finish(name, error=exc)
             if isinstance(exc, CollectiveTimeout):
                 raise
             return
-        offset = 0
-        for item, count in zip(group, counts):
-            handle = self._local.inflight.get(item.name)
+        for piece, offset in zip(group, offsets):
+            name = piece.item.name
+            handle = self._local.inflight.get(name)
             if handle is not None:
                 recv = handle.data["recv"]
-                if recv is not buffer:
-                    np.copyto(recv, buffer[offset:offset + count])
-                self._finish(item.name, recv)
-            offset += count
+                if len(group) > 1:
+                    np.copyto(recv[piece.start:piece.stop],
+                              buffer[offset:offset + piece.stop - piece.start])
+            left = self._parts_left.get(name, 1) - 1
+            if left > 0:
+                self._parts_left[name] = left
+                continue
+            self._parts_left.pop(name, None)
+            if handle is not None:
+                self._finish(name, handle.data["recv"])
 
     def _reduce(self, buffer: np.ndarray, req: OpRequest,
                 part: tuple[int, int] | None = None) -> None:

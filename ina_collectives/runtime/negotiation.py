@@ -45,6 +45,7 @@ class OpRequest:
     postscale: float = 1.0
     splits: tuple[int, ...] = ()  # alltoall: first-dimension rows sent to each rank
     switch_bits: int = 0          # allreduce: 16 asks the switch for 16-bit values
+    priority: int = 0             # allreduce: lower runs sooner (runtime/background.py)
 
     def describe(self) -> str:
         parts = [f"{self.kind} '{self.name}'", f"{self.dtype}{list(self.shape)}"]
@@ -161,7 +162,8 @@ class ReadinessTable:
             ("operation", lambda q: q.kind), ("dtype", lambda q: q.dtype),
             ("reduction op", lambda q: q.op), ("root rank", lambda q: q.root),
             ("prescale/postscale factors", lambda q: (q.prescale, q.postscale)),
-            ("switch value bits (compression)", lambda q: q.switch_bits)]
+            ("switch value bits (compression)", lambda q: q.switch_bits),
+            ("priority", lambda q: q.priority)]
         if first.kind in ("allgather", "alltoall"):
             checks.append(("number of dimensions", lambda q: len(q.shape)))
             checks.append(("shape beyond the first dimension", lambda q: q.shape[1:]))

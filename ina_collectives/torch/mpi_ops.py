@@ -266,11 +266,11 @@ def _name(kind: str, name: str | None, member: SetMember) -> str:
 
 def _submit_allreduce(tensor: torch.Tensor, output: torch.Tensor, name: str | None,
                       op: str, prescale: float, postscale: float,
-                      process_set: ProcessSet) -> int:
+                      process_set: ProcessSet, priority: int = 0) -> int:
     member = _member(process_set, "allreduce")
     handle, finish = submit_allreduce(member.runtime, tensor, output,
                                       _name("allreduce", name, member), op, prescale,
-                                      postscale)
+                                      postscale, priority)
     return _register([handle], lambda results: finish(results[0]),
                      f"allreduce '{handle.request.name}' on all ranks")
 
@@ -278,23 +278,25 @@ def _submit_allreduce(tensor: torch.Tensor, output: torch.Tensor, name: str | No
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: Any = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,
-                    process_set: ProcessSet = global_process_set) -> int:
+                    process_set: ProcessSet = global_process_set, priority: int = 0) -> int:
     """Start reducing ``tensor`` over the ranks of ``process_set`` into a new tensor;
-    returns a handle. The default op is Average. The input is not modified."""
+    returns a handle. The default op is Average. The input is not modified.
+    ``priority`` (not in Horovod): among allreduces ready together, a lower one runs
+    sooner (docs/ordering.md); every rank must give the same."""
     check_tensor(tensor, "allreduce")
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _submit_allreduce(tensor, output, name, op_of(op, average), prescale_factor,
-                             postscale_factor, process_set)
+                             postscale_factor, process_set, priority)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: Any = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set) -> int:
+                     process_set: ProcessSet = global_process_set, priority: int = 0) -> int:
     """In-place allreduce_async: the result replaces ``tensor``'s values."""
     check_tensor(tensor, "allreduce")
     return _submit_allreduce(tensor, tensor, name, op_of(op, average), prescale_factor,
-                             postscale_factor, process_set)
+                             postscale_factor, process_set, priority)
 
 
 class _AllreduceFunction(torch.autograd.Function):

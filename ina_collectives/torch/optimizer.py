@@ -2,8 +2,12 @@
 
 A hook on every parameter starts its gradient's allreduce as soon as autograd has
 accumulated it, so communication overlaps the rest of backward; the background
-runtime fuses the gradients that are ready together. A gradient too small for the
-switch waits for the next one (``_ina_ready``). ``step()`` waits for them all.
+runtime fuses the gradients that are ready together, the first layers' first (each
+gradient's priority is its parameter's place in the model: the next forward needs them
+first; docs/ordering.md). A gradient too small for the switch waits for the next one
+(``_ina_ready``). ``step()`` waits for them all, or, with ``overlap=model``, waits for
+none: each module's parameters are updated just before its next forward, as soon as
+their reduced gradients are in, so that forward overlaps the last transfers.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ class DistributedOptimizerMixin:
     def _ina_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
                    compression: type[Compressor], backward_passes_per_step: int, op: str,
                    gradient_predivide_factor: float, process_set: ProcessSet,
-                   sparse_as_dense: bool = False) -> None:
+                   sparse_as_dense: bool = False,
+                   overlap: torch.nn.Module | None = None) -> None:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got "
                              f"{backward_passes_per_step}")
@@ -56,6 +61,10 @@ class DistributedOptimizerMixin:
                      for i, group in enumerate(self.param_groups)
                      for j, p in enumerate(group["params"])}
         self._ina_names = {p: f"grad.{by_id[id(p)]}" for p in params}
+        # Lower runs sooner: the parameters' order in the model (named_parameters'), which
+        # is the order the forward pass needs them in.
+        order = ([p for _, p in named] if named_parameters is not None else params)
+        self._ina_priority = {p: i for i, p in enumerate(order)}
         # Horovod's attribute (parameter -> name), which scripts and its tests read.
         self._parameter_names = {p: by_id[id(p)] for p in params}
         self._ina_compression = compression
@@ -79,11 +88,30 @@ class DistributedOptimizerMixin:
         self._ina_total_bytes = sum(p.numel() * p.element_size() for p in params
                                     if p.requires_grad)
         self._ina_seen_bytes = 0
+        # overlap: the updates step() left for the next forward, and its hooks.
+        self._ina_pending: dict[torch.Tensor, tuple[Any, Any, torch.Tensor | None]] = {}
+        self._ina_overlap = overlap
+        self._ina_forward_hooks = []
+        if overlap is not None:
+            if not isinstance(overlap, torch.nn.Module):
+                raise TypeError(f"overlap must be the model (a torch.nn.Module), got "
+                                f"{type(overlap).__name__}")
+            owned = {p for m in overlap.modules() for p in m.parameters(recurse=False)}
+            missing = [i for i, p in enumerate(params) if p.requires_grad and p not in owned]
+            if missing:
+                raise ValueError(f"overlap: the model does not hold {len(missing)} of the "
+                                 f"optimizer's parameters (indices {missing[:8]}); their "
+                                 f"updates would wait for a forward that never uses them")
+            self._ina_forward_hooks = [m.register_forward_pre_hook(self._ina_before_forward)
+                                       for m in overlap.modules()
+                                       if any(True for _ in m.parameters(recurse=False))]
         # A rank outside the process set steps on its own gradients, as in Horovod.
         self._ina_hooks = [p.register_post_accumulate_grad_hook(self._ina_hook)
                            for p in params if p.requires_grad and process_set.included()]
 
     def _ina_hook(self, p: torch.Tensor) -> None:
+        if p in self._ina_pending:  # its module's forward did not run: update it now
+            self._ina_apply([p])
         if p in self._ina_handles and self._ina_delay[p] <= 0:
             raise AssertionError(
                 "gradients were computed more than backward_passes_per_step times before "
@@ -148,33 +176,90 @@ class DistributedOptimizerMixin:
                                               op=self._ina_op,
                                               prescale_factor=self._ina_prescale,
                                               postscale_factor=self._ina_postscale,
-                                              process_set=self.process_set)
+                                              process_set=self.process_set,
+                                              priority=self._ina_priority[p])
         return handle, ctx, compressed
 
-    def synchronize(self) -> None:
-        """Wait for every gradient's allreduce; parameters whose hook did not fire (no
-        gradient on this rank) are reduced now, so that all ranks submit the same names."""
-        if not self.process_set.included():
-            self._ina_synchronized = True
-            return
+    def _ina_start_all(self) -> None:
+        """Start what backward has not started: the gradients held back, and those of
+        parameters whose hook did not fire (no gradient on this rank), so that all ranks
+        submit the same names."""
         self._ina_release()  # (before the loop below, which would start them again)
         for p in self._ina_names:
             if p.requires_grad and p not in self._ina_handles:
                 self._ina_handles[p] = self._ina_start(p)
-        for p, (handle, ctx, compressed) in self._ina_handles.items():
-            self._ina_delay[p] = self._ina_passes
-            if compressed is None:  # a sparse gradient's exchange: its result replaces it
-                p.grad = handle()
-                continue
-            reduced = mpi_ops.synchronize(handle)
-            if compressed is not p.grad:
-                with torch.no_grad():
-                    p.grad.copy_(self._ina_compression.decompress(reduced, ctx))
-            if p in self._ina_densified:
-                p.grad = p.grad.to_sparse(self._ina_densified.pop(p))
+
+    def _ina_take(self, p: torch.Tensor, started: tuple[Any, Any, torch.Tensor | None]
+                  ) -> None:
+        """Wait for ``p``'s allreduce and put its result in ``p.grad``."""
+        handle, ctx, compressed = started
+        self._ina_delay[p] = self._ina_passes
+        if compressed is None:  # a sparse gradient's exchange: its result replaces it
+            p.grad = handle()
+            return
+        reduced = mpi_ops.synchronize(handle)
+        if compressed is not p.grad:
+            with torch.no_grad():
+                p.grad.copy_(self._ina_compression.decompress(reduced, ctx))
+        if p in self._ina_densified:
+            p.grad = p.grad.to_sparse(self._ina_densified.pop(p))
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's allreduce; parameters whose hook did not fire (no
+        gradient on this rank) are reduced now, so that all ranks submit the same names.
+        With ``overlap``, also apply every update step() left for the next forward (call
+        it before reading the parameters outside a forward: to save or evaluate)."""
+        if not self.process_set.included():
+            self._ina_synchronized = True
+            return
+        if self._ina_pending:
+            self._ina_apply(list(self._ina_pending))
+            if not self._ina_handles and not self._ina_held:
+                return
+        self._ina_start_all()
+        for p, started in self._ina_handles.items():
+            self._ina_take(p, started)
         self._ina_handles.clear()
         self._ina_seen_bytes = 0
         self._ina_synchronized = True
+
+    # -- overlap: updates applied just before each module's next forward -----------------
+
+    def _ina_before_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if self._ina_pending:
+            mine = [p for p in module.parameters(recurse=False) if p in self._ina_pending]
+            if mine:
+                self._ina_apply(mine)
+
+    def _ina_apply(self, params: list[torch.Tensor]) -> None:
+        """The wrapped optimizer's step on ``params`` alone, with their reduced gradients
+        (waited for here). Per-parameter optimizers (SGD, Adam, AdamW, RMSprop, ...) then
+        update each parameter exactly as one step over all of them would."""
+        saved = {}
+        for p in params:
+            handle, ctx, compressed = self._ina_pending.pop(p)
+            self._ina_delay[p] = self._ina_passes
+            saved[p] = p.grad  # (what the caller has made of p.grad since: kept)
+            if compressed is None:  # a sparse gradient's exchange
+                p.grad = handle()
+                continue
+            # The reduced values are in the tensor the allreduce was given, whatever
+            # zero_grad did to p.grad since.
+            grad = self._ina_compression.decompress(mpi_ops.synchronize(handle), ctx)
+            if p in self._ina_densified:
+                grad = grad.to_sparse(self._ina_densified.pop(p))
+            p.grad = grad
+        wanted = set(params)
+        groups = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [p for p in group["params"] if p in wanted]
+            super().step()  # type: ignore[misc]
+        finally:
+            for group, kept in zip(self.param_groups, groups):
+                group["params"] = kept
+            for p in params:
+                p.grad = saved[p]
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -186,6 +271,20 @@ class DistributedOptimizerMixin:
             self._ina_skip_sync = False
 
     def step(self, closure: Any = None) -> Any:
+        if self._ina_overlap is not None and self.process_set.included():
+            if closure is not None:
+                raise ValueError("with overlap, step() takes no closure: the updates are "
+                                 "applied at each module's next forward")
+            if self._ina_skip_sync:
+                raise ValueError("with overlap, step() does not wait for the gradients: "
+                                 "skip_synchronize() has nothing to skip")
+            if self._ina_pending:  # a module no forward used since: update it first
+                self._ina_apply(list(self._ina_pending))
+            self._ina_start_all()
+            self._ina_pending, self._ina_handles = self._ina_handles, {}
+            self._ina_seen_bytes = 0
+            self._ina_synchronized = False
+            return None
         if not self._ina_skip_sync and self.process_set.included():
             if self._ina_synchronized and not self._ina_handles:
                 # Gradients are reduced already; Horovod warns here (and so do we),
@@ -203,6 +302,10 @@ class DistributedOptimizerMixin:
         if self._ina_handles or self._ina_held:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize()")
+        if self._ina_pending and not set_to_none:
+            # The pending allreduces still write into the old gradient tensors.
+            for p in self._ina_pending:
+                p.grad = None
         return super().zero_grad(set_to_none)  # type: ignore[misc]
 
 
@@ -212,7 +315,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          backward_passes_per_step: int = 1, op: Any = Average,
                          gradient_predivide_factor: float = 1.0, groups: Any = None,
                          sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set
+                         process_set: ProcessSet = global_process_set,
+                         overlap: torch.nn.Module | None = None
                          ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that step() applies gradients reduced over the ranks of
     ``process_set`` (all ranks by default).
@@ -226,7 +330,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     that is ready in a cycle, so results do not depend on it. Sparse gradients (an
     ``nn.Embedding(sparse=True)``'s) are reduced exactly by gathering every rank's
     indices and values (torch/sparse.py), or with ``sparse_as_dense`` as dense tensors
-    (through the switch where it serves) and handed back sparse."""
+    (through the switch where it serves) and handed back sparse.
+
+    ``overlap=model`` (not in Horovod; P3, ByteScheduler): step() returns without waiting,
+    and each of the model's modules has its parameters updated just before its next
+    forward, once their reduced gradients are in; the first layers' gradients go first
+    (priority), so the next forward overlaps the transfers of the last ones. The results
+    are those of the plain loop for optimizers that update each parameter on its own
+    (SGD, Adam, AdamW, RMSprop; not those that look across parameters, such as LAMB or a
+    global gradient clip). ``synchronize()`` applies what is pending (before saving or
+    evaluating the parameters)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -244,5 +357,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._ina_setup(named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, process_set, sparse_as_dense)
+                       gradient_predivide_factor, process_set, sparse_as_dense, overlap)
     return wrapped

@@ -126,12 +126,16 @@ def reduction_request(kind: str, tensor: torch.Tensor, name: str, op: str,
 
 def submit_allreduce(runtime: BackgroundRuntime, tensor: torch.Tensor,
                      output: torch.Tensor, name: str, op: str, prescale: float = 1.0,
-                     postscale: float = 1.0) -> tuple[Handle, Callable[[Any], torch.Tensor]]:
+                     postscale: float = 1.0, priority: int = 0
+                     ) -> tuple[Handle, Callable[[Any], torch.Tensor]]:
     """Submit the allreduce of ``tensor`` into ``output`` (which may be ``tensor``);
     returns the runtime's handle and the step that finishes ``output`` from its result.
-    The values go to the runtime without a copy where the memory allows."""
+    The values go to the runtime without a copy where the memory allows. ``priority``:
+    lower runs sooner (the runtime's order, docs/ordering.md)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
     request = reduction_request("allreduce", tensor, name, op, prescale, postscale,
-                                switch_bits=SWITCH_BITS.get())
+                                switch_bits=SWITCH_BITS.get(), priority=priority)
     if output is tensor and direct(tensor):
         handle = runtime.submit(request, send=None, recv=to_numpy(tensor))
         return handle, lambda _: output

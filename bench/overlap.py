@@ -1,0 +1,162 @@
+"""Transfers in the order training needs them, with the next forward overlapping the
+last ones (issue 34, MLfabric; P3, ByteScheduler): step time against first-in-first-out.
+
+    python -m bench.overlap                 # n 4, 1 Gbit/s links, 12 layers of 1024 x 1024
+    python -m bench.overlap --steps 6 --systems ina
+
+On the emulated cluster (bench/netsim_topology.py: each rank in a namespace, links shaped
+to --rate), each system (ina: through the software switch in the switch's namespace;
+ring: the library's ring over MPI, no switch) trains the same model twice from the same
+start: ``fifo`` (Horovod's loop: step() waits for every gradient, the runtime in
+submission order) and ``priority`` (DistributedOptimizer(overlap=model): the first
+layers' gradients first, each module updated at its next forward). Partitions of one
+layer (--partition-bytes) in both. Prints each mode's median step time and whether the
+final parameters are bit for bit the same, and as its last line
+``priority N.NNx faster than fifo (ina)``. The JSON and a timeline PNG of one step of
+each (every layer's forward, backward and gradient transfer) go to bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from ina_collectives import protocol as P
+from ina_collectives.launch import find_mpiexec
+from ina_collectives.switch.embedded import embedded_switch
+
+from .netsim_topology import EmulatedCluster, aggregator_ip, stale_namespaces
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MODES = ("fifo", "priority")
+
+
+def run_mode(cluster: EmulatedCluster, switch: str, system: str, mode: str,
+             args: argparse.Namespace) -> dict[str, Any]:
+    """One mpiexec job: the model trained --steps steps in ``mode``; rank 0's record."""
+    block = P.DEFAULT_BLOCK
+    k = P.elements_for_mtu(args.mtu, block)
+    env = dict(os.environ, **cluster.network_environment(0),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")])),
+               INA_SWITCH=switch if system == "ina" else "",
+               # K a multiple of B: a float's result then does not depend on where the
+               # fusion buffer puts it, so both modes reduce to the same bits.
+               INA_SWITCH_ELEMENTS=str(k - k % block),
+               INA_SWITCH_MIN_BYTES="0",
+               INA_PARTITION_BYTES=str(args.partition_bytes or 4 * args.width ** 2),
+               INA_ORDERING="fifo" if mode == "fifo" else "priority",
+               INA_BENCH_LAYERS=str(args.layers), INA_BENCH_WIDTH=str(args.width),
+               INA_BENCH_BATCH=str(args.batch), INA_TIMEOUT="120")
+    with tempfile.TemporaryDirectory(prefix="overlap-") as tmp:
+        out = Path(tmp, "record.json")
+        command = [sys.executable, "-m", "bench.overlap_ranks", mode, str(args.steps),
+                   str(out)]
+        proc = subprocess.Popen(cluster.mpiexec_command(find_mpiexec(), command), cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=args.limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            raise SystemExit(f"{system} {mode}: no result within {args.limit} s:\n"
+                             f"{output[-3000:]}") from None
+        if proc.returncode != 0 or not out.exists():
+            raise SystemExit(f"{system} {mode} failed ({proc.returncode}):\n{output[-3000:]}")
+        return {"system": system, **json.loads(out.read_text())}
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    """One panel per system and mode: each layer's forward, backward and transfer in the
+    last step, against time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(records), 1, figsize=(11, 2.6 * len(records)),
+                             squeeze=False)
+    colors = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green"}
+    rows = {"forward": 0.0, "backward": 0.3, "transfer": 0.6}
+    for ax, rec in zip(axes[:, 0], records):
+        for what, layer, start, end in rec["timeline"]:
+            ax.barh(layer + rows[what], (end - start) * 1e3, left=start * 1e3, height=0.28,
+                    color=colors[what], label=what)
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        ax.legend(unique.values(), unique.keys(), loc="lower right", fontsize=7)
+        ax.set_ylabel("layer")
+        ax.set_title(f"{rec['system']} {rec['mode']}: median step "
+                     f"{statistics.median(rec['times']) * 1e3:.0f} ms", fontsize=9)
+    axes[-1, 0].set_xlabel("ms from the step's start")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.overlap",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=1000.0, help="link Mbit/s")
+    parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps (after 2)")
+    parser.add_argument("--partition-bytes", type=int, default=0,
+                        help="INA_PARTITION_BYTES (default: one layer's weights)")
+    parser.add_argument("--systems", nargs="+", default=["ina", "ring"],
+                        choices=["ina", "ring"])
+    parser.add_argument("--limit", type=float, default=900.0, help="seconds per job")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "overlap")
+    args = parser.parse_args(argv)
+    if args.n < 2 or args.layers < 1 or args.width < 1 or args.batch < 1 or args.steps < 1:
+        parser.error("--n must be 2 or more; --layers, --width, --batch, --steps positive")
+    if os.geteuid() != 0:
+        parser.error("the emulated cluster needs root (network namespaces, tc)")
+    for name in stale_namespaces():
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+    records = []
+    with EmulatedCluster(args.n, args.rate, mtu=args.mtu) as cluster, ExitStack() as stack:
+        switch = stack.enter_context(embedded_switch(
+            "--idle", "60", host=aggregator_ip(0),
+            launcher=cluster.in_aggregator(0, []))).address_text
+        for system in args.systems:
+            for mode in MODES:
+                rec = run_mode(cluster, switch, system, mode, args)
+                records.append(rec)
+                print(f"{system:5s} {mode:8s} median step "
+                      f"{statistics.median(rec['times']) * 1e3:8.1f} ms  "
+                      f"(steps {', '.join(f'{t * 1e3:.0f}' for t in rec['times'])}) "
+                      f"engines {rec['engines']}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+         "records": records}, indent=1))
+    plot(records, args.out.with_suffix(".png"))
+    last = ""
+    for system in args.systems:
+        fifo, prio = (next(r for r in records if r["system"] == system and r["mode"] == m)
+                      for m in MODES)
+        same = "the same" if fifo["digest"] == prio["digest"] else "different"
+        ratio = statistics.median(fifo["times"]) / statistics.median(prio["times"])
+        print(f"{system}: final parameters {same} bit for bit")
+        last = f"priority {ratio:.2f}x faster than fifo ({system})" if system == "ina" \
+            else last or f"priority {ratio:.2f}x faster than fifo ({system})"
+        if system != "ina":
+            print(f"priority {ratio:.2f}x faster than fifo ({system})")
+    print(last)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
