@@ -52,7 +52,7 @@ def run_mode(cluster: EmulatedCluster, switch: str, system: str, mode: str,
                # K a multiple of B: a float's result then does not depend on where the
                # fusion buffer puts it, so both modes reduce to the same bits.
                INA_SWITCH_ELEMENTS=str(k - k % block),
-               INA_SWITCH_MIN_BYTES="0",
+               INA_SWITCH_MIN_BYTES="0", INA_RING_MIN_BYTES="0",
                INA_PARTITION_BYTES=str(args.partition_bytes or 4 * args.width ** 2),
                INA_ORDERING="fifo" if mode == "fifo" else "priority",
                INA_BENCH_LAYERS=str(args.layers), INA_BENCH_WIDTH=str(args.width),
@@ -110,12 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps (after 2)")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (after 2)")
     parser.add_argument("--partition-bytes", type=int, default=0,
                         help="INA_PARTITION_BYTES (default: one layer's weights)")
     parser.add_argument("--systems", nargs="+", default=["ina", "ring"],
                         choices=["ina", "ring"])
+    parser.add_argument("--tcp-rto-min", type=float, default=None, metavar="MS",
+                        help="TCP's smallest retransmission timeout in the workers' "
+                             "namespaces (default: the kernel's, 200 ms); the runtime's "
+                             "negotiation rounds ride on TCP across the same links")
     parser.add_argument("--limit", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "overlap")
     args = parser.parse_args(argv)
@@ -130,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         switch = stack.enter_context(embedded_switch(
             "--idle", "60", host=aggregator_ip(0),
             launcher=cluster.in_aggregator(0, []))).address_text
+        if args.tcp_rto_min is not None:
+            cluster.set_tcp_rto_min(args.tcp_rto_min)
         for system in args.systems:
             for mode in MODES:
                 rec = run_mode(cluster, switch, system, mode, args)
@@ -137,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{system:5s} {mode:8s} median step "
                       f"{statistics.median(rec['times']) * 1e3:8.1f} ms  "
                       f"(steps {', '.join(f'{t * 1e3:.0f}' for t in rec['times'])}) "
-                      f"engines {rec['engines']}", flush=True)
+                      f"CPU {rec['cpu_utilisation']:.2f} engines {rec['engines']} "
+                      f"{rec['transport']}",
+                      flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(
         {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -9,8 +9,9 @@ gradients first, each module updated at its next forward). The model: LAYERS lin
 layers of WIDTH x WIDTH (INA_BENCH_LAYERS, INA_BENCH_WIDTH, INA_BENCH_BATCH), SGD with
 momentum, each rank its own batches. Rank 0 writes the time of every step after the
 warm-up, the final parameters' digest, and a timeline of the last step: each layer's
-forward and backward, and each gradient's transfer from its start to its result
-(polled every half millisecond by a thread of this program, not by the library).
+forward and backward, and each gradient's transfer from its submission (a gradient hook
+after the optimizer's) to its result (polled every half millisecond by a thread of this
+program, not by the library; a transfer of the step before starts at 0).
 """
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ from typing import Any
 import torch
 
 WARMUP = 2
+
+
+def cpu_jiffies() -> tuple[float, float]:
+    """(busy, total) jiffies of the machine's cores (/proc/stat is host-wide)."""
+    with open("/proc/stat") as f:
+        fields = [float(v) for v in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
 def model_of(layers: int, width: int) -> torch.nn.Module:
@@ -52,11 +60,16 @@ class Timeline:
             m.register_forward_hook(lambda m, a, o, i=i: self._end("forward", i))
             m.register_full_backward_pre_hook(lambda m, g, i=i: self._begin("backward", i))
             m.register_full_backward_hook(lambda m, gi, go, i=i: self._end("backward", i))
+        # Registered after the optimizer's own hook, so it runs just after the gradient's
+        # allreduce was submitted (or held back to be fused with the next).
+        self._submitted: dict[torch.Tensor, float] = {}
+        for p in self.layer_of:
+            p.register_post_accumulate_grad_hook(self._submit)
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
 
     def start(self) -> None:
-        self.events, self._open, self._transfers = [], {}, {}
+        self.events, self._open, self._transfers, self._submitted = [], {}, {}, {}
         self.t0, self.on = time.perf_counter(), True
 
     def _now(self) -> float:
@@ -70,17 +83,32 @@ class Timeline:
         if self.on and (what, layer) in self._open:
             self.events.append((what, layer, self._open.pop((what, layer)), self._now()))
 
+    def _submit(self, p: torch.Tensor) -> None:
+        if self.on:
+            self._submitted[p] = self._now()
+
     def _poll(self) -> None:
         from ina_collectives.torch import mpi_ops
         while not self._stop.wait(0.0005):
             if not self.on:
                 continue
-            started = {**self.opt._ina_handles, **self.opt._ina_pending}
-            for p, (handle, _, _) in list(started.items()):
+            try:  # (the training thread changes these dicts as it goes: copy, retry)
+                started = list(self.opt._ina_handles.items()) + list(
+                    self.opt._ina_pending.items())
+            except RuntimeError:
+                continue
+            for p, (handle, _, _) in started:
                 if handle not in self._transfers:
-                    self._transfers[handle] = (self.layer_of.get(p, -1), self._now())
+                    self._transfers[handle] = (self.layer_of.get(p, -1),
+                                               self._submitted.get(p, self._now()))
             for handle, (layer, begun) in list(self._transfers.items()):
-                if layer >= 0 and begun >= 0 and mpi_ops.poll(handle):
+                if layer < 0 or begun < 0:
+                    continue
+                try:
+                    done = mpi_ops.poll(handle)
+                except Exception:  # noqa: BLE001 - synchronized (claimed) already: done
+                    done = True
+                if done:
                     self.events.append(("transfer", layer, begun, self._now()))
                     self._transfers[handle] = (layer, -1.0)
 
@@ -93,7 +121,7 @@ def main() -> None:
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     layers = int(os.environ.get("INA_BENCH_LAYERS", "12"))
     width = int(os.environ.get("INA_BENCH_WIDTH", "1024"))
-    batch = int(os.environ.get("INA_BENCH_BATCH", "64"))
+    batch = int(os.environ.get("INA_BENCH_BATCH", "256"))
     torch.set_num_threads(1)
     import ina_collectives.torch as hvd
     hvd.init()
@@ -108,10 +136,13 @@ def main() -> None:
     timeline = Timeline(model, opt)
     marks = []
     hvd.allreduce(torch.zeros(1), name="start")  # every rank ready
+    cpu0 = cpu = cpu_jiffies()
     for step in range(WARMUP + steps):
         x, y = data[step % len(data)]
         if step >= WARMUP:
             marks.append(time.perf_counter())
+        if step == WARMUP:
+            cpu0 = cpu_jiffies()
         if step == WARMUP + steps - 1:
             timeline.start()
         opt.zero_grad()
@@ -123,6 +154,7 @@ def main() -> None:
     if mode == "priority":
         opt.synchronize()  # (fifo: step() waited already; synchronize would reduce again)
     marks.append(time.perf_counter())
+    cpu = cpu_jiffies()
     time.sleep(0.01)
     timeline.stop()
     # A step's time: from its start to the next one's (the last: to every update applied).
@@ -134,6 +166,10 @@ def main() -> None:
         with open(out, "w") as f:
             json.dump({"mode": mode, "times": times, "digest": digest,
                        "loss": float(loss), "engines": stats["engines"],
+                       "transport": {k: v for k, v in stats.get("transport", {}).items()
+                                     if k in ("sent", "retransmitted", "result_requests",
+                                              "nack_resent", "stale", "srtt", "rto")},
+                       "cpu_utilisation": (cpu[0] - cpu0[0]) / max(1.0, cpu[1] - cpu0[1]),
                        "timeline": timeline.events, "layers": layers, "width": width,
                        "batch": batch}, f)
     hvd.shutdown()
