@@ -484,11 +484,14 @@ def runtime_priority(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     from ina_collectives.runtime.negotiation import OpRequest
     from ina_collectives.settings import Settings
 
-    runtime = BackgroundRuntime(comm.Dup(), Settings.load(p.get("settings", {})))
+    settings = Settings.load(p.get("settings", {}))
+    runtime = BackgroundRuntime(comm.Dup(), settings)
     order: list[str] = []
     arrays: dict[str, np.ndarray] = {}
+    tensors = [(f"t{i}", 1000 * (i + 1), 5 - i) for i in range(6)]
+    mine = np.random.default_rng(comm.rank).permutation(len(tensors))
 
-    def submit(name: str, count: int, priority: int) -> Any:
+    def submit(name: str, count: int, priority: int, runtime: Any = runtime) -> Any:
         x = np.full(count, comm.rank + 1, np.float32)
         arrays[name] = x
         handle = runtime.submit(OpRequest("allreduce", name, "float32", "float32",
@@ -497,9 +500,19 @@ def runtime_priority(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
         handle.add_done_callback(lambda h: order.append(h.request.name))
         return handle
 
+    # A process set: ranks 0 and 1 (rank 2 alone), each with a runtime of its own.
+    subset = BackgroundRuntime(comm.Split(int(comm.rank >= 2), comm.rank), settings)
     try:
-        tensors = [(f"t{i}", 1000 * (i + 1), 5 - i) for i in range(6)]
-        mine = np.random.default_rng(comm.rank).permutation(len(tensors))
+        with subset.together():
+            handles = [submit(*tensors[i], runtime=subset) for i in mine]
+        for h in handles:
+            h.wait(60, "a tensor of the process set")
+        in_subset = list(order)
+        order.clear()
+        arrays.clear()
+    finally:
+        subset.shutdown(30)
+    try:
         with runtime.together():
             handles = [submit(*tensors[i]) for i in mine]
         for h in handles:
@@ -513,7 +526,7 @@ def runtime_priority(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
         n = comm.size
         right = all(bool((x == n * (n + 1) // 2).all()) for x in arrays.values())
         return {"together": together, "preempted": list(order), "right": right,
-                "partitions": runtime.fusion}
+                "subset": in_subset}
     finally:
         runtime.shutdown(30)
 

@@ -863,9 +863,10 @@ def test_the_sparse_layout_row_carries_size_time_and_touched_hot_rows():
 @pytest.mark.mpi
 def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitions():
     """Ranks submit six tensors in orders of their own, ready in one round: every rank
-    reduces them by priority (lowest first). A large tensor of low priority cut into
-    64 partitions runs one partition a round, and small high-priority tensors submitted
-    just after it finish before it does. Every sum is right (docs/ordering.md)."""
+    reduces them by priority (lowest first), in the world's runtime and in a process
+    set's. A large tensor of low priority cut into 64 partitions runs one partition a
+    round, and small high-priority tensors submitted just after it finish before it
+    does. Every sum is right (docs/ordering.md)."""
     n = 3
     results = run(n, "runtime_priority",
                   {"big": 1 << 20, "settings": {"partition_bytes": 65536}})
@@ -875,18 +876,23 @@ def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitio
         assert out["together"] == [f"t{i}" for i in range(5, -1, -1)], out
         assert out["preempted"][-1] == "big", out
         assert out["preempted"][:3] == ["small0", "small1", "small2"], out
+        # a process set's runtime (ranks 0 and 1; rank 2 alone) orders its own alike
+        assert out["subset"] == [f"t{i}" for i in range(5, -1, -1)], out
     assert results[0]["together"] == results[1]["together"] == results[2]["together"]
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_overlap_gives_the_parameters_of_the_plain_loop(switch, optimizer):
+@pytest.mark.parametrize("optimizer,loss", [("sgd", 0.0), ("adam", 0.0), ("sgd", 0.02)])
+def test_overlap_gives_the_parameters_of_the_plain_loop(switch, faults, optimizer, loss):
     """DistributedOptimizer(overlap=model): step() returns at once and each module is
     updated at its next forward; after synchronize() the parameters are bit for bit the
     plain loop's (through the switch, gradients cut into 16 KiB partitions and reduced
     first layers first: with K a multiple of B, a float's result does not depend on the
-    order or the fusion). Updates were pending after the last step."""
+    order or the fusion), also with 2% of the packets lost each way (partitions' packets
+    resent). Updates were pending after the last step."""
     n, steps = 2, 4
+    if loss:
+        faults(drop_in=loss, drop_out=loss)
     results = run(n, "torch_overlap", {"steps": steps, "optimizer": optimizer},
                   env={"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
                        "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "16384"})
@@ -894,6 +900,8 @@ def test_overlap_gives_the_parameters_of_the_plain_loop(switch, optimizer):
         assert "error" not in out, out
         assert set(out["engines"]) == {"ina"}, out["engines"]
         assert out["pending_before_synchronize"] == 6, out
+        if loss:
+            assert out["resent"] > 0, out["resent"]
         for a, b in zip(out["plain"], out["overlap"]):
             np.testing.assert_array_equal(a, b)
     for a, b in zip(results[0]["overlap"], results[1]["overlap"]):

@@ -916,7 +916,10 @@ def torch_overlap(comm: Any, p: dict) -> dict[str, Any]:
             out["pending_before_synchronize"] = pending
         out["overlap" if overlap else "plain"] = [_np(q) for q in model.parameters()]
         out["steps_" + ("overlap" if overlap else "plain")] = len(batches)
-    out["engines"] = hvd.stats()["engines"]
+    stats = hvd.stats()
+    out["engines"] = stats["engines"]
+    out["resent"] = sum(stats["transport"].get(k, 0) for k in (
+        "retransmitted", "nack_resent", "result_requests"))
     return out
 
 
