@@ -130,6 +130,13 @@ class Settings:
         "is waited for in the next (that call runs in sync), so every worker's gradient "
         "counts at least once in every max_skips + 1 calls. 0: no bound.",
     )
+    switch_standby: bool = _setting(
+        True,
+        "With several aggregators (INA_SWITCH names them): the unfinished share of one "
+        "that fails mid-call is streamed again through a surviving one, which already "
+        "serves the job, instead of going to the ring (MLfabric; docs/striping.md); the "
+        "ring stays the last resort. 0: the failed share goes to the ring.",
+    )
     switch_retry_calls: int = _setting(
         256,
         "After the aggregator fails (or is absent at init), rank 0 probes it at each call "

@@ -84,18 +84,21 @@ def test_naming_one_shard_finds_them_all():
 
 
 @pytest.mark.mpi
-def test_an_aggregator_killed_mid_call_hands_its_share_to_the_ring_and_the_other_serves():
+@pytest.mark.parametrize("standby", [True, False])
+def test_an_aggregator_killed_mid_call_hands_its_share_over_and_the_other_serves(standby):
     """Four large calls striped across two switches; B is SIGKILLed 20 ms into the
-    second: the call under way then (the second, or the third if the second was quicker)
-    has its share on B finished on the ring, the share on A stays, and later calls go to
-    A alone. Every element is reduced once: all within bound."""
+    second. The call under way then (the second, or the third if the second was quicker)
+    has its share on B streamed again through A, which already serves the job (the
+    standby, switch_standby), or with the standby off finished on the ring; the share on
+    A stays, and later calls go to A alone. Every element is reduced once: all within
+    bound, every rank the same bits."""
     cases = [("float32", "sum", 8_000_000, 61), ("float32", "sum", 8_000_000, 62),
              ("float32", "average", 8_000_000, 63), ("float32", "sum", 8_000_000, 64)]
     with embedded_switch() as a, embedded_switch() as b:
         results = mpirun.run(2, "ina_switch_dies", {
             "cases": cases, "kill_after": 0.02, "switch_pid": b.pid,
             "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0, "switch_silence": 0.5,
-                         "switch_retry_calls": 0}},
+                         "switch_retry_calls": 0, "switch_standby": standby}},
             env={"INA_SWITCH": both(a, b).address_text}, timeout=120)
         assert a.process.poll() is None, a.lines
     for i, case in enumerate(cases):
@@ -106,15 +109,20 @@ def test_an_aggregator_killed_mid_call_hands_its_share_to_the_ring_and_the_other
     for r in results:
         stats = r["stats"]
         engines = [e["engine"] for e in r["engines"]]
-        assert engines.count("ring") == 1 and engines[0] == engines[-1] == "ina", engines
         switch = stats["switch"]
-        assert switch["partial_handovers"] == 1 and switch["serving"], switch
-        assert switch["outages"] == 0, switch  # A kept serving: no outage of the job
+        assert switch["serving"] and switch["outages"] == 0, switch  # A kept serving
         state = aggregators(r)
         assert state[a.address_text]["serving"] and not state[b.address_text]["serving"]
         assert "failed mid-operation" in state[b.address_text]["why_not"], state
-        (reason,) = stats["fallback_reasons"]
-        assert "aggregator failed mid-operation" in reason and str(b.port) in reason, reason
+        if standby:
+            assert engines == ["ina"] * 4, engines
+            assert switch["standby_takeovers"] == 1, switch
+            assert switch["partial_handovers"] == 0 and not stats["fallback_reasons"], stats
+        else:
+            assert engines.count("ring") == 1 and engines[0] == engines[-1] == "ina", engines
+            assert switch["partial_handovers"] == 1 and switch["standby_takeovers"] == 0
+            (reason,) = stats["fallback_reasons"]
+            assert "aggregator failed mid-operation" in reason and str(b.port) in reason
 
 
 @pytest.mark.mpi

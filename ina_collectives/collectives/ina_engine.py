@@ -16,6 +16,7 @@ NaN/Inf in the input or a failed aggregator give the call back to the chooser
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -57,7 +58,7 @@ class InaEngine:
         self.kernels = kernels
         self.totals: dict[str, float] = {}  # the links' counters, over reconnections
         self.calls_by_width: dict[int, int] = {}  # calls served, by value bits
-        self.striped_calls = self.partial_handovers = 0
+        self.striped_calls = self.partial_handovers = self.standby_takeovers = 0
         self.quorum = Quorum(comm.Get_size(), comm.Get_rank(), settings.quorum,
                              settings.quorum_max_skips)
         self.aggregators = Aggregators(comm, settings, kernels)
@@ -139,6 +140,8 @@ class InaEngine:
                 "failed_openings": self.failed_openings,
                 "rescued_calls": self.rescued_calls,
                 "partial_handovers": self.partial_handovers,
+                # failed shares a surviving aggregator streamed again (switch_standby)
+                "standby_takeovers": self.standby_takeovers,
                 "quorum": self.quorum.report()}
 
 
@@ -328,6 +331,12 @@ class InaEngine:
             agg.lost([i for i, _, _ in failed], reason, agg.seq)
             if len(failed) == len(parts) or nonfinite:
                 return HandOver(NONFINITE if nonfinite else reason, x)
+            standby = [i for i, _, _ in parts
+                       if i not in outcome.failed and agg.links[i] is not None]
+            if self.settings.switch_standby and standby and self._take_over(
+                    call, failed, standby[0], x, out, k, bits, deadline):
+                failed = []
+        if failed:
             # The others' shares are done: only the failed shares take the ring.
             self.partial_handovers += 1
             if out is not call.recv:
@@ -342,6 +351,54 @@ class InaEngine:
             self.partial_handovers += 1
             return HandOver("ina: quorum chunks that no rank received whole", x, ring_ranges)
         return None
+
+    def _take_over(self, call: AllreduceCall, failed: list[tuple[int, int, int]],
+                   standby: int, x: np.ndarray, out: np.ndarray, k: int, bits: int,
+                   deadline: Deadline) -> bool:
+        """Collective (every rank learned the same ``failed`` in the vote): stream the
+        failed shares again, whole, through aggregator ``standby``, which already serves
+        the job (MLfabric's replica instead of the ring). Their exponents are agreed by
+        MPI first (this is the error path), each share is a call of its own to the
+        switch (a new call number: its cells have served this call's own share), and a
+        vote ends each. True when every rank holds every result; False (the standby
+        failed too, or the input holds a NaN or an Inf) leaves the shares to the ring."""
+        s, agg = self.settings, self.aggregators
+        link = agg.links[standby]
+        block = link.block
+        ranges = [(c0 * k, min(c1 * k, x.size)) for _, c0, c1 in failed]
+        mine = [self.kernels.block_exponents(x[a:b], k, block) for a, b in ranges]
+        proposal = np.concatenate([[any(bad for _, bad in mine)],
+                                   *(e for e, _ in mine)]).astype(np.int16)
+        agreed = np.empty_like(proposal)
+        wait(self.comm.Iallreduce(proposal, agreed, MPI.MAX), deadline,
+             lambda: f"all ranks to agree on the exponents of the shares the aggregator "
+                     f"at {agg.where(standby)} takes over")
+        if agreed[0]:
+            return False
+        at = 1
+        for (a, b), (local, _) in zip(ranges, mine):
+            theirs = agreed[at:at + local.size]
+            at += local.size
+            call_number, _ = self.quorum.next_call()
+            remaining = max(0.0, deadline.expires - time.monotonic())
+            result = link.stream(x[a:b], out[a:b], local, theirs.copy(),
+                                 call.op is Op.AVERAGE, s.retransmit_timeout,
+                                 s.retransmit_min, s.retransmit_max, s.switch_silence,
+                                 remaining, bits, None, call_number, 0)
+            self._account(link, result)
+            outcome = vote(self.comm, len(agg.addresses), [standby], [result], s.timeout,
+                           f"the {b - a}-element share the aggregator at "
+                           f"{agg.where(standby)} took over")
+            self.quorum.after_call(result.counted_all, result.counted_any, outcome.mode,
+                                   0, 0)
+            if outcome.failed or outcome.lost or outcome.nonfinite:
+                if outcome.failed:
+                    self.shares.forget(standby)
+                    agg.lost([standby], f"ina: the aggregator failed while it took over "
+                                        f"another's share; here: {result.reason}", agg.seq)
+                return False
+        self.standby_takeovers += 1
+        return True
 
     def _account(self, link: WorkerLink, result: StreamResult) -> None:
         for name, value in result.counters.items():
