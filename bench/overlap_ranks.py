@@ -92,12 +92,11 @@ class Timeline:
         while not self._stop.wait(0.0005):
             if not self.on:
                 continue
-            try:  # (the training thread changes these dicts as it goes: copy, retry)
-                started = list(self.opt._ina_handles.items()) + list(
-                    self.opt._ina_pending.items())
+            try:  # (the training thread changes these dicts as it goes: retry)
+                started = self.opt.in_flight()
             except RuntimeError:
                 continue
-            for p, (handle, _, _) in started:
+            for p, handle in started.items():
                 if handle not in self._transfers:
                     self._transfers[handle] = (self.layer_of.get(p, -1),
                                                self._submitted.get(p, self._now()))

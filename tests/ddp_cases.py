@@ -344,6 +344,39 @@ def torchrun_main() -> None:
     (outdir / f".rank{rank.rank}.pkl").rename(outdir / f"rank{rank.rank}.pkl")
 
 
+@case
+def dist_overlap(comm: Any, p: dict) -> dict[str, Any]:
+    """torch.distributed's DistributedOptimizer (torch/overlap.py) on backend "ina": the
+    same model trained from the same start on the same batches with overlap off and on;
+    the parameters of both, the updates pending before synchronize, the engines."""
+    import ina_collectives
+    from ina_collectives.torch.overlap import DistributedOptimizer
+    _start(comm)
+    r = dist.get_rank()
+    g = torch.Generator().manual_seed(200 + r)
+    batches = [(torch.randn(16, 32, generator=g), torch.randint(0, 5, (16,), generator=g))
+               for _ in range(p["steps"])]
+    out: dict[str, Any] = {}
+    for overlap in (False, True):
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 5))
+        opt = DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-2), model,
+                                   overlap=overlap)
+        for x, y in batches:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        if overlap:  # the last step's updates wait for a forward: before and after
+            out["before_synchronize"] = [_np(q) for q in model.parameters()]
+            opt.synchronize()
+        out["overlap" if overlap else "plain"] = [_np(q) for q in model.parameters()]
+        out["isinstance"] = isinstance(opt, torch.optim.Adam)
+    out["engines"] = ina_collectives.stats()["engines"]
+    dist.destroy_process_group()
+    return out
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--torchrun":
         torchrun_main()

@@ -57,7 +57,8 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
         assert r["seconds"] >= (values - 50_000) * 8 / 400e6, r
         assert r["value_bits"] == (16 if r["system"] == "ina16" else 32)
     ina = [r for r in records if r["system"] in ("ina", "ina16")]
-    assert all(r["engines"] == {"ina": 3} for r in ina), ina
+    assert all(r["engines"] == {"ina": 3} for r in ina), [
+        (r["system"], r["loss"], r["engines"], r.get("fallback_reasons")) for r in ina]
     assert sum(r["dropped_packets"] for r in records if r["loss"]) > 0
     assert all(r["dropped_packets"] == 0 for r in records if not r["loss"])
     assert (tmp_path / "r.md").read_text().count("| 2 | 400 |") == 10

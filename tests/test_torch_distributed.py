@@ -492,3 +492,22 @@ def test_point_to_point(launcher):
         else:
             assert misfit["error"] == "DistBackendError", misfit
             assert "rank(s) [0] never submitted it" in misfit["message"], misfit
+
+
+def test_the_torch_distributed_optimizer_overlaps_and_matches_the_plain_loop(switch):
+    """ina_collectives.torch.overlap.DistributedOptimizer on backend "ina": with overlap,
+    step() leaves each module's update for its next forward (the parameters before
+    synchronize() lack the last step's), and after synchronize() they are the plain
+    loop's bit for bit, on every rank; the gradients went through the switch."""
+    results = run(2, "dist_overlap", {"steps": 4},
+                  env={"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
+                       "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "4096"})
+    for out in results:
+        assert "error" not in out, out
+        assert out["isinstance"] and "ina" in out["engines"], out
+        for a, b in zip(out["plain"], out["overlap"]):
+            np.testing.assert_array_equal(a, b)
+        assert any(not np.array_equal(a, b)
+                   for a, b in zip(out["before_synchronize"], out["overlap"]))
+    for a, b in zip(results[0]["overlap"], results[1]["overlap"]):
+        np.testing.assert_array_equal(a, b)

@@ -911,7 +911,7 @@ def torch_overlap(comm: Any, p: dict) -> dict[str, Any]:
             if not overlap:
                 steps.append([_np(q) for q in model.parameters()])
         if overlap:
-            pending = len(opt._ina_pending)
+            pending = len(opt.in_flight())
             opt.synchronize()
             out["pending_before_synchronize"] = pending
         out["overlap" if overlap else "plain"] = [_np(q) for q in model.parameters()]

@@ -266,7 +266,7 @@ def _name(kind: str, name: str | None, member: SetMember) -> str:
 
 def _submit_allreduce(tensor: torch.Tensor, output: torch.Tensor, name: str | None,
                       op: str, prescale: float, postscale: float,
-                      process_set: ProcessSet, priority: int = 0) -> int:
+                      process_set: ProcessSet, priority: int | None = None) -> int:
     member = _member(process_set, "allreduce")
     handle, finish = submit_allreduce(member.runtime, tensor, output,
                                       _name("allreduce", name, member), op, prescale,
@@ -278,11 +278,13 @@ def _submit_allreduce(tensor: torch.Tensor, output: torch.Tensor, name: str | No
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: Any = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,
-                    process_set: ProcessSet = global_process_set, priority: int = 0) -> int:
+                    process_set: ProcessSet = global_process_set,
+                    priority: int | None = None) -> int:
     """Start reducing ``tensor`` over the ranks of ``process_set`` into a new tensor;
     returns a handle. The default op is Average. The input is not modified.
     ``priority`` (not in Horovod): among allreduces ready together, a lower one runs
-    sooner (docs/ordering.md); every rank must give the same."""
+    sooner (docs/ordering.md); every rank must give the same. None: 0, or the
+    enclosing ``ina_collectives.torch.overlap.priority`` block's."""
     check_tensor(tensor, "allreduce")
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return _submit_allreduce(tensor, output, name, op_of(op, average), prescale_factor,
@@ -292,7 +294,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: Any = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set, priority: int = 0) -> int:
+                     process_set: ProcessSet = global_process_set,
+                    priority: int | None = None) -> int:
     """In-place allreduce_async: the result replaces ``tensor``'s values."""
     check_tensor(tensor, "allreduce")
     return _submit_allreduce(tensor, tensor, name, op_of(op, average), prescale_factor,

@@ -21,6 +21,7 @@ from ..runtime import world
 from ..runtime.world import ProcessSet, global_process_set
 from . import mpi_ops
 from .compression import Compression, Compressor, switch_values
+from .overlap import PendingUpdates
 from .staging import Average, Sum, op_of
 
 
@@ -88,30 +89,18 @@ class DistributedOptimizerMixin:
         self._ina_total_bytes = sum(p.numel() * p.element_size() for p in params
                                     if p.requires_grad)
         self._ina_seen_bytes = 0
-        # overlap: the updates step() left for the next forward, and its hooks.
-        self._ina_pending: dict[torch.Tensor, tuple[Any, Any, torch.Tensor | None]] = {}
-        self._ina_overlap = overlap
-        self._ina_forward_hooks = []
-        if overlap is not None:
-            if not isinstance(overlap, torch.nn.Module):
-                raise TypeError(f"overlap must be the model (a torch.nn.Module), got "
-                                f"{type(overlap).__name__}")
-            owned = {p for m in overlap.modules() for p in m.parameters(recurse=False)}
-            missing = [i for i, p in enumerate(params) if p.requires_grad and p not in owned]
-            if missing:
-                raise ValueError(f"overlap: the model does not hold {len(missing)} of the "
-                                 f"optimizer's parameters (indices {missing[:8]}); their "
-                                 f"updates would wait for a forward that never uses them")
-            self._ina_forward_hooks = [m.register_forward_pre_hook(self._ina_before_forward)
-                                       for m in overlap.modules()
-                                       if any(True for _ in m.parameters(recurse=False))]
+        # overlap: the updates step() leaves for each module's next forward (overlap.py).
+        self._ina_updates = (PendingUpdates(
+            overlap, params, self.param_groups, self._ina_reduced,
+            lambda: super(DistributedOptimizerMixin, self).step())
+            if overlap is not None else None)
         # A rank outside the process set steps on its own gradients, as in Horovod.
         self._ina_hooks = [p.register_post_accumulate_grad_hook(self._ina_hook)
                            for p in params if p.requires_grad and process_set.included()]
 
     def _ina_hook(self, p: torch.Tensor) -> None:
-        if p in self._ina_pending:  # its module's forward did not run: update it now
-            self._ina_apply([p])
+        if self._ina_updates is not None and p in self._ina_updates.pending:
+            self._ina_updates.apply([p])  # its module's forward did not run: update it now
         if p in self._ina_handles and self._ina_delay[p] <= 0:
             raise AssertionError(
                 "gradients were computed more than backward_passes_per_step times before "
@@ -212,8 +201,8 @@ class DistributedOptimizerMixin:
         if not self.process_set.included():
             self._ina_synchronized = True
             return
-        if self._ina_pending:
-            self._ina_apply(list(self._ina_pending))
+        if self._ina_updates is not None and self._ina_updates.pending:
+            self._ina_updates.apply_all()
             if not self._ina_handles and not self._ina_held:
                 return
         self._ina_start_all()
@@ -225,41 +214,26 @@ class DistributedOptimizerMixin:
 
     # -- overlap: updates applied just before each module's next forward -----------------
 
-    def _ina_before_forward(self, module: torch.nn.Module, args: Any) -> None:
-        if self._ina_pending:
-            mine = [p for p in module.parameters(recurse=False) if p in self._ina_pending]
-            if mine:
-                self._ina_apply(mine)
+    def in_flight(self) -> dict[torch.Tensor, Any]:
+        """The handle of every gradient reduction started and not yet applied, by
+        parameter (with overlap, those step() left for the next forward too)."""
+        pending = self._ina_updates.pending if self._ina_updates is not None else {}
+        return {p: started[0] for p, started in [*self._ina_handles.items(),
+                                                 *pending.items()]}
 
-    def _ina_apply(self, params: list[torch.Tensor]) -> None:
-        """The wrapped optimizer's step on ``params`` alone, with their reduced gradients
-        (waited for here). Per-parameter optimizers (SGD, Adam, AdamW, RMSprop, ...) then
-        update each parameter exactly as one step over all of them would."""
-        saved = {}
-        for p in params:
-            handle, ctx, compressed = self._ina_pending.pop(p)
-            self._ina_delay[p] = self._ina_passes
-            saved[p] = p.grad  # (what the caller has made of p.grad since: kept)
-            if compressed is None:  # a sparse gradient's exchange
-                p.grad = handle()
-                continue
-            # The reduced values are in the tensor the allreduce was given, whatever
-            # zero_grad did to p.grad since.
-            grad = self._ina_compression.decompress(mpi_ops.synchronize(handle), ctx)
-            if p in self._ina_densified:
-                grad = grad.to_sparse(self._ina_densified.pop(p))
-            p.grad = grad
-        wanted = set(params)
-        groups = [group["params"] for group in self.param_groups]
-        try:
-            for group in self.param_groups:
-                group["params"] = [p for p in group["params"] if p in wanted]
-            super().step()  # type: ignore[misc]
-        finally:
-            for group, kept in zip(self.param_groups, groups):
-                group["params"] = kept
-            for p in params:
-                p.grad = saved[p]
+    def _ina_reduced(self, p: torch.Tensor, started: tuple[Any, Any, torch.Tensor | None]
+                     ) -> torch.Tensor:
+        """Wait for ``p``'s reduction and return its gradient (overlap: the reduced
+        values are in the tensor the allreduce was given, whatever zero_grad did to
+        p.grad since)."""
+        handle, ctx, compressed = started
+        self._ina_delay[p] = self._ina_passes
+        if compressed is None:  # a sparse gradient's exchange
+            return handle()
+        grad = self._ina_compression.decompress(mpi_ops.synchronize(handle), ctx)
+        if p in self._ina_densified:
+            grad = grad.to_sparse(self._ina_densified.pop(p))
+        return grad
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -271,17 +245,17 @@ class DistributedOptimizerMixin:
             self._ina_skip_sync = False
 
     def step(self, closure: Any = None) -> Any:
-        if self._ina_overlap is not None and self.process_set.included():
+        if self._ina_updates is not None and self.process_set.included():
             if closure is not None:
                 raise ValueError("with overlap, step() takes no closure: the updates are "
                                  "applied at each module's next forward")
             if self._ina_skip_sync:
                 raise ValueError("with overlap, step() does not wait for the gradients: "
                                  "skip_synchronize() has nothing to skip")
-            if self._ina_pending:  # a module no forward used since: update it first
-                self._ina_apply(list(self._ina_pending))
+            self._ina_updates.apply_all()  # a module no forward used since the last step
             self._ina_start_all()
-            self._ina_pending, self._ina_handles = self._ina_handles, {}
+            self._ina_updates.add(self._ina_handles)
+            self._ina_handles = {}
             self._ina_seen_bytes = 0
             self._ina_synchronized = False
             return None
@@ -302,9 +276,9 @@ class DistributedOptimizerMixin:
         if self._ina_handles or self._ina_held:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize()")
-        if self._ina_pending and not set_to_none:
+        if self._ina_updates is not None and not set_to_none:
             # The pending allreduces still write into the old gradient tensors.
-            for p in self._ina_pending:
+            for p in self._ina_updates.pending:
                 p.grad = None
         return super().zero_grad(set_to_none)  # type: ignore[misc]
 

@@ -9,6 +9,7 @@ requests the runtime takes.
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -124,14 +125,20 @@ def reduction_request(kind: str, tensor: torch.Tensor, name: str, op: str,
                      postscale=float(postscale), **fields)
 
 
+# The priority of allreduces submitted where none is given (torch/overlap.py: priority).
+PRIORITY: ContextVar[int] = ContextVar("allreduce_priority", default=0)
+
+
 def submit_allreduce(runtime: BackgroundRuntime, tensor: torch.Tensor,
                      output: torch.Tensor, name: str, op: str, prescale: float = 1.0,
-                     postscale: float = 1.0, priority: int = 0
+                     postscale: float = 1.0, priority: int | None = None
                      ) -> tuple[Handle, Callable[[Any], torch.Tensor]]:
     """Submit the allreduce of ``tensor`` into ``output`` (which may be ``tensor``);
     returns the runtime's handle and the step that finishes ``output`` from its result.
     The values go to the runtime without a copy where the memory allows. ``priority``:
-    lower runs sooner (the runtime's order, docs/ordering.md)."""
+    lower runs sooner (the runtime's order, docs/ordering.md); None: PRIORITY's."""
+    if priority is None:
+        priority = PRIORITY.get()
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError(f"priority must be an int, got {type(priority).__name__}")
     request = reduction_request("allreduce", tensor, name, op, prescale, postscale,
