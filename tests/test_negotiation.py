@@ -44,6 +44,8 @@ def test_ready_operations_come_in_the_order_they_were_first_seen():
                                          "rank 0: allreduce, rank 1: allreduce, rank 2: broadcast"),
     ({}, dict(prescale=2.0), "Mismatched prescale/postscale factors of allreduce 'x': "
                              "rank 0: (1.0, 1.0), rank 1: (1.0, 1.0), rank 2: (2.0, 1.0)"),
+    ({}, dict(priority=3), "Mismatched priority of allreduce 'x': rank 0: 0, rank 1: 0, "
+                           "rank 2: 3"),
 ])
 def test_a_metadata_mismatch_fails_naming_each_ranks_value(base, change, words):
     table = ReadinessTable(3)
