@@ -526,7 +526,7 @@ def runtime_priority(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
         n = comm.size
         right = all(bool((x == n * (n + 1) // 2).all()) for x in arrays.values())
         return {"together": together, "preempted": list(order), "right": right,
-                "subset": in_subset}
+                "subset": in_subset, "mine": [tensors[i][0] for i in mine]}
     finally:
         runtime.shutdown(30)
 

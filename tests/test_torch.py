@@ -882,6 +882,17 @@ def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitio
 
 
 @pytest.mark.mpi
+def test_fifo_ordering_keeps_the_agreed_order():
+    """INA_ORDERING=fifo (Horovod's order, bench.overlap's baseline): tensors ready in
+    one round run in the order the ranks agreed on (rank 0's submissions first), not
+    by priority, alike on every rank; the sums are right."""
+    results = run(2, "runtime_priority", {"big": 1 << 16, "settings": {"ordering": "fifo"}})
+    for out in results:
+        assert "error" not in out, out
+        assert out["right"] and out["together"] == results[0]["mine"], out
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("optimizer,loss", [("sgd", 0.0), ("adam", 0.0), ("sgd", 0.02)])
 def test_overlap_gives_the_parameters_of_the_plain_loop(switch, faults, optimizer, loss):
     """DistributedOptimizer(overlap=model): step() returns at once and each module is
