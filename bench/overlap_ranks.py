@@ -25,14 +25,9 @@ from typing import Any
 
 import torch
 
+from bench.netsim_ranks import cpu_jiffies
+
 WARMUP = 2
-
-
-def cpu_jiffies() -> tuple[float, float]:
-    """(busy, total) jiffies of the machine's cores (/proc/stat is host-wide)."""
-    with open("/proc/stat") as f:
-        fields = [float(v) for v in f.readline().split()[1:]]
-    return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
 def model_of(layers: int, width: int) -> torch.nn.Module:

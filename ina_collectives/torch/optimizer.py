@@ -181,17 +181,14 @@ class DistributedOptimizerMixin:
     def _ina_take(self, p: torch.Tensor, started: tuple[Any, Any, torch.Tensor | None]
                   ) -> None:
         """Wait for ``p``'s allreduce and put its result in ``p.grad``."""
-        handle, ctx, compressed = started
-        self._ina_delay[p] = self._ina_passes
-        if compressed is None:  # a sparse gradient's exchange: its result replaces it
-            p.grad = handle()
-            return
-        reduced = mpi_ops.synchronize(handle)
-        if compressed is not p.grad:
+        compressed = started[2]
+        whole = compressed is None or p in self._ina_densified  # (a new tensor, sparse)
+        reduced = self._ina_reduced(p, started)
+        if whole:
+            p.grad = reduced
+        elif compressed is not p.grad:
             with torch.no_grad():
-                p.grad.copy_(self._ina_compression.decompress(reduced, ctx))
-        if p in self._ina_densified:
-            p.grad = p.grad.to_sparse(self._ina_densified.pop(p))
+                p.grad.copy_(reduced)
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce; parameters whose hook did not fire (no

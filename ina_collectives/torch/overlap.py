@@ -85,7 +85,9 @@ class PendingUpdates:
 def priority(value: int) -> Iterator[None]:
     """Allreduces submitted inside this block through the backend "ina" (or the Horovod
     API) get this priority: lower runs sooner (docs/ordering.md)."""
-    token = PRIORITY.set(int(value))
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an int, got {type(value).__name__}")
+    token = PRIORITY.set(value)
     try:
         yield
     finally:
