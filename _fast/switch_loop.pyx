@@ -880,6 +880,15 @@ cdef class Aggregator(FaultInjection):
                 # earlier offset of this one). Its result went out; nothing to add it to.
                 self.drops[<int>DROP_LATE] += 1
                 return
+            if older and (behind != 0 or not job.opened[cell] & 1):
+                # (An opening's offset is the call's identity, not a chunk's: only an
+                # earlier call is older than an opened cell.) In sync no worker needs a chunk its cell has moved past (a worker uses
+                # the cell again only after every worker had the result of the slot's
+                # other cell, sent after this one's reached them all): a delayed copy, a
+                # first send or a resend alike. Opening the cell with it would stall its
+                # next use, or add old values to a sum. (The P4 program's rule too.)
+                self.drops[<int>DROP_STALE] += 1
+                return
             if (not older and job.count[cell] == 0
                     and (behind != 0 or offset != job.offset[cell])):
                 # A new use of a finished cell. A worker a quorum left out may still have

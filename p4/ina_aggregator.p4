@@ -983,8 +983,16 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             bool older = (behind != 0 && behind < 256)
                          || (behind == 0 && hdr.ina.offset < chunk[63:32]);
             bool late = false;
+            bool stale = false;
             if ((hdr.ina.quorum != 0 || cell_call[7:0] != 0) && holds && older) {
                 late = true;
+            } else if (holds && older) {
+                // In sync no worker needs a chunk its cell has moved past: a worker uses
+                // a cell again only after every worker had the result of the slot's other
+                // cell, sent after this one's result reached them all. Such a packet is a
+                // delayed copy (a duplicate the network held up, or a replay): opening
+                // the cell with it would stall the next use, or add old values to a sum.
+                stale = true;
             }
             if (!older && seen != 0 && count == 0
                 && (behind != 0 || hdr.ina.offset != chunk[63:32])) {
@@ -1002,6 +1010,8 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             }
             if (late) {
                 reason = DROP_LATE;
+            } else if (stale) {
+                reason = DROP_STALE;
             } else if ((seen & meta.worker_bit) != 0 && count != 0) {
                 reason = DROP_DUPLICATE_IN_PROGRESS;
             } else if (count == 0 && holds

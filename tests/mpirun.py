@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ina_collectives.launch import find_mpiexec
 
@@ -26,15 +26,23 @@ class JobFailed(AssertionError):
 
 def run(n: int, case: str, params: dict[str, Any] | None = None, *,
         env: dict[str, str] | None = None, timeout: float = 120.0,
-        survive_dead_ranks: bool = False, module: str = "tests.rank_cases") -> list[Any]:
+        survive_dead_ranks: bool = False, module: str = "tests.rank_cases",
+        namespaces: Sequence[str] | None = None) -> list[Any]:
     """Run ``case`` on ``n`` ranks; returns each rank's return value (or raised exception
     as ``{"error": type name, "message": str}``), indexed by rank; a rank that died leaves
     None. ``survive_dead_ranks`` keeps Hydra from killing the job when a rank dies.
-    ``module`` holds the case (tests.torch_cases registers its cases beside these)."""
+    ``module`` holds the case (tests.torch_cases registers its cases beside these).
+    ``namespaces``: rank r runs in network namespace ``namespaces[r]`` (tests/fabric.py);
+    the ranks still reach each other over shared memory."""
     with tempfile.TemporaryDirectory(prefix="ina-test-") as out:
-        cmd = [mpiexec(), *(["-disable-auto-cleanup"] if survive_dead_ranks else []),
-               "-n", str(n), sys.executable, "-m", module,
-               case, json.dumps(params or {}), out]
+        rank = [sys.executable, "-m", module, case, json.dumps(params or {}), out]
+        cmd = [mpiexec(), *(["-disable-auto-cleanup"] if survive_dead_ranks else [])]
+        if namespaces is None:
+            cmd += ["-n", str(n), *rank]
+        else:
+            assert len(namespaces) == n, (namespaces, n)
+            for r, ns in enumerate(namespaces):
+                cmd += [*([":"] if r else []), "-n", "1", "ip", "netns", "exec", ns, *rank]
         # The caller's INA_* settings stay out: a test's job gets the settings it names.
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
         full_env.update(env or {})

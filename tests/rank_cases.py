@@ -217,6 +217,38 @@ def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 
 @case
+def paced_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """p["calls"] allreduces of p["case"] (dtype, op, count), call i with seed 100 + i.
+    Before call i, for each p["pauses"][str(i)] = name: rank 0 writes ``name`` in p["dir"]
+    and waits (bounded) for the test to write ``name.go``; then every rank goes on. Each
+    call's result and engine, and the stats."""
+    ina.init(comm, **p.get("settings", {}))
+    flags = Path(p.get("dir", "."))
+    dtype, op, count = p["case"]
+    out: dict[str, Any] = {"results": [], "engines": []}
+    for i in range(p["calls"]):
+        name = p.get("pauses", {}).get(str(i))
+        if name:
+            if comm.rank == 0:
+                (flags / name).touch()
+                deadline = time.monotonic() + 60
+                while not (flags / f"{name}.go").exists():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the test never wrote {name}.go")
+                    time.sleep(0.02)
+            comm.barrier()
+        x = make_input(dtype, op, count, 100 + i, comm.rank)
+        out["results"].append(ina.allreduce(x, op=op))
+        out["engines"].append(ina.stats()["last_call"]["engine"])
+        switch = ina.stats().get("switch") or {}
+        out.setdefault("quorum", []).append(
+            (switch.get("quorum") or {}).get("last_call", {}).get("quorum"))
+    out["stats"] = ina.stats()
+    ina.finalize()
+    return out
+
+
+@case
 def ina_interrupted(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """Rank 0 gets SIGINT (Ctrl-C) while a slow call streams through the switch: it must
     raise KeyboardInterrupt at once; the other ranks a clear error within the bound."""

@@ -1,0 +1,200 @@
+"""The P4 program on BMv2: find the toolchain, compile a build (cached), run the switch.
+
+    tools = find_tools()                     # None, with missing_tools() saying why
+    build = compile_build(k=8, slots=64, block=4, value_bits=32)   # p4info, json
+    with Bmv2Switch(namespace, ports={1: "p0", 2: "p1"}, grpc="10.197.0.2:9559") as sw:
+        ...                                  # configure it with ina_collectives.control
+
+The tools are p4c's BMv2 back end (``p4c-bm2-ss``) and ``simple_switch_grpc`` (BMv2 with
+P4Runtime). They are looked for on PATH, then in ``$P4TOOLS_DIR`` (default
+``/opt/p4tools``, where ``../shared/p4-toolchain/build.sh`` installs them). This module
+only runs them; it holds none of their code. A build is the program ``p4/gen.py`` writes
+for (K, S, B, V); it is compiled once per text of the program and p4c version, into
+``$INA_P4_CACHE`` (default ``~/.cache/ina-collectives/p4``).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPILER, SWITCH = "p4c-bm2-ss", "simple_switch_grpc"
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("P4TOOLS_DIR", "/opt/p4tools"))
+
+
+@dataclass(frozen=True)
+class Tools:
+    compiler: str
+    switch: str
+    env: Mapping[str, str]  # what running them needs (the toolchain's lib on the loader path)
+
+
+def find_tools() -> Tools | None:
+    """The compiler and the switch, or None where either is missing."""
+    env = dict(os.environ)
+    found = {name: shutil.which(name) for name in (COMPILER, SWITCH)}
+    if not all(found.values()):
+        base = tools_dir()
+        for name in found:
+            candidate = base / "bin" / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                found[name] = str(candidate)
+        lib = base / "lib"
+        if lib.is_dir():
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(lib), env.get("LD_LIBRARY_PATH", "")) if p)
+    if not all(found.values()):
+        return None
+    return Tools(found[COMPILER], found[SWITCH], env)
+
+
+def missing_tools() -> str:
+    """Why find_tools() found nothing: one line for a skip reason."""
+    return (f"needs p4c ({COMPILER}) and BMv2 ({SWITCH}) on PATH or in "
+            f"{tools_dir()}/bin (build them with ../shared/p4-toolchain/build.sh, or set "
+            f"P4TOOLS_DIR)")
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("ina_p4_gen", ROOT / "p4" / "gen.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Build:
+    k: int
+    slots: int
+    block: int
+    value_bits: int
+    p4info: Path
+    json: Path
+
+
+_compile_lock = threading.Lock()
+
+
+def compile_build(k: int, slots: int, block: int, value_bits: int,
+                  tools: Tools | None = None, cache: Path | None = None) -> Build:
+    """p4c-bm2-ss on the program gen.py writes for (K, S, B, V): its JSON and P4Info,
+    reused while the program's text and the compiler are the same."""
+    tools = tools or find_tools()
+    if tools is None:
+        raise FileNotFoundError(missing_tools())
+    source = _generator().program(k, slots, block, value_bits)
+    version = subprocess.run([tools.compiler, "--version"], env=tools.env,
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    key = hashlib.sha256(f"{version}\n{source}".encode()).hexdigest()[:20]
+    cache = cache or Path(os.environ.get("INA_P4_CACHE",
+                                         Path.home() / ".cache" / "ina-collectives" / "p4"))
+    where = cache / f"k{k}-s{slots}-b{block}-v{value_bits}-{key}"
+    build = Build(k, slots, block, value_bits, where / "ina_aggregator.p4info.txt",
+                  where / "ina_aggregator.json")
+    with _compile_lock:
+        if build.json.is_file() and build.p4info.is_file():
+            return build
+        work = where.with_name(where.name + f".tmp{os.getpid()}")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        program = work / "ina_aggregator.p4"
+        program.write_text(source)
+        proc = subprocess.run([tools.compiler, "--arch", "v1model",
+                               "-o", str(work / build.json.name),
+                               "--p4runtime-files", str(work / build.p4info.name),
+                               str(program)],
+                              env=tools.env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{COMPILER} failed on the build K {k}, S {slots}, B {block}, "
+                               f"V {value_bits} ({program}):\n{proc.stderr[-4000:]}")
+        shutil.rmtree(where, ignore_errors=True)
+        work.rename(where)
+    return build
+
+
+class Bmv2Switch:
+    """``simple_switch_grpc`` in a network namespace: BMv2 port p on interface
+    ``ports[p]``, P4Runtime at ``grpc`` (HOST:PORT, an address in that namespace), no
+    program until a controller pushes one. Stopped (SIGKILL after SIGTERM) on exit."""
+
+    def __init__(self, namespace: str, ports: Mapping[int, str], grpc: str,
+                 tools: Tools | None = None, device_id: int = 1, log: Path | None = None):
+        self.tools = tools or find_tools()
+        if self.tools is None:
+            raise FileNotFoundError(missing_tools())
+        self.namespace, self.ports, self.grpc = namespace, dict(ports), grpc
+        self.device_id, self.log = device_id, log
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Bmv2Switch":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start it and wait (bounded) until its gRPC port takes connections."""
+        command = ["ip", "netns", "exec", self.namespace, self.tools.switch,
+                   "--device-id", str(self.device_id), "--no-p4"]
+        for port, ifname in sorted(self.ports.items()):
+            command += ["-i", f"{port}@{ifname}"]
+        command += ["--", "--grpc-server-addr", self.grpc]
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(command, env=self.tools.env, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if self.log:
+                out.close()
+        host, port = self.grpc.rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{SWITCH} exited {self.process.returncode} at start"
+                                   + (f" (log: {self.log})" if self.log else ""))
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"{SWITCH} took no gRPC connection at {self.grpc} "
+                                       f"within {timeout:g} s") from None
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the test's switch death."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
