@@ -26,6 +26,16 @@ $(NFT_STAMP): $(STAMP)
 		(apt-get update -qq && apt-get install -y -qq nftables); } && touch $@; fi
 AS_ROOT := $(filter 0,$(shell id -u))
 
+# The P4 toolchain (p4c-bm2-ss, simple_switch_grpc) for the tests marked bmv2: put on PATH
+# where ../shared/p4-toolchain/build.sh installed it (or P4TOOLS_DIR names another
+# place); without it those tests skip and say why.
+P4TOOLS_DIR ?= /opt/p4tools
+ifneq ($(wildcard $(P4TOOLS_DIR)/bin/simple_switch_grpc),)
+export PATH := $(P4TOOLS_DIR)/bin:$(PATH)
+export LD_LIBRARY_PATH := $(P4TOOLS_DIR)/lib$(if $(LD_LIBRARY_PATH),:$(LD_LIBRARY_PATH))
+endif
+export P4TOOLS_DIR
+
 demo: $(STAMP)
 	$(VENV)/bin/ina-run -np 4 -- $(PY) examples/train_mlp.py
 

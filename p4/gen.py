@@ -92,7 +92,10 @@ const bit<8>  INA_VERSION     = {P.PROTOCOL_VERSION};
 const bit<8>  FLAG_RESULT     = 0x{P.FLAG_RESULT:02x};
 const bit<8>  FLAG_CONTROL    = 0x{P.FLAG_CONTROL:02x};
 const bit<8>  FLAG_RETRANSMIT = 0x{P.FLAG_RETRANSMIT:02x};
+const bit<8>  FLAG_OPEN       = 0x{P.FLAG_OPEN:02x};
+const bit<8>  FLAG_MISMATCH   = 0x{P.FLAG_MISMATCH:02x};
 const bit<32> CTRL_PROBE      = {P.CTRL_PROBE};
+const bit<32> CAPABILITIES    = {P.CAP_OPEN};   // stated in a probe's answer: CAP_OPEN
 const bit<16> WORKER_NONE     = 0xffff;   // the worker id of a result
 const bit<16> ELEMENTS        = {k};      // K: values per packet
 const bit<16> GROUPS          = {len(groups)};      // G = ceil(K / B): sub-blocks per packet
@@ -161,7 +164,8 @@ struct headers_t {{
     udp_t           udp;
     ina_t           ina;
     control_value_t c0;    // a probe's [PROBE]
-    control_value_t c1;    // the probe answer's second value""")
+    control_value_t c1;    // the probe answer's second value (0: installed)
+    control_value_t c2;    // and its third, the switch's capabilities""")
     for g in groups:
         w(f"    pair_t          p{g};")
     for i in values:
@@ -349,6 +353,9 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
 
     apply {{
         bit<8> reason = DROP_NONE;
+        if (hdr.ina.isValid()) {{
+            ina_modes.apply();  // the job's mode, for the results (keyed by the job id)
+        }}
         if (!hdr.ina.isValid()) {{
             if (hdr.udp.isValid() && hdr.udp.dst_port == INA_PORT) {{
                 reason = DROP_MALFORMED;      // too short for the INA header
@@ -365,15 +372,17 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
         }} else if (hdr.ina.worker_id != meta.worker_id) {{
             reason = DROP_UNKNOWN_WORKER;     // an installed address posing as another
         }} else if ((hdr.ina.flags & FLAG_CONTROL) != 0) {{
-            // Probe: an installed worker checks its entry; the answer is [PROBE, 0]
-            // (int32 values, whatever V is).
+            // Probe: an installed worker checks its entry; the answer is [PROBE, 0,
+            // CAPABILITIES] (int32 values, whatever V is): the program takes openings.
             if (hdr.ina.count == 1 && hdr.c0.isValid() && hdr.c0.v == CTRL_PROBE) {{
                 hdr.ina.flags = FLAG_CONTROL | FLAG_RESULT;
-                hdr.ina.count = 2;
+                hdr.ina.count = 3;
                 hdr.c1.setValid();
                 hdr.c1.v = 0;
-                hdr.udp.length = hdr.udp.length + 4;
-                hdr.ipv4.total_len = hdr.ipv4.total_len + 4;
+                hdr.c2.setValid();
+                hdr.c2.v = CAPABILITIES;
+                hdr.udp.length = hdr.udp.length + 8;
+                hdr.ipv4.total_len = hdr.ipv4.total_len + 8;
                 answer_from_switch();
                 standard_metadata.egress_spec = standard_metadata.ingress_port;
             }} else {{
@@ -381,6 +390,8 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             }}
         }} else if (hdr.ina.slot >= meta.slot_count || hdr.ina.slot_version > 1) {{
             reason = DROP_BAD_SLOT;
+        }} else if ((hdr.ina.flags & FLAG_OPEN) != 0) {{
+{{OPENING}}
         }} else if (hdr.ina.count == 0 || hdr.ina.count > ELEMENTS
                    || hdr.ina.value_bits != VALUE_BITS || hdr.ina.block != BLOCK
                    || hdr.ina.blocks != {rounded}
@@ -402,7 +413,6 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             bit<24> cell_call;
             bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
             bit<64> counted;
-            ina_modes.apply();
             slot_call.read(cell_call, cell);
             slot_contributors.read(counted, cell);
             slot_bitmap.read(seen, cell);
@@ -441,8 +451,10 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             // chunk the cell finished and moved past (an earlier call, or an earlier
             // offset of this call): nothing to add it to.
             bit<16> behind = cell_call[23:8] - hdr.ina.call;
+            // (An opening's use holds the call's identity where a chunk's offset is, and
+            // count 0: only an earlier call is older than it.)
             bool older = (behind != 0 && behind < 256)
-                         || (behind == 0 && hdr.ina.offset < chunk[63:32]);
+                         || (behind == 0 && chunk[31:16] != 0 && hdr.ina.offset < chunk[63:32]);
             bool late = false;
             bool stale = false;
             if ((hdr.ina.quorum != 0 || cell_call[7:0] != 0) && holds && older) {
@@ -601,7 +613,8 @@ control DeparserImpl(packet_out packet, in headers_t hdr) {{
         packet.emit(hdr.udp);
         packet.emit(hdr.ina);
         packet.emit(hdr.c0);
-        packet.emit(hdr.c1);""")
+        packet.emit(hdr.c1);
+        packet.emit(hdr.c2);""")
     for g in groups:
         w(f"        packet.emit(hdr.p{g});")
     for i in values:
@@ -611,7 +624,142 @@ control DeparserImpl(packet_out packet, in headers_t hdr) {{
 
 V1Switch(ParserImpl(), VerifyChecksumImpl(), IngressImpl(), EgressImpl(),
          ComputeChecksumImpl(), DeparserImpl()) main;""")
-    return "\n".join(out) + "\n"
+    return ("\n".join(out) + "\n").replace("{OPENING}", opening_code(groups))
+
+
+def opening_code(groups: range) -> str:
+    """The opening rule (docs/protocol.md, A call's opening), as the software switch's
+    ``opening``: per cell, the first packet's identity (its offset, its call, the pairs'
+    exponents), the max of the proposals, and a mark where a later packet's identity
+    differs; complete when all n workers sent theirs, then the result (RESULT | OPEN, and
+    MISMATCH if marked) with the stored identity goes to every worker. The use's
+    slot_chunk is offset (the identity) ++ count 0 ++ the mark (0 or 1): count 0 tells
+    an opening's use from a chunk's. Sync only (quorum 0)."""
+    out: list[str] = []
+    w = out.append
+    w("""            // A call's opening: count 0, G pairs; the identity in the offset and the
+            // pairs' exponents, the first exponents in the proposals.
+            if (hdr.ina.count != 0 || hdr.ina.blocks != GROUPS
+                || hdr.ina.value_bits != VALUE_BITS || hdr.ina.block != BLOCK
+                || hdr.ina.quorum != 0
+                || hdr.udp.length != INA_UDP_BYTES + (GROUPS << 2)) {
+                reason = DROP_MALFORMED;
+            } else {
+                cell = meta.slot_base + hdr.ina.slot;
+                other = cell + SLOTS;
+                if (hdr.ina.slot_version == 1) {
+                    other = cell;
+                    cell = cell + SLOTS;
+                }
+                bit<64> seen;
+                bit<16> count;
+                bit<64> chunk;
+                bit<24> cell_call;
+                bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
+                bit<64> counted;
+                bit<16> epoch;
+                slot_call.read(cell_call, cell);
+                slot_contributors.read(counted, cell);
+                slot_bitmap.read(seen, cell);
+                slot_packets.read(count, cell);
+                slot_chunk.read(chunk, cell);
+                slot_epoch.read(epoch, cell);
+                if (epoch != hdr.ina.epoch) {
+                    seen = 0;
+                    count = 0;
+                    counted = 0;
+                    slot_epoch.write(cell, hdr.ina.epoch);
+                }
+                // This opening's own cell, done: it may answer a resend. Any other state
+                // is a new use (bits a quorum's left-out worker kept are not this one's).
+                bool this_one = (seen != 0 || counted != 0) && chunk[31:16] == 0
+                                && cell_call == this_call && chunk[63:32] == hdr.ina.offset;
+                if (count == 0 && !this_one) {
+                    seen = 0;
+                }
+                bool differs = hdr.ina.offset != chunk[63:32] || cell_call != this_call;""")
+    for g in groups:
+        w(f"                bit<16> exponent_in_{g};")
+        w(f"                bit<16> proposal_max_{g};")
+        w(f"                exponent_{g}.read(exponent_in_{g}, cell);")
+        w(f"                proposal_{g}.read(proposal_max_{g}, cell);")
+        w(f"                if (exponent_in_{g} != hdr.p{g}.exponent) {{ differs = true; }}")
+    w("""                if ((seen & meta.worker_bit) != 0 && count != 0) {
+                    reason = DROP_DUPLICATE_IN_PROGRESS;
+                } else if ((seen & meta.worker_bit) != 0) {
+                    // Done, and this worker missed the result: answer it alone.""")
+    for g in groups:
+        w(f"                    hdr.p{g}.exponent = exponent_in_{g};")
+        w(f"                    hdr.p{g}.proposal = proposal_max_{g};")
+    w("""                    hdr.ina.offset = chunk[63:32];
+                    hdr.ina.call = cell_call[23:8];
+                    hdr.ina.flags = FLAG_RESULT | FLAG_OPEN;
+                    if (chunk[15:0] != 0) {
+                        hdr.ina.flags = FLAG_RESULT | FLAG_OPEN | FLAG_MISMATCH;
+                    }
+                    hdr.ina.worker_id = WORKER_NONE;
+                    hdr.ina.contributors = counted;
+                    hdr.ina.mode_quorum = meta.mode_quorum;
+                    hdr.ina.mode_generation = meta.mode_generation;
+                    answer_from_switch();
+                    standard_metadata.egress_spec = standard_metadata.ingress_port;
+                } else if (count != 0 && chunk[31:16] != 0) {
+                    reason = DROP_MISMATCHED_CHUNK;   // a chunk's data is in this cell
+                } else {
+                    bit<16> mark = 0;
+                    if (count == 0) {
+                        slot_call.write(cell, this_call);
+                        cell_call = this_call;
+                        chunk = hdr.ina.offset ++ 16w0 ++ 16w0;""")
+    for g in groups:
+        w(f"                        exponent_{g}.write(cell, hdr.p{g}.exponent);")
+        w(f"                        exponent_in_{g} = hdr.p{g}.exponent;")
+        w(f"                        proposal_max_{g} = hdr.p{g}.proposal;")
+    w("""                    } else {
+                        mark = chunk[15:0];
+                        if (differs) {
+                            mark = 1;
+                        }""")
+    for g in groups:
+        w(f"                        if ((int<16>)hdr.p{g}.proposal > (int<16>)proposal_max_{g}) "
+          f"{{ proposal_max_{g} = hdr.p{g}.proposal; }}")
+    w("""                    }
+                    chunk = chunk[63:32] ++ 16w0 ++ mark;
+                    slot_chunk.write(cell, chunk);""")
+    for g in groups:
+        w(f"                    proposal_{g}.write(cell, proposal_max_{g});")
+    w("""                    slot_bitmap.write(cell, seen | meta.worker_bit);
+                    bit<64> seen_other;
+                    slot_bitmap.read(seen_other, other);
+                    slot_bitmap.write(other, seen_other & ~meta.worker_bit);
+                    count = count + 1;
+                    if (count == meta.num_workers) {
+                        // Complete: the stored identity and the max proposals go to every
+                        // worker, marked if the identities differed.
+                        slot_packets.write(cell, 0);
+                        slot_contributors.write(cell, seen | meta.worker_bit);""")
+    for g in groups:
+        w(f"                        hdr.p{g}.exponent = exponent_in_{g};")
+        w(f"                        hdr.p{g}.proposal = proposal_max_{g};")
+    w("""                        hdr.ina.offset = chunk[63:32];
+                        hdr.ina.call = cell_call[23:8];
+                        hdr.ina.flags = FLAG_RESULT | FLAG_OPEN;
+                        if (mark != 0) {
+                            hdr.ina.flags = FLAG_RESULT | FLAG_OPEN | FLAG_MISMATCH;
+                        }
+                        hdr.ina.worker_id = WORKER_NONE;
+                        hdr.ina.contributors = seen | meta.worker_bit;
+                        hdr.ina.mode_quorum = meta.mode_quorum;
+                        hdr.ina.mode_generation = meta.mode_generation;
+                        answer_from_switch();
+                        standard_metadata.mcast_grp = meta.mcast_grp;
+                    } else {
+                        slot_packets.write(cell, count);
+                        mark_to_drop(standard_metadata);   // absorbed, not a drop
+                    }
+                }
+            }""")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -248,6 +248,53 @@ def paced_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
+class CountingComm(MPI.Intracomm):
+    """An intracommunicator that counts the MPI operations made on it and on its
+    duplicates (every method but local queries), in ``calls`` shared by all of them."""
+    LOCAL = frozenset({"Get_size", "Get_rank", "Get_group", "Get_name", "Get_topology",
+                       "Is_inter", "Is_intra", "Get_attr", "Set_attr", "Get_errhandler",
+                       "Set_errhandler", "Get_info", "Free", "Dup", "py2f", "f2py",
+                       "size", "rank", "group", "name", "topology", "is_inter", "is_intra",
+                       "info", "handle", "Set_name", "Free_keyval"})
+
+    def __new__(cls, comm: MPI.Intracomm | None = None,
+                calls: dict | None = None) -> "CountingComm":
+        # (mpi4py makes a duplicate as type(comm)(), then fills its handle)
+        self = super().__new__(cls) if comm is None else super().__new__(cls, comm)
+        self.__dict__["calls"] = {} if calls is None else calls
+        return self
+
+    def Dup(self, *args: Any) -> "CountingComm":
+        return CountingComm(MPI.Intracomm.Dup(self, *args), self.calls)
+
+    def __getattribute__(self, name: str) -> Any:
+        value = super().__getattribute__(name)
+        if callable(value) and not name.startswith("_") and name not in CountingComm.LOCAL:
+            calls = super().__getattribute__("__dict__")["calls"]
+            calls[name] = calls.get(name, 0) + 1
+        return value
+
+
+@case
+def mpi_calls_per_call(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """p["calls"] allreduces of p["count"] float32 after one to start the job: the MPI
+    operations each made on the library's communicator, its engine, and the stats."""
+    counting = CountingComm(comm)
+    ina.init(counting, **p.get("settings", {}))
+    ina.allreduce(np.ones(p["count"], np.float32))
+    per_call, engines, results = [], [], []
+    for i in range(p["calls"]):
+        before = dict(counting.calls)
+        x = make_input("float32", "sum", p["count"], 200 + i, comm.rank)
+        results.append(ina.allreduce(x))
+        per_call.append({k: v - before.get(k, 0) for k, v in counting.calls.items()
+                         if v != before.get(k, 0)})
+        engines.append(ina.stats()["last_call"]["engine"])
+    out = {"mpi": per_call, "engines": engines, "results": results, "stats": ina.stats()}
+    ina.finalize()
+    return out
+
+
 @case
 def ina_interrupted(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """Rank 0 gets SIGINT (Ctrl-C) while a slow call streams through the switch: it must

@@ -262,6 +262,27 @@ def test_an_unconfigured_sender_is_dropped_and_counted(fabric, aggregator, new_j
     assert_served_and_within_bound(results, [case], 2, BUILD32)
 
 
+@pytest.mark.parametrize("aggregator", AGGREGATORS)
+def test_a_served_call_opens_through_the_switch_and_makes_no_mpi_call(fabric, aggregator,
+                                                                     new_job):
+    """The switch states that it takes openings (its probe answer): each sync call the
+    switch serves is agreed on by its opening, and makes no MPI call at all. With the
+    MPI gate (INA_SWITCH_OPENING=0) the same calls make one each, at least."""
+    job = new_job(fabric, [0, 1, 2])
+    params = {"calls": 5, "count": 500, "settings": NO_THRESHOLDS}
+    opened = fabric.run(job, "mpi_calls_per_call", params)
+    gated = fabric.run(job, "mpi_calls_per_call", params, env={"INA_SWITCH_OPENING": "0"})
+    for r in opened:
+        assert "engines" in r, r.get("traceback", r)
+        assert r["engines"] == ["ina"] * 5, r["engines"]
+        assert r["mpi"] == [{}] * 5, r["mpi"]
+        assert r["stats"]["switch"]["opened_calls"] == 6, r["stats"]["switch"]
+    for r in gated:
+        assert r["engines"] == ["ina"] * 5 and all(r["mpi"]), r["mpi"]
+    for a, b in zip(opened, gated):  # the same bits either way
+        assert [x.tobytes() for x in a["results"]] == [x.tobytes() for x in b["results"]]
+
+
 # -- what the switch does not take ---------------------------------------------------------
 
 @pytest.mark.parametrize("aggregator", AGGREGATORS)

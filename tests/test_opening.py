@@ -134,10 +134,11 @@ def test_the_switch_refuses_malformed_openings_and_mixed_cells(job):
     a.sock.sendto(P.pack_data(np.ones(K, ">i4"), flags=0, job=a.job, worker=0,
                               slot_version=0, slot=1, offset=0, epoch=9), a.switch)
     b.sock.sendto(opening(b, slot=1), b.switch)
-    # Slot 2: a's opening starts the cell, b's data packet finds it: mismatched.
+    # Slot 2: a's opening starts the cell, b's data packet of the same call finds it:
+    # mismatched. (One of an earlier call would be stale.)
     a.sock.sendto(opening(a, slot=2), a.switch)
     b.sock.sendto(P.pack_data(np.ones(K, ">i4"), flags=0, job=b.job, worker=1,
-                              slot_version=0, slot=2, offset=0, epoch=9), b.switch)
+                              slot_version=0, slot=2, offset=0, epoch=9, call=1), b.switch)
     deadline = 50
     while deadline:
         drops = sw.stats()["drops"]
