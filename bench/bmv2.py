@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -198,3 +199,91 @@ class Bmv2Switch:
             self.process.wait()
         except ProcessLookupError:
             pass
+
+
+class OneArmedTarget:
+    """BMv2 as an aggregator host on an emulated cluster's bridge (bench.netsim
+    --aggregator bmv2): ``simple_switch_grpc`` in aggregator namespace ``j``, its one port
+    the namespace's interface, which keeps no address (the kernel there stays silent).
+    The workers reach ``aggregator_ip(j)`` through a static neighbour entry; every result
+    leaves by that one port, rewritten per worker, and the bridge delivers it. Each INA
+    run pushes its build and installs its job with the project's control CLI, run in
+    that namespace (BMv2's P4Runtime listens on its loopback)."""
+
+    GRPC = "127.0.0.1:9559"
+    WORKER_PORT = 47100
+
+    def __init__(self, cluster, j: int, ifname: str, address: str, log: Path | None = None):
+        from pyroute2 import NetNS
+
+        self.cluster, self.ns, self.address = cluster, cluster.aggregator_ns[j], address
+        self.ifname = ifname
+        with NetNS(self.ns) as host:
+            index = host.link_lookup(ifname=ifname)[0]
+            for a in host.get_addr(index=index, family=socket.AF_INET):
+                host.addr("del", index=index, address=a.get_attr("IFA_ADDRESS"),
+                          prefixlen=a["prefixlen"])
+            mac = host.get_links(index)[0].get_attr("IFLA_ADDRESS")
+        self.worker_macs = []
+        for ns in cluster.worker_ns:
+            with NetNS(ns) as host:
+                index = host.link_lookup(ifname=ifname)[0]
+                self.worker_macs.append(host.get_links(index)[0].get_attr("IFLA_ADDRESS"))
+                host.neigh("add", dst=address, lladdr=mac, ifindex=index, state=0x80)
+        self.switch = Bmv2Switch(self.ns, {1: ifname}, self.GRPC, log=log)
+        self.builds: dict[int, Build] = {}
+        self._jobs = 0
+
+    def __enter__(self) -> "OneArmedTarget":
+        self.switch.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.switch.stop()
+
+    def build(self, value_bits: int) -> Build:
+        """The program for ``value_bits``: K 64 (32-bit) or 128 (16-bit), B 32, S 64."""
+        if value_bits not in self.builds:
+            self.builds[value_bits] = compile_build(2048 // value_bits, 64, 32, value_bits)
+        return self.builds[value_bits]
+
+    def _control(self, *args: str) -> str:
+        proc = subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-m",
+                               "ina_collectives.control", *args, "--target", self.GRPC],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ina_collectives.control {args[0]} on BMv2 failed: "
+                               f"{proc.stderr.strip()}")
+        return proc.stdout
+
+    def install(self, workers: list[int], value_bits: int, ips: list[str]) -> dict[str, str]:
+        """Push the build for ``value_bits`` and install a job of the given worker
+        namespaces (rank r in ``workers[r]``, at ``ips[r]``); the ranks' environment."""
+        import json
+        import tempfile
+
+        build = self.build(value_bits)
+        self._jobs += 1
+        job_id = 100 + self._jobs
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump([{"ip": ip, "udp_port": self.WORKER_PORT + r, "switch_port": 1,
+                        "mac": self.worker_macs[w]}
+                       for r, (w, ip) in enumerate(zip(workers, ips))], f)
+        try:
+            self._control("configure", "--p4info", str(build.p4info), "--device-config",
+                          str(build.json), "--push", "always", "--job-id", str(job_id),
+                          "--workers", f.name, "--slots", "16")
+        finally:
+            os.unlink(f.name)
+        self.job = job_id
+        return {"INA_SWITCH": f"{self.address}:47474", "INA_JOB": str(job_id),
+                "INA_WORKER_PORTS": ",".join(str(self.WORKER_PORT + r)
+                                             for r in range(len(workers))),
+                "INA_SWITCH_ELEMENTS": str(build.k), "INA_SWITCH_BLOCK": str(build.block),
+                "INA_SWITCH_VALUE_BITS": str(value_bits), "INA_SWITCH_SLOTS": "16",
+                "INA_SWITCH_GSO": "0"}
+
+    def counters(self) -> str:
+        """What the control CLI shows of the target: its drops and installed entries."""
+        return self._control("show", "--timeout", "10")

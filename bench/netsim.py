@@ -5,6 +5,7 @@
     python -m bench.netsim --n 4 8 --rates 200 --sizes 16M 64M --loss 0 0.001 --json r.json
     python -m bench.netsim --n 4 --rates 1000 --sizes 16M --systems ina --switches 2
     python -m bench.netsim --n 4 --rates 1000 --sizes 16M --systems ina --jobs 2
+    python -m bench.netsim --aggregator bmv2 --n 2 --rates 100 --sizes 64K --systems ina ring
 
 Builds one namespace per worker and one for the switch (bench/netsim_topology.py), runs
 each system as an mpiexec job whose ranks sit in the worker namespaces (so MPI, gloo, the
@@ -34,11 +35,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 mpi4py.rc.initialize = False  # the harness never communicates: only its ranks initialise MPI
 
-from bench import netsim_report  # noqa: E402
+from bench import bmv2, netsim_report  # noqa: E402
 from bench.netsim_topology import (  # noqa: E402
+    IFNAME,
     EmulatedCluster,
     aggregator_ip,
     stale_namespaces,
+    worker_ip,
 )
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.launch import find_mpiexec  # noqa: E402
@@ -69,7 +72,8 @@ def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> floa
 def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[int],
                reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1,
                block: int = P.DEFAULT_BLOCK, straggler_ms: float = 0.0,
-               straggler_delay_ms: float = 0.0, sparse: str = ""
+               straggler_delay_ms: float = 0.0, sparse: str = "",
+               target: bmv2.OneArmedTarget | None = None
                ) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size, its ranks in the namespaces of ``workers``
     (default all); (records, error or ''). ``jobs``: how many run at once (the limit)."""
@@ -90,6 +94,10 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
         env["INA_QUORUM"] = str(len(workers) - 1)
     if system == "ina-gate":
         env["INA_SWITCH_OPENING"] = "0"
+    if target is not None and system in ("ina", "ina16", "ina-gate", "ina-quorum"):
+        # The P4 program on BMv2: the job installed by the controller, K of its build.
+        env.update(target.install(workers, VALUE_BITS.get(system, 32),
+                                  [worker_ip(w) for w in workers]))
     # Generous: 6x the ideal time per call (loss, a CPU-bound switch), plus start-up.
     # A packet held back D ms costs a window of S packets D ms in sync.
     window = 8 * P.packet_bytes(P.elements_for_mtu(mtu, block), block, 32)
@@ -97,6 +105,8 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
         system, len(workers), s, cluster.link_mbit) + straggler_ms / 1e3
         + s / window * straggler_delay_ms / 1e3)
         for s in sizes) * (1 + 50 * cluster.loss)
+    if target is not None:  # BMv2 forwards a few thousand packets a second
+        limit += (reps + 1) * sum(s / 256 for s in sizes) * len(workers) / 1000
     with tempfile.TemporaryDirectory(prefix="netsim-") as tmp:
         out = Path(tmp, "records.json")
         command = [sys.executable, "-m", "bench.netsim_ranks", system,
@@ -144,18 +154,25 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
             transient=False) as progress:
         task = progress.add_task("netsim", total=total)
         for n in args.n:
+            on_bmv2 = args.aggregator == "bmv2"
             with EmulatedCluster(n * args.jobs, args.rates[0], mtu=args.mtu,
-                                 aggregators=args.switches) as cluster, \
+                                 aggregators=args.switches + on_bmv2) as cluster, \
                     ExitStack() as switches:
                 # One ina-switch (one shard) per aggregator namespace; a job stripes
                 # across all of them.
                 # --straggler-delay-ms: each switch holds the last rank's packets back.
                 late = (["--straggler-worker", str(n - 1), "--straggler-delay-ms",
                          str(args.straggler_delay_ms)] if args.straggler_delay_ms else [])
-                address = ",".join(switches.enter_context(embedded_switch(
-                    "--idle", "30", *late, host=aggregator_ip(j),
-                    launcher=cluster.in_aggregator(j, []))).address_text
-                    for j in range(args.switches))
+                target = None
+                if on_bmv2:  # BMv2 on an aggregator namespace of its own, no ina-switch
+                    target = switches.enter_context(bmv2.OneArmedTarget(
+                        cluster, 1, IFNAME, aggregator_ip(1)))
+                    address = target.address
+                else:
+                    address = ",".join(switches.enter_context(embedded_switch(
+                        "--idle", "30", *late, host=aggregator_ip(j),
+                        launcher=cluster.in_aggregator(j, []))).address_text
+                        for j in range(args.switches))
                 if args.tcp_rto_min is not None:
                     cluster.set_tcp_rto_min(args.tcp_rto_min)
                 for rate, loss in itertools.product(args.rates, args.loss):
@@ -178,7 +195,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                                        block=args.block,
                                                        straggler_ms=args.straggler_ms,
                                                        straggler_delay_ms=(
-                                                           args.straggler_delay_ms)))]
+                                                           args.straggler_delay_ms),
+                                                       target=target))]
                         else:
                             runs = run_jobs(cluster, address, system, args, n)
                         for job, measured, error in runs:
@@ -198,6 +216,7 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                     "straggler_delay_ms": args.straggler_delay_ms,
                                     "tcp_rto_min_ms": args.tcp_rto_min,
                                     "switches": args.switches, "jobs": args.jobs,
+                                    "aggregator": args.aggregator,
                                     **({} if job is None else {"job": job}),
                                     "dropped_packets": (cluster.dropped() - dropped0
                                                         if loss else 0),
@@ -210,6 +229,11 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                                                          "bytes_gathered", "hot_ms",
                                                          "exact_ms", "trials_declined")
                                        if k in m}})
+                        if target is not None and system.startswith("ina"):
+                            # BMv2's own counters for the run: drops by reason, entries
+                            console.print(f"BMv2 after {system} n={n}:\n"
+                                          + target.counters().strip(),
+                                          markup=False, highlight=False)
                         progress.advance(task)
                         if args.json:
                             write_json(args.json, records, args)  # partial results kept
@@ -261,6 +285,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--switches", type=int, default=1, metavar="N",
                         help="aggregators, each an ina-switch in a namespace of its own on "
                              "the bridge; INA jobs stripe each call across all of them")
+    parser.add_argument("--aggregator", choices=("software", "bmv2"), default="software",
+                        help="the switch: the software switch (ina-switch, default) or the "
+                             "P4 program on BMv2 (simple_switch_grpc; needs p4c and BMv2, "
+                             "bench/bmv2.py). BMv2 forwards a few thousand packets a "
+                             "second: a check of results and packet counts, not of speed")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="N jobs of n ranks at once through the same aggregator(s), "
                              "after the first job alone: per-job throughput and Jain's "
@@ -305,6 +334,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--straggler-delay-ms must be 0..10000")
     if not 1 <= args.switches <= 50 or not 1 <= args.jobs or max(args.n) * args.jobs > 200:
         parser.error("--switches must be 1..50, --jobs 1 or more, n x jobs at most 200")
+    if args.aggregator == "bmv2":
+        if args.switches != 1 or args.jobs != 1 or args.straggler_delay_ms:
+            parser.error("--aggregator bmv2 runs one job through one BMv2 (no --switches, "
+                         "--jobs or --straggler-delay-ms: those are the software switch's)")
+        if bmv2.find_tools() is None:
+            parser.error(f"--aggregator bmv2 {bmv2.missing_tools()}")
+        if any(s.startswith(("ddp-ina", "fsdp2-ina", "sparse-ina")) for s in args.systems):
+            parser.error("--aggregator bmv2 measures the allreduce systems (ina, ina16, "
+                         "ina-gate, ina-quorum and the peers)")
     return args
 
 
