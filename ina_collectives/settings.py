@@ -308,12 +308,25 @@ class Settings:
         if unknown:
             raise TypeError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
         values: dict[str, Any] = {}
+        from_env: dict[str, str] = {}
         for name, f in known.items():
             if name in overrides:
                 values[name] = _coerce(f, overrides[name], f"setting {name}")
             elif env_name(name) in environ:
                 values[name] = _coerce(f, environ[env_name(name)], env_name(name))
-        return cls(**values)
+                from_env[name] = environ[env_name(name)]
+        warn_unknown_variables(environ)
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            # Name what the user set: the variable and its text, not the field alone.
+            message = str(exc)
+            name = next((n for n in sorted(from_env, key=len, reverse=True)
+                         if message.startswith(n + " ") or message.startswith(n + ":")),
+                        None)
+            if name is None:
+                raise
+            raise ValueError(f"{env_name(name)}={from_env[name]!r}: {message}") from None
 
     @classmethod
     def value(cls, name: str, environ: Mapping[str, str] | None = None) -> Any:
@@ -347,6 +360,36 @@ def horovod_environment(environ: Mapping[str, str] | None = None) -> dict[str, A
 
 def env_name(name: str) -> str:
     return "INA_" + name.upper()
+
+
+# INA_* variables that are not settings: read by the launchers, the tests and benchmarks.
+OTHER_VARIABLES = frozenset({
+    "INA_SWITCH_GSO",          # the ranks' send path (transport)
+    "INA_P4_CACHE",            # bench/bmv2.py: compiled P4 builds
+    "INA_BENCH_STRAGGLER_MS", "INA_BENCH_SPARSE", "INA_BENCH_WIDTH", "INA_BENCH_LAYERS",
+    "INA_BENCH_BATCH",
+})
+_warned: set[str] = set()
+
+
+def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Log, once per process and name, each INA_* variable that no setting reads (a
+    misspelling is otherwise ignored), with the closest known name; the names."""
+    import difflib
+    import logging
+
+    known = {env_name(f.name) for f in dataclasses.fields(Settings)} | OTHER_VARIABLES
+    unknown = sorted(v for v in environ if v.startswith("INA_") and v not in known)
+    for variable in unknown:
+        if variable in _warned:
+            continue
+        _warned.add(variable)
+        close = difflib.get_close_matches(variable, known, n=1, cutoff=0.6)
+        logging.getLogger("ina_collectives").warning(
+            "%s is set but is no setting of ina_collectives: ignored%s", variable,
+            f" (did you mean {close[0]}?)" if close else
+            " (python -m ina_collectives.settings lists them)")
+    return unknown
 
 
 def _coerce(f: dataclasses.Field, value: Any, where: str) -> Any:

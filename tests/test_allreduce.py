@@ -79,6 +79,9 @@ def test_small_arrays_go_to_mpi_and_stats_say_why():
     assert stats["bytes"] == 10 * 4 + 100_000 * 8
     assert stats["fallback_reasons"] == {"ring: below ring_min_bytes (4096)": 1}
     assert stats["last_call"]["engine"] == "ring"
+    # No INA_SWITCH: stats say so, rather than nothing.
+    assert stats["switch"]["configured"] is False and not stats["switch"]["serving"]
+    assert "no switch configured (INA_SWITCH is unset)" in stats["switch"]["reason"]
 
 
 def test_layouts_in_place_out_and_non_contiguous():

@@ -30,9 +30,9 @@ def test_booleans(text, value):
 
 @pytest.mark.parametrize("env, message", [
     ({"INA_TIMEOUT": "soon"}, "INA_TIMEOUT: cannot read 'soon' as float"),
-    ({"INA_TIMEOUT": "-1"}, "timeout must be > 0"),
+    ({"INA_TIMEOUT": "-1"}, "INA_TIMEOUT='-1': timeout must be > 0"),
     ({"INA_CHECK_AGREEMENT": "maybe"}, "INA_CHECK_AGREEMENT"),
-    ({"INA_RING_CHUNK_BYTES": "0"}, "ring_chunk_bytes must be >= 1"),
+    ({"INA_RING_CHUNK_BYTES": "0"}, "INA_RING_CHUNK_BYTES='0': ring_chunk_bytes must be >= 1"),
     ({"INA_LOG_LEVEL": "loud"}, "log_level"),
 ])
 def test_bad_values_name_the_setting(env, message):
@@ -48,3 +48,21 @@ def test_unknown_keyword_is_named():
 def test_docs_table_is_current():
     doc = (Path(__file__).parent.parent / "docs" / "settings.md").read_text()
     assert table() in doc, "docs/settings.md is stale: python -m ina_collectives.settings"
+
+
+def test_an_unknown_variable_is_warned_about_once_with_the_closest_name(caplog):
+    env = {"INA_SWITCH_VALUE_BIT": "16", "INA_XYZZY": "1"}
+    with caplog.at_level("WARNING", logger="ina_collectives"):
+        Settings.load(environ=env)
+        Settings.load(environ=env)  # once per process
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "INA_SWITCH_VALUE_BIT is set but is no setting of ina_collectives: ignored (did you "
+        "mean INA_SWITCH_VALUE_BITS?)",
+        "INA_XYZZY is set but is no setting of ina_collectives: ignored "
+        "(python -m ina_collectives.settings lists them)"], lines
+
+
+def test_a_keyword_error_names_the_keyword_not_a_variable():
+    with pytest.raises(ValueError, match=r"^timeout must be > 0"):
+        Settings.load({"timeout": -1}, environ={"INA_TIMEOUT": "5"})

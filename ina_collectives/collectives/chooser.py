@@ -35,7 +35,10 @@ class Collectives:
         # The peers: an MPI communicator, or (no MPI job: torchrun) a torch one.
         if not isinstance(comm, (MPI.Intracomm, TorchPeers)) or comm == MPI.COMM_NULL:
             raise TypeError(f"expected an mpi4py intracommunicator, got {comm!r}")
-        log.setLevel(settings.log_level.upper())
+        # The library's logger level, unless the user's logging configuration set one.
+        if log.level == logging.NOTSET or getattr(log, "_ina_level", None) == log.level:
+            log.setLevel(settings.log_level.upper())
+            log._ina_level = log.level  # type: ignore[attr-defined]
         # Our own copy of the communicator: the ring's messages never match the user's.
         self.comm = comm.Dup()
         self.settings = settings

@@ -101,7 +101,7 @@ class InaEngine:
         """What stats()["switch"] reports: whether the aggregator serves, its outages and
         returns so far, and the wire format (``wire_format``)."""
         agg = self.aggregators
-        return {"serving": agg.link is not None, "outages": agg.outages,
+        return {"configured": True, "serving": agg.link is not None, "outages": agg.outages,
                 "returns": agg.returns, **self.wire_format()}
 
     def wire_format(self) -> dict:

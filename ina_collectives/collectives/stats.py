@@ -41,5 +41,8 @@ class Stats:
             "fallback_reasons": dict(self.fallback_reasons),
             "last_call": dict(self.last) if self.last else None,
             "transport": dict(self.transport),
-            "switch": self.switch_state() if self.switch_state else None,
+            "switch": (self.switch_state() if self.switch_state else
+                       {"configured": False, "serving": False,
+                        "reason": "no switch configured (INA_SWITCH is unset): every call "
+                                  "takes the ring or MPI"}),
         }
