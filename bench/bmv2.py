@@ -126,6 +126,17 @@ def compile_build(k: int, slots: int, block: int, value_bits: int,
     return build
 
 
+def _socket_in(namespace: str) -> socket.socket:
+    """A TCP socket of network namespace ``namespace`` (made there, used from here)."""
+    from pyroute2 import netns
+
+    netns.pushns(namespace)
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    finally:
+        netns.popns()
+
+
 class Bmv2Switch:
     """``simple_switch_grpc`` in a network namespace: BMv2 port p on interface
     ``ports[p]``, P4Runtime at ``grpc`` (HOST:PORT, an address in that namespace), no
@@ -173,7 +184,9 @@ class Bmv2Switch:
                 raise RuntimeError(f"{SWITCH} exited {self.process.returncode} at start"
                                    + (f" (log: {self.log})" if self.log else ""))
             try:
-                with socket.create_connection((host, int(port)), timeout=0.5):
+                with _socket_in(self.namespace) as probe:
+                    probe.settimeout(0.5)
+                    probe.connect((host, int(port)))
                     return
             except OSError:
                 if time.monotonic() > deadline:

@@ -139,3 +139,15 @@ def test_bad_arguments_raise_named_errors_on_every_rank():
         assert err("reinit")[0] == "RuntimeError"
         assert err("bad_setting")[0] == "TypeError" and "no_such_setting" in err("bad_setting")[1]
         np.testing.assert_array_equal(r["still_works"], [2.0, 2.0])
+
+
+@pytest.mark.mpi
+def test_an_unparsable_switch_address_fails_init_on_every_rank():
+    """A typo in INA_SWITCH is a mistake, not an outage: init raises, naming it, instead of
+    every call quietly taking the ring."""
+    results = mpirun.run(2, "allreduce_cases", {"cases": [("float32", "sum", 10, 1)]},
+                         env={"INA_SWITCH": "127.0.0.1:notaport"})
+    for r in results:
+        assert r["error"] == "ValueError", r
+        assert r["message"].startswith("INA_SWITCH='127.0.0.1:notaport': switch address"), r
+        assert "is not a number" in r["message"], r

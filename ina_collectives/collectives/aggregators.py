@@ -70,9 +70,8 @@ class Aggregators:
                 raise ValueError(f"INA_SWITCH names {len(self.addresses)} aggregators; at "
                                  f"most {MAX_AGGREGATORS} (a bit each in rank 0's news)")
         except ValueError as exc:
-            self.unavailable, self._lasting = f"ina: {exc}", True
-            log.warning("%s; calls take the ring", self.unavailable)
-            return
+            # A mistake, not an outage: every rank reads the same text and stops here.
+            raise ValueError(f"INA_SWITCH={settings.switch!r}: {exc}") from None
         if settings.job:
             ports = [p for p in settings.worker_ports.split(",") if p.strip()]
             fits = len(ports) == comm.Get_size() * len(self.addresses)
