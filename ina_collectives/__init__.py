@@ -36,7 +36,7 @@ from .errors import (
 
 __version__ = "0.1.0"
 __all__ = [
-    "init", "finalize", "is_initialized", "allreduce", "stats", "set_quorum",
+    "init", "finalize", "is_initialized", "allreduce", "stats", "summary", "set_quorum",
     "last_call_counted", "rank", "size",
     "Op", "SUM", "PROD", "MIN", "MAX", "AVERAGE", "Settings",
     "InaError", "AgreementError", "CollectiveTimeout", "CommunicatorBroken",
@@ -111,6 +111,14 @@ def stats() -> dict[str, Any]:
     if group is not None:
         return group.stats()
     return _require().stats.snapshot()
+
+
+def summary() -> str:
+    """stats() in one paragraph, to print at the end of training: the share of calls and
+    bytes the switch served, what took which other engine and why, the switch's state."""
+    from .collectives.stats import summarize
+
+    return summarize(stats())
 
 
 def set_quorum(k: int) -> None:

@@ -62,6 +62,12 @@ class Settings:
         "throughput, and one that fails leaves the others serving (docs/striping.md). "
         "Empty: no in-network aggregation, every call takes the ring or MPI.",
     )
+    require_switch: bool = _setting(
+        False,
+        "Fail init() (AggregatorUnavailable on every rank, saying why) when the switch "
+        "cannot serve the job, or none is configured, instead of warning and letting every "
+        "call take the ring. Any launcher: mpiexec, torchrun, ina-run.",
+    )
     switch_slots: int = _setting(
         8,
         "S: packets each worker keeps in flight (one per switch slot). The switch's receive "

@@ -151,3 +151,22 @@ def test_an_unparsable_switch_address_fails_init_on_every_rank():
         assert r["error"] == "ValueError", r
         assert r["message"].startswith("INA_SWITCH='127.0.0.1:notaport': switch address"), r
         assert "is not a number" in r["message"], r
+
+
+
+@pytest.mark.mpi
+def test_require_switch_fails_init_on_every_rank_saying_why(closed_udp_port):
+    """INA_REQUIRE_SWITCH=1: a switch that does not answer, or none configured, fails
+    init() on every rank (any launcher), instead of a warning and the ring."""
+    case = {"cases": [("float32", "sum", 10, 1)], "settings": {"switch_join_timeout": 1.0}}
+    silent = mpirun.run(2, "allreduce_cases", case, env={
+        "INA_REQUIRE_SWITCH": "1", "INA_SWITCH": f"127.0.0.1:{closed_udp_port}"})
+    unset = mpirun.run(2, "allreduce_cases", case, env={"INA_REQUIRE_SWITCH": "1"})
+    for r in silent:
+        assert r["error"] == "AggregatorUnavailable", r
+        assert r["message"].startswith("INA_REQUIRE_SWITCH is set and the switch cannot "
+                                       "serve: "), r
+        assert f"127.0.0.1:{closed_udp_port}" in r["message"], r
+    for r in unset:
+        assert r["error"] == "AggregatorUnavailable", r
+        assert "no switch is configured: set INA_SWITCH" in r["message"], r

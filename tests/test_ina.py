@@ -475,6 +475,21 @@ def test_switch_cli_errors_are_clear():
     with pytest.raises(RuntimeError, match="cannot bind"):
         with embedded_switch(host="192.0.2.1"):
             pass
+    import subprocess
+    import sys
+    for args, words in [(["--port", "99999"], "argument --port: port 99999 is out of range"),
+                        (["--port", "x"], "argument --port: 'x' is not a port number"),
+                        (["--log-level", "verbose"],
+                         "argument --log-level: 'verbose' is no log level")]:
+        proc = subprocess.run([sys.executable, "-m", "ina_collectives.switch", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and words in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr, proc.stderr
+    helped = " ".join(subprocess.run([sys.executable, "-m", "ina_collectives.switch",
+                                      "--help"], capture_output=True, text=True,
+                                     timeout=60).stdout.split())
+    assert "loopback by default" in helped and "(default: 127.0.0.1)" in helped, helped
+    assert "fault injection (for tests" in helped, helped
 
 
 @pytest.mark.mpi

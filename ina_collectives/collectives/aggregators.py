@@ -88,6 +88,11 @@ class Aggregators:
             self.addresses = self._with_shards(self.addresses)
         self.links = [None] * len(self.addresses)
         self._connect(list(range(len(self.addresses))))
+        if self.missing() and settings.require_switch:  # (agreed: _connect is collective)
+            self.release()
+            raise AggregatorUnavailable(
+                f"INA_REQUIRE_SWITCH is set and the switch cannot serve: "
+                f"{self.unavailable or self._why_missing()}")
         if self.missing():
             if self._lasting:
                 log.warning("%s; calls take the ring", self.unavailable or self._why_missing())

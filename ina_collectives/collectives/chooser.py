@@ -10,7 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
-from ..errors import AgreementError, CommunicatorBroken
+from ..errors import AggregatorUnavailable, AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import Agreed, CallSignature, agree, disagree, identity, trouble
 from .engine import AllreduceCall, Engine, was_refused
@@ -40,6 +40,9 @@ class Collectives:
             log.setLevel(settings.log_level.upper())
             log._ina_level = log.level  # type: ignore[attr-defined]
         # Our own copy of the communicator: the ring's messages never match the user's.
+        if settings.require_switch and not settings.switch:
+            raise AggregatorUnavailable("INA_REQUIRE_SWITCH is set but no switch is "
+                                        "configured: set INA_SWITCH=host:port")
         self.comm = comm.Dup()
         self.settings = settings
         self.stats = Stats()
@@ -48,7 +51,11 @@ class Collectives:
         self.ring = RingEngine(self.comm, settings)
         self.fallback: Engine = self.ring if self.ring.usable else MpiEngine(self.comm)
         # Without INA_SWITCH there is no INA engine at all (no fallback reason to count).
-        self.ina = InaEngine(self.comm, settings) if settings.switch else None
+        try:
+            self.ina = InaEngine(self.comm, settings) if settings.switch else None
+        except BaseException:
+            self.comm.Free()  # init failed: nothing of it stays
+            raise
         if self.ina is not None:
             self.stats.transport = self.ina.totals
             self.stats.switch_state = self.ina.switch_state

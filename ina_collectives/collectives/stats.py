@@ -46,3 +46,45 @@ class Stats:
                         "reason": "no switch configured (INA_SWITCH is unset): every call "
                                   "takes the ring or MPI"}),
         }
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return ""  # (not reached)
+
+
+def summarize(snapshot: dict[str, Any]) -> str:
+    """One paragraph a user can print at the end of training, from a stats() snapshot:
+    what the switch served (calls and share of the bytes), what took which other engine
+    and why (the most frequent reasons), and the switch's state."""
+    calls, total = snapshot.get("calls", 0), snapshot.get("bytes", 0)
+    if not calls:
+        return "No allreduce yet."
+    engines = snapshot.get("engines", {})
+    by_bytes = snapshot.get("bytes_by_engine", {})
+    served, served_bytes = engines.get("ina", 0), by_bytes.get("ina", 0)
+    share = 100.0 * served_bytes / total if total else 0.0
+    parts = [f"ina served {served} of {calls} calls ({share:.0f}% of "
+             f"{_size(total)})"]
+    others = [f"{n} took {name}" for name, n in sorted(engines.items(),
+                                                         key=lambda kv: -kv[1])
+              if name != "ina"]
+    if others:
+        parts.append(", ".join(others))
+    text = "; ".join(parts) + "."
+    reasons = sorted(snapshot.get("fallback_reasons", {}).items(), key=lambda kv: -kv[1])
+    if reasons:
+        shown = "; ".join(f"{why} ({n})" for why, n in reasons[:3])
+        more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+        text += f" Why not the switch: {shown}{more}."
+    switch = snapshot.get("switch") or {}
+    if switch.get("configured") is False:
+        text += " No switch configured (INA_SWITCH is unset)."
+    elif switch:
+        state = "serving" if switch.get("serving") else "not serving"
+        text += (f" Switch: {state}, {switch.get('outages', 0)} outage(s), "
+                 f"{switch.get('returns', 0)} return(s).")
+    return text

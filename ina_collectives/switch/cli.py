@@ -15,11 +15,44 @@ from .shards import Shards
 DESCRIPTION = "The software INA aggregator (the protocol of p4/ina_aggregator.p4)."
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _port(text: str) -> int:
+    """A UDP/TCP port number for argparse: 0 (a free one) .. 65535, or a clear error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range (0..65535)")
+    return value
+
+
+def _log_level(text: str) -> str:
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is no log level (one of "
+                                         f"{', '.join(LOG_LEVELS)})")
+    return text.upper()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ina-switch", description=DESCRIPTION)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
-    parser.add_argument("--port", type=int, default=P.UDP_PORT,
-                        help=f"UDP port (default {P.UDP_PORT}; 0 picks a free one)")
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        __version__ = version("ina-collectives")
+    except PackageNotFoundError:  # a source tree that was never installed
+        __version__ = "(not installed)"
+
+    parser = argparse.ArgumentParser(prog="ina-switch", description=DESCRIPTION,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {__version__} (wire format {P.PROTOCOL_VERSION})")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind: loopback by default, so only this machine "
+                             "reaches it; 0.0.0.0 (or the address other hosts reach) serves "
+                             "ranks on other machines")
+    parser.add_argument("--port", type=_port, default=P.UDP_PORT,
+                        help="UDP port (0 picks a free one)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="shards: N aggregators, each its own thread, UDP port (--port, "
                              "--port + 1, ...; each a free one with --port 0) and slots; "
@@ -28,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                              "process may use; 1 with --p4runtime-port, which serves one")
     parser.add_argument("--send-path", choices=("segment", "sendmmsg"), default="segment",
                         help="how results leave: UDP segmentation offload where the kernel "
-                             "takes it (default), or sendmmsg (the fallback, forced)")
+                             "takes it, or sendmmsg (the fallback, forced)")
     parser.add_argument("--idle", type=float, default=60.0,
                         help="free a job that sent nothing for this many seconds")
     parser.add_argument("--pool-slots", type=int, default=1024,
@@ -40,18 +73,22 @@ def main(argv: list[str] | None = None) -> int:
                              "least, and asks again for the rest when slots free up")
     parser.add_argument("--max-elements", type=int, default=P.MAX_ELEMENTS,
                         help="largest K (int32 values per packet) a job may use")
-    parser.add_argument("--p4runtime-port", type=int, default=None, metavar="PORT",
+    parser.add_argument("--p4runtime-port", type=_port, default=None, metavar="PORT",
                         help="serve P4Runtime (gRPC) on --host:PORT so that a controller "
                              "(ina_collectives.control) installs jobs; 0 picks a free port. "
                              "Needs the p4 extra")
     parser.add_argument("--device-id", type=int, default=1,
-                        help="the P4Runtime device id (default 1)")
+                        help="the P4Runtime device id")
     parser.add_argument("--stats-interval", type=float, default=0.0,
                         help="print a status line every so many seconds (0: never)")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=_log_level, default="INFO",
+                        help=f"one of {', '.join(LOG_LEVELS)}")
+    faults = parser.add_argument_group(
+        "fault injection (for tests; changeable while it runs: "
+        "ina_collectives.switch.send_faults)")
     for name in P.FAULT_FIELDS:
         flag = "--" + name.replace("_ms", "").replace("_", "-") + ("-ms" if "delay" in name else "")
-        parser.add_argument(flag, dest=name, type=float, default=0.0,
+        faults.add_argument(flag, dest=name, type=float, default=0.0,
                             help="fault injection: " + (
                                 "this worker id's packets are held back (in every job)"
                                 if name == "straggler_worker" else
