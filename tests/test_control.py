@@ -870,6 +870,12 @@ def test_control_command_line(switch, pipeline, tmp_path):
     assert run("mode", *where, "--job-id", "99", "--quorum", "1").returncode == 2
     assert run("teardown", *where, *job).returncode == 0
     assert "job 61" not in run("show", *where).stdout
+    # Each action has its own help and required options; a bad one is a usage error.
+    missing = run("teardown", *where)
+    assert missing.returncode == 2 and "required: --job-id, --workers" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert "--quorum K" in run("mode", "--help").stdout
+    assert run("--version").stdout.startswith("python -m ina_collectives.control ")
 
 
 @pytest.mark.mpi

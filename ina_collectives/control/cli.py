@@ -11,45 +11,87 @@ from ..errors import ControlError
 from .controller import Controller
 from .job import JobSpec, load_workers
 
+DESCRIPTION = ("What ina-run does through the controller, by hand, for ranks started some "
+               "other way: show a P4Runtime target, configure or tear down a job, ask a "
+               "running job for sync or quorum k (docs/quorum.md).")
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+    target = argparse.ArgumentParser(add_help=False)
+    common = target.add_argument_group("the target")
+    common.add_argument("--target", required=True, metavar="HOST:PORT",
+                        help="the P4Runtime target")
+    common.add_argument("--device-id", type=int, default=1, help="its device id")
+    common.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="bound on each wait for the target")
+    pipeline = argparse.ArgumentParser(add_help=False)
+    pipe = pipeline.add_argument_group("the pipeline")
+    pipe.add_argument("--p4info", type=Path, help="the program's P4Info (text format)")
+    pipe.add_argument("--device-config", type=Path,
+                      help="the target's device config (BMv2: p4c-bm2-ss's JSON)")
+    pipe.add_argument("--push", choices=("always", "if-needed", "never"), default="never",
+                      help="set the pipeline first (needs --p4info and --device-config)")
+    job = argparse.ArgumentParser(add_help=False)
+    spec = job.add_argument_group("the job")
+    spec.add_argument("--job-id", type=int, required=True, help="1..65535")
+    spec.add_argument("--workers", type=Path, metavar="FILE", required=True,
+                      help="JSON list, one object per rank: ip, udp_port, and optionally "
+                           "mac, switch_port")
+    spec.add_argument("--slots", type=int, default=8, help="S of the job")
+    spec.add_argument("--slot-base", type=int, default=0,
+                      help="its first slot in the target's register pool")
+    spec.add_argument("--block", type=int, default=0,
+                      help="B the ranks will use, checked against the build (0: the build's)")
+    spec.add_argument("--value-bits", type=int, default=0,
+                      help="the values' width the ranks will use, 32 or 16, checked against "
+                           "the build (0: the build's)")
+
+    parser = argparse.ArgumentParser(prog="python -m ina_collectives.control",
+                                     description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("show", parents=[target, pipeline], formatter_class=defaults,
+                       help="the build, the installed jobs, groups, drops and modes",
+                       description="Show the target's build, installed jobs, multicast "
+                                   "groups, drop counters and jobs' modes.")
+    actions.add_parser("configure", parents=[target, pipeline, job], formatter_class=defaults,
+                       help="install a job; prints what its ranks must be told",
+                       description="Install a job's workers, multicast group and rewrites; "
+                                   "print the INA_* settings its ranks need.")
+    actions.add_parser("teardown", parents=[target, job], formatter_class=defaults,
+                       help="remove a job",
+                       description="Remove a job's entries (already gone: not an error).")
+    mode = actions.add_parser("mode", parents=[target], formatter_class=defaults,
+                              help="show or ask a running job's mode",
+                              description="Show a job's mode, or ask it for quorum K (0: "
+                                          "sync); the ranks adopt it at one call boundary.")
+    mode.add_argument("--job-id", type=int, required=True, help="1..65535")
+    mode.add_argument("--quorum", type=int, default=None, metavar="K",
+                      help="a chunk completes when K workers contributed (0: all, sync); "
+                           "without it, show the job's mode")
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("ina-collectives")
+    except PackageNotFoundError:
+        return "(not installed)"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ina_collectives.control {show,configure,teardown,mode}``: what ina-run
-    does, by hand (for ranks started some other way); ``mode`` asks a running job for sync
-    or quorum k (docs/quorum.md)."""
-    parser = argparse.ArgumentParser(prog="python -m ina_collectives.control",
-                                     description=main.__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("show", "configure", "teardown", "mode"))
-    parser.add_argument("--target", required=True, metavar="HOST:PORT",
-                        help="the P4Runtime target")
-    parser.add_argument("--p4info", type=Path)
-    parser.add_argument("--device-config", type=Path)
-    parser.add_argument("--push", choices=("always", "if-needed", "never"), default="never",
-                        help="set the pipeline first (default never)")
-    parser.add_argument("--device-id", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=10.0)
-    parser.add_argument("--job-id", type=int, default=0)
-    parser.add_argument("--workers", type=Path, metavar="FILE",
-                        help="JSON list, one object per rank: ip, udp_port, and optionally "
-                             "mac, switch_port")
-    parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--slot-base", type=int, default=0)
-    parser.add_argument("--block", type=int, default=0,
-                        help="B the ranks will use (checked against the build; default: "
-                             "the build's)")
-    parser.add_argument("--value-bits", type=int, default=0,
-                        help="the values' width the ranks will use, 32 or 16 (checked "
-                             "against the build; default: the build's)")
-    parser.add_argument("--quorum", type=int, default=None, metavar="K",
-                        help="mode: a chunk completes when K workers contributed (0: all, "
-                             "sync); without it, mode shows the job's mode")
-    args = parser.parse_args(argv)
+    """``python -m ina_collectives.control {show,configure,teardown,mode} ...``."""
+    args = _parser().parse_args(argv)
+    for name in ("p4info", "device_config", "push", "workers", "slots", "slot_base",
+                 "value_bits", "block"):
+        if not hasattr(args, name):
+            setattr(args, name, None if name in ("p4info", "device_config", "workers")
+                    else "never" if name == "push" else 0)
     try:
         job = None
-        if args.action == "mode" and not args.job_id:
-            parser.error("mode needs --job-id")
-        if args.action not in ("show", "mode"):
-            if not args.job_id or args.workers is None:
-                parser.error(f"{args.action} needs --job-id and --workers")
+        if args.action in ("configure", "teardown"):
             job = JobSpec(args.job_id, load_workers(args.workers), args.slots,
                           args.slot_base, value_bits=args.value_bits, block=args.block)
         with Controller(args.target, args.p4info, args.device_config, push=args.push,
