@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt $(wildcard _fast/*.pyx _fast/*.pxd _fast/*.pxi _fast/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,torch,p4,bench]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dev,torch,p4,bench]'
 	touch $@
 
 # The emulated-network benchmark and its test drop packets with nftables (Debian package);
