@@ -220,12 +220,20 @@ def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 def paced_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """p["calls"] allreduces of p["case"] (dtype, op, count), call i with seed 100 + i.
     Before call i, for each p["pauses"][str(i)] = name: rank 0 writes ``name`` in p["dir"]
-    and waits (bounded) for the test to write ``name.go``; then every rank goes on. Each
-    call's result and engine, and the stats."""
+    and waits (bounded) for the test to write ``name.go``; then every rank goes on; p["pause"]
+    seconds between calls (a step's compute). Each call's result and engine, the stats,
+    and the library's log records."""
+    import logging
+
+    class Kept(logging.Handler):  # the library's warnings, for the test's messages
+        def emit(self, record: logging.LogRecord) -> None:
+            out["log"].append(record.getMessage())
+
+    out: dict[str, Any] = {"results": [], "engines": [], "log": []}
+    logging.getLogger("ina_collectives").addHandler(Kept(logging.INFO))
     ina.init(comm, **p.get("settings", {}))
     flags = Path(p.get("dir", "."))
     dtype, op, count = p["case"]
-    out: dict[str, Any] = {"results": [], "engines": []}
     for i in range(p["calls"]):
         name = p.get("pauses", {}).get(str(i))
         if name:
@@ -237,6 +245,8 @@ def paced_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
                         raise TimeoutError(f"the test never wrote {name}.go")
                     time.sleep(0.02)
             comm.barrier()
+        if i:
+            time.sleep(p.get("pause", 0.0))  # a training step's compute
         x = make_input(dtype, op, count, 100 + i, comm.rank)
         out["results"].append(ina.allreduce(x, op=op))
         out["engines"].append(ina.stats()["last_call"]["engine"])
