@@ -400,24 +400,8 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                                         + (hdr.ina.count << {vshift})) {{
             reason = DROP_MALFORMED;
         }} else {{
-            cell = meta.slot_base + hdr.ina.slot;
-            other = cell + SLOTS;
-            if (hdr.ina.slot_version == 1) {{
-                other = cell;
-                cell = cell + SLOTS;
-            }}
-            bit<64> seen;
-            bit<16> count;
-            bit<64> chunk;
+{cell_state("            ")}
             bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
-            bit<24> cell_call;
-            bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
-            bit<64> counted;
-            slot_call.read(cell_call, cell);
-            slot_contributors.read(counted, cell);
-            slot_bitmap.read(seen, cell);
-            slot_packets.read(count, cell);
-            slot_chunk.read(chunk, cell);
             // Per sub-block of this packet: the cell's exponent and max proposal.
             bool exponents_differ = false;""")
     for g in groups:
@@ -430,18 +414,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
         w(f"                if (exponent_in_{g} != hdr.p{g}.exponent) "
           "{ exponents_differ = true; }")
         w("            }")
-    w("""            bit<16> epoch;
-            slot_epoch.read(epoch, cell);
-            if (epoch != hdr.ina.epoch) {
-                // Last used by another run of the job (its ranks start their slots at
-                // version 0 again): that state is not this run's, the cell is idle. No
-                // register reset by the controller is needed (BMv2 refuses those writes).
-                seen = 0;
-                count = 0;
-                counted = 0;
-                slot_epoch.write(cell, hdr.ina.epoch);
-            }
-            // The cell holds state of this epoch: a chunk in progress, or the result of a
+    w("""            // The cell holds state of this epoch: a chunk in progress, or the result of a
             // finished one. Its bitmap alone does not say so: after a quorum finished a
             // chunk, the workers it counted clear their bits here as they send to the
             // slot's other cell, while a left-out worker may still ask for the result.
@@ -627,6 +600,41 @@ V1Switch(ParserImpl(), VerifyChecksumImpl(), IngressImpl(), EgressImpl(),
     return ("\n".join(out) + "\n").replace("{OPENING}", opening_code(groups))
 
 
+def cell_state(indent: str) -> str:
+    """The packet's cell and the slot's other one, and the cell's state as the rules read
+    it (data and openings alike): bitmap, packet count, chunk, call, contributors, with
+    the cell idle when last used in another epoch. ``indent``: the lines' indentation."""
+    lines = """cell = meta.slot_base + hdr.ina.slot;
+other = cell + SLOTS;
+if (hdr.ina.slot_version == 1) {
+    other = cell;
+    cell = cell + SLOTS;
+}
+bit<64> seen;
+bit<16> count;
+bit<64> chunk;
+bit<24> cell_call;
+bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
+bit<64> counted;
+slot_call.read(cell_call, cell);
+slot_contributors.read(counted, cell);
+slot_bitmap.read(seen, cell);
+slot_packets.read(count, cell);
+slot_chunk.read(chunk, cell);
+bit<16> epoch;
+slot_epoch.read(epoch, cell);
+if (epoch != hdr.ina.epoch) {
+    // Last used by another run of the job (its ranks start their slots at version 0
+    // again): that state is not this run's, the cell is idle. No register reset by the
+    // controller is needed (BMv2 refuses those writes).
+    seen = 0;
+    count = 0;
+    counted = 0;
+    slot_epoch.write(cell, hdr.ina.epoch);
+}"""
+    return "\n".join(indent + line for line in lines.splitlines())
+
+
 def opening_code(groups: range) -> str:
     """The opening rule (docs/protocol.md, A call's opening), as the software switch's
     ``opening``: per cell, the first packet's identity (its offset, its call, the pairs'
@@ -637,6 +645,20 @@ def opening_code(groups: range) -> str:
     an opening's use from a chunk's. Sync only (quorum 0)."""
     out: list[str] = []
     w = out.append
+
+    def stamp(indent: str, marked: str) -> None:
+        """The opening's result in the header: the cell's identity and max proposals,
+        flags RESULT | OPEN, and MISMATCH where ``marked`` holds."""
+        for g in groups:
+            w(f"{indent}hdr.p{g}.exponent = exponent_in_{g};")
+            w(f"{indent}hdr.p{g}.proposal = proposal_max_{g};")
+        w(f"{indent}hdr.ina.offset = chunk[63:32];")
+        w(f"{indent}hdr.ina.call = cell_call[23:8];")
+        w(f"{indent}hdr.ina.flags = FLAG_RESULT | FLAG_OPEN;")
+        w(f"{indent}if ({marked}) {{")
+        w(f"{indent}    hdr.ina.flags = FLAG_RESULT | FLAG_OPEN | FLAG_MISMATCH;")
+        w(f"{indent}}}")
+
     w("""            // A call's opening: count 0, G pairs; the identity in the offset and the
             // pairs' exponents, the first exponents in the proposals.
             if (hdr.ina.count != 0 || hdr.ina.blocks != GROUPS
@@ -645,31 +667,7 @@ def opening_code(groups: range) -> str:
                 || hdr.udp.length != INA_UDP_BYTES + (GROUPS << 2)) {
                 reason = DROP_MALFORMED;
             } else {
-                cell = meta.slot_base + hdr.ina.slot;
-                other = cell + SLOTS;
-                if (hdr.ina.slot_version == 1) {
-                    other = cell;
-                    cell = cell + SLOTS;
-                }
-                bit<64> seen;
-                bit<16> count;
-                bit<64> chunk;
-                bit<24> cell_call;
-                bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
-                bit<64> counted;
-                bit<16> epoch;
-                slot_call.read(cell_call, cell);
-                slot_contributors.read(counted, cell);
-                slot_bitmap.read(seen, cell);
-                slot_packets.read(count, cell);
-                slot_chunk.read(chunk, cell);
-                slot_epoch.read(epoch, cell);
-                if (epoch != hdr.ina.epoch) {
-                    seen = 0;
-                    count = 0;
-                    counted = 0;
-                    slot_epoch.write(cell, hdr.ina.epoch);
-                }
+""" + cell_state("                ") + """
                 // This opening's own cell, done: it may answer a resend. Any other state
                 // is a new use (bits a quorum's left-out worker kept are not this one's).
                 bool this_one = (seen != 0 || counted != 0) && chunk[31:16] == 0
@@ -688,16 +686,8 @@ def opening_code(groups: range) -> str:
                     reason = DROP_DUPLICATE_IN_PROGRESS;
                 } else if ((seen & meta.worker_bit) != 0) {
                     // Done, and this worker missed the result: answer it alone.""")
-    for g in groups:
-        w(f"                    hdr.p{g}.exponent = exponent_in_{g};")
-        w(f"                    hdr.p{g}.proposal = proposal_max_{g};")
-    w("""                    hdr.ina.offset = chunk[63:32];
-                    hdr.ina.call = cell_call[23:8];
-                    hdr.ina.flags = FLAG_RESULT | FLAG_OPEN;
-                    if (chunk[15:0] != 0) {
-                        hdr.ina.flags = FLAG_RESULT | FLAG_OPEN | FLAG_MISMATCH;
-                    }
-                    hdr.ina.worker_id = WORKER_NONE;
+    stamp("                    ", "chunk[15:0] != 0")
+    w("""                    hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = counted;
                     hdr.ina.mode_quorum = meta.mode_quorum;
                     hdr.ina.mode_generation = meta.mode_generation;
@@ -738,16 +728,8 @@ def opening_code(groups: range) -> str:
                         // worker, marked if the identities differed.
                         slot_packets.write(cell, 0);
                         slot_contributors.write(cell, seen | meta.worker_bit);""")
-    for g in groups:
-        w(f"                        hdr.p{g}.exponent = exponent_in_{g};")
-        w(f"                        hdr.p{g}.proposal = proposal_max_{g};")
-    w("""                        hdr.ina.offset = chunk[63:32];
-                        hdr.ina.call = cell_call[23:8];
-                        hdr.ina.flags = FLAG_RESULT | FLAG_OPEN;
-                        if (mark != 0) {
-                            hdr.ina.flags = FLAG_RESULT | FLAG_OPEN | FLAG_MISMATCH;
-                        }
-                        hdr.ina.worker_id = WORKER_NONE;
+    stamp("                        ", "mark != 0")
+    w("""                        hdr.ina.worker_id = WORKER_NONE;
                         hdr.ina.contributors = seen | meta.worker_bit;
                         hdr.ina.mode_quorum = meta.mode_quorum;
                         hdr.ina.mode_generation = meta.mode_generation;

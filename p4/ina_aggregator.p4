@@ -946,14 +946,17 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 bit<24> cell_call;
                 bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
                 bit<64> counted;
-                bit<16> epoch;
                 slot_call.read(cell_call, cell);
                 slot_contributors.read(counted, cell);
                 slot_bitmap.read(seen, cell);
                 slot_packets.read(count, cell);
                 slot_chunk.read(chunk, cell);
+                bit<16> epoch;
                 slot_epoch.read(epoch, cell);
                 if (epoch != hdr.ina.epoch) {
+                    // Last used by another run of the job (its ranks start their slots at version 0
+                    // again): that state is not this run's, the cell is idle. No register reset by the
+                    // controller is needed (BMv2 refuses those writes).
                     seen = 0;
                     count = 0;
                     counted = 0;
@@ -1072,7 +1075,6 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             bit<64> seen;
             bit<16> count;
             bit<64> chunk;
-            bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
             bit<24> cell_call;
             bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
             bit<64> counted;
@@ -1081,6 +1083,18 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             slot_bitmap.read(seen, cell);
             slot_packets.read(count, cell);
             slot_chunk.read(chunk, cell);
+            bit<16> epoch;
+            slot_epoch.read(epoch, cell);
+            if (epoch != hdr.ina.epoch) {
+                // Last used by another run of the job (its ranks start their slots at version 0
+                // again): that state is not this run's, the cell is idle. No register reset by the
+                // controller is needed (BMv2 refuses those writes).
+                seen = 0;
+                count = 0;
+                counted = 0;
+                slot_epoch.write(cell, hdr.ina.epoch);
+            }
+            bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
             // Per sub-block of this packet: the cell's exponent and max proposal.
             bool exponents_differ = false;
             bit<16> exponent_in_0 = 0;
@@ -1096,17 +1110,6 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 exponent_1.read(exponent_in_1, cell);
                 proposal_1.read(proposal_max_1, cell);
                 if (exponent_in_1 != hdr.p1.exponent) { exponents_differ = true; }
-            }
-            bit<16> epoch;
-            slot_epoch.read(epoch, cell);
-            if (epoch != hdr.ina.epoch) {
-                // Last used by another run of the job (its ranks start their slots at
-                // version 0 again): that state is not this run's, the cell is idle. No
-                // register reset by the controller is needed (BMv2 refuses those writes).
-                seen = 0;
-                count = 0;
-                counted = 0;
-                slot_epoch.write(cell, hdr.ina.epoch);
             }
             // The cell holds state of this epoch: a chunk in progress, or the result of a
             // finished one. Its bitmap alone does not say so: after a quorum finished a
