@@ -66,11 +66,18 @@ def fabrics(tmp_path_factory):
     made.close()
 
 
+@pytest.fixture(scope="module", params=AGGREGATORS)
+def aggregator(request):
+    """The aggregator a case runs on. Module-scoped, so that pytest runs every case of
+    one aggregator in a row and its fabric is built once, not once per case."""
+    return request.param
+
+
 @pytest.fixture
-def fabric(fabrics, request):
+def fabric(fabrics, aggregator):
     """The fabric of the test's aggregator (parametrized as ``aggregator``), 32-bit
     build; a switch the test killed is started again and the loss rules cleared after."""
-    f = fabrics.get(request.node.callspec.params["aggregator"])
+    f = fabrics.get(aggregator)
     yield f
     f.set_loss(0)
     if not f.switch_running():
@@ -112,9 +119,8 @@ def assert_served_and_within_bound(results, cases, n, build, rounds=1):
 
 # -- sync allreduce -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
-@pytest.mark.parametrize("build", [BUILD32, BUILD16], ids=["int32", "int16"])
 @pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("build", [BUILD32, BUILD16], ids=["int32", "int16"])
 def test_sync_allreduce_is_served_within_the_bound(fabrics, aggregator, build, n, new_job):
     fabric = fabrics.get(aggregator, build)
     job = new_job(fabric, list(range(n)))
@@ -146,7 +152,6 @@ def test_results_are_bit_identical_on_both_aggregators(fabrics, new_job):
 
 # -- the links and the cells ---------------------------------------------------------------
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_loss_on_the_links_both_ways_gives_the_same_results(fabric, aggregator, new_job):
     job = new_job(fabric, [0, 1, 2])
     cases = [("float32", "sum", 2000, 11), ("float32", "average", 1500, 12)]
@@ -162,7 +167,6 @@ def test_loss_on_the_links_both_ways_gives_the_same_results(fabric, aggregator, 
         assert b["stats"]["engines"] == {"ina": 2}, b["stats"].get("fallback_reasons")
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_runs_after_runs_reuse_the_cells_with_a_new_epoch(fabric, aggregator, new_job):
     """One job configured once, three runs: each starts its slots at version 0, and the
     run's epoch makes the last run's cells idle, so each gets its own sums."""
@@ -173,7 +177,6 @@ def test_runs_after_runs_reuse_the_cells_with_a_new_epoch(fabric, aggregator, ne
         assert_served_and_within_bound(results, [case], 2, BUILD32)
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_two_jobs_side_by_side(fabric, aggregator, new_job):
     jobs = [new_job(fabric, [0, 1], slots=4, slot_base=0),
             new_job(fabric, [2, 3], slots=4, slot_base=4)]
@@ -193,7 +196,6 @@ def test_two_jobs_side_by_side(fabric, aggregator, new_job):
     assert counted == [3 * chunks, 3 * chunks]
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_quorum_set_and_changed_through_p4runtime_mid_run(fabric, aggregator, new_job,
                                                           tmp_path):
     """The controller asks the running job for quorum 2, later quorum 3 (P4Runtime writes
@@ -224,7 +226,6 @@ def test_quorum_set_and_changed_through_p4runtime_mid_run(fabric, aggregator, ne
         assert report["mode_changes"] == 2 and report["mode"] == "quorum 3", report
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_an_unconfigured_sender_is_dropped_and_counted(fabric, aggregator, new_job):
     """A data packet from a port no job installed, and one from an installed worker's
     namespace posing as another worker: dropped, counted as unknown workers; the job then
@@ -258,7 +259,6 @@ def test_an_unconfigured_sender_is_dropped_and_counted(fabric, aggregator, new_j
     assert_served_and_within_bound(results, [case], 2, BUILD32)
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_a_served_call_opens_through_the_switch_and_makes_no_mpi_call(fabric, aggregator,
                                                                      new_job):
     """The switch states that it takes openings (its probe answer): each sync call the
@@ -281,7 +281,6 @@ def test_a_served_call_opens_through_the_switch_and_makes_no_mpi_call(fabric, ag
 
 # -- what the switch does not take ---------------------------------------------------------
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_nan_and_inf_take_the_exact_path(fabric, aggregator, new_job):
     job = new_job(fabric, [0, 1])
     results = fabric.run(job, "ina_nan", {"size": 3000, "at": 7, "dtype": "float32"})
@@ -294,7 +293,6 @@ def test_nan_and_inf_take_the_exact_path(fabric, aggregator, new_job):
         assert r["after_engine"] == "ina"
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_ranks_that_disagree_get_an_agreement_error_and_go_on(fabric, aggregator, new_job):
     job = new_job(fabric, [0, 1, 2])
     results = fabric.run(job, "disagree", {"what": "length", "settings": {
@@ -310,7 +308,6 @@ def test_ranks_that_disagree_get_an_agreement_error_and_go_on(fabric, aggregator
 
 # -- failures ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_a_rank_killed_mid_call_fails_every_other_rank_within_the_bound(fabric, aggregator,
                                                                         new_job):
     job = new_job(fabric, [0, 1, 2])
@@ -348,7 +345,6 @@ def _paced(fabric, job, tmp_path, calls, pauses, settings=None, env=None, pause=
     return running, wait, go
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 @pytest.mark.parametrize("how", ["restart", "reinstall"])
 def test_a_killed_switch_means_the_ring_and_its_return_the_switch(fabric, aggregator, how,
                                                                     tmp_path, new_job):
@@ -413,7 +409,6 @@ def _data_frames(sock, job_id, limit=4):
             frames.append(frame[:40] + b"\0\0" + frame[42:])  # no UDP checksum
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_replayed_copies_of_earlier_packets_are_dropped_as_stale(fabric, aggregator, tmp_path,
                                                                   new_job):
     """Two copies of worker 0's first data packets, replayed between later sync calls of
