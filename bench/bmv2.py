@@ -24,9 +24,10 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILER, SWITCH = "p4c-bm2-ss", "simple_switch_grpc"
@@ -126,15 +127,43 @@ def compile_build(k: int, slots: int, block: int, value_bits: int,
     return build
 
 
-def _socket_in(namespace: str) -> socket.socket:
-    """A TCP socket of network namespace ``namespace`` (made there, used from here)."""
+@contextmanager
+def in_namespace(namespace: str) -> Iterator[None]:
+    """Sockets made inside belong to network namespace ``namespace`` and stay there
+    (setns for this thread, then back)."""
     from pyroute2 import netns
 
     netns.pushns(namespace)
     try:
-        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        yield
     finally:
         netns.popns()
+
+
+def wait_listening(process: subprocess.Popen, namespace: str, address: str, what: str,
+                   timeout: float = 30.0, log: Path | None = None) -> None:
+    """Wait, at most ``timeout`` seconds, until ``process`` takes TCP connections at
+    ``address`` (HOST:PORT in ``namespace``); an error naming ``what`` if it exits first
+    or the bound passes."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    where = f" (log: {log})" if log else ""
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited {process.returncode} at start{where}")
+        with in_namespace(namespace):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(0.5)
+            probe.connect((host, int(port)))
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} took no gRPC connection at {address} within "
+                                   f"{timeout:g} s{where}") from None
+            time.sleep(0.1)
+        finally:
+            probe.close()
 
 
 class Bmv2Switch:
@@ -177,23 +206,11 @@ class Bmv2Switch:
         finally:
             if self.log:
                 out.close()
-        host, port = self.grpc.rsplit(":", 1)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{SWITCH} exited {self.process.returncode} at start"
-                                   + (f" (log: {self.log})" if self.log else ""))
-            try:
-                with _socket_in(self.namespace) as probe:
-                    probe.settimeout(0.5)
-                    probe.connect((host, int(port)))
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(f"{SWITCH} took no gRPC connection at {self.grpc} "
-                                       f"within {timeout:g} s") from None
-                time.sleep(0.1)
+        try:
+            wait_listening(self.process, self.namespace, self.grpc, SWITCH, timeout, self.log)
+        except BaseException:
+            self.stop()
+            raise
 
     def kill(self) -> None:
         """SIGKILL, as a crash: the test's switch death."""
@@ -261,10 +278,14 @@ class OneArmedTarget:
         return self.builds[value_bits]
 
     def _control(self, *args: str) -> str:
-        proc = subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-m",
-                               "ina_collectives.control", *args, "--target", self.GRPC],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              capture_output=True, text=True, timeout=120)
+        try:
+            proc = subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-m",
+                                   "ina_collectives.control", *args, "--target", self.GRPC],
+                                  cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                  capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"ina_collectives.control {args[0]} on BMv2 at {self.GRPC} "
+                               "did not finish within 120 s") from None
         if proc.returncode != 0:
             raise RuntimeError(f"ina_collectives.control {args[0]} on BMv2 failed: "
                                f"{proc.stderr.strip()}")

@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -204,18 +203,8 @@ class Fabric:
                  "--threads", "1", "--p4runtime-port", str(GRPC_PORT),
                  "--max-elements", str(max(self.k, 64))],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"ina-switch exited {self._process.returncode}: "
-                                   f"{log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection((MGMT_SWITCH, GRPC_PORT), timeout=0.5):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("ina-switch took no gRPC connection within 30 s")
-                time.sleep(0.1)
+        bmv2.wait_listening(self._process, self.switch_ns, self.p4runtime_address,
+                            "ina-switch", log=log)
 
     def switch_running(self) -> bool:
         process = self._bmv2.process if self._bmv2 is not None else self._process
@@ -304,18 +293,9 @@ class Fabric:
         if check and proc.returncode != 0:
             raise RuntimeError(f"nft failed in {ns}: {proc.stderr.strip()}")
 
-    @contextmanager
-    def in_namespace(self, ns: str) -> Iterator[None]:
-        """Sockets made inside stay in ``ns`` (setns for this thread, then back)."""
-        netns.pushns(ns)
-        try:
-            yield
-        finally:
-            netns.popns()
-
     def udp_socket(self, worker: int, port: int) -> socket.socket:
         """A UDP socket in worker ``worker``'s namespace, bound to its address and ``port``."""
-        with self.in_namespace(self.worker_ns[worker]):
+        with bmv2.in_namespace(self.worker_ns[worker]):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.bind((worker_ip(worker), port))
         s.settimeout(5)
@@ -323,7 +303,7 @@ class Fabric:
 
     def capture(self, worker: int) -> socket.socket:
         """A raw socket on the switch's port towards ``worker``: every frame it sends."""
-        with self.in_namespace(self.switch_ns):
+        with bmv2.in_namespace(self.switch_ns):
             # ETH_P_ALL: a tap sees a bridge port's frames before the bridge takes them
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
             s.bind((f"p{worker}", 0))
@@ -333,7 +313,7 @@ class Fabric:
 
     def inject(self, worker: int, frames: Sequence[bytes]) -> None:
         """Send whole Ethernet frames out of ``worker``'s interface, towards the switch."""
-        with self.in_namespace(self.worker_ns[worker]):
+        with bmv2.in_namespace(self.worker_ns[worker]):
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
         try:
             s.bind(("ina0", 0))
