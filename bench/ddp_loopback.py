@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from bench.netsim_report import _size
-from ina_collectives.launch import find_mpiexec
+from ina_collectives.launch.ranks import find_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 

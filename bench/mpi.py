@@ -26,7 +26,7 @@ def main() -> int:
         pytest_args.append(f"--benchmark-json={HERE / 'results' / f'allreduce-{args.n}.json'}")
     if not any(a.endswith(".py") or "::" in a for a in pytest_args):
         pytest_args.insert(0, str(HERE / "test_allreduce.py"))
-    from ina_collectives.launch import find_mpiexec
+    from ina_collectives.launch.ranks import find_mpiexec
 
     mpiexec = find_mpiexec()
     cmd = [str(mpiexec), "-n", str(args.n), sys.executable, "-m", "pytest", "-p",

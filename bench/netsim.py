@@ -44,7 +44,7 @@ from bench.netsim_topology import (  # noqa: E402
     worker_ip,
 )
 from ina_collectives import protocol as P  # noqa: E402
-from ina_collectives.launch import find_mpiexec  # noqa: E402
+from ina_collectives.launch.ranks import find_mpiexec  # noqa: E402
 from ina_collectives.settings import parse_size  # noqa: E402
 from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 

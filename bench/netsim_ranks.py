@@ -89,6 +89,7 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
     from mpi4py import MPI
 
     from ina_collectives.collectives import Collectives
+    from ina_collectives.ina.engine import InaEngine
     from ina_collectives.settings import Settings
 
     comm = MPI.COMM_WORLD
@@ -97,7 +98,8 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
     # INA_SWITCH_OPENING=0
     through_switch = system in ("ina", "ina16", "ina-quorum", "ina-gate")
     if through_switch:
-        collectives = Collectives(comm, Settings.load({"switch_min_bytes": 0}))
+        collectives = Collectives(comm, Settings.load({"switch_min_bytes": 0}),
+                                  InaEngine)
     elif system == "ring":
         collectives = Collectives(comm, Settings.load({"ring_min_bytes": 0, "switch": ""}))
     records = []
@@ -109,10 +111,10 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
         else:
             run = lambda: collectives.allreduce(send, out=recv)  # noqa: E731
         before = dict(collectives.stats.by_engine) if collectives else {}
-        link_before = dict(collectives.stats.transport) if collectives else {}
+        link_before = dict(collectives.stats.snapshot()["transport"]) if collectives else {}
         resent: list[int] = []
         streams: list[float] = []
-        streamed = ((lambda: float(collectives.stats.transport.get("seconds", 0.0)))
+        streamed = ((lambda: float(collectives.switch_engine.totals.get("seconds", 0.0)))
                     if through_switch else None)
         times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps,
                            resent, streamed, streams)
@@ -129,8 +131,8 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
         if streams:  # the slowest rank's seconds in the packet stream, per repetition
             record["stream_seconds"] = [float(v) for v in np.max(comm.allgather(streams), 0)]
         if through_switch:  # the packet counters of the timed and warm-up calls, all ranks
-            mine = {key: collectives.stats.transport.get(key, 0) - link_before.get(key, 0)
-                    for key in LINK_COUNTERS}
+            after = collectives.stats.snapshot()["transport"]
+            mine = {key: after.get(key, 0) - link_before.get(key, 0) for key in LINK_COUNTERS}
             record["packets"] = {key: sum(c[key] for c in comm.allgather(mine))
                                  for key in LINK_COUNTERS}
         records.append(record)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ina_collectives import protocol as P
-from ina_collectives.launch import find_mpiexec
+from ina_collectives.launch.ranks import find_mpiexec
 from ina_collectives.switch.embedded import embedded_switch
 
 from .netsim_topology import EmulatedCluster, aggregator_ip, stale_namespaces

@@ -404,7 +404,7 @@ def run_soak(n: int = 2, calls: int = 1000, seed: int = 1, max_bytes: int = 4 <<
              faults_override: dict[str, float] | None = None) -> dict[str, Any]:
     """Run the soak; the summary (``summary["verdict"]["ok"]``). SoakFailed if the job
     did not finish within ``timeout`` (killed), or left no results."""
-    from ina_collectives.launch import find_mpiexec
+    from ina_collectives.launch.ranks import find_mpiexec
     from ina_collectives.switch import send_faults
     from ina_collectives.switch.embedded import embedded_switch
 

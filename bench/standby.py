@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from ina_collectives.launch import find_mpiexec
+from ina_collectives.launch.ranks import find_mpiexec
 from ina_collectives.switch.embedded import embedded_switch
 
 HERE = Path(__file__).resolve().parent

@@ -56,7 +56,7 @@ def rank_main(mib: float, reps: int) -> None:
 
 
 def measure(n: int, mib: float, reps: int, switch: str) -> dict:
-    from ina_collectives.launch import find_mpiexec
+    from ina_collectives.launch.ranks import find_mpiexec
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
     env.update(INA_SWITCH=switch, PYTHONPATH=str(Path(__file__).resolve().parent.parent))

@@ -11,6 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from ina_collectives.collectives import Collectives
+from ina_collectives.ina.engine import InaEngine
 from ina_collectives.settings import Settings
 
 COMM = MPI.COMM_WORLD
@@ -20,8 +21,8 @@ pytestmark = pytest.mark.skipif(COMM.Get_size() < 2,
                                 reason="needs several ranks: python -m bench.mpi -n 4")
 
 _ring = Collectives(COMM, Settings.load({"ring_min_bytes": 0, "switch": ""}))
-_auto = Collectives(COMM, Settings.load())
-_ina = Collectives(COMM, Settings.load({"switch_min_bytes": 0}))
+_auto = Collectives(COMM, Settings.load(), InaEngine)
+_ina = Collectives(COMM, Settings.load({"switch_min_bytes": 0}), InaEngine)
 
 
 def _label(nbytes: int) -> str:

@@ -40,6 +40,7 @@ from ina_collectives.collectives.agreement import CallSignature, agree, identity
 from ina_collectives.collectives.engine import AllreduceCall
 from ina_collectives.collectives.ops import Op, dtype_code
 from ina_collectives.collectives.waiting import Deadline, wait
+from ina_collectives.ina.engine import InaEngine
 from ina_collectives.settings import Settings
 
 COMM = MPI.COMM_WORLD
@@ -49,10 +50,11 @@ pytestmark = pytest.mark.skipif(COMM.Get_size() < 2,
                                 reason="needs several ranks: python -m bench.mpi -n 2 "
                                        "bench/test_call_cost.py")
 
-_ina = Collectives(COMM, Settings.load({"switch_min_bytes": 0}))
+_ina = Collectives(COMM, Settings.load({"switch_min_bytes": 0}), InaEngine)
 _unchecked = Collectives(COMM, Settings.load({"switch_min_bytes": 0,
-                                              "check_agreement": False}))
-_gated = Collectives(COMM, Settings.load({"switch_min_bytes": 0, "switch_opening": False}))
+                                              "check_agreement": False}), InaEngine)
+_gated = Collectives(COMM, Settings.load({"switch_min_bytes": 0, "switch_opening": False}),
+                     InaEngine)
 _peers = COMM.Dup()
 
 
@@ -60,8 +62,8 @@ def _sizes() -> tuple[int, int]:
     """The exponent round's int16 count and the vote's float64 count for this call, as
     the engine makes them (1 + the first window's exponents; 4 per aggregator + 1)."""
     x = np.ones(NBYTES // 4, np.float32)
-    proposal = _ina.ina.prepare(AllreduceCall(x, np.empty_like(x), Op.SUM)).proposal
-    return proposal.size, 4 * len(_ina.ina.aggregators.addresses) + 1
+    proposal = _ina.switch_engine.prepare(AllreduceCall(x, np.empty_like(x), Op.SUM)).proposal
+    return proposal.size, 4 * len(_ina.switch_engine.aggregators.addresses) + 1
 
 
 def _gloo():
@@ -94,7 +96,7 @@ def test_call_cost(benchmark, system):
     signature = CallSignature(CallSignature.ARRAYS, send.size, dtype_code(send.dtype), 0,
                               "bench")
     seq = iter(range(1, 1 << 30))
-    width, window = _ina.ina.window_size(), np.zeros(exponents, np.int16)
+    width, window = _ina.switch_engine.window_size(), np.zeros(exponents, np.int16)
 
     def collective(request_of):
         return lambda: wait(request_of(), Deadline(60), lambda: system)
@@ -103,7 +105,7 @@ def test_call_cost(benchmark, system):
     ident = identity(signature)
 
     def opening():
-        opened = _ina.ina.open(ident, _ina.ina.prepare(call), Deadline(60))
+        opened = _ina.switch_engine.open(ident, _ina.switch_engine.prepare(call), Deadline(60))
         assert opened.outcome == "agreed", opened
 
     run = {
@@ -126,7 +128,7 @@ def test_call_cost(benchmark, system):
         done = {"ina": _ina, "ina-gate": _gated, "ina-unchecked": _unchecked}[system].stats.last
         assert done["engine"] == "ina", done
     if system == "ina":  # every call opened through the switch, and ended without a vote
-        assert _ina.ina.vote_free_calls >= ROUNDS, _ina.ina.switch_state()
-        assert _ina.ina.opened_calls >= ROUNDS, _ina.ina.switch_state()
+        assert _ina.switch_engine.vote_free_calls >= ROUNDS, _ina.switch_engine.switch_state()
+        assert _ina.switch_engine.opened_calls >= ROUNDS, _ina.switch_engine.switch_state()
     benchmark.extra_info.update(ranks=n, bytes=NBYTES, exponent_values=exponents,
                                 vote_values=votes, protocol=P.PROTOCOL_VERSION)

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 import ina_collectives.torch as hvd  # noqa: E402
 from ina_collectives.collectives import Collectives  # noqa: E402
+from ina_collectives.ina.engine import InaEngine  # noqa: E402
 from ina_collectives.settings import Settings  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -71,7 +72,7 @@ def test_overhead_64mib_hvd(benchmark, runtime):
 def test_overhead_64mib_direct(benchmark):
     """The same call without the Horovod runtime (no background thread running)."""
     x = np.ones(16 << 20, np.float32)
-    direct = Collectives(COMM, Settings.load({"switch_min_bytes": 0}))
+    direct = Collectives(COMM, Settings.load({"switch_min_bytes": 0}), InaEngine)
     benchmark.group = "horovod-overhead-64MiB"
     COMM.Barrier()
     benchmark.pedantic(lambda: direct.allreduce(x, out=x), rounds=5, iterations=1,

@@ -17,7 +17,7 @@ import numpy as np
 
 
 def launch(args: argparse.Namespace) -> int:
-    from ina_collectives.launch import find_mpiexec
+    from ina_collectives.launch.ranks import find_mpiexec
     from ina_collectives.switch.embedded import embedded_switch
 
     mpiexec = find_mpiexec()

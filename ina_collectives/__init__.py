@@ -61,10 +61,11 @@ def init(comm: Any = None, **settings: Any) -> None:
     from mpi4py import MPI
 
     from .collectives import Collectives
+    from .ina.engine import InaEngine
     from .settings import Settings
 
     loaded = Settings.load(settings)
-    _state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded)
+    _state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded, InaEngine)
 
 
 def finalize() -> None:

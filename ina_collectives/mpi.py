@@ -19,6 +19,7 @@ from .collectives import buffers
 from .collectives.agreement import CallSignature
 from .collectives.chooser import Collectives
 from .collectives.ops import Op, as_op, check_supported
+from .ina.engine import InaEngine
 from .settings import Settings
 
 
@@ -43,7 +44,7 @@ class Intracomm(MPI.Intracomm):
         state = getattr(self, "_ina_state", None)
         if state is None:
             settings = getattr(self, "_ina_settings", None) or Settings.load()
-            state = self._ina_state = Collectives(MPI.Intracomm(self), settings)
+            state = self._ina_state = Collectives(MPI.Intracomm(self), settings, InaEngine)
         return state
 
     def ina_stats(self) -> dict[str, Any]:

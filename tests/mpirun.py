@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from ina_collectives.launch import find_mpiexec
+from ina_collectives.launch.ranks import find_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 

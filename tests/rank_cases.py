@@ -119,7 +119,7 @@ def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[
     first = ina.allreduce(np.full(count, 1.0 + comm.rank, np.float32))
     served_first = ina.stats()["last_call"]["engine"]
     if comm.rank == 1:
-        deaf_from_the_stream(ina._state.ina.link)
+        deaf_from_the_stream(ina._state.switch_engine.link)
     comm.barrier()
     x = np.arange(count, dtype=np.float32) * (comm.rank + 1)
     start = time.monotonic()

@@ -618,7 +618,7 @@ def test_ina_run_with_two_running_switches_lets_the_ranks_stripe(tmp_path, ina_r
         for r in results:
             assert r["stats"]["switch"]["striped_calls"] == 1, (r["stats"], output)
     with pytest.raises(SystemExit):  # --aggregators is for the embedded switches
-        from ina_collectives.launch import parse_args
+        from ina_collectives.launch.cli import parse_args
         parse_args(["-np", "2", "--switch", "127.0.0.1:1", "--aggregators", "2", "true"])
 
 
@@ -669,7 +669,7 @@ def test_ina_run_names_a_missing_target(tmp_path, pipeline, closed_tcp_port, ina
 
 
 def test_ina_run_names_a_missing_launcher(monkeypatch, tmp_path):
-    from ina_collectives import launch
+    from ina_collectives.launch import cli as launch
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(launch.LaunchError, match="no mpiexec beside the interpreter"):

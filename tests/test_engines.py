@@ -12,11 +12,12 @@ from mpi4py import MPI
 
 from ina_collectives.collectives import Collectives
 from ina_collectives.collectives.engine import AllreduceCall
-from ina_collectives.collectives.ina_engine import InaEngine
 from ina_collectives.collectives.mpi_engine import MpiEngine
 from ina_collectives.collectives.ops import Op
+from ina_collectives.collectives.recovery import ErrorPath
 from ina_collectives.collectives.ring import RingEngine
-from ina_collectives.collectives.striping import Shares
+from ina_collectives.ina.engine import InaEngine
+from ina_collectives.ina.striping import Shares
 from ina_collectives.settings import Settings
 
 
@@ -39,7 +40,7 @@ def test_mpi_declines_what_it_cannot_reduce():
 
 def test_ina_with_no_aggregator_answering_is_unavailable_with_the_reason(closed_udp_port):
     settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.3)
-    engine = InaEngine(MPI.COMM_SELF, settings)
+    engine = InaEngine(MPI.COMM_SELF, settings, ErrorPath(MPI.COMM_SELF, settings.timeout))
     try:
         reason = engine.declines(call(size=1 << 20))
         assert reason.startswith("ina: aggregator unavailable (rank 0: ")
@@ -61,7 +62,7 @@ def test_ina_declines_what_the_switch_cannot_sum():
 
 @pytest.fixture
 def one_rank():
-    coll = Collectives(MPI.COMM_SELF, Settings(ring_min_bytes=64))
+    coll = Collectives(MPI.COMM_SELF, Settings(ring_min_bytes=64), InaEngine)
     yield coll
     coll.free()
 
@@ -130,11 +131,11 @@ def test_an_absent_aggregator_is_passed_over_with_its_reason_and_tried_again(
     answer at every call without waiting (its news rides on the call's agreement) and
     never blocks on a probe; with the agreement check off, it probes with a wait at calls
     1, 3, 7, 15 (after 1, 2, 4, 8 calls) instead."""
-    from ina_collectives.collectives import aggregators as ina_engine
+    from ina_collectives.ina import aggregators as ina_engine
 
     settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.2,
                         switch_min_bytes=0, ring_min_bytes=0, check_agreement=check_agreement)
-    coll = Collectives(MPI.COMM_SELF, settings)
+    coll = Collectives(MPI.COMM_SELF, settings, InaEngine)
     probes, looks = [], []
     monkeypatch.setattr(ina_engine, "_answers",
                         lambda prober, timeout: probes.append(coll.stats.calls + 1) or False)
@@ -173,7 +174,7 @@ def test_rank_0_whose_installed_port_is_taken_keeps_calling_on_the_ring(closed_u
     settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.2,
                         switch_min_bytes=0, ring_min_bytes=0, job=77,
                         worker_ports=str(port))
-    coll = Collectives(MPI.COMM_SELF, settings)  # (its link had the port, and closed it)
+    coll = Collectives(MPI.COMM_SELF, settings, InaEngine)  # (its link had the port, closed)
     taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         taken.bind(("0.0.0.0", port))
@@ -201,7 +202,7 @@ def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
 
     settings = Settings(switch=f"127.0.0.1:{closed_udp_port}", switch_join_timeout=0.5,
                         switch_min_bytes=0, ring_min_bytes=0)
-    coll = Collectives(MPI.COMM_SELF, settings)
+    coll = Collectives(MPI.COMM_SELF, settings, InaEngine)
     try:
         x = make_input("float32", "sum", 5000, 7, 0)
         np.testing.assert_array_equal(coll.allreduce(x), x)
@@ -242,7 +243,7 @@ def test_ina_with_one_of_two_aggregators_answering_serves_from_that_one(closed_u
     with embedded_switch() as sw:
         settings = Settings(switch=f"{sw.address_text},127.0.0.1:{closed_udp_port}",
                             switch_join_timeout=0.3, switch_min_bytes=0, ring_min_bytes=0)
-        coll = Collectives(MPI.COMM_SELF, settings)
+        coll = Collectives(MPI.COMM_SELF, settings, InaEngine)
         try:
             x = make_input("float32", "sum", 100_000, 9, 0)
             check_within_bound(coll.allreduce(x), "float32", "sum", 100_000, 9, 1)
@@ -268,7 +269,7 @@ def test_a_job_granted_fewer_slots_runs_with_them_and_grows_when_they_free_up():
         holder.join(5.0)
         settings = Settings(switch=sw.address_text, switch_slots=8, switch_min_bytes=0,
                             ring_min_bytes=0)
-        coll = Collectives(MPI.COMM_SELF, settings)
+        coll = Collectives(MPI.COMM_SELF, settings, InaEngine)
         try:
             x = make_input("float32", "sum", 200_000, 12, 0)
             check_within_bound(coll.allreduce(x), "float32", "sum", 200_000, 12, 1)

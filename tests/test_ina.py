@@ -236,7 +236,7 @@ def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
     every call after it, exact within the bound, every rank alike."""
     import threading
 
-    from ina_collectives.launch import free_udp_ports
+    from ina_collectives.launch.cli import free_udp_ports
 
     port = free_udp_ports(1)[0]
     case = ("float32", "sum", 100_000)

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from ina_collectives import launch
-from ina_collectives import launch_horovodrun as horovodrun
+from ina_collectives.launch import cli as launch
+from ina_collectives.launch import horovodrun
 from ina_collectives.switch.embedded import embedded_switch
 
 PRINT_SWITCH = "import os; print('switch=' + os.environ.get('INA_SWITCH', '?'))"
@@ -66,7 +66,7 @@ def test_ina_run_never_initialises_mpi_itself(run_python):
     """The launcher starts MPI jobs; it must not be one (importing mpi4py.MPI runs
     MPI_Init, which aborts where MPI's network settings do not apply). Run it with that
     import made to fail: the embedded switch, the controller and the ranks all work."""
-    code = "import sys\nfrom ina_collectives.launch import main\nsys.exit(main(sys.argv[1:]))\n"
+    code = "import sys\nfrom ina_collectives.launch.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     proc = run_python(code, "-np", "2", "--", sys.executable, "-c", PRINT_SWITCH,
                       block=("mpi4py.MPI",), timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -78,7 +78,7 @@ def test_importing_the_launcher_side_leaves_mpi_uninitialised(run_python):
     import initialises MPI): checked in a fresh interpreter, without a launcher."""
     proc = run_python(
         "import sys\n"
-        "import ina_collectives, ina_collectives.launch, ina_collectives.switch\n"
+        "import ina_collectives, ina_collectives.launch.cli, ina_collectives.switch\n"
         "import ina_collectives.control\n"
         "print(sorted(m for m in sys.modules if m.startswith('mpi4py')))\n"
         "print('mpi4py.MPI' in sys.modules)\n")
@@ -292,7 +292,7 @@ def test_ranks_that_do_not_start_within_the_start_timeout_stop_the_job(tmp_path,
     """A launcher that starts rank 0 of 2 and never rank 1: at --start-timeout ina-run
     names rank 1, stops rank 0 and returns 2, without waiting for the job."""
     fake = tmp_path / "mpiexec"
-    # Given "-disable-auto-cleanup -n N python launch_rank.py DIR COMMAND": rank 0 only.
+    # Given "-disable-auto-cleanup -n N python rank.py DIR COMMAND": rank 0 only.
     fake.write_text('#!/bin/sh\nshift 3\nPMI_RANK=0 exec "$@"\n')
     fake.chmod(0o755)
     marker = str(tmp_path / "never-started-rank")

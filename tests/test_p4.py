@@ -228,8 +228,8 @@ def test_core_imports_without_the_p4_extra(run_python):
     switch, the controller module and ina-run import without them."""
     code = """
 import ina_collectives, ina_collectives.switch, ina_collectives.control
-import ina_collectives.launch, ina_collectives.control.schema, ina_collectives.switch.embedded
-from ina_collectives.launch import p4_extra_installed
+import ina_collectives.launch.cli, ina_collectives.control.schema, ina_collectives.switch.embedded
+from ina_collectives.launch.cli import p4_extra_installed
 assert not p4_extra_installed()
 try:
     ina_collectives.control.Controller("127.0.0.1:1", push="never").connect()
@@ -249,7 +249,7 @@ def test_ina_run_without_the_p4_extra_lets_the_ranks_join(tmp_path, run_python):
               "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
     code = f"""
 import sys
-from ina_collectives.launch import main
+from ina_collectives.launch.cli import main
 sys.exit(main(["-np", "2", "--", sys.executable, "-m", "tests.rank_cases", "ina_cases",
                {json.dumps(params)!r}, {str(tmp_path)!r}]))
 """

@@ -786,7 +786,7 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     n = p["count"]
     first = hvd.allreduce(torch.full((n,), 1.0 + r), op=hvd.Sum, name="first")
     if r == 1:  # from the stream on (the call's opening still gets through)
-        deaf_from_the_stream(world.require().runtime.collectives.ina.link)
+        deaf_from_the_stream(world.require().runtime.collectives.switch_engine.link)
     hvd.barrier()
     x = torch.arange(n, dtype=torch.float32) * (r + 1)
     start = time.monotonic()
@@ -816,7 +816,7 @@ def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
     hvd.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30)
     r = hvd.rank()
     n = p["count"]
-    ina = world.require().runtime.collectives.ina
+    ina = world.require().runtime.collectives.switch_engine
 
     def pair(scale: float) -> list[torch.Tensor]:
         return [torch.arange(n, dtype=torch.float32) * (r + 1) * scale,

@@ -60,7 +60,7 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
     max of over the ranks (the first window's exponent proposals of a switch call);
     ``width`` must be the same on every rank, whatever each one's call. One allgather:
     this is the chooser's gate (recovery.py), where a rank that could not finish its
-    last call posts ``trouble`` instead."""
+    last call posts TROUBLE instead (recovery.trouble)."""
     row = _row(width)
     row[:SIGNATURE] = (call.kind, call.count, call.dtype, call.op, news)
     if window is not None:
@@ -107,21 +107,16 @@ def disagree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadl
 SIGNATURE = 5  # the int64 columns of a row before the window: 4 compared, then news
 
 
+def columns(width: int) -> int:
+    """The int64 columns of a row of a gate of ``width`` window values (a rank in
+    trouble posts a row as long: recovery.trouble)."""
+    return SIGNATURE + -(-width // 4)
+
+
 def _row(width: int) -> np.ndarray:
     """A rank's row for a gate of ``width`` window values: the signature's columns, then
     the window's int16 values four to an int64 column, each PROPOSAL_NONE (the smallest
     int16, which loses every max) until set."""
-    row = np.empty(SIGNATURE + -(-width // 4), np.int64)
+    row = np.empty(columns(width), np.int64)
     row[SIGNATURE:].view(np.int16)[:] = PROPOSAL_NONE
     return row
-
-
-def trouble(comm: MPI.Intracomm, seconds: float, what: str, width: int) -> None:
-    """The chooser's gate from a rank that could not finish ``what`` alone: its row says
-    TROUBLE (recovery.py), as long as the others' (``width``: the window values they
-    pass); bounded by ``seconds``."""
-    row = _row(width)
-    row[:SIGNATURE] = (TROUBLE, 0, 0, 0, 0)
-    everyone = np.empty((comm.Get_size(), row.size), dtype=np.int64)
-    wait(comm.Iallgather(row, everyone), Deadline(seconds),
-         lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}")

@@ -1,10 +1,12 @@
 """The chooser: one communicator's collectives. It checks a call, picks its engine, hands
 a call an engine gave up to the fallback, and keeps the stats. The only place that
-decides which engine serves a call."""
+decides which engine serves a call, and the owner of the communicator's error path
+(recovery.py). It knows engines only by the protocol of engine.py: a switch engine is
+given to it (``switch_engine``), so this layer never imports one."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -12,15 +14,12 @@ from mpi4py import MPI
 from .. import protocol as P
 from ..errors import AggregatorUnavailable, AgreementError, CommunicatorBroken
 from ..settings import Settings
-from .agreement import Agreed, CallSignature, agree, disagree, identity, trouble
-from .engine import AllreduceCall, Engine, was_refused
-from .ina_engine import InaEngine
+from .agreement import Agreed, CallSignature, agree, columns, disagree, identity
+from .engine import AllreduceCall, Engine, Opened, was_refused
 from .mpi_engine import MpiEngine
-from .opening import Opened
-from .ops import Op, as_op, check_supported, dtype_code
+from .ops import Op, as_op, check_quorum, check_supported, dtype_code
 from .peers import TorchPeers
-from .preparing import Prepared
-from .quorum import Quorum
+from .recovery import ErrorPath
 from .ring import RingEngine
 from .stats import Stats
 from .waiting import Deadline, wait
@@ -31,7 +30,11 @@ log = logging.getLogger("ina_collectives")
 class Collectives:
     """The library's state for one communicator (what Horovod calls its global state)."""
 
-    def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings):
+    def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings,
+                 switch_engine: Callable[[Any, Settings, ErrorPath], Engine] | None = None):
+        """``switch_engine(comm, settings, error_path)`` makes the engine that serves
+        calls through the aggregators INA_SWITCH names (ina.InaEngine; collective),
+        tried first; needed where ``settings.switch`` is set."""
         # The peers: an MPI communicator, or (no MPI job: torchrun) a torch one.
         if not isinstance(comm, (MPI.Intracomm, TorchPeers)) or comm == MPI.COMM_NULL:
             raise TypeError(f"expected an mpi4py intracommunicator, got {comm!r}")
@@ -43,26 +46,29 @@ class Collectives:
         if settings.require_switch and not settings.switch:
             raise AggregatorUnavailable("INA_REQUIRE_SWITCH is set but no switch is "
                                         "configured: set INA_SWITCH=host:port")
+        if settings.switch and switch_engine is None:
+            raise ValueError("INA_SWITCH is set, and this communicator was given no switch "
+                             "engine (pass switch_engine=ina_collectives.ina.InaEngine)")
         self.comm = comm.Dup()
         self.settings = settings
         self.stats = Stats()
+        self.errors = ErrorPath(self.comm, settings.timeout)
         # The exact engine that finishes a call another engine gave up midway: the ring,
         # or where it cannot run (gloo's peers, no MPI job) the peers' own allreduce.
         self.ring = RingEngine(self.comm, settings)
         self.fallback: Engine = self.ring if self.ring.usable else MpiEngine(self.comm)
-        # Without INA_SWITCH there is no INA engine at all (no fallback reason to count).
+        # Without INA_SWITCH there is no switch engine at all (no fallback reason to count).
         try:
-            self.ina = InaEngine(self.comm, settings) if settings.switch else None
+            self.switch_engine = (switch_engine(self.comm, settings, self.errors)
+                                  if settings.switch else None)
         except BaseException:
             self.comm.Free()  # init failed: nothing of it stays
             raise
-        if self.ina is not None:
-            self.stats.transport = self.ina.totals
-            self.stats.switch_state = self.ina.switch_state
-            if settings.check_agreement:  # every call starts with the agreement: a gate
-                self.ina.gate = self._trouble
-        self.engines: list[Engine] = ([self.ina] if self.ina else []) + [
+        if settings.check_agreement:  # every call starts with the agreement: a gate
+            self.errors.set_gate(lambda: columns(self._window_size()))
+        self.engines: list[Engine] = ([self.switch_engine] if self.switch_engine else []) + [
             self.ring, MpiEngine(self.comm)]
+        self.stats.reports = [engine.report for engine in self.engines]
         self._seq = 0
         self._broken: str | None = None
 
@@ -144,20 +150,19 @@ class Collectives:
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
             lambda: f"{recv.size} x {recv.dtype} {op.name}")
         self._seq += 1
-        ina = self.ina
         while True:
             if not self.settings.check_agreement:
                 prepared = agreed = None
-                if ina is not None:
-                    ina.at_call_boundary(self._seq, None)
+                self._at_call_boundary(None)
                 engine, passed_over = self._choose(call)
                 break
             engine, passed_over = self._choose(call)
-            if ina is not None and ina.opens():
+            opener = self._opener()
+            if opener is not None:
                 # The gate through the switch: the call's opening agrees on the call and
                 # on a switch call's first window, with no host collective.
-                prepared = ina.prepare(call) if engine is ina else None
-                opened = self._open(signature, call.value_bits, deadline, prepared)
+                prepared = engine.prepare(call)
+                opened = self._open(opener, signature, call.value_bits, deadline, prepared)
                 if opened is None:
                     continue  # an opening failed and nothing was lost: choose again
                 agreed = Agreed(0, opened.window)
@@ -167,27 +172,22 @@ class Collectives:
                 break
             # One gate per call: the agreement also agrees on a switch call's first
             # window of exponents, as long as every rank's window (window_size).
-            width = ina.window_size() if ina is not None else 0
-            prepared = ina.prepare(call) if engine is ina else None
-            if prepared is not None and (prepared.quorum or prepared.proposal.size > width):
-                prepared = None  # (a quorum call agrees on all its chunks' own)
-            agreed = self._agree(signature, deadline,
-                                 ina.answers_again() if ina is not None else 0,
+            width = self._window_size()
+            prepared = engine.prepare(call, width)
+            agreed = self._agree(signature, deadline, self._answers_again(),
                                  prepared.proposal if prepared is not None else None, width)
             if agreed is None:
                 continue  # a rescue ran (the aggregator may be gone): choose again
-            if ina is not None:  # a call boundary, the same on every rank
-                layout = ina.layout()
-                ina.at_call_boundary(self._seq, agreed.news)
-                if ina.layout() != layout:  # joined again, or grown: choose again
-                    engine, passed_over = self._choose(call)
-                    prepared = None
+            layout = self._layout()  # a call boundary, the same on every rank
+            self._at_call_boundary(agreed.news)
+            if self._layout() != layout:  # joined again, or grown: choose again
+                engine, passed_over = self._choose(call)
+                prepared = None
             break
         first = (agreed.window[:prepared.proposal.size]
                  if prepared is not None and agreed is not None else None)
         try:
-            handover = (engine.run(call, deadline, prepared, first) if engine is ina
-                        else engine.run(call, deadline))
+            handover = engine.run(call, deadline, prepared, first)
             if handover is not None and handover.rechoose:  # its opening failed
                 passed_over.append(handover.reason)
                 engine, more = self._choose(call)
@@ -212,21 +212,59 @@ class Collectives:
             raise
         self.stats.record(engine.name, recv.nbytes, passed_over)
 
-    def _open(self, signature: CallSignature, value_bits: int, deadline: Deadline,
-              prepared: Prepared | None = None) -> Opened | None:
+    # -- the engines' hooks, asked of every engine alike --------------------------------
+
+    def _opener(self) -> Engine | None:
+        """The engine through which the next call's gate opens, if any does."""
+        return next((engine for engine in self.engines if engine.opens()), None)
+
+    def _window_size(self) -> int:
+        return max(engine.window_size() for engine in self.engines)
+
+    def _answers_again(self) -> int:
+        return max(engine.answers_again() for engine in self.engines)
+
+    def _layout(self) -> tuple:
+        return tuple(engine.layout() for engine in self.engines)
+
+    def _at_call_boundary(self, news: int | None) -> None:
+        for engine in self.engines:
+            engine.at_call_boundary(self._seq, news)
+
+    def help_rescue(self, what: str) -> None:
+        """Collective, when a gate (this communicator's, or its owner's) showed TROUBLE:
+        this rank takes part in the rescue (recovery.py) through the engine whose calls
+        end without a vote."""
+        if not any(engine.help_rescue(what) for engine in self.engines):
+            raise CommunicatorBroken(f"a rank could not finish {what}, and this "
+                                     "communicator has no switch engine")
+
+    def next_collective_is_gate(self, columns: int | None) -> None:
+        """The owner of this communicator's next collective (the runtime: its negotiation,
+        or the next call's opening) says whether it is a gate, whose rows are
+        ``columns`` int64 values, or (None) not one: a switch call then ends with a vote
+        (recovery.py)."""
+        self.errors.set_gate(None if columns is None else (lambda: columns),
+                             background=True)
+
+    def past_gate(self) -> None:
+        """The owner's gate passed without TROUBLE: every rank is past its last call."""
+        self.errors.forget()
+
+    def _open(self, opener: Engine, signature: CallSignature, value_bits: int,
+              deadline: Deadline, prepared: Any = None) -> Opened | None:
         """The gate while the switch serves and takes openings: the call's opening
-        (InaEngine.open), this call's number a call boundary first. None when the ranks
+        (``opener.open``), this call's number a call boundary first. None when the ranks
         must choose again (an opening failed, or the aggregators changed); raises
         AgreementError on every rank when the switch saw their calls differ."""
-        ina = self.ina
-        layout = ina.layout()
-        ina.at_call_boundary(self._seq, 0)
-        if ina.layout() != layout:
+        layout = self._layout()
+        self._at_call_boundary(0)
+        if self._layout() != layout:
             return None
         try:
-            opened = ina.open(identity(signature, value_bits), prepared, deadline)
+            opened = opener.open(identity(signature, value_bits), prepared, deadline)
             if opened.outcome == "mismatch":
-                disagree(self.comm, signature, self._seq, deadline, ina.window_size())
+                disagree(self.comm, signature, self._seq, deadline, self._window_size())
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable
         except BaseException as exc:
@@ -252,13 +290,9 @@ class Collectives:
         try:
             agreed = agree(self.comm, signature, self._seq, deadline, news, window, width)
             if agreed.trouble:
-                if self.ina is None:
-                    raise CommunicatorBroken("a rank could not finish a switch call, and "
-                                             "this communicator has no switch engine")
-                self.ina.help_rescue(f"the switch call before allreduce #{self._seq}")
+                self.help_rescue(f"the switch call before allreduce #{self._seq}")
                 return None
-            if self.ina is not None:  # every rank is past its last call: nothing to keep
-                self.ina.kept = None
+            self.errors.forget()  # every rank is past its last call: nothing to keep
             return agreed
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable
@@ -298,7 +332,7 @@ class Collectives:
         same k: AgreementError on every rank otherwise (``checked``: the caller compared
         the ranks' k already, as the Horovod runtime's negotiation does)."""
         self._check_usable()
-        Quorum.check(k)
+        check_quorum(k)
         if not checked:
             both = np.array([k, -k], np.int64)
             extremes = np.empty_like(both)
@@ -308,21 +342,20 @@ class Collectives:
                 raise AgreementError(f"the ranks asked for different quorums (from "
                                      f"{-extremes[1]} to {extremes[0]}); every rank must "
                                      "call set_quorum with the same k")
-        if self.ina is not None:
-            self.ina.quorum.set(k)
+        for engine in self.engines:
+            engine.set_quorum(k)
 
     def opens_served(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
         """Whether an allreduce of this dtype, op and size, made next, would open through
         the switch and be served by it (the runtime's gate for the call before it:
         a rank in trouble meets the others when their opening fails, recovery.py)."""
-        ina = self.ina
-        return (ina is not None and ina.can_open()
-                and ina.declines_kind(np.dtype(dtype), op, nbytes) is None)
+        return any(engine.opens_served(np.dtype(dtype), op, nbytes)
+                   for engine in self.engines)
 
     def quorum_active(self) -> bool:
         """Whether switch-served calls now complete with fewer than every worker (an
         AVERAGE then divides each chunk by the workers it counted; docs/quorum.md)."""
-        return self.ina is not None and 0 < self.ina.quorum.k < self.size
+        return any(engine.quorum_active() for engine in self.engines)
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None,
                         news: int = 0) -> int | None:
@@ -333,41 +366,38 @@ class Collectives:
         if not self.settings.check_agreement:
             return None
         while True:
-            if self.ina is not None and self.ina.opens():
-                if self._open(signature, 0, deadline or Deadline(self.settings.timeout)):
+            opener = self._opener()
+            if opener is not None:
+                if self._open(opener, signature, 0,
+                              deadline or Deadline(self.settings.timeout)):
                     return 0  # (news is for a missing aggregator: none is)
                 continue
-            width = self.ina.window_size() if self.ina is not None else 0
+            width = self._window_size()
             agreed = self._agree(signature, deadline or Deadline(self.settings.timeout),
                                  news, None, width)
             if agreed is not None:
                 return agreed.news
-
-    def _trouble(self, what: str) -> None:
-        """The INA engine's gate here: this rank could not finish ``what`` alone."""
-        trouble(self.comm, self.settings.timeout, what,
-                self.ina.window_size() if self.ina is not None else 0)
 
     def finish_calls(self) -> None:
         """Collective, before the communicator goes: a rank that could not finish the
         last switch call alone may still need this rank's kept window (recovery.py). A
         gate of its own, bounded by the silence bound (the time a stream takes to give
         up) plus a margin; no answer only logs."""
-        if self.ina is None or self.ina.kept is None or self.ina.gate is None:
+        if self.errors.kept is None or not self.errors.gated:
             return
         signature = CallSignature(CallSignature.FINISH, -1, -1, -1, "finalize")
         bound = Deadline(self.settings.switch_silence + 5.0)
         try:
             while True:
-                width = self.ina.window_size()
+                width = self._window_size()
                 agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None, width)
                 if not agreed.trouble:
                     break
-                self.ina.help_rescue("the last switch call")
+                self.help_rescue("the last switch call")
         except Exception as exc:  # (the ranks may free at different times: log only)
             log.warning("at finalize, the ranks did not all confirm the last switch "
                         "call: %s", exc)
-        self.ina.kept = None
+        self.errors.forget()
 
     def _check_usable(self) -> None:
         if self._broken is not None:

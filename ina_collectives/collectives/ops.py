@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ..protocol import MAX_WORKERS
+
 
 class Op(enum.Enum):
     SUM = "sum"
@@ -92,3 +94,10 @@ def dtype_code(dtype: np.dtype) -> int:
     """A small integer naming dtype, equal on every rank of a job."""
     known = RING_DTYPES + MPI_ONLY_DTYPES
     return known.index(dtype) if dtype in known else 1000 + dtype.num
+
+
+def check_quorum(k: Any) -> int:
+    """The quorum an API takes (0: sync; docs/quorum.md), as an int, or ValueError."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= MAX_WORKERS:
+        raise ValueError(f"quorum must be an int 0 (sync) .. {MAX_WORKERS}, got {k!r}")
+    return int(k)

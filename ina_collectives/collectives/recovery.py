@@ -23,11 +23,14 @@ next one. It gives its window to a rank that lacks it, stands in for a rank stil
 the call it was opening (every rank then takes that call to the ring), or, where no rank
 lacks anything, every rank starts its call again (``restart``).
 
-Both steps are bounded and say what they wait for.
+Both steps are bounded and say what they wait for. ``ErrorPath`` holds a communicator's
+part of it: whether its owner's next collective is a gate, and the kept window; it is the
+only writer of both, and the engines reach them through its methods.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -126,3 +129,80 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
 _ROLES = {CLEAN: "finished it", FAILED: "its stream failed",
           NAN_OR_INF: "a result said an input held a NaN or an Inf",
           OPENING: "it finished its last call and could not open the next"}
+
+
+def trouble(comm: MPI.Intracomm, columns: int, seconds: float, what: str,
+            background: bool = False) -> None:
+    """A gate from a rank that could not finish ``what`` alone: its row of ``columns``
+    int64 values (as long as the others' rows in that gate) says TROUBLE; bounded by
+    ``seconds``. ``background``: the caller is the runtime's thread (waiting.wait)."""
+    row = np.zeros(columns, np.int64)
+    row[0] = TROUBLE
+    everyone = np.empty((comm.Get_size(), columns), np.int64)
+    wait(comm.Iallgather(row, everyone), Deadline(seconds),
+         lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}",
+         background=background)
+
+
+class ErrorPath:
+    """One communicator's error path: whether its owner's next collective is a gate (the
+    chooser's agreement, the runtime's negotiation) and the window this rank kept of its
+    last vote-free call. The chooser owns it and the owner of the next collective says
+    whether it is a gate (``set_gate``); an engine posts TROUBLE (``report``), keeps a
+    window (``keep``) and runs the rescue (``help``, ``rescue``) through it."""
+
+    def __init__(self, comm: MPI.Intracomm, seconds: float):
+        self._comm, self._seconds = comm, seconds
+        self._gate: tuple[Callable[[], int], bool] | None = None
+        self._kept: Kept | None = None
+
+    # -- the gate -----------------------------------------------------------------------
+
+    def set_gate(self, columns: Callable[[], int] | None, background: bool = False
+                 ) -> None:
+        """The owner's next collective is a gate whose rows are ``columns()`` int64 values
+        long (``background``: made by the runtime's thread); None: it is not, and calls
+        end with a vote."""
+        self._gate = None if columns is None else (columns, background)
+
+    @property
+    def gated(self) -> bool:
+        return self._gate is not None
+
+    def report(self, what: str) -> None:
+        """Post TROUBLE in the gate: this rank could not finish ``what`` alone."""
+        if self._gate is None:
+            raise CommunicatorBroken(f"{what} needs the error path, and the next "
+                                     "collective is not a gate")
+        columns, background = self._gate
+        trouble(self._comm, columns(), self._seconds, what, background)
+
+    # -- the kept window ----------------------------------------------------------------
+
+    @property
+    def kept(self) -> Kept | None:
+        return self._kept
+
+    def keep(self, kept: Kept) -> None:
+        self._kept = kept
+
+    def forget(self) -> None:
+        """Every rank is past the last call (a gate passed without TROUBLE)."""
+        self._kept = None
+
+    # -- the rescue ---------------------------------------------------------------------
+
+    def rescue(self, role: int, call: int, dtype: np.dtype | None, what: str,
+               opening: int = -1, seq: int = 0) -> Rescue:
+        """``rescue`` with this rank's kept window, which it then forgets."""
+        got = rescue(self._comm, role, call, self._kept, dtype, self._seconds, what,
+                     opening, seq)
+        self._kept = None
+        return got
+
+    def help(self, what: str, seq: int) -> tuple[Rescue, Kept | None]:
+        """Collective with ranks that could not finish a call (a gate showed TROUBLE):
+        this rank finished it, and sends or stands by with its kept window, which it
+        returns with what every rank learned."""
+        kept = self._kept
+        return self.rescue(CLEAN, -1, None, what, seq=seq), kept

@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..settings import Settings
-from .engine import AllreduceCall, mpi_reduces
+from .engine import AllreduceCall, Engine, mpi_reduces
 from .ops import RING_DTYPES, UFUNC, Op
 from .peers import TorchPeers
 from .waiting import Deadline, wait, wait_all
@@ -137,7 +137,7 @@ class Ring:
         wait_all(sends, deadline, lambda: f"rank {right} to receive this rank's allgather chunks")
 
 
-class RingEngine:
+class RingEngine(Engine):
     name = "ring"
 
     def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings):
@@ -157,7 +157,8 @@ class RingEngine:
             return f"ring: below ring_min_bytes ({self.min_bytes})"
         return None
 
-    def run(self, call: AllreduceCall, deadline: Deadline) -> None:
+    def run(self, call: AllreduceCall, deadline: Deadline, prepared: object = None,
+            agreed_first: np.ndarray | None = None) -> None:
         if call.send is not None:
             np.copyto(call.recv, call.send)
         self.ring.allreduce(call.recv, call.op, deadline)

@@ -16,9 +16,9 @@ class Stats:
         self.bytes_by_engine: Counter[str] = Counter()
         self.fallback_reasons: Counter[str] = Counter()
         self.last: dict[str, Any] | None = None
-        self.transport: dict[str, float] = {}  # the INA link's counters (ina/link.py)
-        # The aggregator's periods: serving now, failures mid-call, returns after them.
-        self.switch_state: Callable[[], dict[str, Any]] | None = None
+        # The engines' own reports (Engine.report): a switch engine's link counters
+        # ("transport") and its aggregators' state ("switch").
+        self.reports: list[Callable[[], dict[str, Any]]] = []
 
     def record(self, engine: str, nbytes: int, passed_over: list[str]) -> None:
         """One call served by ``engine``; ``passed_over`` says why better engines declined."""
@@ -33,6 +33,9 @@ class Stats:
         self.last = {"engine": engine, "bytes": nbytes, "passed_over": list(passed_over)}
 
     def snapshot(self) -> dict[str, Any]:
+        reported: dict[str, Any] = {}
+        for report in self.reports:
+            reported.update(report())
         return {
             "calls": self.calls,
             "bytes": self.bytes,
@@ -40,11 +43,11 @@ class Stats:
             "bytes_by_engine": dict(self.bytes_by_engine),
             "fallback_reasons": dict(self.fallback_reasons),
             "last_call": dict(self.last) if self.last else None,
-            "transport": dict(self.transport),
-            "switch": (self.switch_state() if self.switch_state else
-                       {"configured": False, "serving": False,
-                        "reason": "no switch configured (INA_SWITCH is unset): every call "
-                                  "takes the ring or MPI"}),
+            "transport": {},
+            "switch": {"configured": False, "serving": False,
+                       "reason": "no switch configured (INA_SWITCH is unset): every call "
+                                 "takes the ring or MPI"},
+            **reported,
         }
 
 

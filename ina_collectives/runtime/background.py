@@ -33,8 +33,9 @@ from ..collectives.ops import Op, as_op
 from ..collectives.peers import TorchPeers
 from ..collectives.waiting import Deadline, wait
 from ..errors import CollectiveTimeout, InaError, OperationError
+from ..ina.engine import InaEngine
 from ..settings import Settings
-from .negotiation import Message, OpRequest, ReadinessTable, Ready, exchange, trouble
+from .negotiation import GATE_COLUMNS, Message, OpRequest, ReadinessTable, Ready, exchange
 
 log = logging.getLogger("ina_collectives")
 
@@ -138,8 +139,8 @@ class BackgroundRuntime:
                                f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level")
         self.settings = settings
         # The negotiation already compared every rank's call: skip the per-call check.
-        self.collectives = Collectives(comm, dataclasses.replace(settings,
-                                                                 check_agreement=False))
+        self.collectives = Collectives(
+            comm, dataclasses.replace(settings, check_agreement=False), InaEngine)
         self.comm = self.collectives.comm
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.table = ReadinessTable(self.size)
@@ -263,11 +264,9 @@ class BackgroundRuntime:
             message = Message([h.request for h in new], send_join, self._shutdown,
                               self._stalled)
         deadline = Deadline(self.settings.timeout)
-        ina = self.collectives.ina
         messages = exchange(self.comm, message, deadline, self.table.cycle + 1,
-                            ina.help_rescue if ina is not None else None)
-        if ina is not None:  # every rank is past its last call: nothing to keep
-            ina.kept = None
+                            self.collectives.help_rescue)
+        self.collectives.past_gate()  # every rank is past its last call: nothing to keep
         self.fusion["cycles"] += 1
         outcome = self.table.absorb(messages, time.monotonic())
         for failed in outcome.failed:
@@ -326,18 +325,15 @@ class BackgroundRuntime:
                 run.append(group)
                 spent += self._layout(group)[1] * np.dtype(group[0].request.wire).itemsize
         self._carry = [piece for group in groups[len(run):] for piece in group]
-        ina = self.collectives.ina
         for j, group in enumerate(run):
             # A call followed by a gate may be served without a vote (recovery.py): the
             # round's last call, with nothing after it, is followed by the next
             # negotiation; another, by the next call's opening through the switch (where a
             # rank in trouble meets the others when their opening fails).
-            if ina is not None:
-                gated = (not others if j == len(run) - 1 else self._opens(run[j + 1]))
-                ina.gate = self._trouble if gated else None
+            gated = (not others if j == len(run) - 1 else self._opens(run[j + 1]))
+            self.collectives.next_collective_is_gate(GATE_COLUMNS if gated else None)
             self._allreduce_group(group)
-        if ina is not None:
-            ina.gate = None
+        self.collectives.next_collective_is_gate(None)
         for item in others:
             kind = item.any_request().kind
             handle = self._local.inflight.get(item.name)
@@ -389,10 +385,6 @@ class BackgroundRuntime:
             offsets.append(end)
             end += piece.stop - piece.start
         return offsets, end
-
-    def _trouble(self, what: str) -> None:
-        """The INA engine's gate here: this rank could not finish ``what`` alone."""
-        trouble(self.comm, self.settings.timeout, what)
 
     def _fusion_groups(self, pieces: list[_Piece]) -> list[list[_Piece]]:
         """Runs of one dtype, op, scale and switch width, in the pieces' order, each of

@@ -204,13 +204,18 @@ class ReadinessTable:
         return tuple(failing)
 
 
+# The int64 columns of a rank's row in the negotiation's first allgather, the runtime's
+# gate (a rank in trouble posts a row as long: recovery.trouble).
+GATE_COLUMNS = 1
+
+
 def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: int,
              on_trouble: Callable[[str], None] | None = None) -> list[Message]:
     """Every rank's message of this cycle, in rank order (one or two allgathers).
 
     An idle cycle costs one allgather of one int64 per rank. That allgather is the
     runtime's gate (collectives/recovery.py): a rank that could not finish its last
-    switch call posts ``trouble`` instead; every rank then runs ``on_trouble`` (the
+    switch call posts TROUBLE instead; every rank then runs ``on_trouble`` (the
     rescue) and makes the allgather again."""
     payload = b"" if message == Message() else pickle.dumps(message, protocol=5)
     n = comm.Get_size()
@@ -237,10 +242,3 @@ def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: i
             for d, s in zip(displs.tolist(), sizes.tolist())]
 
 
-def trouble(comm: MPI.Intracomm, seconds: float, what: str) -> None:
-    """The runtime's gate from a rank that could not finish ``what`` alone (its
-    negotiation row says TROUBLE); bounded by ``seconds``."""
-    sizes = np.empty(comm.Get_size(), np.int64)
-    wait(comm.Iallgather(np.array([TROUBLE], np.int64), sizes), Deadline(seconds),
-         lambda: f"all {comm.Get_size()} ranks to take up the error path of {what}",
-         background=True)

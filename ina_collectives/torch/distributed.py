@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from ..collectives.ops import check_quorum
 from ..collectives.peers import TorchPeers, started_by_mpi
-from ..collectives.quorum import Quorum
 from ..errors import InaError
 from ..runtime import world
 from ..runtime.background import BackgroundRuntime, Handle
@@ -327,7 +327,7 @@ class ProcessGroupIna(dist.ProcessGroup):
     def set_quorum(self, k: int) -> None:
         """Quorum mode for this group's switch-served calls after this one (every rank
         calls it with the same k; ina_collectives.set_quorum)."""
-        Quorum.check(k)
+        check_quorum(k)
         request = OpRequest("quorum", self._name(), "none", "uint8", shape=(int(k),))
         self._work([self._runtime.submit(request)], lambda results: [], "set_quorum").wait()
 

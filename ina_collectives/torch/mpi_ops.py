@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..collectives.quorum import Quorum
+from ..collectives.ops import check_quorum
 from ..errors import CollectiveTimeout, InaError, OperationError, OperationTimeout
 from ..errors import OperationError as HorovodInternalError
 from ..runtime import world as _world
@@ -801,7 +801,7 @@ def set_quorum(k: int, process_set: ProcessSet = global_process_set) -> None:
     dropped for that step, and Average divides by the workers counted. 0: sync.
     ``stats()["switch"]["quorum"]`` says which ranks the last call left out
     (docs/quorum.md)."""
-    Quorum.check(k)
+    check_quorum(k)
     member = _member(process_set, "set_quorum")
     request = OpRequest("quorum", _name("set_quorum", None, member), "none", "uint8",
                         shape=(int(k),))

@@ -10,8 +10,8 @@ from types import ModuleType
 
 import numpy as np
 
-from ..ina.link import WorkerLink
-from .engine import AllreduceCall
+from ..collectives.engine import AllreduceCall
+from .link import WorkerLink
 
 # The most int16 values a gate carries for a call's first window: 1,152 bytes a rank,
 # every first window of up to 575 sub-blocks (netsim's at MTU 9000: S 8 x G 70, at

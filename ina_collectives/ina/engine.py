@@ -17,32 +17,32 @@ NaN/Inf in the input or a failed aggregator give the call back to the chooser
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
+from ..collectives.agreement import CallSignature, identity
+from ..collectives.engine import AllreduceCall, Engine, HandOver, Opened
+from ..collectives.ops import FLOAT_DTYPES, Op, dtype_code
+from ..collectives.recovery import FAILED, NAN_OR_INF, OPENING, ErrorPath, Kept
+from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
-from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
 from .aggregators import Aggregators
-from .agreement import CallSignature, identity
-from .engine import AllreduceCall, HandOver
-from .opening import Opened, open_call
-from .ops import FLOAT_DTYPES, Op, dtype_code
+from .link import StreamResult, WorkerLink
+from .opening import open_call
 from .outcome import vote
 from .preparing import Prepared, prepare, window_size
 from .quorum import Quorum
-from .recovery import CLEAN, FAILED, NAN_OR_INF, OPENING, Kept, rescue
 from .repair import repair_share
 from .striping import Shares, Streams
-from .waiting import Deadline, wait
 
 NONFINITE = "ina: NaN or Inf in the input (exact path)"
 
 
-class InaEngine:
+class InaEngine(Engine):
     """Allreduce computed by the aggregator ("the switch"), or by several (INA_SWITCH
     names them comma-separated): each call is then striped across the serving ones in
     contiguous shares of chunks that follow each one's measured throughput, each share
@@ -51,8 +51,8 @@ class InaEngine:
 
     name = "ina"
 
-    def __init__(self, comm: MPI.Intracomm, settings: Settings):
-        from ..ina import kernels
+    def __init__(self, comm: MPI.Intracomm, settings: Settings, errors: ErrorPath):
+        from . import kernels
 
         self.comm, self.settings = comm, settings
         self.kernels = kernels
@@ -65,11 +65,9 @@ class InaEngine:
         self.shares = Shares(len(self.aggregators.addresses))
         self.streams = Streams(len(self.aggregators.addresses), settings,
                                self.aggregators.where)
-        # The owner's gate (see recovery.py): posts this rank's TROUBLE row in the
-        # collective every rank makes next on the communicator, naming the call; None
-        # while the next collective is not a gate (then calls end with a vote).
-        self.gate: Callable[[str], None] | None = None
-        self.kept: Kept | None = None      # the last window of the last vote-free call
+        # The communicator's error path (recovery.py), the chooser's: whether the next
+        # collective is a gate, and the last window of the last vote-free call.
+        self.errors = errors
         self.vote_free_calls = self.rescued_calls = 0
         self.opened_calls = self.failed_openings = 0
 
@@ -90,12 +88,16 @@ class InaEngine:
     def answers_again(self) -> int:
         return self.aggregators.answers_again()
 
-    def at_call_boundary(self, seq: int, answers: int | None = None) -> None:
-        self.aggregators.at_call_boundary(seq, answers)
+    def at_call_boundary(self, seq: int, news: int | None = None) -> None:
+        self.aggregators.at_call_boundary(seq, news)
 
     def close(self) -> None:
         self.aggregators.release()
         self.streams.close()
+
+    def report(self) -> dict[str, Any]:
+        """stats()'s "transport" (the links' counters) and "switch"."""
+        return {"transport": dict(self.totals), "switch": self.switch_state()}
 
     def switch_state(self) -> dict:
         """What stats()["switch"] reports: whether the aggregator serves, its outages and
@@ -179,18 +181,25 @@ class InaEngine:
             return 0
         return window_size(self.aggregators.links, self.serving())
 
-    def prepare(self, call: AllreduceCall) -> Prepared:
+    def prepare(self, call: AllreduceCall, width: int | None = None) -> Prepared | None:
         """The call made ready for its exponent agreement (preparing.prepare), split by
-        the shares in force."""
-        return prepare(call, self.aggregators.links, self.serving(), self._shares,
-                       0 < self.quorum.k < self.quorum.n, self.kernels)
+        the shares in force; with ``width`` (a gate of that many values), None where its
+        proposal does not fit, or it is a quorum call (which agrees on every chunk's
+        exponents itself). None for a call this engine declines."""
+        if self.declines(call) is not None:
+            return None
+        prepared = prepare(call, self.aggregators.links, self.serving(), self._shares,
+                           0 < self.quorum.k < self.quorum.n, self.kernels)
+        if width is not None and (prepared.quorum or prepared.proposal.size > width):
+            return None
+        return prepared
 
     # -- a call's opening (docs/protocol.md) ------------------------------------------
 
     def opens(self) -> bool:
         """Whether the next call opens through the aggregator: it can (``can_open``),
         and there is a gate to report trouble in (recovery.py)."""
-        return self.gate is not None and self.can_open()
+        return self.errors.gated and self.can_open()
 
     def can_open(self) -> bool:
         """One aggregator named, and it serves and takes openings; sync mode."""
@@ -199,6 +208,15 @@ class InaEngine:
         return (self.settings.switch_opening and len(agg.addresses) == 1
                 and link is not None and link.opens
                 and not 0 < self.quorum.k < self.quorum.n)
+
+    def opens_served(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
+        return self.can_open() and self.declines_kind(dtype, op, nbytes) is None
+
+    def set_quorum(self, k: int) -> None:
+        self.quorum.set(k)
+
+    def quorum_active(self) -> bool:
+        return 0 < self.quorum.k < self.quorum.n
 
     def open(self, ident: int, prepared: Prepared | None, deadline: Deadline) -> Opened:
         """Collective through the switch (``opens()`` must hold, alike on every rank): the
@@ -221,16 +239,15 @@ class InaEngine:
             return Opened("mismatch")
         if outcome == "done":
             self.opened_calls += 1
-            self.kept = None  # every rank is past its last call
+            self.errors.forget()  # every rank is past its last call
             return Opened("agreed", window)
         self.failed_openings += 1
         agg = self.aggregators
         here = f"{agg.where(0)}: {outcome}"
         what = f"the opening of call #{self.aggregators.seq}"
-        self.gate(f"{what}: {here}")
-        got = rescue(self.comm, OPENING, -1, self.kept, None, s.timeout, what,
-                     opening=self.quorum.calls + 1, seq=agg.seq)
-        self.kept = None
+        self.errors.report(f"{what}: {here}")
+        got = self.errors.rescue(OPENING, -1, None, what, opening=self.quorum.calls + 1,
+                                 seq=agg.seq)
         reason = (f"ina: the aggregator failed at the opening of a call on rank(s) "
                   f"{got.failed}; here: {here}")
         self.shares.forget(0)
@@ -267,8 +284,8 @@ class InaEngine:
         call_number, quorum = self.quorum.next_call()
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (recovery.py): its outcome is in the results.
-        vote_free = self.gate is not None and not quorum and len(parts) == 1
-        self.kept = None
+        vote_free = self.errors.gated and not quorum and len(parts) == 1
+        self.errors.forget()
         if agreed_first[0]:
             return HandOver(NONFINITE, x)
         agreed = prepared.agreed(agreed_first)
@@ -423,7 +440,7 @@ class InaEngine:
             if out is not call.recv:
                 np.copyto(call.recv, out, casting="unsafe")
             start = max(c0, c1 - agg.links[i].slots) * k
-            self.kept = Kept(self.quorum.calls, i, start, call.recv[start:].copy())
+            self.errors.keep(Kept(self.quorum.calls, i, start, call.recv[start:].copy()))
             self.vote_free_calls += 1
             return None
         what = f"switch call #{self.quorum.calls} ({call.nbytes} bytes)"
@@ -431,9 +448,8 @@ class InaEngine:
         here = (f"{agg.where(i)}: {result.reason}, {result.missing.size} chunks never "
                 f"completed (first {result.missing[:8].tolist()})" if not result.ok
                 else "a result said an input held a NaN or an Inf")
-        self.gate(f"{what}: {here}")
-        got = rescue(self.comm, role, self.quorum.calls, None, call.recv.dtype,
-                     self.settings.timeout, what, seq=agg.seq)
+        self.errors.report(f"{what}: {here}")
+        got = self.errors.rescue(role, self.quorum.calls, call.recv.dtype, what, seq=agg.seq)
         self.quorum.after_call(-1, -1, 0, 0, 0)
         if got.failed:
             self.shares.forget(i)
@@ -455,19 +471,17 @@ class InaEngine:
         self.rescued_calls += 1
         # Kept like any vote-free call's: if the others were at finalize, this rank's
         # finalize must make the gate they make again (Collectives.finish_calls).
-        self.kept = Kept(self.quorum.calls, i, got.start, got.values)
+        self.errors.keep(Kept(self.quorum.calls, i, got.start, got.values))
         return None
 
-    def help_rescue(self, what: str) -> None:
+    def help_rescue(self, what: str) -> bool:
         """Collective with ranks that could not finish a call (a gate showed TROUBLE):
         this rank finished it, and sends or stands by with its kept window; then marks
         the aggregator lost as they do when a stream failed."""
-        kept = self.kept
-        got = rescue(self.comm, CLEAN, -1, kept, None, self.settings.timeout, what,
-                     seq=self.aggregators.seq)
-        self.kept = None
+        got, kept = self.errors.help(what, self.aggregators.seq)
         if got.failed and kept is not None and self.aggregators.links[kept.aggregator]:
             self.shares.forget(kept.aggregator)
             self.aggregators.lost([kept.aggregator],
                                   f"ina: the aggregator failed mid-operation on rank(s) "
                                   f"{got.failed}", got.seq)
+        return True

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..ina.link import StreamResult
-from .waiting import Deadline, wait
+from ..collectives.waiting import Deadline, wait
+from .link import StreamResult
 
 
 @dataclass

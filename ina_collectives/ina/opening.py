@@ -8,28 +8,14 @@ failed).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import protocol as P
-from ..ina.link import WorkerLink
+from ..collectives.waiting import Deadline
 from ..settings import Settings
+from .link import WorkerLink
 from .preparing import Prepared
-from .waiting import Deadline
-
-
-@dataclass
-class Opened:
-    """How a call's opening ended (InaEngine.open), alike on every rank: "agreed" (with
-    ``window``, the max of every rank's proposal, for a switch call), "mismatch" (the
-    ranks called differently), "restart" (an opening failed and nothing is lost: every
-    rank chooses the call's engine again) or "to_ring" (an opening failed while a rank
-    was already streaming the call: every rank takes it to the ring)."""
-
-    outcome: str
-    window: np.ndarray | None = None
-    reason: str = ""
 
 
 def open_call(link: WorkerLink, ident: int, prepared: Prepared | None, call_number: int,

@@ -1,4 +1,4 @@
-"""What ina-run starts as each rank: ``python launch_rank.py DIR COMMAND...``.
+"""What ina-run starts as each rank: ``python rank.py DIR COMMAND...``.
 
 It runs COMMAND as its child and writes the child's exit to ``DIR/rank<r>.exit`` (JSON:
 rank, pid, returncode as subprocess gives it, negative for a signal, and the wall-clock
@@ -82,7 +82,7 @@ def _die_with_parent(parent: int) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print("usage: launch_rank.py DIR COMMAND...", file=sys.stderr)
+        print("usage: rank.py DIR COMMAND...", file=sys.stderr)
         return 2
     folder, command = argv[0], argv[1:]
     rank = rank_of(os.environ)

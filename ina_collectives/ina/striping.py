@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout
-from ..ina.link import StreamResult, WorkerLink
 from ..settings import Settings
-from .waiting import Deadline
+from .link import StreamResult, WorkerLink
 
 log = logging.getLogger("ina_collectives")
 

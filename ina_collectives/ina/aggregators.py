@@ -23,11 +23,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
+from ..collectives.waiting import Deadline, wait
 from ..errors import AggregatorUnavailable
-from ..ina.link import WorkerLink
 from ..protocol import udp_socket
 from ..settings import Settings
-from .waiting import Deadline, wait
+from .link import WorkerLink
 
 log = logging.getLogger("ina_collectives")
 REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank

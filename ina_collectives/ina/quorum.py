@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import protocol as P
+from ..collectives.ops import check_quorum
 
 log = logging.getLogger("ina_collectives")
 
@@ -24,7 +25,7 @@ class Quorum:
 
     def __init__(self, n: int, rank: int, k: int, max_skips: int):
         self.n, self.rank = n, rank
-        self.k = self.check(k)
+        self.k = check_quorum(k)
         self.max_skips = max_skips
         self.generation = 0  # the control plane's mode last adopted (0: none yet)
         # calls in a row each rank was left out of a chunk: the staleness bound's count
@@ -33,20 +34,13 @@ class Quorum:
         self._stamp = 0  # the quorum stamped in the packets of the call under way
         self.quorum_calls = self.waited_calls = self.changes = 0
         self.calls_left_out = 0  # quorum calls that left this rank out of some chunk
-        self.repaired = 0  # chunks a rank lost that another sent it (collectives/repair.py)
+        self.repaired = 0  # chunks a rank lost that another sent it (repair.py)
         self.last: dict[str, Any] = {}
-
-    @staticmethod
-    def check(k: int) -> int:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) \
-                or not 0 <= k <= P.MAX_WORKERS:
-            raise ValueError(f"quorum must be an int 0 (sync) .. {P.MAX_WORKERS}, got {k!r}")
-        return int(k)
 
     def set(self, k: int) -> None:
         """Quorum k (0: sync) from the next call on; the caller made sure every rank
         asks the same k at the same point."""
-        self.k = self.check(k)
+        self.k = check_quorum(k)
 
     def next_call(self) -> tuple[int, int]:
         """(call number, quorum stamp) of the switch-served call about to start. The

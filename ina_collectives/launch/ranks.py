@@ -1,0 +1,268 @@
+"""The ranks of an ``ina-run`` job: started under mpiexec (each through ``rank.py``, which
+records its pid and how it ended) or torchrun, supervised, and stopped within a bound
+when one fails (``cli.py`` has the whole story in its docstring)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import LaunchError
+from ..settings import env_name
+
+
+def find_mpiexec() -> str:
+    """The mpiexec of the MPI that mpi4py uses (the mpich package puts it beside python)."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise LaunchError("no mpiexec beside the interpreter or on PATH: pip install mpich "
+                          "(or install ina-collectives, which depends on it)")
+    return found
+
+
+# After the first rank fails: how long the others get to end by themselves (their waits
+# raise at once, naming the failed rank), then SIGTERM, then SIGKILL STOP_KILL_AFTER later.
+GRACE_SECONDS = 5.0
+STOP_KILL_AFTER = 3.0
+RANK_WRAPPER = Path(__file__).resolve().parent / "rank.py"
+
+
+def describe_exit(rank: int, pid: Any, returncode: int) -> str:
+    """``rank 1 (pid 1234) was killed by signal 9 (SIGKILL)`` or ``... exited with code 3``."""
+    who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+    if returncode < 0:
+        try:
+            name = f" ({signal.Signals(-returncode).name})"
+        except ValueError:
+            name = ""
+        return f"{who} was killed by signal {-returncode}{name}"
+    return f"{who} exited with code {returncode}"
+
+
+def exit_code_of(returncode: int) -> int:
+    """A rank's end as a shell reports it: its code, or 128 + the signal that killed it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class RankWatch:
+    """The ranks' pid and exit records in a temporary folder (written by
+    rank.py, which starts each rank), and the marker that tells the
+    survivors' bounded waits that a rank failed (collectives/waiting.py reads it)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def _records(self, suffix: str) -> dict[int, dict[str, Any]]:
+        found = {}
+        for path in self.folder.glob(f"rank*{suffix}"):
+            try:
+                record = json.loads(path.read_text())
+                found[int(record["rank"])] = record
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written (it is renamed into place) or foreign
+        return found
+
+    def exits(self) -> dict[int, dict[str, Any]]:
+        return self._records(".exit")
+
+    def first_failure(self) -> dict[str, Any] | None:
+        failed = [r for r in self.exits().values() if r.get("returncode")]
+        return min(failed, key=lambda r: (r.get("time", 0), r["rank"])) if failed else None
+
+    def not_started(self, np_: int) -> list[int]:
+        """The ranks of 0 .. np_ - 1 with neither a pid nor an exit record yet."""
+        seen = set(self._records(".pid")) | set(self.exits())
+        return [r for r in range(np_) if r not in seen]
+
+    def running(self) -> dict[int, dict[str, Any]]:
+        """Ranks started and not reported ended: {rank: pid record}."""
+        ended = self.exits()
+        return {r: rec for r, rec in self._records(".pid").items() if r not in ended}
+
+    def mark_failed(self, message: str) -> None:
+        tmp = self.folder / ".failed.tmp"
+        tmp.write_text(message)
+        tmp.replace(self.folder / "failed")
+
+    def signal_running(self, signum: int) -> list[int]:
+        """Send ``signum`` to each running rank; the ranks signalled. SIGKILL goes to the
+        rank's process group (the rank and whatever it started) and its wrapper; other
+        signals to the wrapper, which passes them on once (to the group if it is gone)."""
+        hit = []
+        for rank, record in sorted(self.running().items()):
+            targets = [(record.get("wrapper"), os.kill), (record.get("pid"), os.killpg)]
+            for target, send in targets:
+                if not (isinstance(target, int) and target > 1):
+                    continue
+                try:
+                    send(target, signum)
+                except (ProcessLookupError, PermissionError):
+                    continue
+                hit.append(rank)
+                if signum != signal.SIGKILL:
+                    break
+        return sorted(set(hit))
+
+
+def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
+              mpiexec: str | None = None, grace: float = GRACE_SECONDS, *,
+              start_timeout: float | None = None, verbose: bool = False) -> int:
+    """mpiexec -n np_ COMMAND, each rank started through rank.py, which
+    records its pid and how it ended. Returns the job's exit code.
+
+    Hydra runs with -disable-auto-cleanup: ina-run does the cleanup itself, so that it
+    knows which rank failed first. When a rank fails (a non-zero exit or a signal),
+    ina-run names it on stderr, tells the others' bounded waits (they raise
+    CollectiveTimeout naming the failed rank), gives them ``grace`` seconds to end, then
+    sends SIGTERM to those still running and SIGKILL STOP_KILL_AFTER seconds later; the
+    exit code is the failed rank's (128 + N for signal N). Ctrl-C and SIGTERM are
+    passed to the launcher, which passes them to the ranks, with the same bounds.
+
+    ``start_timeout`` (seconds, default unbounded): every rank must have started by
+    then; if not, ina-run names the ranks missing, stops the job (SIGTERM, then SIGKILL
+    STOP_KILL_AFTER later) and returns 2. ``verbose`` prints the mpiexec command."""
+    launcher = mpiexec or find_mpiexec()
+    with tempfile.TemporaryDirectory(prefix="ina-run-ranks-") as folder:
+        watch = RankWatch(Path(folder))
+        env = dict(env, **{env_name("run_dir"): folder})
+        if "MASTER_PORT" not in env:  # torch.distributed's env:// rendezvous, rank 0 here
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+        line = [launcher, "-disable-auto-cleanup", "-n", str(np_), sys.executable,
+                str(RANK_WRAPPER), folder, *command]
+        if verbose:
+            say(f"mpiexec command: {shlex.join(line)}")
+        start_by = None if start_timeout is None else time.monotonic() + start_timeout
+        process = subprocess.Popen(line, env=env)
+        received: list[int] = []
+
+        def forward(signum: int, _frame: object) -> None:
+            received.append(signum)
+            if process.poll() is None:
+                process.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return _supervise(process, watch, grace, received, np_, start_by)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            watch.signal_running(signal.SIGKILL)  # none should be left; none may be
+
+
+def _signal_ranks(watch: RankWatch, signum: int) -> None:
+    """Send ``signum`` to the ranks still running, saying which."""
+    hit = watch.signal_running(signum)
+    if hit:
+        print(f"ina-run: sent {signal.Signals(signum).name} to rank(s) "
+              f"{', '.join(map(str, hit))}", file=sys.stderr, flush=True)
+
+
+def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
+               received: list[int], np_: int = 0, start_by: float | None = None) -> int:
+    failure: dict[str, Any] | None = None
+    stop_at: float | None = None  # when the ranks still running get SIGTERM
+    stage = 0  # 0 running, 1 grace, 2 SIGTERM sent, 3 SIGKILL sent
+    late_start = False  # some rank had not started by start_by
+    while True:
+        try:
+            code = process.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            code = None
+        now = time.monotonic()
+        if stage == 0 and received:
+            stage, stop_at = 1, now + grace
+        if start_by is not None and stage == 0:
+            missing = watch.not_started(np_)
+            if not missing:
+                start_by = None
+            elif now >= start_by:
+                # A rank that never started leaves no grace to wait out: stop them all.
+                late_start, start_by = True, None
+                message = (f"ina-run: rank(s) {', '.join(map(str, missing))} of {np_} did "
+                           f"not start within the start timeout; stopping the job")
+                watch.mark_failed(message)
+                print(message, file=sys.stderr, flush=True)
+                _signal_ranks(watch, signal.SIGTERM)
+                if code is None:
+                    process.send_signal(signal.SIGTERM)  # mpiexec, still starting ranks
+                stage, stop_at = 2, now + STOP_KILL_AFTER
+        if failure is None and not received and not late_start:
+            failure = watch.first_failure()
+            if failure is not None:
+                what = describe_exit(failure["rank"], failure.get("pid"), failure["returncode"])
+                watch.mark_failed(f"ina-run: {what}")
+                others = sorted(watch.running())
+                print(f"ina-run: {what}" + (
+                    f"; the other ranks ({', '.join(map(str, others))}) get {grace:g} s to "
+                    f"end, then SIGTERM" if others else ""), file=sys.stderr, flush=True)
+                if stage == 0:
+                    stage, stop_at = 1, now + grace
+        if code is not None:
+            break
+        if stage in (1, 2) and stop_at is not None and now >= stop_at:
+            _signal_ranks(watch, signal.SIGTERM if stage == 1 else signal.SIGKILL)
+            stage, stop_at = stage + 1, now + STOP_KILL_AFTER
+        elif stage == 3 and stop_at is not None and now >= stop_at:
+            process.kill()  # the launcher itself did not end with its ranks
+            stop_at = None
+    if received:
+        return 128 + received[0]
+    if late_start:
+        return 2
+    if failure is not None:
+        return exit_code_of(failure["returncode"])
+    if code != 0:  # the launcher failed without a rank's record (or a rank elsewhere)
+        late = watch.first_failure()
+        if late is not None:
+            print("ina-run: " + describe_exit(late["rank"], late.get("pid"),
+                                              late["returncode"]), file=sys.stderr, flush=True)
+            return exit_code_of(late["returncode"])
+    return code
+
+
+def say(text: str) -> None:
+    print(f"ina-run: {text}", file=sys.stderr, flush=True)
+
+
+def run_torchrun(np_: int, command: Sequence[str], env: dict[str, str], *,
+                 verbose: bool = False) -> int:
+    """torchrun --nproc-per-node np_ COMMAND on this machine: the ranks are torch's, not
+    MPI's (backend "ina" then reaches its peers through gloo groups over torch's store).
+    torchrun supervises them: one failing ends the others. Ctrl-C and SIGTERM are passed
+    on. Returns torchrun's exit code."""
+    with socket.socket() as s:  # the rendezvous port: free now, torchrun binds it next
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    line = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(np_),
+            "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    if Path(command[0]).name.startswith("python"):
+        line += list(command[1:])          # torchrun runs a script with this Python
+    else:
+        line += ["--no-python", *command]
+    if verbose:
+        say(f"torchrun command: {shlex.join(line)}")
+    process = subprocess.Popen(line, env=env)
+    previous = {s: signal.signal(s, lambda signum, _: process.send_signal(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return process.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
