@@ -77,6 +77,7 @@ def finalize() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether init() has run (and finalize() has not since)."""
     return _state is not None
 
 
@@ -87,10 +88,12 @@ def _require() -> Any:
 
 
 def rank() -> int:
+    """This process's rank in init()'s communicator."""
     return _require().rank
 
 
 def size() -> int:
+    """The number of ranks in init()'s communicator."""
     return _require().size
 
 

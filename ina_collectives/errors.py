@@ -100,3 +100,8 @@ class P4RuntimeError(ControlError):
 
 class LaunchError(InaError):
     """ina-run cannot start the job: the launcher, the command or the switch is missing."""
+
+
+__all__ = ["InaError", "AgreementError", "CollectiveTimeout", "CommunicatorBroken",
+           "OperationError", "OperationTimeout", "AggregatorUnavailable", "SystemCallError",
+           "ControlError", "TargetUnavailable", "P4RuntimeError", "LaunchError"]

@@ -107,3 +107,6 @@ def _engines_take(dtype: np.dtype, op: Op) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+__all__ = ["Intracomm"]

@@ -235,8 +235,8 @@ class Settings:
         "",
         "The quantization and packet kernels: 'fast' (the compiled ones in _fast/; an "
         "error if they are not built), 'numpy' (the NumPy reference), or empty: the "
-        "compiled ones when built, else the reference. Read once, when the kernels are "
-        "first imported.",
+        "compiled ones when built, else the reference. Read at init, by each "
+        "communicator's switch engine.",
     )
     run_dir: str = _setting(
         "",

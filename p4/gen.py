@@ -11,7 +11,7 @@ repetitive; it is written here once, in loops. Names, ids and widths
 of everything the control plane touches come from ina_collectives.control.schema, which
 the controller and the software switch use too. The wire format (constants and the INA
 header) comes from ina_collectives.protocol, its one field table. The output depends only
-on the arguments: re-running this script changes nothing (tests/test_p4.py checks it).
+on the arguments: re-running this script changes nothing (tests/p4/test_gen.py checks it).
 The P4Info text needs protobuf (the package's p4 extra).
 """
 from __future__ import annotations

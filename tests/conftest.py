@@ -1,6 +1,6 @@
 """Fixtures and skip conditions shared by the test modules.
 
-Tests that launch a multi-rank job (mpiexec through tests/mpirun.py, or ina-run starting
+Tests that launch a multi-rank job (mpiexec through tests/integration/mpirun.py, or ina-run starting
 ranks) carry the ``mpi`` marker, so that ``pytest -m "not mpi"`` runs the tests that need
 no launcher alone, in seconds; ``make test`` runs all. A module whose every test launches
 sets ``pytestmark = pytest.mark.mpi``; elsewhere each launching test is marked itself. A
@@ -23,7 +23,7 @@ import pytest
 from ina_collectives.ina import kernels as kernel_module
 from ina_collectives.switch import send_faults
 from ina_collectives.switch.embedded import EmbeddedSwitch, embedded_switch
-from tests import mpirun
+from tests.integration import mpirun
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 BACKENDS = ["fast", "numpy"]

@@ -22,7 +22,7 @@ from .peers import TorchPeers
 from .recovery import ErrorPath
 from .ring import RingEngine
 from .stats import Stats
-from .waiting import Deadline, wait
+from .waiting import Deadline, wait, watch_run
 
 log = logging.getLogger("ina_collectives")
 
@@ -49,6 +49,7 @@ class Collectives:
         if settings.switch and switch_engine is None:
             raise ValueError("INA_SWITCH is set, and this communicator was given no switch "
                              "engine (pass switch_engine=ina_collectives.ina.InaEngine)")
+        watch_run(settings.run_dir)  # (ina-run's mark of a failed rank ends every wait)
         self.comm = comm.Dup()
         self.settings = settings
         self.stats = Stats()
@@ -139,9 +140,9 @@ class Collectives:
                        value_bits: int = 0) -> None:
         """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place).
         ``value_bits``: 16 asks the switch for 16-bit values for this call (the caller
-        has made sure every rank asks alike: the runtime's negotiation does)."""
+        has made sure every rank asks alike: the runtime's negotiation does). The caller
+        checked that an engine takes the dtype and op (ops.check_supported)."""
         self._check_usable()
-        check_supported(recv.dtype, op)
         if value_bits not in (0, *P.VALUE_BITS):
             raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
         call = AllreduceCall(send, recv, op, value_bits)
@@ -305,11 +306,11 @@ class Collectives:
         """Reduce the 1-D contiguous ``buf`` over all ranks into this rank's part,
         ``buf[bounds[rank][0]:bounds[rank][1]]`` (``bounds``: every rank's part, the same
         on every rank; the caller has made sure every rank called alike: the runtime's
-        negotiation does). On the ring: by arithmetic the switch gives a reduce-scatter
-        no bandwidth (it moves all of buf each way per worker, the ring (n-1)/n of it),
-        and measured on netsim an FSDP2 step with it was 0.85x gloo's."""
+        negotiation does; and that an engine takes the dtype and op). On the ring: by
+        arithmetic the switch gives a reduce-scatter no bandwidth (it moves all of buf
+        each way per worker, the ring (n-1)/n of it), and measured on netsim an FSDP2
+        step with it was 0.85x gloo's."""
         self._check_usable()
-        check_supported(buf.dtype, op)
         if len(bounds) != self.size or bounds[0][0] != 0 or bounds[-1][1] != buf.size or any(
                 a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
             raise ValueError(f"bounds {bounds} must cover the {buf.size} elements in order, "

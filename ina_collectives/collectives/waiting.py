@@ -8,26 +8,32 @@ from typing import Callable, Iterable
 from mpi4py import MPI
 
 from ..errors import CollectiveTimeout
-from ..settings import Settings
 
-# Under ina-run, the folder where it marks a failed rank (launch.py: RankWatch): a wait
-# that finds the mark gives up at once, naming the rank, instead of at its deadline.
-_RUN_DIR = Settings.value("run_dir")
-_RUN_FAILED = os.path.join(_RUN_DIR, "failed") if _RUN_DIR else None
+# Under ina-run, the mark it leaves in the rank's run folder when a rank failed
+# (launch/ranks.py: RankWatch): a wait that finds it gives up at once, naming the rank,
+# instead of at its deadline. Set at init (watch_run), from the settings' run_dir.
+_run_failed: str | None = None
 _next_look = 0.0
+
+
+def watch_run(run_dir: str) -> None:
+    """Look for ina-run's mark of a failed rank in ``run_dir`` (settings.run_dir: ina-run
+    sets it for each rank; empty: none to look for). The process's ranks share one."""
+    global _run_failed
+    _run_failed = os.path.join(run_dir, "failed") if run_dir else None
 
 
 def peer_failure() -> str | None:
     """ina-run's word that a rank of this job failed, or None; looks at most every 0.1 s."""
     global _next_look
-    if _RUN_FAILED is None:
+    if _run_failed is None:
         return None
     now = time.monotonic()
     if now < _next_look:
         return None
     _next_look = now + 0.1
     try:
-        with open(_RUN_FAILED) as f:
+        with open(_run_failed) as f:
             return f.read().strip() or "ina-run: a rank failed"
     except OSError:
         return None

@@ -17,7 +17,7 @@ import logging
 import random
 import socket
 import time
-from types import ModuleType
+from types import SimpleNamespace
 
 import numpy as np
 from mpi4py import MPI
@@ -44,7 +44,7 @@ class Aggregators:
     alike: ``links[i]`` is None while aggregator i is not used, and
     ``missing_reasons[i]`` says why."""
 
-    def __init__(self, comm: MPI.Intracomm, settings: Settings, kernels: ModuleType):
+    def __init__(self, comm: MPI.Intracomm, settings: Settings, kernels: SimpleNamespace):
         self.comm, self.settings, self.kernels = comm, settings, kernels
         self.addresses: list[tuple[str, int]] = []
         self.links: list[WorkerLink | None] = []
@@ -138,7 +138,7 @@ class Aggregators:
         error, lasting = None, True
         if n > P.MAX_WORKERS:
             error = f"{n} ranks exceed the aggregator's {P.MAX_WORKERS} workers"
-        elif kernels.BACKEND != "fast":
+        elif kernels.name != "fast":
             error = "the compiled fast path is not built"
         ports = [int(p) for p in settings.worker_ports.split(",") if p.strip()]
         # An installed job names each rank's port at each aggregator: n per aggregator.

@@ -55,13 +55,13 @@ class InaEngine(Engine):
         from . import kernels
 
         self.comm, self.settings = comm, settings
-        self.kernels = kernels
+        self.kernels = kernels.select(settings.kernels)
         self.totals: dict[str, float] = {}  # the links' counters, over reconnections
         self.calls_by_width: dict[int, int] = {}  # calls served, by value bits
         self.striped_calls = self.partial_handovers = self.standby_takeovers = 0
         self.quorum = Quorum(comm.Get_size(), comm.Get_rank(), settings.quorum,
                              settings.quorum_max_skips)
-        self.aggregators = Aggregators(comm, settings, kernels)
+        self.aggregators = Aggregators(comm, settings, self.kernels)
         self.shares = Shares(len(self.aggregators.addresses))
         self.streams = Streams(len(self.aggregators.addresses), settings,
                                self.aggregators.where)

@@ -2,10 +2,12 @@
 
 Both backends export exactly ``API`` (pyzmq's public_api pattern): the selector copies
 those names from the chosen one, so they cannot drift apart, and the kernel tests run
-against both. ``INA_KERNELS=numpy`` forces the reference; ``INA_KERNELS=fast`` makes a
-missing build an error instead of a silent fallback. ``BACKEND`` says which one was
-loaded. The INA engine itself needs the compiled backend (its windowed stream is
-_fast/transport.pyx): with the reference, every call takes the ring and stats() says so.
+against both. ``select(settings.kernels)`` is what an engine uses, chosen at its init:
+``numpy`` forces the reference; ``fast`` makes a missing build an error instead of a
+silent fallback. The module's own names are the default choice, for code that has no
+Settings (tests, benchmarks): ``BACKEND`` says which one that is. The INA engine
+itself needs the compiled backend (its windowed stream is _fast/transport.pyx): with
+the reference, every call takes the ring and stats() says so.
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ def load(name: str) -> SimpleNamespace:
     return SimpleNamespace(name=name, **found)
 
 
-def _default() -> SimpleNamespace:
-    wanted = Settings.value("kernels")
+def select(wanted: str) -> SimpleNamespace:
+    """The kernels the ``kernels`` setting asks for ("": the compiled ones when built,
+    else the reference)."""
     if wanted:
         return load(wanted)
     try:
@@ -46,7 +49,7 @@ def _default() -> SimpleNamespace:
         return load("numpy")
 
 
-_kernels = _default()
+_kernels = select(Settings.value("kernels"))
 BACKEND: str = _kernels.name
 block_exponents = _kernels.block_exponents
 quantize = _kernels.quantize

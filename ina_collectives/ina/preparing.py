@@ -6,7 +6,7 @@ stream, the rest ride in-band on the results).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def window_size(links: list[WorkerLink | None], serving: list[int]) -> int:
 
 
 def prepare(call: AllreduceCall, links: list[WorkerLink | None], serving: list[int],
-            edges: np.ndarray, quorum: bool, kernels: ModuleType) -> Prepared:
+            edges: np.ndarray, quorum: bool, kernels: SimpleNamespace) -> Prepared:
     """What a call needs before its exponents are agreed: the input (widened), the shares
     (``edges``: the chunk boundaries of the serving aggregators' shares, from a function
     of the chunk count), and this rank's proposal: [NaN or Inf seen in the first window,

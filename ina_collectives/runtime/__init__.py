@@ -2,7 +2,10 @@
 
 ``negotiation``: each cycle's agreement of the ranks on which named operations are
 ready, and the comparison of their metadata; ``background``: the thread that owns the
-communication, fuses ready allreduces and runs them through the collectives layer.
+communication, its cycle and the handles; ``scheduling``: the order, partitions and
+fusion of the ready allreduces (pure functions); ``scaling``: Horovod's prescale,
+postscale and AVERAGE around a reduction; ``host_collectives``: the other kinds, on the
+host by MPI; ``world``: the job as ``init`` made it, its process sets.
 The framework bindings (ina_collectives.torch) only convert tensors and build requests.
 """
 from .background import BackgroundRuntime, Handle

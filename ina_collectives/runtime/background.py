@@ -1,15 +1,12 @@
-"""The background runtime behind the Horovod-style API, framework-neutral (NumPy arrays).
+"""The background runtime behind the Horovod-style API, framework-neutral (NumPy arrays):
+the thread's cycle and the handles.
 
 One thread per process owns all communication of the runtime's communicator: callers
 ``submit`` a named operation and get a ``Handle``; every ``cycle_time`` the thread
 negotiates with the other ranks which operations are ready (negotiation.py), then runs
-them. Ready allreduces run in priority order (the lowest ``OpRequest.priority`` first,
-ties in the agreed order), cut into partitions of about ``partition_bytes``; a round runs
-at most that many bytes of them and carries the rest to the next round, where newly
-ready ones of a higher priority go before them (docs/ordering.md). Partitions of one
-dtype, op and scale are packed into a fusion buffer, each at a multiple of the switch's
-sub-block B (so that a float's quantization does not depend on its neighbours), and
-reduced with one call through ``Collectives`` (so INA serves them when it applies).
+them: the ready allreduces as ``scheduling`` orders, cuts and fuses them (docs/ordering.md),
+each fusion buffer reduced with one call through ``Collectives`` (so INA serves them when
+it applies) with Horovod's ``scaling``; the other kinds by ``HostCollectives``.
 Every wait is bounded: a peer that stops negotiating fails every pending handle with
 CollectiveTimeout, a tensor some ranks never submit fails after
 ``stall_shutdown_time`` naming them.
@@ -19,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,13 +25,15 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives.chooser import Collectives
-from ..collectives.ops import Op, as_op
 from ..collectives.peers import TorchPeers
-from ..collectives.waiting import Deadline, wait
+from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout, InaError, OperationError
 from ..ina.engine import InaEngine
 from ..settings import Settings
+from . import scaling, scheduling
+from .host_collectives import HostCollectives
 from .negotiation import GATE_COLUMNS, Message, OpRequest, ReadinessTable, Ready, exchange
+from .scheduling import Piece
 
 log = logging.getLogger("ina_collectives")
 
@@ -107,21 +105,6 @@ class Handle:
 
 
 @dataclass
-class _Piece:
-    """Elements [start, stop) of a ready allreduce: the unit the runtime orders, fuses
-    and reduces (the whole tensor unless it is larger than ``partition_bytes``)."""
-
-    item: Ready
-    start: int
-    stop: int
-    order: int  # when its tensor became ready (ties of priority keep the agreed order)
-
-    @property
-    def request(self) -> OpRequest:
-        return self.item.any_request()
-
-
-@dataclass
 class _Local:
     """This rank's submissions, in the order it made them."""
 
@@ -143,6 +126,7 @@ class BackgroundRuntime:
             comm, dataclasses.replace(settings, check_agreement=False), InaEngine)
         self.comm = self.collectives.comm
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
+        self.host = HostCollectives(self.collectives, settings.timeout)
         self.table = ReadinessTable(self.size)
         self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0}
         self._fusion_buffer = np.empty(0, np.uint8)
@@ -153,7 +137,7 @@ class BackgroundRuntime:
         self._sweep_at = 64
         # Ready partitions a round left for the next (the same on every rank), the
         # partitions of each tensor not reduced yet, and the number of the next ready one.
-        self._carry: list[_Piece] = []
+        self._carry: list[Piece] = []
         self._parts_left: dict[str, int] = {}
         self._ready_count = 0
         self._join_done: int | None = None  # every rank joined: finished once carried ran
@@ -310,21 +294,16 @@ class BackgroundRuntime:
     # -- running what is ready ------------------------------------------------------------
 
     def _execute(self, ready: list[Ready]) -> None:
+        s = self.settings
         others = [r for r in ready if r.any_request().kind != "allreduce"]
-        pieces = self._carry + self._cut([r for r in ready
-                                          if r.any_request().kind == "allreduce"])
-        fifo = self.settings.ordering == "fifo"
-        pieces.sort(key=lambda p: (0 if fifo else p.request.priority, p.order, p.start))
-        groups = self._fusion_groups(pieces)
-        run, budget, spent = groups, self.settings.partition_bytes, 0
-        if budget:
-            run = []
-            for group in groups:
-                if run and spent >= budget:
-                    break
-                run.append(group)
-                spent += self._layout(group)[1] * np.dtype(group[0].request.wire).itemsize
-        self._carry = [piece for group in groups[len(run):] for piece in group]
+        pieces, counts = scheduling.cut([r for r in ready
+                                         if r.any_request().kind == "allreduce"],
+                                        s.partition_bytes, s.switch_block, self._ready_count)
+        self._ready_count += len(counts)
+        self._parts_left.update(counts)
+        pieces = scheduling.order(self._carry + pieces, s.ordering == "fifo")
+        groups = scheduling.fusion_groups(pieces, s.fusion_threshold, s.partition_bytes)
+        run, self._carry = scheduling.take(groups, s.partition_bytes, s.switch_block)
         for j, group in enumerate(run):
             # A call followed by a gate may be served without a vote (recovery.py): the
             # round's last call, with nothing after it, is followed by the next
@@ -338,7 +317,7 @@ class BackgroundRuntime:
             kind = item.any_request().kind
             handle = self._local.inflight.get(item.name)
             try:
-                result = getattr(self, "_" + kind)(item.requests, handle.data if handle else {})
+                result = self.host.run(kind, item.requests, handle.data if handle else {})
             except InaError as exc:
                 self._finish(item.name, error=exc)
                 if isinstance(exc, CollectiveTimeout):
@@ -346,79 +325,18 @@ class BackgroundRuntime:
                 continue
             self._finish(item.name, result)
 
-    def _cut(self, reductions: list[Ready]) -> list[_Piece]:
-        """Each ready allreduce as its partitions: whole if it is at most
-        ``partition_bytes``, else in pieces of that many bytes (a multiple of the
-        sub-block B, the last one shorter)."""
-        pieces = []
-        limit = self.settings.partition_bytes
-        for item in reductions:
-            req = item.any_request()
-            count = math.prod(req.shape)
-            step = count
-            if limit and count * np.dtype(req.wire).itemsize > limit:
-                align = self._align(req)
-                step = max(align, limit // np.dtype(req.wire).itemsize // align * align)
-            starts = range(0, count, step) if count else [0]
-            self._parts_left[item.name] = len(starts)
-            for start in starts:
-                pieces.append(_Piece(item, start, min(start + step, count),
-                                     self._ready_count))
-            self._ready_count += 1
-        return pieces
-
-    def _align(self, req: OpRequest) -> int:
-        """Where a float tensor's pieces start in a fusion buffer: at a multiple of the
-        switch's sub-block B, so that every sub-block holds one tensor's values and their
-        quantization is the same wherever the tensor lands (elements otherwise)."""
-        return self.settings.switch_block if np.dtype(req.wire).kind == "f" else 1
-
-    def _layout(self, group: list[_Piece]) -> tuple[list[int], int]:
-        """Each piece's offset in the group's buffer, and the buffer's length: a lone
-        piece at 0 with no padding, fused ones each at a multiple of ``_align``."""
-        if len(group) == 1:
-            return [0], group[0].stop - group[0].start
-        align = self._align(group[0].request)
-        offsets, end = [], 0
-        for piece in group:
-            end = -(-end // align) * align
-            offsets.append(end)
-            end += piece.stop - piece.start
-        return offsets, end
-
-    def _fusion_groups(self, pieces: list[_Piece]) -> list[list[_Piece]]:
-        """Runs of one dtype, op, scale and switch width, in the pieces' order, each of
-        up to the fusion threshold (and ``partition_bytes``, where set) of bytes."""
-        groups: list[list[_Piece]] = []
-        open_groups: dict[tuple, tuple[list[_Piece], int]] = {}
-        limit = self.settings.fusion_threshold
-        if self.settings.partition_bytes:
-            limit = min(limit, self.settings.partition_bytes)
-        for piece in pieces:
-            req = piece.request
-            key = (req.wire, req.op, req.prescale, req.postscale, req.switch_bits)
-            nbytes = (piece.stop - piece.start) * np.dtype(req.wire).itemsize
-            members, used = open_groups.get(key, (None, 0))
-            if members is None or used + nbytes > limit:
-                members, used = [], 0
-                groups.append(members)
-            members.append(piece)
-            open_groups[key] = (members, used + nbytes)
-        return groups
-
-    def _opens(self, group: list[_Piece]) -> bool:
-        """Whether this group's call will open through the switch (as _reduce makes it)."""
+    def _opens(self, group: list[Piece]) -> bool:
+        """Whether this group's call will open through the switch (the chooser's answer
+        for the call ``_allreduce_group`` makes of it)."""
         req = group[0].request
-        wire = np.dtype(req.wire)
-        nbytes = self._layout(group)[1] * wire.itemsize
-        op = as_op(req.op)
-        return self.collectives.opens_served(wire, Op.SUM if op is Op.AVERAGE else op,
-                                             nbytes)
+        nbytes = scheduling.layout(group, self.settings.switch_block)[1] * req.wire.itemsize
+        op = scaling.collective_op(req, req.wire, self.collectives.quorum_active())
+        return self.collectives.opens_served(req.wire, op, nbytes)
 
-    def _allreduce_group(self, group: list[_Piece]) -> None:
+    def _allreduce_group(self, group: list[Piece]) -> None:
         req = group[0].request
-        wire = np.dtype(req.wire)
-        offsets, total = self._layout(group)
+        wire = req.wire
+        offsets, total = scheduling.layout(group, self.settings.switch_block)
         if len(group) > 1:
             if self._fusion_buffer.nbytes < total * wire.itemsize:
                 self._fusion_buffer = np.empty(max(total * wire.itemsize,
@@ -451,7 +369,7 @@ class BackgroundRuntime:
                 np.copyto(place, source[piece.start:piece.stop])
         try:
             if total:
-                self._reduce(buffer, req)
+                scaling.reduce(self.collectives, buffer, req, self.size)
         except InaError as exc:
             failed = {piece.item.name for piece in group}
             self._carry = [p for p in self._carry if p.item.name not in failed]
@@ -476,132 +394,3 @@ class BackgroundRuntime:
             self._parts_left.pop(name, None)
             if handle is not None:
                 self._finish(name, handle.data["recv"])
-
-    def _reduce(self, buffer: np.ndarray, req: OpRequest,
-                part: tuple[int, int] | None = None) -> None:
-        """Reduce ``buffer`` in place over all ranks with Horovod's semantics: prescale,
-        reduce, postscale (Average: divided by the number of ranks). ``part``: only
-        buffer[part[0]:part[1]] is wanted on this rank (a reducescatter: the ring's
-        reduce-scatter, (n-1)/n of the bytes where an allreduce moves them all each way;
-        the other ranks' parts are given too)."""
-        if req.prescale != 1.0:
-            _scale(buffer, req.prescale)
-        op = as_op(req.op)  # Average: a SUM here, then divided
-        if (op is Op.AVERAGE and req.postscale == 1.0 and buffer.dtype.kind == "f"
-                and self.collectives.quorum_active()):
-            # In quorum mode a switch-served chunk is divided by the workers it counted,
-            # which only the engine knows (docs/quorum.md).
-            self.collectives.allreduce_flat(None, buffer, Op.AVERAGE, req.switch_bits)
-            return
-        summed = Op.SUM if op is Op.AVERAGE else op
-        if part is None:
-            self.collectives.allreduce_flat(None, buffer, summed, req.switch_bits)
-        else:
-            row = buffer.size // max(req.shape[0], 1)
-            bounds = [(a * row, b * row) for a, b in
-                      (split_rows(req.shape[0], self.size, r) for r in range(self.size))]
-            self.collectives.reduce_scatter_flat(buffer, summed, bounds)
-            buffer = buffer[part[0]:part[1]]
-        if req.op == "average" and req.postscale == 1.0:
-            # A true division, not Horovod's multiplication by (float)(1 / size): one
-            # rounding fewer, and what Horovod's own tests expect at 3 ranks.
-            _divide(buffer, self.size)
-            return
-        post = req.postscale / (self.size if req.op == "average" else 1)
-        if post != 1.0:
-            _scale(buffer, post)
-
-    def _deadline_wait(self, request: MPI.Request, what: str) -> None:
-        wait(request, Deadline(self.settings.timeout), lambda: what, background=True)
-
-    def _allgather(self, reqs: dict[int, OpRequest], data: dict[str, Any]
-                   ) -> tuple[np.ndarray, list[int]]:
-        req = reqs[self.rank]
-        wire = np.dtype(req.wire)
-        row = math.prod(req.shape[1:]) * wire.itemsize
-        rows = [reqs[r].shape[0] for r in range(self.size)]
-        out = np.empty((sum(rows),) + req.shape[1:], wire)
-        counts = [n * row for n in rows]
-        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        self._deadline_wait(self.comm.Iallgatherv(
-            [_bytes(data["send"]), MPI.BYTE], [_bytes(out), counts, displs, MPI.BYTE]),
-            f"allgather '{req.name}' ({sum(counts)} bytes) to complete on all ranks")
-        return out, rows
-
-    def _broadcast(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> np.ndarray:
-        req = reqs[self.rank]
-        buf = data["buf"]
-        self._deadline_wait(self.comm.Ibcast([_bytes(buf), MPI.BYTE], root=req.root),
-                            f"broadcast '{req.name}' from rank {req.root} to complete")
-        return buf
-
-    def _alltoall(self, reqs: dict[int, OpRequest], data: dict[str, Any]
-                  ) -> tuple[np.ndarray, list[int]]:
-        req = reqs[self.rank]
-        wire = np.dtype(req.wire)
-        row = math.prod(req.shape[1:]) * wire.itemsize
-        received = [reqs[r].splits[self.rank] for r in range(self.size)]
-        out = np.empty((sum(received),) + req.shape[1:], wire)
-        send_counts = [n * row for n in req.splits]
-        recv_counts = [n * row for n in received]
-        offsets = lambda c: np.concatenate(([0], np.cumsum(c)[:-1])).tolist()  # noqa: E731
-        self._deadline_wait(self.comm.Ialltoallv(
-            [_bytes(data["send"]), send_counts, offsets(send_counts), MPI.BYTE],
-            [_bytes(out), recv_counts, offsets(recv_counts), MPI.BYTE]),
-            f"alltoall '{req.name}' to complete on all ranks")
-        return out, received
-
-    def _reducescatter(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> np.ndarray:
-        req = reqs[self.rank]
-        full = np.array(data["send"], copy=True).reshape(-1)
-        first, row = req.shape[0], math.prod(req.shape[1:])
-        start, stop = split_rows(first, self.size, self.rank)
-        if full.size:
-            self._reduce(full, req, (start * row, stop * row))
-        return full[start * row:stop * row].reshape((stop - start,) + req.shape[1:])
-
-    def _barrier(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> None:
-        self._deadline_wait(self.comm.Ibarrier(), "every rank to reach the barrier")
-
-    def _quorum(self, reqs: dict[int, OpRequest], data: dict[str, Any]) -> None:
-        # The negotiation compared every rank's k (the request's shape).
-        self.collectives.set_quorum(next(iter(reqs.values())).shape[0], checked=True)
-
-
-def split_rows(rows: int, parts: int, index: int) -> tuple[int, int]:
-    """Rows [start, stop) of part ``index``: as even as possible, the first parts larger
-    (torch.tensor_split's rule)."""
-    base, extra = divmod(rows, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
-
-
-def _scale(buffer: np.ndarray, factor: float) -> None:
-    """buffer *= factor as Horovod's CPU ScaleBuffer does: floats in their own dtype,
-    float16 in float32 math rounded once (not by a factor rounded to float16 first),
-    integers in float64, truncated toward zero."""
-    if buffer.dtype == np.float16:
-        buffer[...] = buffer.astype(np.float32) * np.float32(factor)
-    elif buffer.dtype.kind == "f":
-        np.multiply(buffer, buffer.dtype.type(factor), out=buffer)
-    else:
-        buffer[...] = np.trunc(buffer * factor)
-
-
-def _divide(buffer: np.ndarray, n: int) -> None:
-    """buffer /= n: floats correctly rounded (float16 through float32), integers
-    truncated toward zero, exactly."""
-    if n == 1:
-        return
-    if buffer.dtype == np.float16:
-        buffer[...] = buffer.astype(np.float32) / np.float32(n)
-    elif buffer.dtype.kind == "f":
-        np.divide(buffer, buffer.dtype.type(n), out=buffer)
-    else:
-        inexact_negative = (buffer < 0) & (buffer % n != 0)
-        np.floor_divide(buffer, n, out=buffer, casting="unsafe")
-        buffer[inexact_negative] += 1
-
-
-def _bytes(array: np.ndarray) -> np.ndarray:
-    return array.reshape(-1).view(np.uint8)

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
+from ..collectives.ops import Op, as_op
 from ..collectives.recovery import TROUBLE
 from ..collectives.waiting import Deadline, wait
 from ..errors import CommunicatorBroken
@@ -37,9 +38,9 @@ class OpRequest:
     kind: str                     # one of KINDS
     name: str
     dtype: str                    # the framework's dtype name, compared across ranks
-    wire: str                     # the NumPy dtype the data moves as
+    wire: np.dtype                # the NumPy dtype the data moves as (a name is taken)
     shape: tuple[int, ...] = ()
-    op: str = ""                  # reductions: sum, average, min, max, product
+    op: Op | None = None          # reductions (a name ops.as_op knows is taken)
     root: int = -1                # broadcast
     prescale: float = 1.0
     postscale: float = 1.0
@@ -47,10 +48,16 @@ class OpRequest:
     switch_bits: int = 0          # allreduce: 16 asks the switch for 16-bit values
     priority: int = 0             # allreduce: lower runs sooner (runtime/background.py)
 
+    def __post_init__(self) -> None:
+        # (Frozen: set once, here, so that every request holds an np.dtype and an Op.)
+        object.__setattr__(self, "wire", np.dtype(self.wire))
+        if self.op is not None and not isinstance(self.op, Op):
+            object.__setattr__(self, "op", as_op(self.op))
+
     def describe(self) -> str:
         parts = [f"{self.kind} '{self.name}'", f"{self.dtype}{list(self.shape)}"]
-        if self.op:
-            parts.append(self.op)
+        if self.op is not None:
+            parts.append(self.op.value)
         if self.root >= 0:
             parts.append(f"root {self.root}")
         return " ".join(parts)
@@ -160,7 +167,8 @@ class ReadinessTable:
 
         checks: list[tuple[str, Callable[[OpRequest], object]]] = [
             ("operation", lambda q: q.kind), ("dtype", lambda q: q.dtype),
-            ("reduction op", lambda q: q.op), ("root rank", lambda q: q.root),
+            ("reduction op", lambda q: q.op.value if q.op else "-"),
+            ("root rank", lambda q: q.root),
             ("prescale/postscale factors", lambda q: (q.prescale, q.postscale)),
             ("switch value bits (compression)", lambda q: q.switch_bits),
             ("priority", lambda q: q.priority)]

@@ -37,6 +37,7 @@ def _log_level(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``ina-switch``: run the software switch until Ctrl-C or SIGTERM; the exit code."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         __version__ = version("ina-collectives")

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ..collectives.ops import check_quorum
+from ..collectives.ops import Op, as_op, check_quorum
 from ..collectives.peers import TorchPeers, started_by_mpi
 from ..errors import InaError
 from ..runtime import world
@@ -63,8 +63,9 @@ from .staging import (
 BACKEND = "ina"
 log = logging.getLogger("ina_collectives")
 
-# torch's reduction ops -> the runtime's (AVG divides exactly, as the runtime's Average).
-_OPS = {"SUM": "sum", "AVG": "average", "PRODUCT": "product", "MIN": "min", "MAX": "max"}
+# torch's reduction ops the runtime computes (by ops.as_op's names; AVG divides exactly,
+# as the runtime's Average).
+_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
 _BITWISE = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
 
 class ProcessGroupIna(dist.ProcessGroup):
@@ -145,7 +146,8 @@ class ProcessGroupIna(dist.ProcessGroup):
             return self._sparse_allreduce(tensors, op)
         if op in _BITWISE:
             return self._bitwise_allreduce(tensors, op)
-        started = [submit_allreduce(self._live(), t, t, self._name(), op) for t in tensors]
+        started = [submit_allreduce(self._live(), check_tensor(t, "all_reduce"), t,
+                                    self._name(), op) for t in tensors]
         return self._work([h for h, _ in started], lambda results: [
             finish(r) for (_, finish), r in zip(started, results)], "allreduce")
 
@@ -157,7 +159,8 @@ class ProcessGroupIna(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         handles, finishes = [], []
         for t in tensors:
-            request = data_request("broadcast", t, self._name(), root=root)
+            request = data_request("broadcast", check_tensor(t, "broadcast"), self._name(),
+                                   root=root)
             buf = np.array(to_numpy(t), copy=True)
             handles.append(self._live().submit(request, buf=buf))
             finishes.append(_copy_into(t, buf))
@@ -242,7 +245,8 @@ class ProcessGroupIna(dist.ProcessGroup):
                 _check_like(input_tensors[j], out, "scatter")
                 stacked = torch.stack([t.detach() for t in input_tensors[j]])
             else:
-                stacked = torch.empty((n,) + tuple(out.shape), dtype=out.dtype)
+                stacked = torch.empty((n,) + tuple(check_tensor(out, "scatter").shape),
+                                      dtype=out.dtype)
             request = data_request("broadcast", stacked, self._name(), root=root)
             buf = np.array(to_numpy(stacked), copy=True)
             handles.append(self._live().submit(request, buf=buf))
@@ -258,7 +262,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         handles, finishes = [], []
         for out, inputs in zip(output_tensors, input_tensors):
             _check_count(inputs, self.size(), "reduce_scatter")
-            stacked = torch.stack([i.detach() for i in inputs])
+            stacked = torch.stack([check_tensor(i, "reduce_scatter").detach() for i in inputs])
             request = reduction_request("reducescatter", stacked, self._name(), op)
             handles.append(self._live().submit(request, send=np.ascontiguousarray(
                 to_numpy(stacked, widen=True))))
@@ -288,7 +292,8 @@ class ProcessGroupIna(dist.ProcessGroup):
         if sum(splits) != input.shape[0] or len(splits) != n:
             raise ValueError(f"all_to_all_single: input split sizes {splits} must be {n} "
                              f"counts summing to the first dimension {input.shape[0]}")
-        request = data_request("alltoall", input, self._name(), splits=tuple(splits))
+        request = data_request("alltoall", check_tensor(input, "all_to_all_single"),
+                               self._name(), splits=tuple(splits))
         handle = self._live().submit(request, send=np.ascontiguousarray(to_numpy(input)))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
@@ -309,7 +314,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         if len({tuple(t.shape) for t in [*input_tensors, *output_tensors]}) > 1:
             raise ValueError("all_to_all: backend 'ina' needs tensors of one shape for "
                              "every rank (all_to_all_single takes uneven splits)")
-        stacked = torch.stack([t.detach() for t in input_tensors])
+        stacked = torch.stack([check_tensor(t, "all_to_all").detach() for t in input_tensors])
         request = data_request("alltoall", stacked, self._name(), splits=(1,) * n)
         handle = self._live().submit(request, send=np.ascontiguousarray(to_numpy(stacked)))
 
@@ -398,7 +403,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         return f"c10d.{next(self._calls)}"
 
     def _gather(self, tensor: torch.Tensor) -> Handle:
-        row = tensor.detach().reshape((1,) + tuple(tensor.shape))
+        row = check_tensor(tensor, "all_gather").detach().reshape((1,) + tuple(tensor.shape))
         request = data_request("allgather", row, self._name())
         return self._live().submit(request, send=np.ascontiguousarray(to_numpy(row)))
 
@@ -660,14 +665,15 @@ def _communicator(store: Any, rank: int, size: int, timeout: datetime.timedelta,
     return comm
 
 
-def _op_name(opts: Any) -> str:
+def _op_name(opts: Any) -> Op | str:
+    """torch's reduce op as the runtime's Op, or the name of a bitwise one."""
     op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
     name = str(getattr(op, "op", op)).rsplit(".", 1)[-1]
     if name in _BITWISE:
         return name
     if name not in _OPS:
         raise ValueError(f"backend 'ina' does not support reduce op {name}")
-    return _OPS[name]
+    return as_op(name)
 
 
 def _check_count(tensors: Sequence[torch.Tensor], n: int, what: str) -> None:

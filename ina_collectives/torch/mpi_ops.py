@@ -87,6 +87,7 @@ atexit.register(shutdown)  # registered after mpi4py's finalize, so it runs befo
 
 
 def is_initialized() -> bool:
+    """Whether hvd.init() has run (and shutdown() has not since)."""
     return _world.current() is not None
 
 
@@ -122,26 +123,32 @@ def switch_min_bytes(process_set: Any = global_process_set) -> int:
 
 
 def size() -> int:
+    """The number of ranks in the job."""
     return _world.require().size
 
 
 def rank() -> int:
+    """This process's rank in the job."""
     return _world.require().rank
 
 
 def local_size() -> int:
+    """The number of ranks on this host."""
     return _world.require().local_size
 
 
 def local_rank() -> int:
+    """This process's rank among the ranks on this host."""
     return _world.require().local_rank
 
 
 def cross_size() -> int:
+    """The number of hosts with a rank of this local rank."""
     return _world.require().cross_size
 
 
 def cross_rank() -> int:
+    """This host's rank among the hosts (ranks of this local rank)."""
     return _world.require().cross_rank
 
 
@@ -161,18 +168,22 @@ def is_homogeneous() -> bool:
 # transport; it has no Gloo controller and no GPU (NCCL, CUDA, ROCm), DDL or oneCCL code.
 
 def mpi_enabled() -> bool:
+    """True: the ranks talk through MPI (mpi4py)."""
     return True
 
 
 def mpi_built() -> bool:
+    """True: built with MPI (mpi4py)."""
     return True
 
 
 def gloo_enabled() -> bool:
+    """False: Horovod's gloo controller is not used (torch.distributed's gloo is)."""
     return False
 
 
 def gloo_built() -> bool:
+    """False: Horovod's gloo controller is not built."""
     return False
 
 
@@ -182,18 +193,22 @@ def nccl_built() -> int:
 
 
 def ddl_built() -> bool:
+    """False: no DDL."""
     return False
 
 
 def ccl_built() -> bool:
+    """False: no oneCCL."""
     return False
 
 
 def cuda_built() -> bool:
+    """False: no CUDA collectives (CUDA tensors are staged through the host)."""
     return False
 
 
 def rocm_built() -> bool:
+    """False: no ROCm collectives."""
     return False
 
 
@@ -286,9 +301,17 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     sooner (docs/ordering.md); every rank must give the same. None: 0, or the
     enclosing ``ina_collectives.torch.overlap.priority`` block's."""
     check_tensor(tensor, "allreduce")
+    return _start_allreduce(tensor, name, op_of(op, average), prescale_factor,
+                            postscale_factor, process_set, priority)
+
+
+def _start_allreduce(tensor: torch.Tensor, name: str | None, op: str, prescale: float,
+                     postscale: float, process_set: ProcessSet,
+                     priority: int | None = None) -> int:
+    """allreduce_async of a checked tensor and op, into a new tensor."""
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _submit_allreduce(tensor, output, name, op_of(op, average), prescale_factor,
-                             postscale_factor, process_set, priority)
+    return _submit_allreduce(tensor, output, name, op, prescale, postscale, process_set,
+                             priority)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -308,9 +331,9 @@ class _AllreduceFunction(torch.autograd.Function):
                 prescale: float, postscale: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
         ctx.process_set = process_set
-        return synchronize(allreduce_async(tensor, name=name, op=op, prescale_factor=prescale,
-                                           postscale_factor=postscale,
-                                           process_set=process_set))
+        # (allreduce checked the tensor and the op.)
+        return synchronize(_start_allreduce(tensor, name, op, prescale, postscale,
+                                            process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -359,8 +382,8 @@ def _grouped(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
     member = _member(process_set, "grouped_allreduce")
     base = _name("allreduce", name, member)
     with member.runtime.together():
-        started = [submit_allreduce(member.runtime, check_tensor(t, "grouped_allreduce"),
-                                    o, f"{base}.{i}", op, prescale, postscale)
+        started = [submit_allreduce(member.runtime, t, o, f"{base}.{i}", op, prescale,
+                                    postscale)
                    for i, (t, o) in enumerate(zip(tensors, outputs))]
     return _register([h for h, _ in started],
                      lambda results: [finish(r) for (_, finish), r in zip(started, results)],
@@ -383,6 +406,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              name: str | None = None, op: Any = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
+    """In-place grouped_allreduce_async: the results replace the tensors' values."""
     tensors = [check_tensor(t, "grouped_allreduce") for t in tensors]
     return _grouped(tensors, tensors, name, op_of(op, average), prescale_factor,
                     postscale_factor, process_set)
@@ -394,9 +418,11 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple:
         ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
         ctx.process_set = process_set
-        return tuple(synchronize(grouped_allreduce_async(
-            tensors, name=name, op=op, prescale_factor=prescale, postscale_factor=postscale,
-            process_set=process_set)))
+        # (grouped_allreduce checked the tensors and the op.)
+        outputs = [torch.empty_like(t, memory_format=torch.contiguous_format)
+                   for t in tensors]
+        return tuple(synchronize(_grouped(tensors, outputs, name, op, prescale, postscale,
+                                          process_set)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
@@ -424,6 +450,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        name: str | None = None, op: Any = None, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """In-place grouped_allreduce: each tensor's values replaced by the reduction."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
@@ -516,7 +543,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 
 def _broadcast_submit(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
                       name: str | None, process_set: ProcessSet) -> int:
-    check_tensor(tensor, "broadcast")
+    """(The API checked the tensor.)"""
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise TypeError(f"root_rank must be an int, got {root_rank!r}")
     member = _member(process_set, "broadcast")
@@ -544,6 +571,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start overwriting ``tensor`` on every rank with root_rank's."""
+    check_tensor(tensor, "broadcast")
     return _broadcast_submit(tensor, tensor, root_rank, name, process_set)
 
 
@@ -552,7 +580,8 @@ class _BroadcastFunction(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return synchronize(_broadcast_submit(tensor, torch.empty_like(tensor), root_rank,
+                                             name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -566,6 +595,7 @@ class _BroadcastFunction(torch.autograd.Function):
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """root_rank's ``tensor`` on every rank, as a new tensor. Gradients flow."""
+    check_tensor(tensor, "broadcast")
     return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
 
 
@@ -646,7 +676,7 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 
 def _reducescatter_submit(tensor: torch.Tensor, name: str, op: str, prescale: float,
                           postscale: float, member: SetMember) -> tuple[Handle, Callable]:
-    check_tensor(tensor, "reducescatter")
+    """(The API checked the tensor.)"""
     if op not in (Average, Sum):
         raise ValueError(f"reducescatter supports hvd.Average and hvd.Sum, not {op!r}")
     if tensor.dim() == 0:
@@ -661,10 +691,17 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start reducing ``tensor`` over the set's ranks (Average by default) and keeping
     this rank's part of the first dimension (split as torch.tensor_split does)."""
+    check_tensor(tensor, "reducescatter")
+    return _start_reducescatter(tensor, name, op_of(op, None), process_set,
+                                prescale_factor, postscale_factor)
+
+
+def _start_reducescatter(tensor: torch.Tensor, name: str | None, op: str,
+                         process_set: ProcessSet, prescale: float, postscale: float) -> int:
+    """reducescatter_async of a checked tensor and op."""
     member = _member(process_set, "reducescatter")
     handle, finish = _reducescatter_submit(tensor, _name("reducescatter", name, member),
-                                           op_of(op, None), prescale_factor,
-                                           postscale_factor, member)
+                                           op, prescale, postscale, member)
     return _register([handle], lambda results: finish(results[0]),
                      f"reducescatter '{handle.request.name}' on all ranks")
 
@@ -678,10 +715,19 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_reducescatter needs at least one tensor")
+    tensors = [check_tensor(t, "grouped_reducescatter") for t in tensors]
+    return _start_grouped_reducescatter(tensors, name, op_of(op, None), process_set,
+                                        prescale_factor, postscale_factor)
+
+
+def _start_grouped_reducescatter(tensors: list[torch.Tensor], name: str | None, op: str,
+                                 process_set: ProcessSet, prescale: float,
+                                 postscale: float) -> int:
+    """grouped_reducescatter_async of checked tensors and op."""
     member = _member(process_set, "grouped_reducescatter")
-    base, op = _name("reducescatter", name, member), op_of(op, None)
-    started = [_reducescatter_submit(t, f"{base}.{i}", op, prescale_factor,
-                                     postscale_factor, member) for i, t in enumerate(tensors)]
+    base = _name("reducescatter", name, member)
+    started = [_reducescatter_submit(t, f"{base}.{i}", op, prescale, postscale, member)
+               for i, t in enumerate(tensors)]
     return _register([h for h, _ in started],
                      lambda results: [finish(r) for (_, finish), r in zip(started, results)],
                      f"grouped reducescatter '{base}' ({len(tensors)} tensors) on all ranks")
@@ -702,8 +748,8 @@ class _ReducescatterFunction(torch.autograd.Function):
                 process_set: ProcessSet, prescale: float, postscale: float) -> torch.Tensor:
         ctx.op, ctx.process_set, ctx.prescale, ctx.postscale = (op, process_set, prescale,
                                                                 postscale)
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale,
-                                               postscale))
+        return synchronize(_start_reducescatter(tensor, name, op, process_set, prescale,
+                                                postscale))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -728,8 +774,8 @@ class _GroupedReducescatterFunction(torch.autograd.Function):
                 prescale: float, postscale: float, *tensors: torch.Tensor) -> tuple:
         ctx.op, ctx.process_set, ctx.prescale, ctx.postscale = (op, process_set, prescale,
                                                                 postscale)
-        return tuple(synchronize(grouped_reducescatter_async(
-            tensors, name, op, process_set, prescale, postscale)))
+        return tuple(synchronize(_start_grouped_reducescatter(
+            list(tensors), name, op, process_set, prescale, postscale)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
@@ -781,6 +827,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 
 
 def stop_timeline() -> None:
+    """Not supported: ina_collectives writes no Horovod timeline (NotImplementedError)."""
     raise NotImplementedError("the Horovod timeline is not implemented by ina_collectives")
 
 

@@ -27,17 +27,18 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..collectives.ops import Op, as_op
 from ..runtime.background import BackgroundRuntime, Handle
-from .staging import Average, Sum, data_request, from_numpy, submit_allreduce, to_numpy
+from .staging import Sum, data_request, from_numpy, submit_allreduce, to_numpy
 
 
-def check_sparse(tensor: Any, op: str, what: str) -> torch.Tensor:
+def check_sparse(tensor: Any, op: Op | str, what: str) -> torch.Tensor:
     """``tensor`` if it is a sparse COO tensor that ``op`` can reduce here; else
     TypeError or ValueError naming what is wrong."""
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         raise TypeError(f"{what} takes a sparse COO tensor, got "
                         f"{getattr(tensor, 'layout', type(tensor).__name__)}")
-    if op not in (Sum, Average):
+    if as_op(op) not in (Op.SUM, Op.AVERAGE):
         raise ValueError(f"{what}: op {op!r} is not Sum or Average (the only reductions of "
                          f"sparse tensors)")
     if not tensor.is_floating_point():
@@ -194,7 +195,7 @@ def elect(counts: np.ndarray, calls: float, most: int, n: int, row_bytes: int
     return hot if saved > hot.size * row_bytes else np.zeros(0, np.int64)
 
 
-def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, op: str,
+def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, op: Op | str,
                   hot_rows: int = 0, reelect: int = 1
                   ) -> tuple[list[Handle], Callable[[list[Any]], torch.Tensor]]:
     """Submit the reduction of ``tensor`` (checked with check_sparse) under ``name``:
@@ -298,7 +299,7 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
         result = torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, size,
                                          device=tensor.device,
                                          check_invariants=False).coalesce()
-        if op == Average:
+        if as_op(op) is Op.AVERAGE:
             result = result / len(layouts)
         if table is not None:  # the exchange and this step, not the caller's delay
             table.elapsed = done_at[0] - started + time.perf_counter() - finishing

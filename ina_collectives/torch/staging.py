@@ -15,11 +15,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..collectives.ops import Op, as_op
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.negotiation import OpRequest
 from .compression import SWITCH_BITS
 
-# Reduction ops, compared by value like Horovod's.
+# Horovod's reduction ops, compared by value like Horovod's (each is a name of
+# collectives.ops's one table: as_op turns it into the runtime's Op).
 Average, Sum, Adasum, Min, Max, Product = "average", "sum", "adasum", "min", "max", "product"
 OPS = (Average, Sum, Min, Max, Product)
 
@@ -109,19 +111,18 @@ def copy_from(target: torch.Tensor, array: np.ndarray) -> torch.Tensor:
 
 def data_request(kind: str, tensor: torch.Tensor, name: str, **fields: Any) -> OpRequest:
     """The request of an operation that moves ``tensor``'s values unchanged (allgather,
-    broadcast, alltoall)."""
-    check_tensor(tensor, kind)
+    broadcast, alltoall). The API checked the tensor (check_tensor)."""
     return OpRequest(kind, name, dtype_name(tensor), moved_as(tensor), tuple(tensor.shape),
                      **fields)
 
 
-def reduction_request(kind: str, tensor: torch.Tensor, name: str, op: str,
+def reduction_request(kind: str, tensor: torch.Tensor, name: str, op: Op | str,
                       prescale: float = 1.0, postscale: float = 1.0,
                       **fields: Any) -> OpRequest:
-    """The request of a reduction of ``tensor`` (allreduce, reducescatter)."""
-    check_tensor(tensor, kind)
+    """The request of a reduction of ``tensor`` (allreduce, reducescatter): ``op`` (a
+    Horovod name, or an Op) as the runtime's Op. The API checked the tensor."""
     return OpRequest(kind, name, dtype_name(tensor), reduced_as(tensor),
-                     tuple(tensor.shape), op, prescale=float(prescale),
+                     tuple(tensor.shape), as_op(op), prescale=float(prescale),
                      postscale=float(postscale), **fields)
 
 
@@ -130,7 +131,7 @@ PRIORITY: ContextVar[int] = ContextVar("allreduce_priority", default=0)
 
 
 def submit_allreduce(runtime: BackgroundRuntime, tensor: torch.Tensor,
-                     output: torch.Tensor, name: str, op: str, prescale: float = 1.0,
+                     output: torch.Tensor, name: str, op: Op | str, prescale: float = 1.0,
                      postscale: float = 1.0, priority: int | None = None
                      ) -> tuple[Handle, Callable[[Any], torch.Tensor]]:
     """Submit the allreduce of ``tensor`` into ``output`` (which may be ``tensor``);

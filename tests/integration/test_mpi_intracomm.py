@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 from ina_collectives.mpi import Intracomm
-from tests import mpirun
+from tests.integration import mpirun
 
 
 @pytest.mark.mpi

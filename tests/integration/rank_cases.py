@@ -1,4 +1,4 @@
-"""What each rank of a test job runs: ``python -m tests.rank_cases CASE PARAMS OUTDIR``.
+"""What each rank of a test job runs: ``python -m tests.integration.rank_cases CASE PARAMS OUTDIR``.
 
 A case is a function of (comm, params) run on every rank; its return value, or the
 exception it raised, is pickled to OUTDIR/rank<r>.pkl for the test to check.

@@ -235,8 +235,7 @@ def test_the_timer_follows_a_slow_targets_round_trip():
     over SRTT keeps them under 2% of the packets (without it, 13% asked again, and each
     request lengthened the queue; docs/reliability.md). The sums are exact."""
     from ina_collectives.ina import kernels
-
-    from .test_fuzz import switch_thread
+    from tests.switch.test_server import switch_thread
 
     n, k, slots, chunks = 4, 256, 8, 96
     x = np.arange(k * chunks, dtype=np.float32) % 1000 - 500

@@ -1,6 +1,6 @@
 """What each rank of a torch.distributed test job runs (backend "ina"):
-``python -m tests.ddp_cases CASE ...``; cases return plain values for
-tests/test_torch_distributed.py to check against what it computes itself."""
+``python -m tests.integration.ddp_cases CASE ...``; cases return plain values for
+tests/integration/test_torch_distributed.py to check against what it computes itself."""
 from __future__ import annotations
 
 import os
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.rank_cases import _error, case, main
-from tests.torch_cases import _attempt, _np, torch_input
+from tests.integration.rank_cases import _error, case, main
+from tests.integration.torch_cases import _attempt, _np, torch_input
 
 DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 
@@ -327,13 +327,13 @@ class _TorchrunRank:
 
 
 def torchrun_main() -> None:
-    """python -m tests.ddp_cases --torchrun CASE PARAMS OUTDIR, under torchrun."""
+    """python -m tests.integration.ddp_cases --torchrun CASE PARAMS OUTDIR, under torchrun."""
     import json
     import pickle
     import traceback
     from pathlib import Path
 
-    from tests.rank_cases import CASES
+    from tests.integration.rank_cases import CASES
     name, params, outdir = sys.argv[2], json.loads(sys.argv[3]), Path(sys.argv[4])
     rank = _TorchrunRank()
     try:

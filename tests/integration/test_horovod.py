@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip in
                             "'ina-collectives[torch]'")
 
 from ina_collectives import protocol as P  # noqa: E402
-from ina_collectives.runtime.background import split_rows  # noqa: E402
-from tests import mpirun  # noqa: E402
-from tests.torch_cases import (  # noqa: E402
+from ina_collectives.runtime.scaling import split_rows  # noqa: E402
+from tests.integration import mpirun  # noqa: E402
+from tests.integration.torch_cases import (  # noqa: E402
     DTYPES,
     OPS,
     gradient_like,
@@ -23,8 +23,8 @@ from tests.torch_cases import (  # noqa: E402
 
 
 def run(n, case, params=None, env=None, timeout=120.0, **options):
-    return mpirun.run(n, case, params, env=env, timeout=timeout, module="tests.torch_cases",
-                      **options)
+    return mpirun.run(n, case, params, env=env, timeout=timeout,
+                      module="tests.integration.torch_cases", **options)
 
 
 def as_np(t):
@@ -581,7 +581,7 @@ def test_small_gradients_wait_to_be_fused_into_calls_the_switch_serves():
     alone). The parameters are one process's within the switch's bound, alike on
     every rank."""
     from ina_collectives.switch.embedded import embedded_switch
-    from tests.torch_cases import fusion_problem, loss_of
+    from tests.integration.torch_cases import fusion_problem, loss_of
     n, steps = 2, 3
     with embedded_switch() as sw:
         results = run(n, "torch_optimizer_fusion", {"steps": steps, "min_bytes": 65536},
@@ -650,7 +650,7 @@ def test_sparse_tensors_through_the_horovod_api():
     averages) of every rank's entries, coalesced, also with a rank that has none; bad
     input fails on every rank naming it; the DistributedOptimizer takes an
     nn.Embedding(sparse=True)'s gradients sparse and as dense, alike on every rank."""
-    from tests.torch_cases import sparse_input
+    from tests.integration.torch_cases import sparse_input
     n = 3
     results = run(n, "torch_sparse", env={"INA_SWITCH": ""})
     dense = sum(sparse_input(r).to_dense() for r in range(n)).numpy()
@@ -734,7 +734,7 @@ def test_hot_rows_of_a_sparse_tensor_go_through_the_switch():
     hot rows and exact on the rest, has exactly the rows some rank touched, and is the
     same on every rank."""
     from ina_collectives.switch.embedded import embedded_switch
-    from tests.torch_cases import skewed_sparse
+    from tests.integration.torch_cases import skewed_sparse
     n, steps = 3, 6
     with embedded_switch() as sw:
         results = run(n, "torch_sparse_hot", {"steps": steps, "hot_rows": 6},
@@ -769,7 +769,7 @@ def test_bad_sparse_input_with_hot_rows_on_is_named_on_every_rank():
     naming it (the ranks still submit the same operations, so none waits for a hot
     block another never sent), and the next good call works."""
     from ina_collectives.switch.embedded import embedded_switch
-    from tests.torch_cases import skewed_sparse
+    from tests.integration.torch_cases import skewed_sparse
     n = 3
     with embedded_switch() as sw:
         results = run(n, "torch_sparse_hot", {"steps": 2, "hot_rows": 6, "bad": True},

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import mpirun
 from tests.inputs import FLOATS, INTS, OPS, check_result
+from tests.integration import mpirun
 
 pytestmark = pytest.mark.mpi
 

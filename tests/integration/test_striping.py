@@ -11,8 +11,8 @@ import pytest
 from ina_collectives import protocol as P
 from ina_collectives.switch import send_faults
 from ina_collectives.switch.embedded import embedded_switch
-from tests import mpirun
-from tests.test_ina import check_job, run_ina
+from tests.integration import mpirun
+from tests.integration.test_ina import check_job, run_ina
 
 K = P.MAX_ELEMENTS
 CASES = [("float32", "sum", 1, 1), ("float32", "sum", K + 1, 3),

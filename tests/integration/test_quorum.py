@@ -13,9 +13,9 @@ from ina_collectives import protocol as P
 from ina_collectives.ina.reference import blockfp
 from ina_collectives.switch import send_faults
 from ina_collectives.switch.embedded import embedded_switch
-from tests import mpirun
 from tests.inputs import inputs_of_all_ranks
-from tests.test_fuzz import _join, switch_thread
+from tests.integration import mpirun
+from tests.switch.test_server import _join, switch_thread
 
 N, K, SLOTS, JOB = 3, 8, 2, 515
 

@@ -20,9 +20,9 @@ from ina_collectives import protocol as P
 from ina_collectives.control import ControlError, Controller, JobSpec, Worker
 from ina_collectives.control import schema as S
 from ina_collectives.switch.embedded import embedded_switch
-from tests import mpirun
 from tests.conftest import ROOT, needs_p4_extra
 from tests.inputs import check_within_bound
+from tests.integration import mpirun
 
 pytestmark = needs_p4_extra
 # A small build: K values per packet, S slots, B values per sub-block (G = 2 pairs a
@@ -562,12 +562,12 @@ def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, 
 
 @pytest.fixture
 def ina_run_cases(ina_run):
-    """``ina_run_cases(args, outdir, cases)``: ina-run ARGS -- python -m tests.rank_cases
-    ina_cases ...; (exit code, output, per-rank results)."""
+    """``ina_run_cases(args, outdir, cases)``: ina-run ARGS -- python -m
+    tests.integration.rank_cases ina_cases ...; (exit code, output, per-rank results)."""
     def run(args, outdir, cases, timeout=240):
         params = {"cases": cases, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
-        proc = ina_run(*args, "--", sys.executable, "-m", "tests.rank_cases", "ina_cases",
-                       json.dumps(params), str(outdir), timeout=timeout)
+        proc = ina_run(*args, "--", sys.executable, "-m", "tests.integration.rank_cases",
+                       "ina_cases", json.dumps(params), str(outdir), timeout=timeout)
         results = [pickle.loads(p.read_bytes())
                    for p in sorted(Path(outdir).glob("rank*.pkl"))]
         return proc.returncode, proc.stdout + proc.stderr, results

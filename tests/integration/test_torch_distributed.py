@@ -15,19 +15,20 @@ import pytest
 torch = pytest.importorskip("torch", reason="the backend needs torch: pip install "
                             "'ina-collectives[torch]'")
 
-from ina_collectives.runtime.background import split_rows  # noqa: E402
+from ina_collectives.runtime.scaling import split_rows  # noqa: E402
 from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
-from tests import mpirun  # noqa: E402
 from tests.conftest import ROOT, _child_env  # noqa: E402
-from tests.ddp_cases import DTYPES  # noqa: E402
-from tests.test_torch import as_np, close  # noqa: E402
-from tests.torch_cases import torch_input  # noqa: E402
+from tests.integration import mpirun  # noqa: E402
+from tests.integration.ddp_cases import DTYPES  # noqa: E402
+from tests.integration.test_horovod import as_np, close  # noqa: E402
+from tests.integration.torch_cases import torch_input  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
 
 def run(n, case, params=None, env=None, timeout=120.0):
-    return mpirun.run(n, case, params, env=env, timeout=timeout, module="tests.ddp_cases")
+    return mpirun.run(n, case, params, env=env, timeout=timeout,
+                      module="tests.integration.ddp_cases")
 
 
 def reduced(dtype, op, shape, n, seed):
@@ -209,7 +210,7 @@ def test_set_quorum_on_the_default_group_leaves_a_straggler_out():
 
 def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.0,
              reference=False):
-    """Run a case of tests.ddp_cases on n ranks that torchrun starts (through
+    """Run a case of tests.integration.ddp_cases on n ranks that torchrun starts (through
     ``ina-run --launcher torchrun``, or torchrun alone); each rank's result by rank.
     ``reference``: a run on gloo to compare with, whose exit code is not judged (seen
     twice here: torch's gloo groups of a DeviceMesh abort the process at exit, after
@@ -221,7 +222,8 @@ def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.
     from pathlib import Path
 
     with tempfile.TemporaryDirectory(prefix="ina-torchrun-") as out:
-        script = ["-m", "tests.ddp_cases", "--torchrun", case, json.dumps(params or {}), out]
+        script = ["-m", "tests.integration.ddp_cases", "--torchrun", case,
+                  json.dumps(params or {}), out]
         if through_ina_run:
             line = [sys.executable, "-m", "ina_collectives.launch", "--launcher", "torchrun",
                     "-np", str(n), "--", sys.executable, *script]

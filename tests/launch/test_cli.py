@@ -1,6 +1,6 @@
 """ina-run: the job's exit code, the embedded switch's address in the ranks' environment,
 clear errors for a missing command or a malformed switch address (a missing launcher:
-tests/test_control.py), MPI never initialised by the launcher itself, and a rank that
+tests/control/test_controller.py), MPI never initialised by the launcher itself, and a rank that
 fails: named, the others told and stopped within a bound, no process left. horovodrun's
 options: hosts on this machine only, the setting options as the ranks' variables, the
 unsupported ones refused by name, --verbose, and --start-timeout's bounds."""

@@ -11,9 +11,8 @@ import pytest
 
 from ina_collectives import protocol as P
 from ina_collectives.switch.faults import send_faults
-
-from .test_fuzz import switch_thread
-from .test_loss_recovery import joined
+from tests.ina.test_link import joined
+from tests.switch.test_server import switch_thread
 
 K, S, N = 64, 4, 3
 G = P.sub_blocks(K, P.DEFAULT_BLOCK)

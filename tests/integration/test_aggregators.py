@@ -1,7 +1,7 @@
 """The switch's behaviour, the same test body on both aggregators: the software switch
 (``ina-switch``) and the P4 program on BMv2 (``simple_switch_grpc``), each in a network
 namespace with the workers in namespaces of their own, each configured by the project's
-controller over P4Runtime (tests/fabric.py).
+controller over P4Runtime (tests/integration/fabric.py).
 
 The BMv2 cases carry the ``bmv2`` marker and skip, with one reason, where p4c and BMv2
 are not found (bench/bmv2.py: PATH, then $P4TOOLS_DIR or /opt/p4tools). Every case needs
@@ -21,7 +21,7 @@ from tests.conftest import needs_p4_extra, needs_root
 from tests.inputs import check_within_bound
 
 pytest.importorskip("pyroute2", reason="the namespaces need pyroute2 (the bench extra)")
-from tests.fabric import KINDS, Fabric  # noqa: E402
+from tests.integration.fabric import KINDS, Fabric  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, needs_root, needs_p4_extra]
 
@@ -230,7 +230,7 @@ def test_an_unconfigured_sender_is_dropped_and_counted(fabric, aggregator, new_j
     """A data packet from a port no job installed, and one from an installed worker's
     namespace posing as another worker: dropped, counted as unknown workers; the job then
     runs as before."""
-    from tests.test_control import ina_packet
+    from tests.control.test_controller import ina_packet
     job = new_job(fabric, [0, 1])
     k, _, block, bits = BUILD32
     packet = ina_packet(job.job_id, 0, 0, range(k), block=block, bits=bits)

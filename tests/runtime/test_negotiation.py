@@ -174,13 +174,13 @@ def test_average_divides_exactly_as_horovods_tests_expect(dtype, n):
     """Average is a true division: floats correctly rounded (float16 through float32, one
     rounding), integers truncated toward zero; Horovod's tests at 3 ranks compare against
     t / n with no tolerance, which a multiplication by (float)(1 / n) misses by an ulp."""
-    from ina_collectives.runtime.background import _divide
+    from ina_collectives.runtime.scaling import divide
     rng = np.random.default_rng(n)
     low = 0 if dtype == "uint8" else -100
     values = rng.integers(low, 100, 1000).astype(dtype) * (
         1 if np.dtype(dtype).kind != "f" else np.asarray(1.37, dtype))
     got = values.copy()
-    _divide(got, n)
+    divide(got, n)
     if np.dtype(dtype).kind == "f":
         wide = values.astype(np.float32 if dtype == "float16" else dtype)
         want = (wide / wide.dtype.type(n)).astype(dtype)

@@ -1,7 +1,8 @@
-"""What each rank of a Horovod-API test job runs: ``python -m tests.torch_cases CASE ...``.
+"""What each rank of a Horovod-API test job runs: ``python -m
+tests.integration.torch_cases CASE ...``.
 
-Cases register in tests.rank_cases.CASES and run through its main(); each returns plain
-values (tensors as NumPy arrays) for tests/test_torch.py to check against what it
+Cases register in tests.integration.rank_cases.CASES and run through its main(); each returns plain
+values (tensors as NumPy arrays) for tests/integration/test_horovod.py to check against what it
 computes itself from ``torch_input``.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.rank_cases import _error, case, deaf_from_the_stream, main
+from tests.integration.rank_cases import _error, case, deaf_from_the_stream, main
 
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
           "bfloat16"]

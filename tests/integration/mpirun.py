@@ -1,4 +1,5 @@
-"""Run a case of tests/rank_cases.py as a real mpiexec job and collect every rank's result."""
+"""Run a case of tests/integration/rank_cases.py as a real mpiexec job and collect every
+rank's result."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from typing import Any, Sequence
 
 from ina_collectives.launch.ranks import find_mpiexec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def mpiexec() -> str:
@@ -26,14 +27,14 @@ class JobFailed(AssertionError):
 
 def run(n: int, case: str, params: dict[str, Any] | None = None, *,
         env: dict[str, str] | None = None, timeout: float = 120.0,
-        survive_dead_ranks: bool = False, module: str = "tests.rank_cases",
+        survive_dead_ranks: bool = False, module: str = "tests.integration.rank_cases",
         namespaces: Sequence[str] | None = None) -> list[Any]:
     """Run ``case`` on ``n`` ranks; returns each rank's return value (or raised exception
     as ``{"error": type name, "message": str}``), indexed by rank; a rank that died leaves
     None. ``survive_dead_ranks`` keeps Hydra from killing the job when a rank dies.
-    ``module`` holds the case (tests.torch_cases registers its cases beside these).
-    ``namespaces``: rank r runs in network namespace ``namespaces[r]`` (tests/fabric.py);
-    the ranks still reach each other over shared memory."""
+    ``module`` holds the case (tests.integration.torch_cases registers its cases beside
+    these). ``namespaces``: rank r runs in network namespace ``namespaces[r]``
+    (tests/integration/fabric.py); the ranks still reach each other over shared memory."""
     with tempfile.TemporaryDirectory(prefix="ina-test-") as out:
         rank = [sys.executable, "-m", module, case, json.dumps(params or {}), out]
         cmd = [mpiexec(), *(["-disable-auto-cleanup"] if survive_dead_ranks else [])]

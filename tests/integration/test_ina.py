@@ -12,8 +12,8 @@ import pytest
 from ina_collectives import protocol as P
 from ina_collectives.switch import send_faults
 from ina_collectives.switch.embedded import embedded_switch
-from tests import mpirun
 from tests.inputs import check_result, check_within_bound
+from tests.integration import mpirun
 
 K = P.MAX_ELEMENTS
 

@@ -33,9 +33,9 @@ from bench import bmv2
 from ina_collectives import protocol as P
 from ina_collectives.control import Controller, JobSpec, Worker
 from ina_collectives.control import schema as S
-from tests import mpirun
+from tests.integration import mpirun
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUBNET = "10.198.0"
 SWITCH_IP = f"{SUBNET}.254"
 SWITCH_MAC = "02:1a:00:00:00:fe"
@@ -256,7 +256,7 @@ class Fabric:
     def run(self, job: JobSpec, case: str, params: dict[str, Any], *,
             env: dict[str, str] | None = None, timeout: float = 180.0,
             **kwargs: Any) -> list[Any]:
-        """tests/rank_cases.py's ``case`` on the job's ranks, each in its namespace."""
+        """tests/integration/rank_cases.py's ``case`` on the job's ranks, each in its namespace."""
         return mpirun.run(len(job.workers), case, params, env={**self.env(job), **(env or {})},
                           timeout=timeout, namespaces=self.namespaces_of(job), **kwargs)
 
