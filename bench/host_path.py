@@ -30,7 +30,7 @@ from bench.switch_ceiling import switch_rate
 from bench.udp_ceiling import ceiling, echo_ceiling
 from ina_collectives import protocol as P
 from ina_collectives.ina import kernels
-from ina_collectives.ina.link import WorkerLink
+from ina_collectives.ina.link import Timers, WorkerLink
 
 MTU = 9000
 
@@ -50,8 +50,8 @@ def worker_path(k: int, seconds: float, slots: int = 64, chunks: int = 20_000) -
         best = None
         start = time.monotonic()
         while time.monotonic() - start < seconds or best is None:
-            result = link.stream(x, out, local, local.copy(), False, 0.2, 0.05, 1.0, 5.0,
-                                 60.0)
+            result = link.stream(x, out, local, local.copy(), False,
+                                 Timers(0.2, 0.05, 1.0, 5.0), 60.0)
             assert result.ok, result.reason
             c = result.counters
             rate = c["sent"] / c["seconds"]

@@ -256,12 +256,48 @@ class InaEngine(Engine):
 
     def run(self, call: AllreduceCall, deadline: Deadline, prepared: Prepared | None = None,
             agreed_first: np.ndarray | None = None) -> HandOver | None:
-        """``prepared`` and ``agreed_first`` (the max of every rank's proposal): the
-        caller agreed on the first window's exponents already (the chooser's gate or
-        opening); else this opens the call through the switch (``opens``) or makes the
-        exponent round by MPI itself."""
-        if (prepared is None or agreed_first is None) and self.opens():
-            prepared = self.prepare(call)
+        """One call through the switch: its first window agreed, the stream, its outcome.
+        ``prepared`` and ``agreed_first`` (the max of every rank's proposal): the caller
+        agreed on the first window's exponents already (the chooser's gate or opening);
+        else this opens the call through the switch (``opens``) or makes the exponent
+        round by MPI itself."""
+        if prepared is None or agreed_first is None:
+            first = self._first_window(call, deadline)
+            if isinstance(first, HandOver):
+                return first
+            prepared, agreed_first = first
+        call_number, quorum = self.quorum.next_call()
+        # A sync call through one aggregator needs no vote when the caller's next
+        # collective is a gate (recovery.py): its outcome is in the results.
+        vote_free = self.errors.gated and not quorum and len(prepared.parts) == 1
+        self.errors.forget()
+        if agreed_first[0]:
+            return HandOver(NONFINITE, prepared.x)
+        links, parts = self.aggregators.links, prepared.parts
+        out = (call.recv if prepared.wide == call.dtype
+               else np.empty(call.recv.size, prepared.wide))
+        widths = {links[i].value_bits_for(call.value_bits) for i, _, _ in parts}
+        bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
+        self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
+        self.striped_calls += len(parts) > 1
+        results = self.streams.run(links, parts, prepared.x, out, prepared.local,
+                                   prepared.agreed(agreed_first), prepared.g, prepared.k,
+                                   call.op is Op.AVERAGE, bits, deadline, call_number,
+                                   quorum, prepared.ready)
+        for (i, _, _), result in zip(parts, results):
+            self._account(links[i], result)
+        if vote_free:
+            return self._finish_alone(call, parts[0], results[0], prepared.x, out,
+                                      prepared.k)
+        return self._finish_by_vote(call, prepared, out, results, bits, deadline)
+
+    def _first_window(self, call: AllreduceCall, deadline: Deadline
+                      ) -> tuple[Prepared, np.ndarray] | HandOver:
+        """The call made ready and its first window's exponents agreed by every rank:
+        through an opening of its own where the switch takes them, else with one MPI
+        reduction; a HandOver where the opening failed (nothing moved)."""
+        prepared = self.prepare(call)
+        if self.opens():
             opened = self.open(identity(CallSignature(
                 CallSignature.ARRAYS, call.recv.size, dtype_code(call.dtype),
                 list(Op).index(call.op), ""), call.value_bits), prepared, deadline)
@@ -271,36 +307,20 @@ class InaEngine(Engine):
             if opened.outcome != "agreed":  # nothing moved: chosen again, or to the ring
                 return HandOver(opened.reason, prepared.x,
                                 rechoose=opened.outcome == "restart")
-            agreed_first = opened.window
-        if prepared is None or agreed_first is None:
-            prepared = self.prepare(call)
-            agreed_first = np.empty_like(prepared.proposal)
-            wait(self.comm.Iallreduce(prepared.proposal, agreed_first, MPI.MAX), deadline,
-                 lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte "
-                         f"allreduce")
-        links = self.aggregators.links
-        x, wide, k, g = prepared.x, prepared.wide, prepared.k, prepared.g
-        parts, ready, local = prepared.parts, prepared.ready, prepared.local
-        call_number, quorum = self.quorum.next_call()
-        # A sync call through one aggregator needs no vote when the caller's next
-        # collective is a gate (recovery.py): its outcome is in the results.
-        vote_free = self.errors.gated and not quorum and len(parts) == 1
-        self.errors.forget()
-        if agreed_first[0]:
-            return HandOver(NONFINITE, x)
-        agreed = prepared.agreed(agreed_first)
-        out = call.recv if wide == call.dtype else np.empty(call.recv.size, wide)
-        widths = {links[i].value_bits_for(call.value_bits) for i, _, _ in parts}
-        bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
-        self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
-        self.striped_calls += len(parts) > 1
-        results = self.streams.run(links, parts, x, out, local, agreed, g, k,
-                                   call.op is Op.AVERAGE, bits, deadline, call_number,
-                                   quorum, ready)
-        for (i, _, _), result in zip(parts, results):
-            self._account(links[i], result)
-        if vote_free:
-            return self._finish_alone(call, parts[0], results[0], x, out, k)
+            return prepared, opened.window
+        agreed_first = np.empty_like(prepared.proposal)
+        wait(self.comm.Iallreduce(prepared.proposal, agreed_first, MPI.MAX), deadline,
+             lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte "
+                     f"allreduce")
+        return prepared, agreed_first
+
+    def _finish_by_vote(self, call: AllreduceCall, prepared: Prepared, out: np.ndarray,
+                        results: list[StreamResult], bits: int, deadline: Deadline
+                        ) -> HandOver | None:
+        """End a call with the ranks' vote on its outcome: the estimates, the quorum's
+        bookkeeping, lost quorum chunks repaired, failed shares taken over or handed to
+        the ring."""
+        x, k, parts = prepared.x, prepared.k, prepared.parts
         # Every rank learns, for each aggregator, whether any rank's share failed, the
         # longest any rank took for it (the throughput estimates: alike on every rank),
         # and the newest mode its results announced (a quorum asked by the control plane);
@@ -399,9 +419,8 @@ class InaEngine(Engine):
             call_number, _ = self.quorum.next_call()
             remaining = max(0.0, deadline.expires - time.monotonic())
             result = link.stream(x[a:b], out[a:b], local, theirs.copy(),
-                                 call.op is Op.AVERAGE, s.retransmit_timeout,
-                                 s.retransmit_min, s.retransmit_max, s.switch_silence,
-                                 remaining, bits, None, call_number, 0)
+                                 call.op is Op.AVERAGE, self.streams.timers, remaining,
+                                 value_bits=bits, call=call_number)
             self._account(link, result)
             outcome = vote(self.comm, len(agg.addresses), [standby], [result], s.timeout,
                            f"the {b - a}-element share the aggregator at "

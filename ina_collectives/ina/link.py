@@ -12,6 +12,25 @@ import numpy as np
 from .. import protocol as P
 from ..errors import AggregatorUnavailable, SystemCallError
 from ..protocol import control_request, enable_gro, sockaddr_be, status_text, udp_socket
+from ..settings import Settings
+
+
+@dataclass(frozen=True)
+class Timers:
+    """How long a stream or an opening waits, built once from Settings (``of``):
+    ``first``, the retransmit timeout until a round trip is measured; ``least`` and
+    ``most``, its bounds once it follows the measured ones (RFC 6298); ``silence``, how
+    long the aggregator may stay silent before the link counts it gone."""
+
+    first: float
+    least: float
+    most: float
+    silence: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> Timers:
+        return cls(settings.retransmit_timeout, settings.retransmit_min,
+                   settings.retransmit_max, settings.switch_silence)
 
 
 @dataclass
@@ -132,9 +151,8 @@ class WorkerLink:
         on a call's identity and first exponents through it, with no host collective."""
         return bool(self.capabilities & P.CAP_OPEN)
 
-    def opening(self, identity: int, proposals: np.ndarray, call: int, rto: float,
-                rto_min: float, rto_max: float, silence: float, deadline: float
-                ) -> tuple[str, dict]:
+    def opening(self, identity: int, proposals: np.ndarray, call: int, timers: Timers,
+                deadline: float) -> tuple[str, dict]:
         """A call's opening through the aggregator (docs/protocol.md): ``identity`` (48
         bits: what every rank must call alike) and ``proposals`` (S x G int16: the first
         exponents of each slot's first chunk, PROPOSAL_NONE for none), replaced by the
@@ -147,22 +165,23 @@ class WorkerLink:
         status, counters = transport.opening(
             self.sock.fileno(), self._addr_be, self._port_be, proposals, self.versions,
             self.job, self.worker, self.block, self.value_bits, identity & 0xFFFFFFFF,
-            _int16((identity >> 32) & 0xFFFF), rto, rto_min,
-            rto_max, silence, deadline, self.open_rtt, self.epoch, self.seq,
+            _int16((identity >> 32) & 0xFFFF), timers.first, timers.least,
+            timers.most, timers.silence, deadline, self.open_rtt, self.epoch, self.seq,
             call & 0xFFFF, self.send_state, self._scratch)
         if status == transport.OPEN_MISMATCH:
             return "mismatch", counters
         return self._reason(status, counters), counters
 
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
-               average: bool, rto: float, rto_min: float, rto_max: float, silence: float,
-               deadline: float, value_bits: int = 0, cancel: np.ndarray | None = None,
-               call: int = 0, quorum: int = 0, ready: int = -1) -> StreamResult:
-        """Allreduce x (float32/64, 1-D) into out through the aggregator. rto is the
-        timeout until a round trip is measured; then it adapts within rto_min .. rto_max.
-        value_bits: this call's width (0: the job's; see value_bits_for). cancel: a
-        uint8 [0] another thread sets to 1 to end the stream. The counters are the
-        caller's to add up (a job striped over several links streams them in threads).
+               average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
+               cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
+               ready: int = -1) -> StreamResult:
+        """Allreduce x (float32/64, 1-D) into out through the aggregator, within
+        ``deadline`` seconds: ``local``, this worker's exponents, and ``agreed``, the
+        agreed ones (G per chunk); ``timers``, its waits. value_bits: this call's width
+        (0: the job's; see value_bits_for). cancel: a uint8 [0] another thread sets to 1
+        to end the stream. The counters are the caller's to add up (a job striped over
+        several links streams them in threads).
         call: the call's number (mod 65536); quorum: the k its chunks complete at (0:
         all n, sync). ready: the chunks whose exponents ``local`` holds (-1: all); the
         stream computes the others' as it goes, and counters["nonfinite"] says whether
@@ -174,10 +193,10 @@ class WorkerLink:
                 self.slots, P.packet_bytes(self.k, self.block, max(P.VALUE_BITS)))
         status, counters, missing = transport.stream(
             self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
-            self.versions, self.n, self.k, self.job, self.worker, average, rto, rto_min,
-            rto_max, silence, deadline, self.rtt, self.epoch, self.seq, self.block,
-            value_bits or self.value_bits, self.send_state, cancel, call & 0xFFFF, quorum,
-            ready, self._scratch)
+            self.versions, self.n, self.k, self.job, self.worker, average, timers.first,
+            timers.least, timers.most, timers.silence, deadline, self.rtt, self.epoch,
+            self.seq, self.block, value_bits or self.value_bits, self.send_state, cancel,
+            call & 0xFFFF, quorum, ready, self._scratch)
         counted_all, mode = counters.pop("counted_all"), counters.pop("mode")
         counted_any = counters.pop("counted_any")
         counters.pop("gso", None)  # (a state, in send_state; not a count)

@@ -14,7 +14,7 @@ import numpy as np
 from .. import protocol as P
 from ..collectives.waiting import Deadline
 from ..settings import Settings
-from .link import WorkerLink
+from .link import Timers, WorkerLink
 from .preparing import Prepared
 
 
@@ -39,8 +39,7 @@ def open_call(link: WorkerLink, ident: int, prepared: Prepared | None, call_numb
             proposals[0] = P.NONFINITE_MARK
     remaining = max(0.0, deadline.expires - time.monotonic())
     s = settings
-    outcome, counters = link.opening(ident, proposals, call_number, s.retransmit_timeout,
-                                     s.retransmit_min, s.retransmit_max, s.switch_silence,
+    outcome, counters = link.opening(ident, proposals, call_number, Timers.of(s),
                                      remaining)
     if outcome != "done" or prepared is None:
         return outcome, None, counters

@@ -18,7 +18,7 @@ import numpy as np
 from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout
 from ..settings import Settings
-from .link import StreamResult, WorkerLink
+from .link import StreamResult, Timers, WorkerLink
 
 log = logging.getLogger("ina_collectives")
 
@@ -73,6 +73,7 @@ class Streams:
     def __init__(self, aggregators: int, settings: Settings,
                  where: Callable[[int], str]):
         self.aggregators, self.settings, self.where = aggregators, settings, where
+        self.timers = Timers.of(settings)  # (built once: every stream's waits)
         self._threads: ThreadPoolExecutor | None = None
 
     def run(self, links: list[WorkerLink | None], parts: list[tuple[int, int, int]],
@@ -91,9 +92,9 @@ class Streams:
             i, c0, c1 = part
             a, b = c0 * k, min(c1 * k, x.size)
             return links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
-                                   agreed[c0 * g:c1 * g], average, s.retransmit_timeout,
-                                   s.retransmit_min, s.retransmit_max, s.switch_silence,
-                                   remaining, bits, cancel, call_number, quorum, ready)
+                                   agreed[c0 * g:c1 * g], average, self.timers, remaining,
+                                   value_bits=bits, cancel=cancel, call=call_number,
+                                   quorum=quorum, ready=ready)
 
         if not parts:  # an empty call
             return []

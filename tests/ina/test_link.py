@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
-from ina_collectives.ina.link import WorkerLink
+from ina_collectives.ina.link import Timers, WorkerLink
 from ina_collectives.switch.embedded import embedded_switch
 
 K, S, EPOCH = 4, 8, 77
@@ -141,8 +141,8 @@ def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, fault
         x = np.arange(k * chunks, dtype=np.float32) % 1000 - 500
         local, _ = kernels.load("fast").block_exponents(x, k, link.block)
         out = np.full_like(x, np.nan)
-        result = link.stream(x, out, local, local.copy(), False, 0.01, 0.005, 0.5,
-                             silence=10.0, deadline=60.0)
+        result = link.stream(x, out, local, local.copy(), False,
+                             Timers(0.01, 0.005, 0.5, silence=10.0), deadline=60.0)
     finally:
         link.leave()
         link.close()
@@ -163,8 +163,8 @@ def test_a_packet_overtaken_by_the_whole_window_asks_once_until_it_is_sent_again
         send(b, packet(b, chunk, seq=chunk))
     x = np.ones(S * K, np.float32)
     exps = np.zeros(S, np.int16)  # (G = 1 sub-block per chunk of K = 4)
-    result = a.stream(x, np.empty_like(x), exps, exps.copy(), False, 5.0, 5.0, 5.0,
-                      silence=1.0, deadline=1.5)
+    result = a.stream(x, np.empty_like(x), exps, exps.copy(), False,
+                      Timers(5.0, 5.0, 5.0, silence=1.0), deadline=1.5)
     assert not result.ok and result.missing.tolist() == [0], (result.reason, result.missing)
     assert result.counters["result_requests"] == 1, result.counters
     assert result.counters["retransmitted"] == 0, result.counters
@@ -224,7 +224,7 @@ def test_the_stream_takes_floats_into_the_same_dtype(job):
                    (np.ones(S * K, np.float32), np.empty(S * K, np.float64))):
         with pytest.raises(TypeError, match=f"float32 or float64 .* not {x.dtype} into "
                                             f"{out.dtype}"):
-            a.stream(x, out, exps, exps.copy(), False, 1.0, 1.0, 1.0, silence=1.0,
+            a.stream(x, out, exps, exps.copy(), False, Timers(1.0, 1.0, 1.0, silence=1.0),
                      deadline=1.0)
 
 
@@ -247,8 +247,8 @@ def test_the_timer_follows_a_slow_targets_round_trip():
 
         def one(w: int, call: int) -> None:
             results[w] = links[w].stream(x, outs[call][w], local, local.copy(), False,
-                                         0.02, 0.005, 0.5, silence=10.0, deadline=60.0,
-                                         call=call + 1)
+                                         Timers(0.02, 0.005, 0.5, silence=10.0),
+                                         deadline=60.0, call=call + 1)
 
         sent = needless = 0
         for call in range(3):  # the estimate carries over from call to call

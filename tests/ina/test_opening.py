@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
+from ina_collectives.ina.link import Timers
 from ina_collectives.switch.faults import send_faults
 from tests.ina.test_link import joined
 from tests.switch.test_server import switch_thread
@@ -30,8 +31,8 @@ def open_all(links, identities, proposals, call=1, silence=5.0):
     out: list = [None] * len(links)
 
     def one(w: int) -> None:
-        out[w] = links[w].opening(identities[w], proposals[w], call, 0.02, 0.001, 1.0,
-                                  silence, 30.0)
+        out[w] = links[w].opening(identities[w], proposals[w], call,
+                                  Timers(0.02, 0.001, 1.0, silence), 30.0)
     threads = [threading.Thread(target=one, args=(w,)) for w in range(len(links))]
     for t in threads:
         t.start()
@@ -78,8 +79,8 @@ def test_an_opening_whose_identities_differ_tells_every_worker(job, which):
 
     def one(w: int) -> None:
         call = 5 if which == "call" and w == N - 1 else 4
-        out[w] = links[w].opening(identities[w], proposals_of(w), call, 0.02, 0.001, 1.0,
-                                  5.0, 30.0)
+        out[w] = links[w].opening(identities[w], proposals_of(w), call,
+                                  Timers(0.02, 0.001, 1.0, 5.0), 30.0)
     threads = [threading.Thread(target=one, args=(w,)) for w in range(N)]
     for t in threads:
         t.start()
