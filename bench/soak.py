@@ -260,24 +260,14 @@ class Jitter(threading.Thread):
 
 
 def _parse_switch_status(line: str) -> dict[str, Any]:
-    """The numbers of the switch's last status line (ina_collectives/switch/server.py)."""
-    import re
+    """The numbers of the switch's last status line (ina_collectives.switch.parse_status)."""
+    from ina_collectives.switch import parse_status
 
-    found: dict[str, Any] = {"line": line}
-    for key, pattern in (("packets_in", r" in (\d+)"), ("packets_out", r" out (\d+)"),
-                         ("results", r"results (\d+)"),
-                         ("retransmits_answered", r"retransmissions answered (\d+)"),
-                         ("nacks", r"nacks (\d+)")):
-        m = re.search(pattern, line)
-        if m:
-            found[key] = int(m.group(1))
-    drops = line.split("drops: ", 1)[1] if "drops: " in line else ""
-    found["drops"] = {}
-    for part in drops.split(", "):
-        name, _, count = part.rpartition(" ")
-        if name and count.isdigit():
-            found["drops"][name] = int(count)
-    return found
+    status = parse_status(line)
+    return {"line": line, "packets_in": status["in"], "packets_out": status["out"],
+            "results": status["results"],
+            "retransmits_answered": status["retransmits_answered"],
+            "nacks": status["nacks"], "drops": status["drops"]}
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

@@ -6,13 +6,19 @@
     ina-run -np 4 --switch 10.0.0.1:47474 -- python train.py   # ranks join it themselves
     ina-run -np 4 --switch none -- python train.py    # ring only
     ina-run -np 2 -H localhost:2 --verbose --fusion-threshold-mb 32 python train.py
+    ina-run -np 8 -H node1:4,node2:4 --address 10.0.0.1 -- python train.py  # two hosts
 
 horovodrun's command line works where it applies (``ina-run --help`` lists the options
-taken and refused): -H/--hostfile must name this machine only, since the ranks all run
-here beside the embedded switch; the setting options (--fusion-threshold-mb,
---cycle-time-ms, ...) become HOROVOD_* and INA_* variables of the ranks; options for
-remote or other controllers (--gloo, --ssh-port, --network-interface, ...) exit 2
-naming the option.
+taken and refused): the setting options (--fusion-threshold-mb, --cycle-time-ms, ...)
+become HOROVOD_* and INA_* variables of the ranks; options for other controllers
+(--gloo, --ssh-port, --network-interface, ...) exit 2 naming the option.
+
+-H/--hostfile naming other machines runs their ranks through mpiexec's own bootstrap
+(Hydra: ssh by default, --bootstrap and --bootstrap-exec choose another), which passes
+the environment on. The embedded switch then binds --address, this machine's address
+as the hosts reach it (mpiexec's proxies call back to it too), or --switch names a
+running one; the ranks join the switch themselves from their own addresses, and the
+switch takes a job's packets only from those.
 
 With the embedded switch (the default) or a P4Runtime target, ina-run configures the
 job through the controller (ina_collectives.control): it pushes the pipeline, installs
@@ -137,6 +143,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     job.add_argument("--elements", type=int, default=0,
                      help=f"K of the embedded switch's pipeline (default INA_SWITCH_ELEMENTS "
                           f"or {EMBEDDED_ELEMENTS}); a P4 target's K is its build's")
+    hosts = parser.add_argument_group("several hosts (-H or --hostfile naming other machines)")
+    hosts.add_argument("--address", metavar="ADDR",
+                       help="this machine's address as the other hosts reach it: the "
+                            "embedded switch binds it, and mpiexec's proxies call back to it")
+    hosts.add_argument("--bootstrap", default="ssh",
+                       choices=("ssh", "rsh", "slurm", "ll", "lsf", "sge", "manual"),
+                       help="how mpiexec starts its proxies on the other hosts (Hydra's "
+                            "-launcher)")
+    hosts.add_argument("--bootstrap-exec", metavar="COMMAND",
+                       help="the command that does it (Hydra's -launcher-exec), e.g. "
+                            "'ssh -p 2222' or a script taking HOST COMMAND...")
     horovodrun.add_options(parser)
     parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec",
                         help="what starts the ranks: mpiexec (default: MPI ranks, for the "
@@ -163,6 +180,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--switch names {len(args.switch.split(','))} address(es) for "
                      f"{len(args.p4runtime.split(','))} --p4runtime target(s)")
     horovodrun.check_options(parser, args)
+    if args.remote_hosts:
+        where = f"-H names other hosts ({', '.join(args.remote_hosts)})"
+        if args.launcher == "torchrun":
+            parser.error(f"{where}: --launcher torchrun starts ranks on this machine; run "
+                         f"torchrun on each host with INA_SWITCH set (README: several hosts)")
+        if args.switch == "embedded" and not args.p4runtime and not args.address:
+            parser.error(f"{where}: give --address (this machine's address as they reach "
+                         f"it: the embedded switch binds it) or --switch HOST:PORT")
+        if args.p4runtime and not args.workers:
+            parser.error(f"{where}: --p4runtime installs each rank's address: give them "
+                         f"in --workers")
     return args
 
 
@@ -314,7 +342,22 @@ def start_ranks(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> 
     if args.launcher == "torchrun":
         return run_torchrun(args.np, args.command, env, verbose=args.verbose)
     return run_ranks(args.np, args.command, env, mpiexec,
-                     start_timeout=start_left(args, None), verbose=args.verbose)
+                     start_timeout=start_left(args, None), verbose=args.verbose,
+                     hosts=hydra_hosts(args))
+
+
+def hydra_hosts(args: argparse.Namespace) -> list[str]:
+    """mpiexec's options that place the ranks on -H's hosts (none while they are all this
+    machine): the hosts and slots, the bootstrap, and the address the proxies call."""
+    if not args.remote_hosts:
+        return []
+    line = ["-hosts", ",".join(f"{name}:{slots}" for name, slots in args.host_list),
+            "-launcher", args.bootstrap]
+    if args.bootstrap_exec:
+        line += ["-launcher-exec", args.bootstrap_exec]
+    if args.address:
+        line += ["-localhost", args.address]
+    return line
 
 
 
@@ -329,9 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         mpiexec = find_mpiexec()
         env = dict(os.environ, **horovodrun.environment(args))
         if args.verbose:
-            say(f"mpiexec {mpiexec}; "
-                + (f"hosts: this machine, {args.host_slots} slot(s)" if args.host_slots
-                   else "hosts: this machine"))
+            say(f"mpiexec {mpiexec}; hosts: "
+                + (", ".join(f"{name} ({slots} slot(s))" for name, slots in args.host_list)
+                   if args.host_list else "this machine"))
         if args.switch == "none":
             env["INA_SWITCH"] = ""
             if args.verbose:
@@ -374,14 +417,16 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
     from ..settings import Settings
     from ..switch.embedded import embedded_switch
 
-    configured = p4_extra_installed()
+    configured = p4_extra_installed() and not args.remote_hosts
     if not configured:
-        print("ina-run: the p4 extra is not installed: the ranks join the embedded switch "
-              "themselves (no P4Runtime)", file=sys.stderr, flush=True)
+        print("ina-run: " + ("the ranks of several hosts join the embedded switch "
+                             "themselves" if args.remote_hosts else
+                             "the p4 extra is not installed: the ranks join the embedded "
+                             "switch themselves (no P4Runtime)"), file=sys.stderr, flush=True)
     with ExitStack() as stack:
         try:
             switches = [stack.enter_context(embedded_switch(
-                *args.switch_arg, p4runtime=configured,
+                *args.switch_arg, host=args.address or "127.0.0.1", p4runtime=configured,
                 start_timeout=start_left(args, 15.0))) for _ in range(args.aggregators)]
         except RuntimeError as exc:
             if args.start_timeout is None:

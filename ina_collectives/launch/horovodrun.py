@@ -1,8 +1,9 @@
 """horovodrun's command line in ina-run: the options people type, taken or refused.
 
--H/--hostfile must name this machine only (ina-run starts every rank here, beside the
-embedded switch); the setting options become HOROVOD_* and INA_* variables of the
-ranks; options for remote hosts or other controllers exit 2 naming the option.
+-H/--hostfile name the hosts and their slots (other machines' ranks start through the
+MPI launcher's bootstrap, ssh by default: cli.py); the setting options become HOROVOD_*
+and INA_* variables of the ranks; options for other controllers exit 2 naming the
+option.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ HOROVOD_SETTINGS: dict[str, tuple[Any, str, list[tuple[str, Any]]]] = {
 HOROVOD_LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 # horovodrun options ina-run refuses, naming them: (option strings, takes a value, why).
-NO_SSH = "ina-run starts ranks on this machine only, without ssh"
+NO_SSH = ("ina-run reaches other hosts through mpiexec's bootstrap: give its command "
+          "with --bootstrap-exec (e.g. 'ssh -p 2222')")
 HOROVOD_UNSUPPORTED: list[tuple[tuple[str, ...], bool, str]] = [
     (("--gloo",), False, "ina-run runs the ranks under MPI (mpiexec); leave it out"),
     (("--jsm",), False, "ina-run runs the ranks under MPI's mpiexec"),
@@ -150,7 +152,7 @@ def is_local_host(name: str) -> bool:
 
 HOROVODRUN_HELP = (
     "ina-run takes horovodrun's command line where it can: -np, -H/--hosts and "
-    "--hostfile (every host must be this machine: ina-run starts ranks here only), "
+    "--hostfile (other machines' ranks start through mpiexec's bootstrap), "
     "--verbose, --start-timeout, --mpi (the ranks are MPI ranks anyway), and "
     + ", ".join(HOROVOD_SETTINGS) + " (passed to the ranks as HOROVOD_* and INA_* "
     "variables). It refuses, naming them: " + ", ".join(
@@ -162,9 +164,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     hv = parser.add_argument_group("horovodrun's options", HOROVODRUN_HELP)
     where = hv.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", metavar="HOST:SLOTS[,HOST:SLOTS...]",
-                       help="hosts and their slots, as horovodrun's -H; every host must be "
-                            "this machine (localhost, 127.x, its name or address), and the "
-                            "slots at least -np")
+                       help="hosts and their slots, as horovodrun's -H; the slots at least "
+                            "-np. Other machines need --address (or --switch HOST:PORT)")
     where.add_argument("--hostfile", type=Path, metavar="FILE",
                        help="hosts as horovodrun's --hostfile: 'host slots=N' (or host:N) "
                             "a line; the same rules as -H")
@@ -198,17 +199,15 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         if isinstance(value, float) and not (value > 0 or option == "--fusion-threshold-mb"
                                              and value == 0):
             parser.error(f"{option} must be > 0, got {value:g}")
-    args.host_slots = None
+    args.host_slots, args.host_list, args.remote_hosts = None, [], []
     if args.hosts is not None or args.hostfile is not None:
         try:
             hosts = (parse_hosts(args.hosts) if args.hosts is not None
                      else read_hostfile(args.hostfile))
         except ValueError as exc:
             parser.error(f"{'-H' if args.hosts is not None else '--hostfile'}: {exc}")
-        elsewhere = sorted({name for name, _ in hosts if not is_local_host(name)})
-        if elsewhere:
-            parser.error(f"ina-run starts ranks on this machine only (an embedded switch on "
-                         f"loopback); it will not use host(s) {', '.join(elsewhere)}")
+        args.host_list = hosts
+        args.remote_hosts = sorted({name for name, _ in hosts if not is_local_host(name)})
         args.host_slots = sum(slots for _, slots in hosts)
         if args.host_slots < args.np:
             parser.error(f"-np {args.np} asks for more ranks than the hosts' "

@@ -51,9 +51,12 @@ def torch_environment(environ: os._Environ[str] | dict[str, str], rank: int
                  if environ.get(v, "").isdigit()), None)
     if size is None or rank < 0:
         return env
-    # Every rank runs on this machine under ina-run: local ranks are the ranks.
-    for name, value in (("RANK", rank), ("WORLD_SIZE", size), ("LOCAL_RANK", rank),
-                        ("LOCAL_WORLD_SIZE", size)):
+    # The rank among its host's (Hydra: MPI_LOCALRANKID; all on this machine otherwise).
+    local = environ.get("MPI_LOCALRANKID", "")
+    local_size = environ.get("MPI_LOCALNRANKS", "")
+    for name, value in (("RANK", rank), ("WORLD_SIZE", size),
+                        ("LOCAL_RANK", local if local.isdigit() else rank),
+                        ("LOCAL_WORLD_SIZE", local_size if local_size.isdigit() else size)):
         env.setdefault(name, str(value))
     return env
 

@@ -118,7 +118,8 @@ class RankWatch:
 
 def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
               mpiexec: str | None = None, grace: float = GRACE_SECONDS, *,
-              start_timeout: float | None = None, verbose: bool = False) -> int:
+              start_timeout: float | None = None, verbose: bool = False,
+              hosts: Sequence[str] = ()) -> int:
     """mpiexec -n np_ COMMAND, each rank started through rank.py, which
     records its pid and how it ended. Returns the job's exit code.
 
@@ -132,16 +133,20 @@ def run_ranks(np_: int, command: Sequence[str], env: dict[str, str],
 
     ``start_timeout`` (seconds, default unbounded): every rank must have started by
     then; if not, ina-run names the ranks missing, stops the job (SIGTERM, then SIGKILL
-    STOP_KILL_AFTER later) and returns 2. ``verbose`` prints the mpiexec command."""
+    STOP_KILL_AFTER later) and returns 2. ``verbose`` prints the mpiexec command.
+    ``hosts``: mpiexec's options placing the ranks on other hosts (cli.hydra_hosts); the
+    launching machine's address among them (-localhost) is torch's MASTER_ADDR then."""
     launcher = mpiexec or find_mpiexec()
     with tempfile.TemporaryDirectory(prefix="ina-run-ranks-") as folder:
         watch = RankWatch(Path(folder))
         env = dict(env, **{env_name("run_dir"): folder})
-        if "MASTER_PORT" not in env:  # torch.distributed's env:// rendezvous, rank 0 here
+        if "MASTER_PORT" not in env:  # torch.distributed's env:// rendezvous, rank 0's host
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
-                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
-        line = [launcher, "-disable-auto-cleanup", "-n", str(np_), sys.executable,
+                here = (hosts[list(hosts).index("-localhost") + 1] if "-localhost" in hosts
+                        else "127.0.0.1")
+                env.update(MASTER_ADDR=here, MASTER_PORT=str(s.getsockname()[1]))
+        line = [launcher, "-disable-auto-cleanup", *hosts, "-n", str(np_), sys.executable,
                 str(RANK_WRAPPER), folder, *command]
         if verbose:
             say(f"mpiexec command: {shlex.join(line)}")

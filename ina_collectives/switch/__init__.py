@@ -5,10 +5,11 @@ embedded default on one machine and in tests.
 (_fast/switch_loop.pyx) and its control packets; ``p4runtime_service``: the P4Runtime
 subset a controller uses, served in a thread that hands its work to the data-path loop;
 ``embedded``: an ``ina-switch`` process for a job;
-``faults``: fault injection of a running switch; ``cli``: ``ina-switch``.
+``faults``: fault injection of a running switch; ``cli``: ``ina-switch``. Its status
+line is ``key=value`` fields (``parse_status`` reads one).
 """
 from .cli import main
 from .faults import send_faults
-from .server import SoftwareSwitch
+from .server import SoftwareSwitch, parse_status
 
-__all__ = ["SoftwareSwitch", "send_faults", "main"]
+__all__ = ["SoftwareSwitch", "send_faults", "parse_status", "main"]

@@ -75,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-elements", type=int, default=P.MAX_ELEMENTS,
                         help="largest K (int32 values per packet) a job may use")
     parser.add_argument("--p4runtime-port", type=_port, default=None, metavar="PORT",
-                        help="serve P4Runtime (gRPC) on --host:PORT so that a controller "
-                             "(ina_collectives.control) installs jobs; 0 picks a free port. "
-                             "Needs the p4 extra")
+                        help="serve P4Runtime (gRPC) on --p4runtime-host:PORT so that a "
+                             "controller (ina_collectives.control) installs jobs; 0 picks a "
+                             "free port. Needs the p4 extra")
+    parser.add_argument("--p4runtime-host", default="127.0.0.1", metavar="ADDR",
+                        help="address P4Runtime listens on: loopback, whatever --host is, "
+                             "unless another machine's controller must reach it")
     parser.add_argument("--device-id", type=int, default=1,
                         help="the P4Runtime device id")
     parser.add_argument("--stats-interval", type=float, default=0.0,
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     faults = parser.add_argument_group(
         "fault injection (for tests; changeable while it runs: "
         "ina_collectives.switch.send_faults)")
+    faults.add_argument("--faults-from", default="127.0.0.1", metavar="ADDR",
+                        help="the only address fault settings are taken from")
     for name in P.FAULT_FIELDS:
         flag = "--" + name.replace("_ms", "").replace("_", "-") + ("-ms" if "delay" in name else "")
         faults.add_argument(flag, dest=name, type=float, default=0.0,
@@ -116,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if threads == 1:
             switch = SoftwareSwitch(args.host, args.port, p4runtime_port=args.p4runtime_port,
-                                    device_id=args.device_id, **options)
+                                    device_id=args.device_id,
+                                    p4runtime_host=args.p4runtime_host,
+                                    faults_from=args.faults_from, **options)
         else:
-            switch = Shards(threads, args.host, args.port, **options)
+            switch = Shards(threads, args.host, args.port, faults_from=args.faults_from,
+                            **options)
     except OSError as exc:
         print(f"ina-switch: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2

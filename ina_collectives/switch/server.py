@@ -40,7 +40,12 @@ class SoftwareSwitch:
     def __init__(self, host: str = "127.0.0.1", port: int = P.UDP_PORT,
                  idle_seconds: float = 60.0, pool_slots: int = 1024,
                  max_elements: int = P.MAX_ELEMENTS, p4runtime_port: int | None = None,
-                 device_id: int = 1, job_share: float = 1.0, gso: bool = True):
+                 device_id: int = 1, job_share: float = 1.0, gso: bool = True,
+                 p4runtime_host: str = "127.0.0.1", faults_from: str = "127.0.0.1"):
+        """``host``: the address the workers send to (loopback by default). P4Runtime
+        (``p4runtime_port``) listens on ``p4runtime_host`` and fault settings are taken
+        from ``faults_from``, loopback both by default, whatever ``host`` is: a switch
+        that serves other machines keeps its control to this one unless told otherwise."""
         from .._fast.switch_loop import DROP_REASONS, Aggregator
 
         self.sock = P.udp_socket(host, port)
@@ -73,10 +78,11 @@ class SoftwareSwitch:
         # A fault setting of this (Python) side: no answer to a PROBE of job 0, as a P4
         # switch answers only its installed workers' probes (tests of the return path).
         self.probes_from_installed_only = False
+        self.faults_from_be = P.ipv4_be(faults_from)
         self.shard_ports: list[int] = []  # every shard's port (Shards sets it): in replies
         self.p4runtime = self._runner = None
         if p4runtime_port is not None:
-            self._serve_p4runtime(host, p4runtime_port, device_id, max_elements)
+            self._serve_p4runtime(p4runtime_host, p4runtime_port, device_id, max_elements)
 
     def _serve_p4runtime(self, host: str, port: int, device_id: int, max_elements: int
                          ) -> None:
@@ -262,8 +268,8 @@ class SoftwareSwitch:
                 job, worker, addr_be, port_be) else 1), ""
         if op == P.CTRL_WAKE:
             return "wakes", None, ""  # the P4Runtime thread woke the loop: run_pending
-        # CTRL_FAULTS: a test facility, from this machine only (127.0.0.1).
-        if addr_be != P.LOOPBACK_BE:
+        # CTRL_FAULTS: a test facility, from this machine only (faults_from: loopback).
+        if addr_be != self.faults_from_be:
             return "foreign control", None, "fault settings from another address"
         if job != 0 or worker != 0:
             return malformed, None, f"fault settings for job {job} worker {worker}"
@@ -310,22 +316,50 @@ class SoftwareSwitch:
 
 def status_text(address: str, s: dict) -> str:
     """The status line of an aggregator's counters (SoftwareSwitch.stats, or several
-    shards' added up)."""
-    drops = ", ".join(f"{k} {v}" for k, v in s["drops"].items()) or "none"
-    control = ", ".join(f"{k} {s[k]}" for k in CONTROL_OUTCOMES + (
-        "jobs freed idle", "control overflow") if s[k]) or "none"
-    jobs = ", ".join(f"{job} (n {j['workers']}, S {j['slots']}"
-                     + (f" of {j['asked']}" if j["asked"] != j["slots"] else "")
-                     + f", results {j['results']})" for job, j in sorted(s["jobs"].items()))
-    return (f"ina-switch {address}: in {s['packets_in']} "
-            f"out {s['packets_out']} results {s['results']} openings {s['openings']} busy slots "
-            f"{s['slots_busy']} retransmissions answered {s['retransmits_answered']} "
-            f"nacks {s['nacks']} result requests {s['result_requests']} "
-            + (f"late answered {s['late_answered']} " if s.get("late_answered") else "")
-            + (f"p4runtime jobs {s['p4runtime jobs']} " if "p4runtime jobs" in s else "")
-            + f"send calls {s['send_calls']} ({s['send_path']}) gro buffers "
-            f"{s['gro_buffers']} "
-            + (f"sends refused {s['send_failures']} (last: "
-               f"{os.strerror(s['last_send_errno'])}) " if s["send_failures"] else "")
-            + f"control: {control}; drops: {drops}"
-            + (f"; jobs: {jobs}" if jobs else ""))
+    shards' added up): ``ina-switch ADDRESS:`` then ``key=value`` fields, a value with no
+    spaces (lists as ``name:count,...``, ``none`` when empty); ``parse_status`` reads it
+    back."""
+    def listed(pairs: list[tuple[str, object]]) -> str:
+        return ",".join(f"{k.replace(' ', '_')}:{v}" for k, v in pairs) or "none"
+
+    fields: list[tuple[str, object]] = [
+        ("in", s["packets_in"]), ("out", s["packets_out"]), ("results", s["results"]),
+        ("openings", s["openings"]), ("busy_slots", s["slots_busy"]),
+        ("retransmits_answered", s["retransmits_answered"]), ("nacks", s["nacks"]),
+        ("result_requests", s["result_requests"])]
+    if s.get("late_answered"):
+        fields.append(("late_answered", s["late_answered"]))
+    if "p4runtime jobs" in s:
+        fields.append(("p4runtime_jobs", s["p4runtime jobs"]))
+    fields += [("send_calls", s["send_calls"]), ("send_path", s["send_path"]),
+               ("gro_buffers", s["gro_buffers"])]
+    if s["send_failures"]:
+        fields += [("sends_refused", s["send_failures"]),
+                   ("last_send_error", os.strerror(s["last_send_errno"]).replace(" ", "_"))]
+    fields += [("control", listed([(k, s[k]) for k in CONTROL_OUTCOMES + (
+                   "jobs freed idle", "control overflow") if s[k]])),
+               ("drops", listed(list(s["drops"].items())))]
+    for job, j in sorted(s["jobs"].items()):
+        fields.append((f"job{job}", listed([("workers", j["workers"]), ("slots", j["slots"])]
+                                           + ([("asked", j["asked"])]
+                                              if j["asked"] != j["slots"] else [])
+                                           + [("results", j["results"])])))
+    return f"ina-switch {address}: " + " ".join(f"{k}={v}" for k, v in fields)
+
+
+def parse_status(line: str) -> dict[str, object]:
+    """A status line (status_text) as a dict: ``address``, each field's value as an int
+    where it is one, and the listed fields (control, drops, job<id>) as dicts of ints."""
+    words = line.split()
+    if len(words) < 2 or words[0] != "ina-switch":
+        raise ValueError(f"not an ina-switch status line: {line!r}")
+    status: dict[str, object] = {"address": words[1].rstrip(":")}
+    for word in words[2:]:
+        key, _, value = word.partition("=")
+        if key in ("control", "drops") or key.startswith("job"):
+            status[key] = {} if value == "none" else {
+                name: int(count) for name, count in
+                (item.split(":") for item in value.split(","))}
+        else:
+            status[key] = int(value) if value.isdigit() else value
+    return status

@@ -14,6 +14,7 @@ import pytest
 
 from ina_collectives import protocol as P
 from ina_collectives.ina.link import Timers, WorkerLink
+from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
 
 K, S, EPOCH = 4, 8, 77
@@ -97,7 +98,7 @@ def test_numbers_skipped_are_nacked_to_that_worker_alone(job):
     send(b, packet(b, 7, seq=201))
     assert silent(b)
     assert sw.stop() == 0
-    assert "nacks 2 " in sw.final_status, sw.final_status
+    assert parse_status(sw.final_status)["nacks"] == 2, sw.final_status
 
 
 def test_a_result_request_is_answered_only_by_a_done_cell(job):
@@ -123,8 +124,9 @@ def test_a_result_request_is_answered_only_by_a_done_cell(job):
                           slot=0, offset=8 * K, count=0, epoch=EPOCH))
     assert silent(b)
     assert sw.stop() == 0
-    assert "result requests 3 " in sw.final_status, sw.final_status
-    assert "retransmissions answered 1 " in sw.final_status, sw.final_status
+    status = parse_status(sw.final_status)
+    assert status["result_requests"] == 3, sw.final_status
+    assert status["retransmits_answered"] == 1, sw.final_status
 
 
 def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, faults):
@@ -206,7 +208,7 @@ def test_a_late_retransmission_is_stale_not_summed_into_a_later_call():
             link.leave()
             link.close()
         assert sw.stop() == 0
-    assert "stale 1" in sw.final_status, sw.final_status
+    assert parse_status(sw.final_status)["drops"].get("stale") == 1, sw.final_status
 
 
 def test_the_software_switch_states_that_it_nacks(job):

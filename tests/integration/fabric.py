@@ -201,6 +201,7 @@ class Fabric:
                 ["ip", "netns", "exec", self.switch_ns, sys.executable, "-m",
                  "ina_collectives.switch", "--host", "0.0.0.0", "--port", str(P.UDP_PORT),
                  "--threads", "1", "--p4runtime-port", str(GRPC_PORT),
+                 "--p4runtime-host", "0.0.0.0",
                  "--max-elements", str(max(self.k, 64))],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         bmv2.wait_listening(self._process, self.switch_ns, self.p4runtime_address,

@@ -67,6 +67,31 @@ def ina_cases(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 
 @case
+def across_hosts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """ina_cases' calls on ranks of several hosts, in two halves: between them rank 0
+    writes p["dir"]/joined and every rank waits (bounded) for p["dir"]/stray (the test
+    sends a stray packet to the job meanwhile). Also: this rank's network namespace."""
+    ina.init(comm, **p.get("settings", {}))
+    results = []
+    for half in (0, 1):
+        for dtype, op, count, seed in p["cases"]:
+            x = make_input(dtype, op, count, seed, comm.rank)
+            results.append(ina.allreduce(x, op=op))
+        if half == 0:
+            if comm.rank == 0:
+                (Path(p["dir"]) / "joined").write_text("")
+            deadline = time.monotonic() + 60
+            while not (Path(p["dir"]) / "stray").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("waited 60 s for the test's stray packet")
+                time.sleep(0.05)
+            comm.Barrier()
+    stats = ina.stats()
+    ina.finalize()
+    return {"results": results, "stats": stats, "netns": os.readlink("/proc/self/ns/net")}
+
+
+@case
 def quorum_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """p["steps"]: [(quorum or None, dtype, op, count, seed)]: set_quorum(quorum) first
     unless None, then one allreduce; each call's result and stats()["switch"]["quorum"]

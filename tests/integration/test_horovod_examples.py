@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from ina_collectives.switch import parse_status
 from tests.conftest import ROOT, _child_env
 
 torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip install "
@@ -45,9 +46,9 @@ def ina_run(*args: str, env: dict[str, str] | None = THROUGH_THE_SWITCH,
 
 def switch_results(stderr: str) -> int:
     """The results the embedded switch sent, from its final status line."""
-    found = re.search(r"ina-switch 127\.0\.0\.1:\d+: .*?results (\d+)", stderr)
+    found = re.search(r"ina-switch 127\.0\.0\.1:\d+: .*", stderr)
     assert found, stderr
-    return int(found.group(1))
+    return parse_status(found.group(0))["results"]
 
 
 def every_rank_served_by_the_switch(stdout: str) -> list[float]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
-from ina_collectives.switch import send_faults
+from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
 from tests.inputs import check_result, check_within_bound
 from tests.integration import mpirun
@@ -158,7 +158,9 @@ def test_faults_give_the_same_results_with_the_switchs_sendmmsg_path():
         per_rank = [r["results"][i] for r in results]
         assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
         check_within_bound(per_rank[0], *case, 3, k=k)
-    assert "(sendmmsg)" in sw.final_status and "injected loss" in sw.final_status, \
+    status = parse_status(sw.final_status)
+    assert status["send_path"] == "sendmmsg" and (
+        status["drops"].get("injected_loss_in") or status["drops"].get("injected_loss_out")), \
         sw.final_status
 
 
@@ -459,9 +461,9 @@ def test_malformed_and_foreign_packets_are_dropped_and_counted():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.sendto(bytes(INA(job=1, worker=0, values=[5] * 4)), (sw.host, sw.port))
         assert sw.stop() == 0
-    status = sw.final_status
-    assert "malformed 2" in status and "result from a worker 1" in status, status
-    assert "unknown job" in status, status
+    status = parse_status(sw.final_status)["drops"]
+    assert status.get("malformed") == 2 and status.get("result_from_a_worker") == 1, status
+    assert status.get("unknown_job"), status
 
 
 def test_fault_settings_are_checked(switch):

@@ -32,8 +32,8 @@ def test_soak_200_calls_under_faults_exact_and_served_by_the_switch():
     drops = s["switch"]["drops"]
     # A late retransmission once opened a finished cell again ("ghost"): the next use of
     # the slot was then refused as mismatched and the call stalled, or summed stale values.
-    assert "mismatched chunk" not in drops, drops
-    assert drops.get("injected loss in", 0) > 0 and drops.get("injected loss out", 0) > 0, \
+    assert "mismatched_chunk" not in drops, drops
+    assert drops.get("injected_loss_in", 0) > 0 and drops.get("injected_loss_out", 0) > 0, \
         s["switch"]
     assert s["transport_totals"]["retransmitted"] > 0, s["transport_totals"]
     assert s["jitter"]["updates"] > 10 and not s["jitter"]["errors"], s["jitter"]

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ina_collectives import protocol as P
-from ina_collectives.switch import send_faults
+from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
 from tests.integration import mpirun
 from tests.integration.test_ina import check_job, run_ina
@@ -48,10 +48,10 @@ def test_a_job_striped_across_two_switches_within_bound(loss):
         assert all(x["elements_per_second"] > 0 for x in switch["aggregators"]), switch
         assert abs(sum(x["share"] for x in switch["aggregators"]) - 1) < 1e-6, switch
     for sw in (a, b):  # both aggregated: results went out of each
-        results_out = int(sw.final_status.split(" results ")[1].split()[0])
-        assert results_out > 0, sw.final_status
+        status = parse_status(sw.final_status)
+        assert status["results"] > 0, sw.final_status
         if loss:
-            assert "injected loss in" in sw.final_status, sw.final_status
+            assert status["drops"].get("injected_loss_in"), sw.final_status
 
 
 @pytest.mark.mpi
@@ -63,9 +63,9 @@ def test_a_sharded_switch_serves_a_job_from_every_shard():
     check_job(results, CASES, 2)
     assert 2 <= results[0]["stats"]["switch"]["striped_calls"] <= len(CASES) - 1
     shard_lines = [line for line in sw.lines if line.startswith("ina-switch 127.0.0.1:")
-                   and " in " in line]
+                   and " in=" in line]
     assert len(shard_lines) == 3, sw.lines  # each shard's line, then the sum of both
-    per_shard = [int(line.split(" results ")[1].split()[0]) for line in shard_lines]
+    per_shard = [parse_status(line)["results"] for line in shard_lines]
     assert per_shard[0] > 0 and per_shard[1] > 0 and per_shard[2] == per_shard[0] + per_shard[1]
 
 
@@ -138,13 +138,12 @@ def test_three_jobs_at_once_on_one_switch():
     for j, job in enumerate(results):
         check_job(job, [(d, op, count, seed + 10 * j) for d, op, count, seed in cases], 2,
                   rounds=4)
-    assert "joins 6, leaves 6" in sw.final_status, sw.final_status
+    status = parse_status(sw.final_status)
+    assert status["control"]["joins"] == 6 and status["control"]["leaves"] == 6, status
     # No job's packets touched another's cells. A retransmission that arrives while its
     # own chunk is still in progress (6 ranks on 2 cores: a timer fired early) is each
     # job's own business, dropped and counted as such.
-    drops = sw.final_status.split("drops: ", 1)[1]
-    others = [d for d in drops.split(", ") if d != "none"
-              and not d.startswith("duplicate in progress ")]
+    others = [d for d in status["drops"] if d != "duplicate_in_progress"]
     assert not others, sw.final_status
 
 

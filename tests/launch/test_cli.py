@@ -149,7 +149,7 @@ def test_a_failed_rank_is_named_and_the_others_stop_within_the_bound(ina_run, tm
                          proc.stdout)
         assert told and float(told.group(1)) < 5, proc.stdout
     # The job is removed from the switch (its final status: no job left).
-    assert re.search(r"ina-switch 127\.0\.0\.1:\d+: .*p4runtime jobs 0", proc.stderr) or \
+    assert re.search(r"ina-switch 127\.0\.0\.1:\d+: .*p4runtime_jobs=0 ", proc.stderr) or \
         "no P4Runtime" in proc.stderr, proc.stderr
     assert took < 30, (took, proc.stderr)
     pids = [int(p) for p in re.findall(r"pid=(\d+)", proc.stdout)]
@@ -216,14 +216,36 @@ def test_a_hostfile_as_horovodrun_reads_it(tmp_path):
     assert args.host_slots == 4
 
 
-def test_hosts_elsewhere_or_too_few_slots_are_refused(capsys, tmp_path):
+def test_other_hosts_run_through_mpiexecs_bootstrap(capsys, tmp_path):
+    """Other machines' ranks: mpiexec places them (-hosts), its bootstrap starts them
+    (-launcher, -launcher-exec) and its proxies call back to --address; without an
+    address the hosts reach, the embedded switch cannot serve them: refused, saying so."""
+    args = launch.parse_args(["-np", "4", "-H", "localhost:1,node7:4,10.254.0.9:2",
+                              "--address", "10.0.0.1", "--bootstrap-exec", "ssh -p 2222",
+                              "true"])
+    assert args.remote_hosts == ["10.254.0.9", "node7"] and args.host_slots == 7
+    assert launch.hydra_hosts(args) == [
+        "-hosts", "localhost:1,node7:4,10.254.0.9:2", "-launcher", "ssh",
+        "-launcher-exec", "ssh -p 2222", "-localhost", "10.0.0.1"]
+    assert launch.hydra_hosts(launch.parse_args(["-np", "1", "-H", "localhost:2",
+                                                 "true"])) == []
     err = _refused(capsys, "-np", "2", "-H", "localhost:1,node7:4,10.254.0.9:2", "true")
-    assert "ina-run starts ranks on this machine only" in err, err
-    assert "will not use host(s) 10.254.0.9, node7" in err, err
+    assert "-H names other hosts (10.254.0.9, node7): give --address" in err, err
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=1\nworker-2 slots=8\n")
-    err = _refused(capsys, "-np", "2", "--hostfile", str(hostfile), "true")
-    assert "will not use host(s) worker-2" in err, err
+    err = _refused(capsys, "-np", "2", "--hostfile", str(hostfile), "--launcher",
+                   "torchrun", "--address", "10.0.0.1", "true")
+    assert "--launcher torchrun starts ranks on this machine" in err, err
+    err = _refused(capsys, "-np", "2", "--hostfile", str(hostfile), "--p4runtime",
+                   "10.0.0.2:9559", "--p4info", "x", "--device-config", "y", "true")
+    assert "give them in --workers" in err, err
+    args = launch.parse_args(["-np", "2", "--hostfile", str(hostfile), "--switch",
+                              "10.0.0.2:47474", "true"])
+    assert args.remote_hosts == ["worker-2"]
+
+
+def test_too_few_slots_or_bad_hosts_are_refused(capsys, tmp_path):
+    hostfile = tmp_path / "hosts"
     err = _refused(capsys, "-np", "3", "-H", "localhost:2", "true")
     assert "-np 3 asks for more ranks than the hosts' 2 slot(s)" in err, err
     err = _refused(capsys, "-np", "1", "-H", "localhost:two", "true")
@@ -338,7 +360,7 @@ def test_horovodrun_command_line_runs_two_ranks_here(ina_run):
                        proc.stdout)
     assert sorted(r for r, _ in ranks) == ["0", "1"], proc.stdout
     address = ranks[0][1]
-    assert "ina-run: mpiexec " in proc.stderr and "hosts: this machine, 2 slot(s)" in \
+    assert "ina-run: mpiexec " in proc.stderr and "hosts: localhost (2 slot(s))" in \
         proc.stderr, proc.stderr
     assert f"embedded ina-switch on {address}" in proc.stderr, proc.stderr
     assert re.search(r"ina-run: 2 rank\(s\), environment for them: .*"

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
+from ina_collectives.switch import parse_status
 from ina_collectives.switch.server import CONTROL_OUTCOMES, CONTROL_VALUES, SoftwareSwitch
 from tests.integration import mpirun
 from tests.integration.rank_cases import case, main
@@ -567,7 +568,7 @@ def test_a_stranger_cannot_end_or_steer_a_job():
             # A LEAVE again (its reply was lost): nothing left to leave, answered 0.
             assert P.read_control(_exchange(workers[0], sw, P.control_packet(
                 77, 0, [P.CTRL_LEAVE])))[1].tolist() == [2, 0, CAPS, 0]
-            assert "foreign control 5" in sw.status_line()
+            assert parse_status(sw.status_line())["control"]["foreign_control"] == 5
         finally:
             for s in workers + [stranger, local]:
                 s.close()

@@ -1,0 +1,138 @@
+"""ina-run across hosts: network namespaces stand in for machines. Two "hosts" of two
+ranks each, whose ranks mpiexec starts through its bootstrap (here ``ip netns exec``
+instead of ssh), a switch in a third namespace, and a stranger in a fourth whose packet
+posing as a worker of the job is dropped and counted; every call is served by the
+switch."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ina_collectives import protocol as P
+from ina_collectives.switch import parse_status
+from tests.conftest import ROOT, needs_root
+from tests.inputs import check_within_bound
+
+pytestmark = [pytest.mark.mpi, needs_root]
+
+SUBNET = "10.195.0"
+BOOTSTRAP = """#!/bin/sh
+# mpiexec's "ssh" for hosts that are network namespaces: [OPTIONS] HOST COMMAND...
+while [ "${1#-}" != "$1" ]; do shift; done
+host="$1"; shift
+exec ip netns exec "$host" sh -c "$*"
+"""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """Namespaces a, b (the hosts), s (the switch), x (a stranger) on a bridge of the root
+    namespace, which is the launching machine (.1); their addresses .2 .. .5."""
+    tag = f"inh{os.getpid() % 100000}"
+    names = {role: f"{tag}{role}" for role in "absx"}
+    bridge = f"{tag}br"
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{SUBNET}.1/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i, (role, ns) in enumerate(names.items(), start=2):
+            _ip("netns", "add", ns)
+            _ip("link", "add", f"{ns}v", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", f"{ns}v", "master", bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{SUBNET}.{i}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        script = tmp_path / "netns-bootstrap"
+        script.write_text(BOOTSTRAP)
+        script.chmod(0o755)
+        yield names, script
+    finally:
+        for ns in names.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=10)
+
+
+def _start_switch(ns: str, address: str, log: Path) -> subprocess.Popen:
+    process = subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-m", "ina_collectives.switch",
+         "--host", address, "--port", str(P.UDP_PORT), "--threads", "1"],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 15
+    while "listening on" not in log.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"the switch did not start: {log.read_text()}")
+        time.sleep(0.05)
+    return process
+
+
+def test_a_job_on_two_hosts_is_served_by_a_switch_on_a_third(hosts, tmp_path):
+    from tests.control.test_controller import ina_packet
+
+    names, bootstrap = hosts
+    switch_ip = f"{SUBNET}.4"
+    log = tmp_path / "switch.log"
+    switch = _start_switch(names["s"], switch_ip, log)
+    cases = [("float32", "sum", 3000, 1), ("float64", "average", 700, 2)]
+    params = {"cases": cases, "dir": str(tmp_path),
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+    hosts_arg = f"{names['a']}:2,{names['b']}:2"
+    try:
+        ranks = subprocess.Popen(
+            [sys.executable, "-m", "ina_collectives.launch", "-np", "4", "-H", hosts_arg,
+             "--switch", f"{switch_ip}:{P.UDP_PORT}", "--require-switch",
+             "--address", f"{SUBNET}.1", "--bootstrap-exec", str(bootstrap), "--verbose",
+             "--", sys.executable, "-m", "tests.integration.rank_cases", "across_hosts",
+             json.dumps(params), str(tmp_path)],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "joined").exists():
+            assert ranks.poll() is None, ranks.communicate()[0]
+            assert time.monotonic() < deadline, "the ranks never made their first calls"
+            time.sleep(0.05)
+        # The stranger sends a data packet of the job as worker 0 from its own address.
+        job = int(re.search(r"job (\d+): 4 workers", log.read_text()).group(1))
+        packet = ina_packet(job, 0, 0, range(64)).hex()
+        subprocess.run(["ip", "netns", "exec", names["x"], sys.executable, "-c",
+                        "import socket, sys; s = socket.socket(socket.AF_INET, "
+                        "socket.SOCK_DGRAM); s.sendto(bytes.fromhex(sys.argv[1]), "
+                        f"('{switch_ip}', {P.UDP_PORT}))", packet],
+                       check=True, timeout=30)
+        (tmp_path / "stray").write_text("")
+        output, _ = ranks.communicate(timeout=120)
+    finally:
+        if ranks.poll() is None:
+            ranks.kill()
+        switch.terminate()
+        switch.wait(10)
+    assert ranks.returncode == 0, output
+    assert f"-hosts {hosts_arg} -launcher ssh -launcher-exec {bootstrap}" in output, output
+    results = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(4)]
+    assert all("error" not in r for r in results), results
+    # Two ranks in each host's namespace, neither of them the launcher's.
+    here = os.readlink("/proc/self/ns/net")
+    spaces = [r["netns"] for r in results]
+    assert spaces[0] == spaces[1] != spaces[2] == spaces[3] and here not in spaces, spaces
+    for i, case in enumerate(cases * 2):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+        check_within_bound(per_rank[0], *case, 4)
+    for r in results:  # every call through the switch
+        assert r["stats"]["engines"] == {"ina": 2 * len(cases)}, r["stats"]
+    status = parse_status([line for line in log.read_text().splitlines()
+                           if line.startswith("ina-switch ") and "in=" in line][-1])
+    assert status["control"]["joins"] == 4, status
+    assert status["drops"].get("unknown_worker") == 1, status
