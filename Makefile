@@ -1,6 +1,6 @@
 # The README's two commands: `make demo` (the main job: 4 ranks train through the embedded
 # switch) and `make test` (the whole suite). `make check`: lint (ruff, cython-lint) and the
-# unit tests that need no launcher (pytest -m "not mpi"), in under a minute.
+# unit tests that need no launcher (pytest -m "not mpi and not slow"), in about a minute.
 # `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/;
 # `make netsim` the emulated-network benchmark (quick mode).
 # Each sets up .venv on first use (and again when the package's metadata changes).
@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt $(wildcard _fast/*.pyx _fast/*.pxd _fast/*.pxi _fast/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dev,torch,p4,bench]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[mpich,test,dev,torch,p4,bench]'
 	touch $@
 
 # The emulated-network benchmark and its test drop packets with nftables (Debian package);
@@ -45,7 +45,7 @@ test: $(STAMP) $(if $(AS_ROOT),$(NFT_STAMP))
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint _fast/
-	$(PY) -m pytest -m "not mpi"
+	$(PY) -m pytest -m "not mpi and not slow"
 
 bench: $(STAMP)
 	mkdir -p bench/results

@@ -46,6 +46,7 @@ class Aggregators:
 
     def __init__(self, comm: MPI.Intracomm, settings: Settings, kernels: SimpleNamespace):
         self.comm, self.settings, self.kernels = comm, settings, kernels
+        self._rank = comm.Get_rank()
         self.addresses: list[tuple[str, int]] = []
         self.links: list[WorkerLink | None] = []
         self.missing_reasons: dict[int, str] = {}  # aggregator index -> why it is not used
@@ -95,13 +96,14 @@ class Aggregators:
                 f"{self.unavailable or self._why_missing()}")
         if self.missing():
             if self._lasting:
-                log.warning("%s; calls take the ring", self.unavailable or self._why_missing())
+                self._job_warning("%s; calls take the ring",
+                                  self.unavailable or self._why_missing())
             else:
                 self._schedule(0)
-                log.warning("%s; %s (tried again from call #%s on)",
-                            self.unavailable or self._why_missing(),
-                            "calls take the ring" if self.unavailable
-                            else "calls use the other aggregators", self._retry_at)
+                self._job_warning("%s; %s (tried again from call #%s on)",
+                                  self.unavailable or self._why_missing(),
+                                  "calls take the ring" if self.unavailable
+                                  else "calls use the other aggregators", self._retry_at)
 
     @property
     def seq(self) -> int:
@@ -202,9 +204,9 @@ class Aggregators:
         short = [i for i in indices if self.links[i] is not None
                  and self.links[i].slots < self.links[i].asked_slots]
         for i in short:
-            log.warning("the aggregator at %s granted %d of the %d slots asked (its pool is "
-                        "shared with other jobs); more are asked for when it has them free",
-                        self.where(i), self.links[i].slots, self.links[i].asked_slots)
+            self._job_warning("the aggregator at %s granted %d of the %d slots asked (its pool is "
+                              "shared with other jobs); more are asked for when it has them free",
+                              self.where(i), self.links[i].slots, self.links[i].asked_slots)
         if short and self._grow_at is None and settings.switch_retry_calls:
             self._grow_at = self._seq + self._grow_gap
         if self.serving():
@@ -292,15 +294,20 @@ class Aggregators:
         self._retry_gap = 1
         self._schedule(seq)
         if self.serving():
-            log.warning("%s; %s not used from now on, calls use the others; tried again "
-                        "from call #%d on", reason,
-                        ", ".join(self.where(i) for i in indices), self._retry_at)
+            self._job_warning("%s; %s not used from now on, calls use the others; tried again "
+                              "from call #%d on", reason,
+                              ", ".join(self.where(i) for i in indices), self._retry_at)
             return
         self.unavailable = reason
         self.outages += 1
         self.close()
-        log.warning("%s; calls take the ring, and the aggregator is tried again from call "
-                    "#%d on", reason, self._retry_at)
+        self._job_warning("%s; calls take the ring, and the aggregator is tried again from call "
+                          "#%d on", reason, self._retry_at)
+
+    def _job_warning(self, message: str, *args: object) -> None:
+        """A warning every rank would log alike (they decide together what becomes of the
+        aggregators): rank 0 logs it, the others at debug level, so a job says it once."""
+        log.log(logging.WARNING if self._rank == 0 else logging.DEBUG, message, *args)
 
     def _schedule(self, seq: int) -> None:
         cap = self.settings.switch_retry_calls
@@ -376,8 +383,8 @@ class Aggregators:
         if not returned:
             if self._lasting:
                 self._retry_at = None
-                log.warning("call #%d: %s; not tried again", seq,
-                            self.unavailable or self._why_missing())
+                self._job_warning("call #%d: %s; not tried again", seq,
+                                  self.unavailable or self._why_missing())
                 return False
             self._schedule(seq)
             log.info("call #%d: the aggregator is still unavailable; next try at call #%d",
@@ -387,8 +394,8 @@ class Aggregators:
             self._schedule(seq)
         else:
             self._retry_at, self._retry_gap = None, 1
-        log.warning("call #%d: the aggregator at %s serves again; calls return to it",
-                    seq, ", ".join(self.where(i) for i in returned))
+        self._job_warning("call #%d: the aggregator at %s serves again; calls return to it",
+                          seq, ", ".join(self.where(i) for i in returned))
         return True
 
     def _prober(self, i: int) -> Prober:
@@ -431,7 +438,7 @@ class Aggregators:
             self._grow_at = seq + self._grow_gap
         else:
             self._grow_gap = 1
-            log.warning("call #%d: every aggregator grants the slots asked now", seq)
+            self._job_warning("call #%d: every aggregator grants the slots asked now", seq)
 
 
 @dataclasses.dataclass(frozen=True)

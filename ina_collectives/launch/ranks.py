@@ -27,8 +27,9 @@ def find_mpiexec() -> str:
         return str(beside)
     found = shutil.which("mpiexec")
     if not found:
-        raise LaunchError("no mpiexec beside the interpreter or on PATH: pip install mpich "
-                          "(or install ina-collectives, which depends on it)")
+        raise LaunchError("no mpiexec beside the interpreter or on PATH: install MPICH's "
+                          "wheel (pip install 'ina-collectives[mpich]') or put your MPI's "
+                          "mpiexec on PATH")
     return found
 
 

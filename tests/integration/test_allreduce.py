@@ -1,6 +1,10 @@
 """ina_collectives.allreduce on real mpiexec jobs: values, layouts, errors, stats."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -170,3 +174,23 @@ def test_require_switch_fails_init_on_every_rank_saying_why(closed_udp_port):
     for r in unset:
         assert r["error"] == "AggregatorUnavailable", r
         assert "no switch is configured: set INA_SWITCH" in r["message"], r
+
+
+@pytest.mark.mpi
+def test_a_job_wide_warning_is_logged_once_by_rank_0(closed_udp_port):
+    """Every rank learns together that the switch does not answer; the job says so once
+    (rank 0), not once per rank."""
+    from ina_collectives.launch.ranks import find_mpiexec
+
+    code = ("import numpy as np, ina_collectives as ina\n"
+            "ina.init(switch_join_timeout=0.5)\n"
+            "ina.allreduce(np.ones(4, np.float32))\n"
+            "ina.finalize()\n")
+    proc = subprocess.run(
+        [find_mpiexec(), "-n", "3", sys.executable, "-c", code],
+        env=dict(os.environ, INA_SWITCH=f"127.0.0.1:{closed_udp_port}"),
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "calls take the ring" in line]
+    assert len(warned) == 1, proc.stderr
+    assert f"127.0.0.1:{closed_udp_port}" in warned[0], warned
