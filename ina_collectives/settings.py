@@ -199,7 +199,7 @@ class Settings:
     )
     sparse_hot_rows: int = _setting(
         0,
-        "Horovod API, sparse gradients (issue 33, Libra): the most rows of a sparse tensor "
+        "Horovod API, sparse gradients (as in Libra): the most rows of a sparse tensor "
         "(one sparse dimension, by name) summed densely as an allreduce, through the "
         "switch where it serves, the rows touched most often over the ranks, where that "
         "pays by bytes, and kept only while their calls are measured faster than the "
@@ -380,18 +380,24 @@ _warned: set[str] = set()
 
 def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Log, once per process and name, each INA_* variable that no setting reads (a
-    misspelling is otherwise ignored), with the closest known name; the names."""
+    misspelling is otherwise ignored), with the closest known name; the names. A
+    launcher's rank other than 0 logs at debug level: the job says it once."""
     import difflib
     import logging
 
     known = {env_name(f.name) for f in dataclasses.fields(Settings)} | OTHER_VARIABLES
     unknown = sorted(v for v in environ if v.startswith("INA_") and v not in known)
+    # Job-wide (the launcher gives every rank the same environment): rank 0 says it.
+    rank = next((environ[v] for v in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
+                                      "RANK") if environ.get(v, "").isdigit()), "0")
+    level = logging.WARNING if rank == "0" else logging.DEBUG
     for variable in unknown:
         if variable in _warned:
             continue
         _warned.add(variable)
         close = difflib.get_close_matches(variable, known, n=1, cutoff=0.6)
-        logging.getLogger("ina_collectives").warning(
+        logging.getLogger("ina_collectives").log(
+            level,
             "%s is set but is no setting of ina_collectives: ignored%s", variable,
             f" (did you mean {close[0]}?)" if close else
             " (python -m ina_collectives.settings lists them)")

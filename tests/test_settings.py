@@ -63,6 +63,12 @@ def test_an_unknown_variable_is_warned_about_once_with_the_closest_name(caplog):
         "(python -m ina_collectives.settings lists them)"], lines
 
 
+def test_an_unknown_variable_is_warned_about_by_rank_0_only(caplog):
+    with caplog.at_level("WARNING", logger="ina_collectives"):
+        Settings.load(environ={"INA_SWITCH_SLOT": "4", "PMI_RANK": "1"})
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
 def test_a_keyword_error_names_the_keyword_not_a_variable():
     with pytest.raises(ValueError, match=r"^timeout must be > 0"):
         Settings.load({"timeout": -1}, environ={"INA_TIMEOUT": "5"})

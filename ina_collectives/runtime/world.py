@@ -292,7 +292,7 @@ class World:
             comm = self.control.Create_group(group, tag=set_id)
             group.Free()
             # (Its own job at the aggregator: the one a controller installed is the
-            # global set's; collectives/aggregators.py decides.)
+            # global set's; ina/aggregators.py decides.)
             runtime = BackgroundRuntime(comm, self.settings)
         self.sets[set_id] = SetMember(ranks, self.rank, runtime, comm)
         return set_id

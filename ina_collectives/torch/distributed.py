@@ -85,7 +85,7 @@ class ProcessGroupIna(dist.ProcessGroup):
             stall_shutdown_time=min(settings.stall_shutdown_time, seconds),
             stall_warning_time=min(settings.stall_warning_time, seconds / 2))
         # (A subgroup is a job of its own at the aggregator: an installed job, ina-run's,
-        # is the default group's; collectives/aggregators.py decides.)
+        # is the default group's; ina/aggregators.py decides.)
         if not settings.switch and rank == 0 and not subgroup:
             log.warning("backend 'ina': INA_SWITCH names no aggregator: every call takes "
                         "the exact path")
