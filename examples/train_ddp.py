@@ -4,6 +4,7 @@ where one process training on the same data ends.
 
     ina-run -np 4 -- python examples/train_ddp.py
     ina-run -np 2 -- python examples/train_ddp.py --hook fp16   # DDP's fp16 comm hook
+    ina-run -np 2 -- python examples/train_ddp.py --hook ina    # gloo, buckets by the switch
 
 Same model, data and check as examples/train_mlp.py (the Horovod API's demo): rank 0
 prints the loss per epoch and the engines that served the group's calls, then trains
@@ -22,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+
+from ina_collectives.torch.hooks import allreduce_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_mlp import (  # noqa: E402
@@ -61,6 +64,8 @@ def train(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
     model = DistributedDataParallel(make_model(x.shape[1], args.hidden, int(y.max()) + 1))
     if args.hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.hook == "ina":  # the process group stays gloo: only the buckets take the switch
+        model.register_comm_hook(None, allreduce_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if rank == 0:
         print(f"{size} ranks, backend {dist.get_backend()}, comm hook {args.hook}",
@@ -111,7 +116,7 @@ def demo_main(args: argparse.Namespace,
     check it against one process: the exit code."""
     torch.set_num_threads(1)  # the ranks share the cores
     mpi_rendezvous()
-    dist.init_process_group("ina")
+    dist.init_process_group("gloo" if getattr(args, "hook", "") == "ina" else "ina")
     x, y = make_data(args.samples, args.features, 10)
     loss = train(args, x, y)
     rank = dist.get_rank()
@@ -121,8 +126,10 @@ def demo_main(args: argparse.Namespace,
 
 def main() -> int:
     parser = demo_arguments(__doc__, epochs=3, samples=8192, hidden=512)
-    parser.add_argument("--hook", choices=("none", "fp16"), default="none",
-                        help="a DDP communication hook (fp16: default_hooks' compression)")
+    parser.add_argument("--hook", choices=("none", "fp16", "ina"), default="none",
+                        help="a DDP communication hook (fp16: default_hooks' compression; "
+                             "ina: the process group is gloo and the hook sends the "
+                             "gradient buckets through the switch)")
     return demo_main(parser.parse_args(), train)
 
 

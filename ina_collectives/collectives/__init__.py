@@ -1,12 +1,14 @@
-"""The collectives layer: one communicator's allreduce and the engines that can serve it.
+"""The collectives layer: one communicator's allreduce, engine-neutral.
 
 ``chooser``: Collectives, which checks a call, agrees on it with the other ranks
 (``agreement``), offers it to the engines in order and keeps the ``stats``; ``engine``:
-the Engine protocol and the call an engine is offered; the engines: ``ina_engine`` (the
-aggregator, through ina/), ``ring`` (pipelined ring over mpi4py, the exact fallback) and
-``mpi_engine`` (MPI's own Allreduce); ``ops``: reduction ops and dtype rules;
+the Engine protocol (every hook the chooser calls) and the call an engine is offered;
+``recovery``: the error path of a call that ended without a vote (ErrorPath: the gate and
+the kept window); the exact engines: ``ring`` (pipelined ring over mpi4py, the fallback)
+and ``mpi_engine`` (MPI's own Allreduce); the switch engine is ina/'s, given to the
+chooser by the layer above; ``ops``: reduction ops, their names and dtype rules;
 ``waiting``: bounded, interruptible waits on MPI requests; ``buffers``: mpi4py buffer
-specs as NumPy views (for ina_collectives.mpi).
+specs as NumPy views (for ina_collectives.mpi); ``peers``: the peers without an MPI job.
 """
 from __future__ import annotations
 

@@ -700,10 +700,49 @@ def _create(options: Any, backend_options: Any = None) -> ProcessGroupIna:
 
 
 def default_group() -> ProcessGroupIna | None:
-    """torch.distributed's default group, if it is of backend "ina"."""
+    """torch.distributed's default group if it is of backend "ina", else the group of
+    backend "ina" made over its ranks for a communication hook (``companion``), if any."""
     if not dist.is_initialized():
         return None
-    return _as_ina(dist.distributed_c10d._get_default_group())
+    pg = dist.distributed_c10d._get_default_group()
+    return _as_ina(pg) or _companions.get(_key(pg))
+
+
+# Groups of backend "ina" made over another group's ranks (a DDP communication hook's,
+# torch/hooks.py), by that group's name: one each, made on first use.
+_companions: dict[str, ProcessGroupIna] = {}
+_companions_lock = threading.Lock()
+
+
+def _key(pg: Any) -> str:
+    return str(getattr(pg, "group_name", None) or id(pg))
+
+
+def companion(pg: Any) -> tuple[Any, ProcessGroupIna]:
+    """A process group of backend "ina" over the ranks of ``pg`` (a group of any backend:
+    nccl, gloo, ina): ``pg`` itself if it is one, else one made over its ranks on first
+    use (collective over those ranks: each must call this in the same order, as a DDP
+    hook's first bucket does) and kept. Returns (the group to pass torch, ours)."""
+    ours = _as_ina(pg)
+    if ours is not None:
+        return pg, ours
+    with _companions_lock:
+        made = _companions.get(_key(pg))
+        if made is None:
+            try:
+                ranks = dist.get_process_group_ranks(pg)
+                group = dist.new_group(ranks=ranks, backend=BACKEND,
+                                       use_local_synchronization=True)
+            except (RuntimeError, ValueError) as exc:
+                raise RuntimeError(f"backend 'ina' cannot serve the ranks of process group "
+                                   f"{_key(pg)}: {exc}") from exc
+            made = _as_ina(group)
+            if made is None:
+                raise RuntimeError(f"the group made over process group {_key(pg)}'s ranks "
+                                   f"is not of backend 'ina' ({group!r})")
+            made._torch_group = group
+            _companions[_key(pg)] = made
+    return made._torch_group, made
 
 
 def _as_ina(pg: Any) -> ProcessGroupIna | None:
@@ -745,4 +784,4 @@ dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu
 # The array API's stats() and set_quorum() reach the default group through the runtime.
 world.provide_default_group(default_group)
 
-__all__ = ["BACKEND", "ProcessGroupIna", "default_group", "stats"]
+__all__ = ["BACKEND", "ProcessGroupIna", "companion", "default_group", "stats"]

@@ -377,6 +377,89 @@ def dist_overlap(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
+def _hook_model(seed: int, dtype: torch.dtype, hidden: int = 256) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 4)).to(dtype)
+
+
+def _hook_train(model: torch.nn.Module, steps: int, accumulate: bool) -> list[Any]:
+    """SGD on the same data everywhere, each rank its slice; with ``accumulate`` each step
+    is two half-batches, the first under no_sync. The final parameters."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    dtype = next(model.parameters()).dtype
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(64, 16, generator=g).to(dtype), torch.randn(64, 4, generator=g)
+    mine = slice(r * 64 // n, (r + 1) * 64 // n)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        if accumulate:
+            half = (mine.stop - mine.start) // 2
+            first, second = slice(mine.start, mine.start + half), slice(mine.start + half,
+                                                                       mine.stop)
+            with model.no_sync():
+                torch.nn.functional.mse_loss(model(x[first]).float(), y[first]).backward()
+            torch.nn.functional.mse_loss(model(x[second]).float(), y[second]).backward()
+        else:
+            torch.nn.functional.mse_loss(model(x[mine]).float(), y[mine]).backward()
+        optimizer.step()
+    return [_np(q.float()) for q in model.parameters()]
+
+
+@case
+def ddp_hook(comm: Any, p: dict) -> dict[str, Any]:
+    """DDP on p["backend"] with ina_collectives.torch.hooks.allreduce_hook (p["hook"]):
+    a float32 model (gradient_as_bucket_view, static_graph), then a float16 one (no_sync
+    accumulation) and a bfloat16 one; with p["nan"], one more step where rank 1's input holds a
+    NaN: the gradients every rank ends with. Also the stats the array API reports."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ina_collectives as ina
+    from ina_collectives.torch.hooks import allreduce_hook
+    dist.init_process_group(p["backend"])
+    out: dict[str, Any] = {}
+    for dtype in p.get("dtypes", ["float32", "float16", "bfloat16"]):
+        plain = dtype == "float32"
+        model = DDP(_hook_model(0, getattr(torch, dtype)), gradient_as_bucket_view=plain,
+                    static_graph=plain)
+        if p["hook"]:
+            model.register_comm_hook(None, allreduce_hook)
+        # (no_sync accumulation on the float16 model: torch's reducer asserts on no_sync
+        # in a static graph's first iteration, with or without a hook.)
+        out[dtype] = _hook_train(model, p.get("steps", 6), accumulate=dtype == "float16")
+    if p.get("nan"):
+        model = DDP(_hook_model(1, torch.float32))
+        model.register_comm_hook(None, allreduce_hook)
+        x = torch.ones(8, 16)
+        if dist.get_rank() == 1:
+            x[0, 0] = float("nan")
+        model(x).sum().backward()
+        out["nan_grads"] = [_np(q.grad) for q in model.parameters()]
+    if p["hook"]:
+        out["stats"] = ina.stats()
+    dist.destroy_process_group()
+    return out
+
+
+@case
+def ddp_hook_bad_state(comm: Any, p: dict) -> dict[str, Any]:
+    """A hook registered with a state that is neither None nor a ProcessGroup: the
+    backward pass raises on every rank, naming it."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ina_collectives.torch.hooks import allreduce_hook
+    dist.init_process_group(p["backend"])
+
+    def bad_state() -> None:
+        model = DDP(_hook_model(0, torch.float32))
+        model.register_comm_hook("group", allreduce_hook)
+        model(torch.ones(8, 16)).sum().backward()
+    out = {"state": _attempt(bad_state)}
+    dist.destroy_process_group()
+    return out
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--torchrun":
         torchrun_main()
