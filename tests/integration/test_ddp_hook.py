@@ -17,10 +17,16 @@ pytestmark = pytest.mark.mpi
 TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3), "bfloat16": (5e-2, 1e-2)}
 
 
-def test_the_hook_on_gloo_matches_plain_gloo_ddp_and_the_switch_serves_the_buckets():
+@pytest.fixture(scope="module")
+def hooked():
+    """DDP on gloo with the hook, through ina-run's switch: every rank's result."""
+    results, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": True, "nan": True},
+                          env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
+    return results
+
+
+def test_the_hook_on_gloo_matches_plain_gloo_ddp_and_the_switch_serves_the_buckets(hooked):
     env = {"INA_SWITCH_MIN_BYTES": "0"}
-    hooked, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": True, "nan": True},
-                         env=env, through_ina_run=True)
     plain, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": False}, env=env)
     for out, ref in zip(hooked, plain):
         for dtype, (rtol, atol) in TOLERANCE.items():
@@ -39,14 +45,11 @@ def test_the_hook_on_gloo_matches_plain_gloo_ddp_and_the_switch_serves_the_bucke
             np.testing.assert_array_equal(a, b)
 
 
-def test_the_hook_gives_the_same_parameters_on_backend_ina_as_on_gloo():
-    params = {"hook": True, "dtypes": ["float32"]}
-    env = {"INA_SWITCH_MIN_BYTES": "0"}
-    on_ina, _ = torchrun(2, "ddp_hook", dict(params, backend="ina"), env=env,
-                         through_ina_run=True)
-    on_gloo, _ = torchrun(2, "ddp_hook", dict(params, backend="gloo"), env=env,
-                          through_ina_run=True)
-    for a, b in zip(on_ina[0]["float32"], on_gloo[0]["float32"]):
+def test_the_hook_gives_the_same_parameters_on_backend_ina_as_on_gloo(hooked):
+    on_ina, _ = torchrun(2, "ddp_hook", {"hook": True, "dtypes": ["float32"],
+                                         "backend": "ina"},
+                         env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
+    for a, b in zip(on_ina[0]["float32"], hooked[0]["float32"]):
         np.testing.assert_array_equal(a, b)
     assert on_ina[0]["stats"]["engines"].get("ina", 0) > 0, on_ina[0]["stats"]
 
