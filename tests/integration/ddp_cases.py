@@ -438,24 +438,12 @@ def ddp_hook(comm: Any, p: dict) -> dict[str, Any]:
         out["nan_grads"] = [_np(q.grad) for q in model.parameters()]
     if p["hook"]:
         out["stats"] = ina.stats()
-    dist.destroy_process_group()
-    return out
-
-
-@case
-def ddp_hook_bad_state(comm: Any, p: dict) -> dict[str, Any]:
-    """A hook registered with a state that is neither None nor a ProcessGroup: the
-    backward pass raises on every rank, naming it."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ina_collectives.torch.hooks import allreduce_hook
-    dist.init_process_group(p["backend"])
-
-    def bad_state() -> None:
-        model = DDP(_hook_model(0, torch.float32))
-        model.register_comm_hook("group", allreduce_hook)
-        model(torch.ones(8, 16)).sum().backward()
-    out = {"state": _attempt(bad_state)}
+    if p.get("bad_state"):  # a state neither None nor a ProcessGroup: refused, naming it
+        def bad_state() -> None:
+            model = DDP(_hook_model(0, torch.float32))
+            model.register_comm_hook("group", allreduce_hook)
+            model(torch.ones(8, 16)).sum().backward()
+        out["state"] = _attempt(bad_state)
     dist.destroy_process_group()
     return out
 

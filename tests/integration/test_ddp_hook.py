@@ -20,7 +20,8 @@ TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3), "bfloat16": (5e-2
 @pytest.fixture(scope="module")
 def hooked():
     """DDP on gloo with the hook, through ina-run's switch: every rank's result."""
-    results, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": True, "nan": True},
+    results, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": True, "nan": True,
+                                          "bad_state": True},
                           env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
     return results
 
@@ -54,9 +55,7 @@ def test_the_hook_gives_the_same_parameters_on_backend_ina_as_on_gloo(hooked):
     assert on_ina[0]["stats"]["engines"].get("ina", 0) > 0, on_ina[0]["stats"]
 
 
-def test_a_bad_state_is_refused_on_every_rank():
-    results, _ = torchrun(2, "ddp_hook_bad_state", {"backend": "gloo"},
-                          env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
-    for out in results:
+def test_a_bad_state_is_refused_on_every_rank(hooked):
+    for out in hooked:
         assert out["state"] and "allreduce_hook's state must be None" in \
             out["state"]["message"], out
