@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 
 from .. import protocol as P
@@ -27,6 +28,16 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is out of range (0..65535)")
     return value
+
+
+def _ipv4(text: str) -> str:
+    """A dotted IPv4 address for argparse (the switch compares senders' addresses with
+    it), or a clear error."""
+    try:
+        socket.inet_aton(text)
+    except OSError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address") from None
+    return text
 
 
 def _log_level(text: str) -> str:
@@ -90,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = parser.add_argument_group(
         "fault injection (for tests; changeable while it runs: "
         "ina_collectives.switch.send_faults)")
-    faults.add_argument("--faults-from", default="127.0.0.1", metavar="ADDR",
+    faults.add_argument("--faults-from", type=_ipv4, default="127.0.0.1", metavar="ADDR",
                         help="the only address fault settings are taken from")
     for name in P.FAULT_FIELDS:
         flag = "--" + name.replace("_ms", "").replace("_", "-") + ("-ms" if "delay" in name else "")

@@ -355,11 +355,17 @@ def parse_status(line: str) -> dict[str, object]:
         raise ValueError(f"not an ina-switch status line: {line!r}")
     status: dict[str, object] = {"address": words[1].rstrip(":")}
     for word in words[2:]:
-        key, _, value = word.partition("=")
-        if key in ("control", "drops") or key.startswith("job"):
-            status[key] = {} if value == "none" else {
-                name: int(count) for name, count in
-                (item.split(":") for item in value.split(","))}
-        else:
-            status[key] = int(value) if value.isdigit() else value
+        key, sep, value = word.partition("=")
+        try:
+            if not sep:
+                raise ValueError("no '='")
+            if key in ("control", "drops") or key.startswith("job"):
+                status[key] = {} if value == "none" else {
+                    name: int(count) for name, count in
+                    (item.split(":") for item in value.split(","))}
+            else:
+                status[key] = int(value) if value.isdigit() else value
+        except ValueError as exc:
+            raise ValueError(f"status line field {word!r} is not key=value "
+                             f"(lists name:count,...): {exc}") from None
     return status

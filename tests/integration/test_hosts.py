@@ -12,12 +12,11 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from ina_collectives import protocol as P
 from ina_collectives.switch import parse_status
+from ina_collectives.switch.embedded import embedded_switch
 from tests.conftest import ROOT, needs_root
 from tests.inputs import check_within_bound
 
@@ -64,60 +63,45 @@ def hosts(tmp_path):
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=10)
 
 
-def _start_switch(ns: str, address: str, log: Path) -> subprocess.Popen:
-    process = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-m", "ina_collectives.switch",
-         "--host", address, "--port", str(P.UDP_PORT), "--threads", "1"],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    deadline = time.monotonic() + 15
-    while "listening on" not in log.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"the switch did not start: {log.read_text()}")
-        time.sleep(0.05)
-    return process
-
-
 def test_a_job_on_two_hosts_is_served_by_a_switch_on_a_third(hosts, tmp_path):
     from tests.control.test_controller import ina_packet
 
     names, bootstrap = hosts
     switch_ip = f"{SUBNET}.4"
-    log = tmp_path / "switch.log"
-    switch = _start_switch(names["s"], switch_ip, log)
     cases = [("float32", "sum", 3000, 1), ("float64", "average", 700, 2)]
     params = {"cases": cases, "dir": str(tmp_path),
               "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
     hosts_arg = f"{names['a']}:2,{names['b']}:2"
-    try:
+    with embedded_switch(host=switch_ip, launcher=["ip", "netns", "exec", names["s"]]) as sw:
         ranks = subprocess.Popen(
             [sys.executable, "-m", "ina_collectives.launch", "-np", "4", "-H", hosts_arg,
-             "--switch", f"{switch_ip}:{P.UDP_PORT}", "--require-switch",
+             "--switch", sw.address_text, "--require-switch",
              "--address", f"{SUBNET}.1", "--bootstrap-exec", str(bootstrap), "--verbose",
              "--", sys.executable, "-m", "tests.integration.rank_cases", "across_hosts",
              json.dumps(params), str(tmp_path)],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "joined").exists():
-            assert ranks.poll() is None, ranks.communicate()[0]
-            assert time.monotonic() < deadline, "the ranks never made their first calls"
-            time.sleep(0.05)
-        # The stranger sends a data packet of the job as worker 0 from its own address.
-        job = int(re.search(r"job (\d+): 4 workers", log.read_text()).group(1))
-        packet = ina_packet(job, 0, 0, range(64)).hex()
-        subprocess.run(["ip", "netns", "exec", names["x"], sys.executable, "-c",
-                        "import socket, sys; s = socket.socket(socket.AF_INET, "
-                        "socket.SOCK_DGRAM); s.sendto(bytes.fromhex(sys.argv[1]), "
-                        f"('{switch_ip}', {P.UDP_PORT}))", packet],
-                       check=True, timeout=30)
-        (tmp_path / "stray").write_text("")
-        output, _ = ranks.communicate(timeout=120)
-    finally:
-        if ranks.poll() is None:
-            ranks.kill()
-        switch.terminate()
-        switch.wait(10)
+        try:
+            deadline = time.monotonic() + 120
+            while not (tmp_path / "joined").exists():
+                assert ranks.poll() is None, ranks.communicate()[0]
+                assert time.monotonic() < deadline, "the ranks never made their first calls"
+                time.sleep(0.05)
+            # The stranger sends a data packet of the job as worker 0 from its own address.
+            job = int(re.search(r"job (\d+): 4 workers", "\n".join(sw.lines)).group(1))
+            packet = ina_packet(job, 0, 0, range(64)).hex()
+            subprocess.run(["ip", "netns", "exec", names["x"], sys.executable, "-c",
+                            "import socket, sys; s = socket.socket(socket.AF_INET, "
+                            "socket.SOCK_DGRAM); s.sendto(bytes.fromhex(sys.argv[1]), "
+                            f"('{switch_ip}', {sw.port}))", packet],
+                           check=True, timeout=30)
+            (tmp_path / "stray").write_text("")
+            output, _ = ranks.communicate(timeout=120)
+        finally:
+            if ranks.poll() is None:
+                ranks.kill()
+                ranks.wait()
+        sw.stop()
     assert ranks.returncode == 0, output
     assert f"-hosts {hosts_arg} -launcher ssh -launcher-exec {bootstrap}" in output, output
     results = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(4)]
@@ -132,7 +116,6 @@ def test_a_job_on_two_hosts_is_served_by_a_switch_on_a_third(hosts, tmp_path):
         check_within_bound(per_rank[0], *case, 4)
     for r in results:  # every call through the switch
         assert r["stats"]["engines"] == {"ina": 2 * len(cases)}, r["stats"]
-    status = parse_status([line for line in log.read_text().splitlines()
-                           if line.startswith("ina-switch ") and "in=" in line][-1])
+    status = parse_status(sw.final_status)
     assert status["control"]["joins"] == 4, status
     assert status["drops"].get("unknown_worker") == 1, status

@@ -482,7 +482,9 @@ def test_switch_cli_errors_are_clear():
     for args, words in [(["--port", "99999"], "argument --port: port 99999 is out of range"),
                         (["--port", "x"], "argument --port: 'x' is not a port number"),
                         (["--log-level", "verbose"],
-                         "argument --log-level: 'verbose' is no log level")]:
+                         "argument --log-level: 'verbose' is no log level"),
+                        (["--faults-from", "localhost"],
+                         "argument --faults-from: 'localhost' is not an IPv4 address")]:
         proc = subprocess.run([sys.executable, "-m", "ina_collectives.switch", *args],
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and words in proc.stderr, (args, proc.stderr)
