@@ -150,7 +150,10 @@ class BackgroundRuntime:
     # -- the caller's side ------------------------------------------------------------
 
     def submit(self, request: OpRequest, **data: Any) -> Handle:
-        """Queue ``request`` with its arrays (send/recv/buf as its kind needs)."""
+        """Queue ``request`` with its arrays (send/recv/buf as its kind needs). An
+        allreduce may also give ``landed(start, stop)``, called before elements
+        [start, stop) of its input are read, and ``arrived(start, stop)``, called once
+        they hold final results (a tensor staged a window at a time: torch/windows.py)."""
         handle = Handle(request, data)
         with self._lock:
             self._check_running()
@@ -361,7 +364,10 @@ class BackgroundRuntime:
             place = buffer[offset:offset + piece.stop - piece.start]
             if handle is None:          # this rank has joined: it adds nothing
                 place[...] = 0
-            elif handle.data["send"] is not None or len(group) > 1:
+                continue
+            if "landed" in handle.data:  # staged a window at a time: wait for this range
+                handle.data["landed"](piece.start, piece.stop)
+            if handle.data["send"] is not None or len(group) > 1:
                 # (send None: in place, the input is in recv, where a lone piece is)
                 source = handle.data["send"]
                 if source is None:
@@ -387,6 +393,8 @@ class BackgroundRuntime:
                 if len(group) > 1:
                     np.copyto(recv[piece.start:piece.stop],
                               buffer[offset:offset + piece.stop - piece.start])
+                if "arrived" in handle.data:  # this range is final: it may go back now
+                    handle.data["arrived"](piece.start, piece.stop)
             left = self._parts_left.get(name, 1) - 1
             if left > 0:
                 self._parts_left[name] = left

@@ -148,8 +148,11 @@ class ProcessGroupIna(dist.ProcessGroup):
             return self._bitwise_allreduce(tensors, op)
         started = [submit_allreduce(self._live(), check_tensor(t, "all_reduce"), t,
                                     self._name(), op) for t in tensors]
+        # A CUDA tensor's future carries its device: whoever waits on it waits on the
+        # stream its results were copied back on (torch/windows.py), with no synchronize.
+        devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
         return self._work([h for h, _ in started], lambda results: [
-            finish(r) for (_, finish), r in zip(started, results)], "allreduce")
+            finish(r) for (_, finish), r in zip(started, results)], "allreduce", devices)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         # One name each; the runtime fuses the ones ready together into one reduction.
@@ -435,9 +438,11 @@ class ProcessGroupIna(dist.ProcessGroup):
         return self._work(handles, finish, f"allreduce {op}")
 
     def _work(self, handles: list[Handle], complete: Callable[[list[Any]], Any],
-              what: str) -> Any:
-        """A Work whose future completes (or fails) when every handle has finished."""
-        future: torch.futures.Future = torch.futures.Future()
+              what: str, devices: list[torch.device] | None = None) -> Any:
+        """A Work whose future completes (or fails) when every handle has finished
+        (``devices``: the CUDA devices its result lives on, for the future's streams)."""
+        future: torch.futures.Future = (torch.futures.Future(devices=devices) if devices
+                                        else torch.futures.Future())
         left = [len(handles)]
 
         def one_done(_: Handle) -> None:

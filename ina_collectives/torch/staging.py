@@ -3,7 +3,9 @@ torch.distributed backend, the optimizer) shares.
 
 Tensors become NumPy views where they can (CPU, contiguous, a NumPy dtype); bfloat16,
 non-contiguous and CUDA tensors are staged through a host copy (bfloat16 reduces as
-float32, exactly widened, and is rounded back once; it moves as its raw 16 bits). Here
+float32, exactly widened, and is rounded back once; it moves as its raw 16 bits). An
+allreduce of a contiguous one is staged a window at a time, both ways, overlapping the
+stream (torch/windows.py). Here
 too: the ops by Horovod's names, the dtype tables, the checks every call makes, and the
 requests the runtime takes.
 """
@@ -19,6 +21,7 @@ from ..collectives.ops import Op, as_op
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.negotiation import OpRequest
 from .compression import SWITCH_BITS
+from .windows import HostWindows, stageable
 
 # Horovod's reduction ops, compared by value like Horovod's (each is a name of
 # collectives.ops's one table: as_op turns it into the runtime's Op).
@@ -150,6 +153,11 @@ def submit_allreduce(runtime: BackgroundRuntime, tensor: torch.Tensor,
     if direct(output) and output.dtype == tensor.dtype:
         handle = runtime.submit(request, send=to_numpy(tensor), recv=to_numpy(output))
         return handle, lambda _: output
+    if stageable(tensor, output):  # (CUDA, or bfloat16) a window at a time, both ways
+        windows = HostWindows(tensor, output)
+        handle = runtime.submit(request, send=None, recv=windows.host,
+                                landed=windows.landed, arrived=windows.arrived)
+        return handle, windows.finish
     staged = np.array(to_numpy(tensor, widen=True), copy=True)
     handle = runtime.submit(request, send=None, recv=staged)
     return handle, lambda _: copy_from(output, staged)

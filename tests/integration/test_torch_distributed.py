@@ -125,9 +125,9 @@ def ddp_demo(n, *extra):
     return proc.stdout
 
 
-# (2 ranks with no hook: every other DDP job of the suite; the INA hook's own demo run is
-# test_ddp_hook.py's, its example here.)
-@pytest.mark.parametrize("n, hook", [(4, "none"), (2, "fp16"), (2, "ina")])
+# (4 ranks with the INA hook, its example; 2 ranks with no hook: every other DDP job of
+# the suite, at 4 too through the hook's group of backend "ina".)
+@pytest.mark.parametrize("n, hook", [(2, "none"), (2, "fp16"), (4, "ina")])
 def test_ddp_demo_through_the_switch_matches_one_process(n, hook):
     out = ddp_demo(n, "--hook", hook)
     assert f"comm hook {hook}" in out

@@ -1,0 +1,402 @@
+"""Training speed-up as users measure it: wall time to a target loss, on emulated links,
+with compute as an accelerator's time, for every system, mode and straggler scenario.
+
+    python -m bench.training                          # n 4, 200 Mbit/s, the defaults below
+    python -m bench.training --rate 500 --width 1024 --device-ms 120
+    python -m bench.training --systems ina ring --steps 20 --no-stragglers
+
+On the emulated cluster (bench/netsim_topology.py: each rank in a namespace, its link
+shaped to --rate, the software switch in a namespace of its own), each run trains the
+same model from the same start on the same global batches (bench/training_ranks.py:
+compute padded to --device-ms per step, a third forward, two thirds backward, so the
+host's cores stay free as under a GPU). Runs:
+
+- every system of --systems, sync, first-in-first-out (Horovod's loop; DDP's for gloo,
+  hook and ddp-ina), no stragglers;
+- ina with priority and overlap (the first layers' gradients first, each module updated
+  at its next forward);
+- ina sync against ina quorum n - 1 of n under transient stragglers (each step each rank
+  waits an extra --delay-ms, default twice the device time, with probability --p);
+- the same two with the last rank always --delay-ms / 4 slower: reported, no target
+  (docs/quorum.md: a worker that is always slower sets every scheme's pace).
+
+The measure: wall time until the held-out loss first reaches the target, the highest
+final loss among the sync systems without stragglers (so each of them reaches it),
+interpolated between the kept checkpoints. Beside each measured ratio: the ideal one from
+the arithmetic (``ideal``: a step is forward + max(backward, allreduce), the allreduce at
+the links' rate with its format's bytes). The JSON, a table (training.md) and two PNGs
+(loss against wall time; one step's timeline per mode) go to --out. The last lines:
+
+    ina over best peer: N.NNx (ideal N.NNx)
+    ina16 over best peer: N.NNx (ideal N.NNx)
+    priority+overlap over fifo (ina): N.NNx (ideal N.NNx)
+    quorum over sync, transient stragglers: N.NNx (ideal N.NNx)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from ina_collectives import protocol as P
+from ina_collectives.launch.ranks import find_mpiexec
+from ina_collectives.switch.embedded import embedded_switch
+
+from .netsim_topology import EmulatedCluster, aggregator_ip, stale_namespaces
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SYSTEMS = ("ina", "ina16", "hook", "ddp-ina", "ring", "mpi", "gloo")
+PEERS = ("ring", "mpi", "gloo")
+THROUGH_SWITCH = ("ina", "ina16", "hook", "ddp-ina")
+
+
+# -- the arithmetic ------------------------------------------------------------------------
+
+def allreduce_seconds(system: str, n: int, grad_bytes: int, rate_mbit: float,
+                      mtu: int) -> float:
+    """The ideal time of one step's gradients on these links: the switch's format (each
+    worker sends its gradients once and receives the sum once, headers and exponents
+    included), or a ring's 2(n-1)/n of them each way."""
+    if system in THROUGH_SWITCH:
+        bits = 16 if system == "ina16" else 32
+        k = P.elements_for_mtu(mtu, P.DEFAULT_BLOCK)
+        values = grad_bytes // 4
+        packets = -(-values // k)
+        wire = packets * P.packet_bytes(k, P.DEFAULT_BLOCK, bits)
+        return wire * 8 / (rate_mbit * 1e6)
+    return 2 * (n - 1) / n * grad_bytes * 8 / (rate_mbit * 1e6)
+
+
+def step_seconds(device: float, allreduce: float, overlap: bool) -> float:
+    """A step: forward (a third) + max(backward, allreduce) first-in-first-out; with
+    priority and overlap the next forward hides the rest: max(device, allreduce)."""
+    if overlap:
+        return max(device, allreduce)
+    return device / 3 + max(2 * device / 3, allreduce)
+
+
+def straggler_wait(n: int, p: float, delay: float, quorum: bool) -> float:
+    """The expected extra wait per step: sync waits whenever any of the n ranks is late,
+    D (1 - (1-p)^n); a quorum that leaves the late one out, about p D (its own lateness,
+    and the spread of the lags, not modelled)."""
+    return p * delay if quorum else delay * (1 - (1 - p) ** n)
+
+
+# -- running -------------------------------------------------------------------------------
+
+def run(cluster: EmulatedCluster, switch: str, cfg: dict[str, Any],
+        args: argparse.Namespace) -> dict[str, Any]:
+    """One mpiexec job of bench.training_ranks; rank 0's record."""
+    system = cfg["system"]
+    k = P.elements_for_mtu(args.mtu, P.DEFAULT_BLOCK)
+    env = dict(os.environ, **cluster.network_environment(0),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")])),
+               INA_SWITCH=switch if system in THROUGH_SWITCH else "",
+               INA_SWITCH_ELEMENTS=str(k - k % P.DEFAULT_BLOCK),
+               INA_SWITCH_MIN_BYTES="0",
+               INA_RING_MIN_BYTES=str(1 << 40) if system == "mpi" else "0",
+               INA_PARTITION_BYTES=str(4 * args.width * (args.width + 1)),
+               INA_ORDERING="priority" if cfg["mode"] == "priority" else "fifo",
+               INA_TIMEOUT="120")
+    if system == "ina16":
+        env["INA_SWITCH_VALUE_BITS"] = "16"
+    with tempfile.TemporaryDirectory(prefix="training-") as tmp:
+        config, out = Path(tmp, "config.json"), Path(tmp, "record.json")
+        config.write_text(json.dumps(cfg))
+        command = [sys.executable, "-m", "bench.training_ranks", str(config), str(out)]
+        proc = subprocess.Popen(cluster.mpiexec_command(find_mpiexec(), command), cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=args.limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            raise SystemExit(f"{label(cfg)}: no result within {args.limit} s:\n"
+                             f"{output[-3000:]}") from None
+        if proc.returncode != 0 or not out.exists():
+            raise SystemExit(f"{label(cfg)} failed ({proc.returncode}):\n{output[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def label(rec: dict[str, Any]) -> str:
+    parts = [rec["system"]]
+    if rec["mode"] != "fifo":
+        parts.append(rec["mode"])
+    parts.append(f"quorum {rec['quorum']}" if rec["quorum"] else "sync")
+    if rec["scenario"] != "none":
+        parts.append(rec["scenario"])
+    return " ".join(parts)
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    base = {"layers": args.layers, "width": args.width, "classes": args.classes,
+            "batch": args.batch, "device_ms": args.device_ms, "lr": args.lr,
+            "seed": args.seed, "p": args.p, "eval_every": args.eval_every,
+            "mode": "fifo", "quorum": 0, "scenario": "none", "delay_ms": 0.0,
+            "steps": args.steps}
+    runs = [dict(base, system=s) for s in args.systems]
+    if "ina" in args.systems:
+        runs.append(dict(base, system="ina", mode="priority"))
+        if args.stragglers:
+            delay = args.delay_ms if args.delay_ms is not None else 2 * args.device_ms
+            extra = dict(steps=args.steps + args.steps // 2)  # quorum needs more steps
+            for quorum in (0, args.n - 1):
+                runs.append(dict(base, system="ina", quorum=quorum, scenario="transient",
+                                 delay_ms=delay, **(extra if quorum else {})))
+            for quorum in (0, args.n - 1):
+                runs.append(dict(base, system="ina", quorum=quorum, scenario="slow",
+                                 delay_ms=delay / 4, **(extra if quorum else {})))
+    return runs
+
+
+# -- the measure ---------------------------------------------------------------------------
+
+def time_to(rec: dict[str, Any], target: float) -> float | None:
+    """When the held-out loss first reached ``target`` (linear between checkpoints)."""
+    before = (0.0, None)
+    for _, seconds, loss in rec["losses"]:
+        if loss <= target:
+            t0, l0 = before
+            if l0 is None or l0 == loss:
+                return seconds
+            return t0 + (seconds - t0) * (l0 - target) / (l0 - loss)
+        before = (seconds, loss)
+    return None
+
+
+def one_process_loss(args: argparse.Namespace) -> float:
+    """The final held-out loss of one process trained on the same global batches."""
+    import torch
+    import torch.nn.functional as F
+
+    from .training_ranks import WARMUP, Data, make_model
+    cfg = {"layers": args.layers, "width": args.width, "classes": args.classes,
+           "batch": args.batch * args.n}
+    model = make_model(cfg)
+    data = Data(cfg, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    for step in range(WARMUP + args.steps):
+        x, y = data.batch(step, 0)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        return float(F.cross_entropy(model(data.eval_x), data.eval_y))
+
+
+def median_step(rec: dict[str, Any]) -> float:
+    return statistics.median(rec["step_times"])
+
+
+def report(records: list[dict[str, Any]], args: argparse.Namespace,
+           reference: float) -> tuple[list[str], list[str]]:
+    """The table's rows (markdown) and the closing lines."""
+    device = args.device_ms / 1e3
+    grad_bytes = records[0]["grad_bytes"]
+
+    def ideal_allreduce(system: str) -> float:
+        return allreduce_seconds(system, args.n, grad_bytes, args.rate, args.mtu)
+
+    sync_plain = [r for r in records if r["scenario"] == "none" and not r["quorum"]
+                  and r["mode"] == "fifo"]
+    target = max(r["losses"][-1][2] for r in sync_plain)
+    rows = ["| run | median step ms | ideal step ms | final loss | vs one process | "
+            "time to target s | CPU use | engines |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in records:
+        r["label"] = label(r)
+        r["time_to_target"] = time_to(r, target)
+        ideal = step_seconds(device, ideal_allreduce(r["system"]), r["mode"] == "priority")
+        final = r["losses"][-1][2]
+        gap = (final - reference) / reference
+        reached = (f"{r['time_to_target']:.2f}" if r["time_to_target"] is not None
+                   else "not reached")
+        rows.append(f"| {r['label']} | {median_step(r) * 1e3:.0f} | {ideal * 1e3:.0f} | "
+                    f"{final:.4f} | {gap:+.2%} | {reached} | {r['cpu_utilisation']:.2f} | "
+                    f"{r['engines']} |")
+    rows.append("")
+    rows.append(f"Target loss {target:.4f} (the highest final loss of the sync runs "
+                f"without stragglers); one process on the same global batches: "
+                f"{reference:.4f}. Gradients: {grad_bytes / 2**20:.2f} MiB per step.")
+
+    def find(system: str, **match: Any) -> dict[str, Any] | None:
+        want = {"mode": "fifo", "quorum": 0, "scenario": "none", **match}
+        return next((r for r in records if r["system"] == system
+                     and all(r[k] == v for k, v in want.items())), None)
+
+    def ratio(slow: dict[str, Any] | None, fast: dict[str, Any] | None) -> str:
+        if not slow or not fast or fast["time_to_target"] is None:
+            return "n/a"
+        if slow["time_to_target"] is None:
+            return f"> {slow['seconds'] / fast['time_to_target']:.2f}x"
+        return f"{slow['time_to_target'] / fast['time_to_target']:.2f}x"
+
+    lines = []
+    peers = [r for r in (find(s) for s in PEERS) if r and r["time_to_target"] is not None]
+    best = min(peers, key=lambda r: r["time_to_target"]) if peers else None
+    peer_step = step_seconds(device, ideal_allreduce("ring"), False)
+    hook, ddp_ina, gloo = find("hook"), find("ddp-ina"), find("gloo")
+    if hook and ddp_ina:
+        lines.append(f"hook on gloo over backend ina (DDP, per step): "
+                     f"{median_step(ddp_ina) / median_step(hook):.2f}x")
+    if hook and gloo:
+        ideal = peer_step / step_seconds(device, ideal_allreduce("hook"), False)
+        lines.append(f"hook over plain gloo DDP: {ratio(gloo, hook)} (ideal {ideal:.2f}x)")
+    if best:
+        lines.append(f"best peer: {best['system']}, {best['time_to_target']:.2f} s to the "
+                     f"target")
+    sync_t, quorum_t = (find("ina", scenario="transient", quorum=q)
+                        for q in (0, args.n - 1))
+    ina_step = step_seconds(device, ideal_allreduce("ina"), False)
+    delay = (args.delay_ms if args.delay_ms is not None else 2 * args.device_ms) / 1e3
+    if sync_t and quorum_t:
+        mean = (statistics.mean(sync_t["step_times"])
+                / statistics.mean(quorum_t["step_times"]))
+        lines.append(f"quorum over sync, transient stragglers, per step: "
+                     f"{median_step(sync_t) / median_step(quorum_t):.2f}x by the median, "
+                     f"{mean:.2f}x by the mean")
+    slow_s, slow_q = (find("ina", scenario="slow", quorum=q) for q in (0, args.n - 1))
+    if slow_s and slow_q:
+        lines.append(f"quorum over sync, one rank always slower (no target): "
+                     f"{ratio(slow_s, slow_q)}")
+    for system in ("ina", "ina16"):
+        r = find(system)
+        if r and best:
+            ideal = peer_step / step_seconds(device, ideal_allreduce(system), False)
+            lines.append(f"{system} over best peer: {ratio(best, r)} (ideal {ideal:.2f}x)")
+    fifo, prio = find("ina"), find("ina", mode="priority")
+    if fifo and prio:
+        ideal = ina_step / step_seconds(device, ideal_allreduce("ina"), True)
+        lines.append(f"priority+overlap over fifo (ina): {ratio(fifo, prio)} "
+                     f"(ideal {ideal:.2f}x)")
+    if sync_t and quorum_t:
+        ideal = ((ina_step + straggler_wait(args.n, args.p, delay, False))
+                 / (ina_step + straggler_wait(args.n, args.p, delay, True)))
+        lines.append(f"quorum over sync, transient stragglers: {ratio(sync_t, quorum_t)} "
+                     f"(ideal {ideal:.2f}x)")
+    return rows, lines
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+def plot(records: list[dict[str, Any]], out: Path, target: float) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in records:
+        seconds = [0.0] + [s for _, s, _ in r["losses"]]
+        losses = [r["losses"][0][2]] + [loss for _, _, loss in r["losses"]]
+        ax.plot(seconds[1:], losses[1:], marker=".", label=r["label"])
+    ax.axhline(target, color="grey", linestyle=":", label="target")
+    ax.set_xlabel("wall time, s")
+    ax.set_ylabel("held-out loss")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out.with_name(out.name + "-loss.png"), dpi=110)
+
+    shown = [r for r in records if r["system"] == "ina" and r["scenario"] == "none"]
+    shown += [r for r in records if r["scenario"] == "transient"]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 2.4 * len(shown)), squeeze=False)
+    colors = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
+              "straggler": "tab:red"}
+    rows = {"forward": 0.0, "backward": 0.3, "transfer": 0.6, "straggler": 0.0}
+    for ax, r in zip(axes[:, 0], shown):
+        for what, layer, start, end in r["timeline"]:
+            ax.barh(layer + rows[what], (end - start) * 1e3, left=start * 1e3, height=0.28,
+                    color=colors[what], label=what)
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        ax.legend(unique.values(), unique.keys(), loc="lower right", fontsize=7)
+        ax.set_ylabel("layer")
+        ax.set_title(f"{r['label']}: the last step (rank 0), median step "
+                     f"{median_step(r) * 1e3:.0f} ms", fontsize=9)
+    axes[-1, 0].set_xlabel("ms from the step's start (gaps: waiting for transfers)")
+    fig.tight_layout()
+    fig.savefig(out.with_name(out.name + "-timeline.png"), dpi=110)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.training",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=4, help="ranks (one namespace each)")
+    parser.add_argument("--rate", type=float, default=200.0, help="link Mbit/s")
+    parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument("--layers", type=int, default=4, help="hidden layers")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=32, help="rows per rank per step")
+    parser.add_argument("--device-ms", type=float, default=170.0,
+                        help="emulated accelerator time per step (forward + backward)")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps (after 2)")
+    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--p", type=float, default=0.1,
+                        help="transient stragglers: a rank's chance to be late each step")
+    parser.add_argument("--delay-ms", type=float, default=None,
+                        help="a transient straggler's extra wait (default 2x --device-ms)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-stragglers", dest="stragglers", action="store_false")
+    parser.add_argument("--limit", type=float, default=600.0, help="seconds per job")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "training")
+    args = parser.parse_args(argv)
+    if args.n < 2 or min(args.layers, args.width, args.batch, args.steps,
+                         args.eval_every) < 1 or args.device_ms < 0 or not 0 <= args.p <= 1:
+        parser.error("--n must be 2 or more; --layers, --width, --batch, --steps, "
+                     "--eval-every positive; --device-ms >= 0; --p in [0, 1]")
+    if os.geteuid() != 0:
+        parser.error("the emulated cluster needs root (network namespaces, tc)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for name in stale_namespaces():
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+    records = []
+    with EmulatedCluster(args.n, args.rate, mtu=args.mtu) as cluster, ExitStack() as stack:
+        switch = stack.enter_context(embedded_switch(
+            "--idle", "60", host=aggregator_ip(0),
+            launcher=cluster.in_aggregator(0, []))).address_text
+        for cfg in plan(args):
+            rec = run(cluster, switch, cfg, args)
+            records.append(rec)
+            print(f"{label(rec):28s} median step {median_step(rec) * 1e3:7.1f} ms  "
+                  f"{rec['seconds']:6.1f} s  final loss {rec['losses'][-1][2]:.4f}  "
+                  f"CPU {rec['cpu_utilisation']:.2f}  engines {rec['engines']}", flush=True)
+    reference = one_process_loss(args)
+    rows, lines = report(records, args, reference)
+    target = max(r["losses"][-1][2] for r in records
+                 if r["scenario"] == "none" and not r["quorum"] and r["mode"] == "fifo")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    command = "python -m bench.training " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"command": command.strip(),
+         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+         "one_process_loss": reference, "records": records, "lines": lines}, indent=1))
+    args.out.with_suffix(".md").write_text(
+        f"`{command.strip()}`\n\n" + "\n".join(rows) + "\n\n" + "\n".join(lines) + "\n")
+    plot(records, args.out, target)
+    print("\n".join(rows))
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
