@@ -3,7 +3,7 @@ with compute as an accelerator's time, for every system, mode and straggler scen
 
     python -m bench.training                          # n 4, 200 Mbit/s, the defaults below
     python -m bench.training --rate 500 --width 1024 --device-ms 120
-    python -m bench.training --systems ina ring --steps 20 --no-stragglers
+    python -m bench.training --systems ina ring --steps 20 --stragglers
 
 On the emulated cluster (bench/netsim_topology.py: each rank in a namespace, its link
 shaped to --rate, the software switch in a namespace of its own), each run trains the
@@ -23,8 +23,9 @@ host's cores stay free as under a GPU). Runs:
 The measure: wall time until the held-out loss first reaches the target, the highest
 final loss among the sync systems without stragglers (so each of them reaches it),
 interpolated between the kept checkpoints. Beside each measured ratio: the ideal one from
-the arithmetic (``ideal``: a step is forward + max(backward, allreduce), the allreduce at
-the links' rate with its format's bytes). The JSON, a table (training.md) and two PNGs
+the arithmetic (``ideal``: each layer's forward, backward and gradient on the wire at the
+links' rate with its format's bytes, scheduled first-in-first-out or with priority and
+overlap: step_seconds). The JSON, a table (training.md) and two PNGs
 (loss against wall time; one step's timeline per mode) go to --out. The last lines:
 
     ina over best peer: N.NNx (ideal N.NNx)
@@ -57,6 +58,7 @@ ROOT = HERE.parent
 SYSTEMS = ("ina", "ina16", "hook", "ddp-ina", "ring", "mpi", "gloo")
 PEERS = ("ring", "mpi", "gloo")
 THROUGH_SWITCH = ("ina", "ina16", "hook", "ddp-ina")
+DDP = ("gloo", "hook", "ddp-ina")
 
 
 # -- the arithmetic ------------------------------------------------------------------------
@@ -76,12 +78,66 @@ def allreduce_seconds(system: str, n: int, grad_bytes: int, rate_mbit: float,
     return 2 * (n - 1) / n * grad_bytes * 8 / (rate_mbit * 1e6)
 
 
-def step_seconds(device: float, allreduce: float, overlap: bool) -> float:
-    """A step: forward (a third) + max(backward, allreduce) first-in-first-out; with
-    priority and overlap the next forward hides the rest: max(device, allreduce)."""
-    if overlap:
-        return max(device, allreduce)
-    return device / 3 + max(2 * device / 3, allreduce)
+def layer_shares(args: argparse.Namespace) -> list[float]:
+    """Each linear layer's share of the parameters, the input's layer first."""
+    sizes = [args.width * (args.width + 1)] * args.layers + [args.classes * (args.width + 1)]
+    return [size / sum(sizes) for size in sizes]
+
+
+def ddp_buckets(shares: list[float], grad_bytes: int) -> list[list[int]]:
+    """DDP's buckets of these layers: from the last layer, the first up to 1 MiB, the
+    others up to 25 MiB (torch's defaults); each a list of layer indices."""
+    buckets: list[list[int]] = [[]]
+    cap, held = 1 << 20, 0.0
+    for i in reversed(range(len(shares))):
+        size = shares[i] * grad_bytes
+        if buckets[-1] and held + size > cap:
+            buckets.append([])
+            cap, held = 25 << 20, 0.0
+        buckets[-1].append(i)
+        held += size
+    return buckets
+
+
+def step_seconds(shares: list[float], device: float, allreduce: float, overlap: bool,
+                 buckets: list[list[int]] | None = None, steps: int = 8) -> float:
+    """The steady step time of a model whose layers hold ``shares`` of the parameters (and
+    of the device time: forward a third, backward two thirds), each layer's gradient sent
+    over one link once its backward is done (``allreduce``: all of them; ``buckets``:
+    layers sent together, DDP's, once the last of them is done), the next step starting
+    when every one is in (first-in-first-out), or, with ``overlap``, the first layers'
+    gradients first and each layer's forward waiting for its own update only."""
+    units = buckets or [[i] for i in range(len(shares))]
+    fwd = [device / 3 * s for s in shares]
+    bwd = [2 * device / 3 * s for s in shares]
+    updated = [0.0] * len(shares)
+    t = link = 0.0
+    ends = []
+    for _ in range(steps):
+        for i, f in enumerate(fwd):
+            t = max(t, updated[i]) + f
+        done = {}
+        for i in reversed(range(len(shares))):
+            t += bwd[i]
+            done[i] = t
+        ready = {u: max(done[i] for i in unit) for u, unit in enumerate(units)}
+        pending = set(ready)
+        while pending:
+            now = [u for u in pending if ready[u] <= link]
+            if not now:
+                link = min(ready[u] for u in pending)
+                continue
+            u = (min(now, key=lambda v: min(units[v])) if overlap
+                 else min(now, key=lambda v: ready[v]))
+            link += allreduce * sum(shares[i] for i in units[u])
+            for i in units[u]:
+                updated[i] = link
+            pending.remove(u)
+        if not overlap:
+            t = max(t, link)
+        ends.append(t)
+    tail = ends[len(ends) // 2:]
+    return (tail[-1] - tail[0]) / (len(tail) - 1)
 
 
 def straggler_wait(n: int, p: float, delay: float, quorum: bool) -> float:
@@ -148,15 +204,13 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = [dict(base, system=s) for s in args.systems]
     if "ina" in args.systems:
         runs.append(dict(base, system="ina", mode="priority"))
-        if args.stragglers:
-            delay = args.delay_ms if args.delay_ms is not None else 2 * args.device_ms
-            extra = dict(steps=args.steps + args.steps // 2)  # quorum needs more steps
+        delay = args.delay_ms if args.delay_ms is not None else 2 * args.device_ms
+        extra = dict(steps=args.steps + args.steps // 2)  # quorum may need more steps
+        for scenario in args.stragglers:
             for quorum in (0, args.n - 1):
-                runs.append(dict(base, system="ina", quorum=quorum, scenario="transient",
-                                 delay_ms=delay, **(extra if quorum else {})))
-            for quorum in (0, args.n - 1):
-                runs.append(dict(base, system="ina", quorum=quorum, scenario="slow",
-                                 delay_ms=delay / 4, **(extra if quorum else {})))
+                runs.append(dict(base, system="ina", quorum=quorum, scenario=scenario,
+                                 delay_ms=delay if scenario == "transient" else delay / 4,
+                                 **(extra if quorum else {})))
     return runs
 
 
@@ -204,9 +258,14 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace,
     """The table's rows (markdown) and the closing lines."""
     device = args.device_ms / 1e3
     grad_bytes = records[0]["grad_bytes"]
+    shares = layer_shares(args)
 
     def ideal_allreduce(system: str) -> float:
         return allreduce_seconds(system, args.n, grad_bytes, args.rate, args.mtu)
+
+    def ideal_step(system: str, overlap: bool = False) -> float:
+        buckets = ddp_buckets(shares, grad_bytes) if system in DDP else None
+        return step_seconds(shares, device, ideal_allreduce(system), overlap, buckets)
 
     sync_plain = [r for r in records if r["scenario"] == "none" and not r["quorum"]
                   and r["mode"] == "fifo"]
@@ -217,7 +276,7 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace,
     for r in records:
         r["label"] = label(r)
         r["time_to_target"] = time_to(r, target)
-        ideal = step_seconds(device, ideal_allreduce(r["system"]), r["mode"] == "priority")
+        ideal = ideal_step(r["system"], r["mode"] == "priority")
         final = r["losses"][-1][2]
         gap = (final - reference) / reference
         reached = (f"{r['time_to_target']:.2f}" if r["time_to_target"] is not None
@@ -245,20 +304,20 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace,
     lines = []
     peers = [r for r in (find(s) for s in PEERS) if r and r["time_to_target"] is not None]
     best = min(peers, key=lambda r: r["time_to_target"]) if peers else None
-    peer_step = step_seconds(device, ideal_allreduce("ring"), False)
+    peer_step = ideal_step(best["system"] if best else "ring")
     hook, ddp_ina, gloo = find("hook"), find("ddp-ina"), find("gloo")
     if hook and ddp_ina:
         lines.append(f"hook on gloo over backend ina (DDP, per step): "
                      f"{median_step(ddp_ina) / median_step(hook):.2f}x")
     if hook and gloo:
-        ideal = peer_step / step_seconds(device, ideal_allreduce("hook"), False)
+        ideal = ideal_step("gloo") / ideal_step("hook")
         lines.append(f"hook over plain gloo DDP: {ratio(gloo, hook)} (ideal {ideal:.2f}x)")
     if best:
         lines.append(f"best peer: {best['system']}, {best['time_to_target']:.2f} s to the "
                      f"target")
     sync_t, quorum_t = (find("ina", scenario="transient", quorum=q)
                         for q in (0, args.n - 1))
-    ina_step = step_seconds(device, ideal_allreduce("ina"), False)
+    ina_step = ideal_step("ina")
     delay = (args.delay_ms if args.delay_ms is not None else 2 * args.device_ms) / 1e3
     if sync_t and quorum_t:
         mean = (statistics.mean(sync_t["step_times"])
@@ -270,21 +329,19 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace,
     if slow_s and slow_q:
         lines.append(f"quorum over sync, one rank always slower (no target): "
                      f"{ratio(slow_s, slow_q)}")
+    # The closing lines, always these four in this order ("n/a": a run it needs did
+    # not run, or did not reach the target).
     for system in ("ina", "ina16"):
-        r = find(system)
-        if r and best:
-            ideal = peer_step / step_seconds(device, ideal_allreduce(system), False)
-            lines.append(f"{system} over best peer: {ratio(best, r)} (ideal {ideal:.2f}x)")
-    fifo, prio = find("ina"), find("ina", mode="priority")
-    if fifo and prio:
-        ideal = ina_step / step_seconds(device, ideal_allreduce("ina"), True)
-        lines.append(f"priority+overlap over fifo (ina): {ratio(fifo, prio)} "
+        ideal = peer_step / ideal_step(system)
+        lines.append(f"{system} over best peer: {ratio(best, find(system))} "
                      f"(ideal {ideal:.2f}x)")
-    if sync_t and quorum_t:
-        ideal = ((ina_step + straggler_wait(args.n, args.p, delay, False))
-                 / (ina_step + straggler_wait(args.n, args.p, delay, True)))
-        lines.append(f"quorum over sync, transient stragglers: {ratio(sync_t, quorum_t)} "
-                     f"(ideal {ideal:.2f}x)")
+    ideal = ina_step / ideal_step("ina", True)
+    lines.append(f"priority+overlap over fifo (ina): "
+                 f"{ratio(find('ina'), find('ina', mode='priority'))} (ideal {ideal:.2f}x)")
+    ideal = ((ina_step + straggler_wait(args.n, args.p, delay, False))
+             / (ina_step + straggler_wait(args.n, args.p, delay, True)))
+    lines.append(f"quorum over sync, transient stragglers: {ratio(sync_t, quorum_t)} "
+                 f"(ideal {ideal:.2f}x)")
     return rows, lines
 
 
@@ -336,8 +393,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=4, help="ranks (one namespace each)")
     parser.add_argument("--rate", type=float, default=200.0, help="link Mbit/s")
     parser.add_argument("--mtu", type=int, default=9000)
-    parser.add_argument("--layers", type=int, default=4, help="hidden layers")
-    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8, help="hidden layers")
+    parser.add_argument("--width", type=int, default=362)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--batch", type=int, default=32, help="rows per rank per step")
     parser.add_argument("--device-ms", type=float, default=170.0,
@@ -351,7 +408,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--delay-ms", type=float, default=None,
                         help="a transient straggler's extra wait (default 2x --device-ms)")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--no-stragglers", dest="stragglers", action="store_false")
+    parser.add_argument("--stragglers", nargs="*", default=["transient", "slow"],
+                        choices=["transient", "slow"],
+                        help="the straggler scenarios ina runs in sync and quorum n - 1 "
+                             "(none: --stragglers alone)")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "training")
     args = parser.parse_args(argv)

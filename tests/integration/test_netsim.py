@@ -123,3 +123,68 @@ def test_report_speedups_and_fractions():
     assert up["ina_of_link"] == pytest.approx(16 * mib * 8 / 1.4 / 100e6)
     table = netsim_report.table(records)
     assert "| 4 | 100 | 0 | 16 MiB | ring | 2100.0 |" in table and "1.50x" in table
+
+
+@pytest.mark.mpi  # bench.training runs the ranks under mpiexec
+@needs_root
+def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path):
+    """bench.training, small (2 ranks, a 64-wide model, 3 steps): every run trains on
+    the same data to the same loss as one process (sync), each system's calls are served
+    as it says, the records, table and plots are written, the closing lines come last
+    in their order, and no namespace is left behind. No speed is asserted."""
+    out = tmp_path / "t"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.training", "--n", "2", "--rate", "400", "--layers",
+         "2", "--width", "64", "--batch", "8", "--device-ms", "20", "--steps", "3",
+         "--eval-every", "1", "--systems", "ina", "gloo", "--stragglers",
+         "transient", "--p", "0.5", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output
+    assert not {ns for ns in namespaces() if ns.startswith(f"inasim{proc.pid}-")}
+    data = json.loads(out.with_suffix(".json").read_text())
+    runs = {(r["system"], r["mode"], r["quorum"], r["scenario"]): r for r in data["records"]}
+    assert set(runs) == {("ina", "fifo", 0, "none"),
+                         ("gloo", "fifo", 0, "none"), ("ina", "priority", 0, "none"),
+                         ("ina", "fifo", 0, "transient"), ("ina", "fifo", 1, "transient")}
+    reference = data["one_process_loss"]
+    for key, r in runs.items():
+        assert len(r["step_times"]) == r["steps"] and 0 < r["cpu_utilisation"] <= 1, key
+        assert [done for done, _, _ in r["losses"]] == list(range(1, r["steps"] + 1)), key
+        if not r["quorum"]:  # the same data and the same averaged gradients
+            assert abs(r["losses"][-1][2] - reference) <= 0.01 * reference, (key, r["losses"])
+        want = {"gloo": "gloo"}.get(r["system"], "ina")
+        assert set(r["engines"]) == {want}, (key, r["engines"])
+        assert {what for what, *_ in r["timeline"]} >= {"forward", "backward"}, key
+    assert {"transfer"} <= {what for what, *_ in runs["ina", "fifo", 0, "none"]["timeline"]}
+    lines = output.strip().splitlines()[-4:]
+    for line, start in zip(lines, ["ina over best peer: ", "ina16 over best peer: ",
+                                   "priority+overlap over fifo (ina): ",
+                                   "quorum over sync, transient stragglers: "]):
+        assert line.startswith(start), lines
+    assert "| ina sync |" in out.with_suffix(".md").read_text()
+    for name in ("t-loss.png", "t-timeline.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_the_training_arithmetic_of_a_step():
+    """bench.training's ideal: a layer's gradient leaves once its backward is done; with
+    many layers a step is forward + max(backward, allreduce), or max(device, allreduce)
+    with priority and overlap; with one layer nothing overlaps."""
+    from bench.training import allreduce_seconds, step_seconds, straggler_wait
+    many = [0.01] * 100
+    assert step_seconds([1.0], 0.3, 0.6, False) == pytest.approx(0.9)
+    assert step_seconds(many, 0.3, 0.6, False) == pytest.approx(0.1 + 0.6, rel=0.02)
+    assert step_seconds(many, 0.3, 0.6, True) == pytest.approx(0.6, rel=0.02)
+    assert step_seconds(many, 0.3, 0.1, False) == pytest.approx(0.3, rel=0.02)
+    ring = allreduce_seconds("ring", 4, 1 << 20, 200, 9000)
+    assert ring == pytest.approx(1.5 * 8 * (1 << 20) / 200e6)
+    ina = allreduce_seconds("ina", 4, 1 << 20, 200, 9000)
+    assert 1.0 < ring / ina < 1.5 and allreduce_seconds("ina16", 4, 1 << 20, 200,
+                                                         9000) < 0.6 * ina
+    assert straggler_wait(4, 0.1, 1.0, False) == pytest.approx(1 - 0.9 ** 4)
