@@ -304,7 +304,8 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace,
     lines = []
     peers = [r for r in (find(s) for s in PEERS) if r and r["time_to_target"] is not None]
     best = min(peers, key=lambda r: r["time_to_target"]) if peers else None
-    peer_step = ideal_step(best["system"] if best else "ring")
+    # (the best peer by the arithmetic: DDP's buckets make gloo's ideal the slowest)
+    peer_step = min(ideal_step(s) for s in PEERS)
     hook, ddp_ina, gloo = find("hook"), find("ddp-ina"), find("gloo")
     if hook and ddp_ina:
         lines.append(f"hook on gloo over backend ina (DDP, per step): "
@@ -414,18 +415,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(none: --stragglers alone)")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "training")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="JSON",
+                        help="report an earlier run's records (its JSON) again, run nothing")
     args = parser.parse_args(argv)
     if args.n < 2 or min(args.layers, args.width, args.batch, args.steps,
                          args.eval_every) < 1 or args.device_ms < 0 or not 0 <= args.p <= 1:
         parser.error("--n must be 2 or more; --layers, --width, --batch, --steps, "
                      "--eval-every positive; --device-ms >= 0; --p in [0, 1]")
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and args.from_json is None:
         parser.error("the emulated cluster needs root (network namespaces, tc)")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    command = "python -m bench.training " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.from_json is not None:
+        earlier = json.loads(args.from_json.read_text())
+        command = earlier["command"]
+        vars(args).update({k: v for k, v in earlier["args"].items()
+                           if k not in ("out", "from_json")})
+        write(earlier["records"], args, command)
+        return 0
     for name in stale_namespaces():
         subprocess.run(["ip", "netns", "delete", name], check=False)
     records = []
@@ -439,23 +450,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label(rec):28s} median step {median_step(rec) * 1e3:7.1f} ms  "
                   f"{rec['seconds']:6.1f} s  final loss {rec['losses'][-1][2]:.4f}  "
                   f"CPU {rec['cpu_utilisation']:.2f}  engines {rec['engines']}", flush=True)
+    write(records, args, command.strip())
+    return 0
+
+
+def write(records: list[dict[str, Any]], args: argparse.Namespace, command: str) -> None:
+    """The report of ``records``: the JSON, the table, the plots and the closing lines."""
     reference = one_process_loss(args)
     rows, lines = report(records, args, reference)
     target = max(r["losses"][-1][2] for r in records
                  if r["scenario"] == "none" and not r["quorum"] and r["mode"] == "fifo")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.training " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"command": command.strip(),
+        {"command": command,
          "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
          "one_process_loss": reference, "records": records, "lines": lines}, indent=1))
     args.out.with_suffix(".md").write_text(
-        f"`{command.strip()}`\n\n" + "\n".join(rows) + "\n\n" + "\n".join(lines) + "\n")
+        f"`{command}`\n\n" + "\n".join(rows) + "\n\n" + "\n".join(lines) + "\n")
     plot(records, args.out, target)
     print("\n".join(rows))
     for line in lines:
         print(line)
-    return 0
 
 
 if __name__ == "__main__":
