@@ -129,7 +129,7 @@ def test_report_speedups_and_fractions():
 @needs_root
 def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path):
     """bench.training, small (2 ranks, a 64-wide model, 3 steps): every run trains on
-    the same data to the same loss as one process (sync), each system's calls are served
+    the same data to the same loss as one process, each system's calls are served
     as it says, the records, table and plots are written, the closing lines come last
     in their order, and no namespace is left behind. No speed is asserted."""
     out = tmp_path / "t"
@@ -137,7 +137,7 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
         [sys.executable, "-m", "bench.training", "--n", "2", "--rate", "400", "--layers",
          "2", "--width", "64", "--batch", "8", "--device-ms", "20", "--steps", "3",
          "--eval-every", "1", "--systems", "ina", "gloo", "--stragglers",
-         "transient", "--p", "0.5", "--out", str(out)],
+         "--out", str(out)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=300)
@@ -149,9 +149,9 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
     assert not {ns for ns in namespaces() if ns.startswith(f"inasim{proc.pid}-")}
     data = json.loads(out.with_suffix(".json").read_text())
     runs = {(r["system"], r["mode"], r["quorum"], r["scenario"]): r for r in data["records"]}
-    assert set(runs) == {("ina", "fifo", 0, "none"),
-                         ("gloo", "fifo", 0, "none"), ("ina", "priority", 0, "none"),
-                         ("ina", "fifo", 0, "transient"), ("ina", "fifo", 1, "transient")}
+    # (No straggler runs, for the suite's time: quorum mode is test_quorum.py's.)
+    assert set(runs) == {("ina", "fifo", 0, "none"), ("gloo", "fifo", 0, "none"),
+                         ("ina", "priority", 0, "none")}
     reference = data["one_process_loss"]
     for key, r in runs.items():
         assert len(r["step_times"]) == r["steps"] and 0 < r["cpu_utilisation"] <= 1, key
