@@ -114,7 +114,7 @@ def test_ranks_that_disagree_get_torchs_error_on_every_rank():
 
 def ddp_demo(n, *extra):
     proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", "-np", str(n),
-                           "--", sys.executable, "examples/train_ddp.py", "--epochs", "2",
+                           "--", sys.executable, "examples/train_ddp.py", "--epochs", "1",
                            "--samples", "4096", *extra],
                           cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
                           timeout=240)
@@ -145,7 +145,7 @@ def test_embedding_demo_with_sparse_gradients_matches_one_process(api):
         env["INA_SPARSE_HOT_ROWS"] = "64"
     proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", "-np", "4",
                            "--", sys.executable, "examples/train_embedding.py",
-                           "--api", api, "--epochs", "2", "--samples", "16384"],
+                           "--api", api, "--epochs", "1", "--samples", "8192"],
                           cwd=ROOT, env=_child_env(env), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -289,7 +289,7 @@ def test_disagreeing_ranks_and_subgroups_under_torchrun():
 def test_ddp_demo_under_torchrun_through_ina_run(n):
     proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch", "--launcher",
                            "torchrun", "-np", str(n), "--", sys.executable,
-                           "examples/train_ddp.py", "--epochs", "2", "--samples", "4096"],
+                           "examples/train_ddp.py", "--epochs", "1", "--samples", "4096"],
                           cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -324,7 +324,7 @@ def test_fsdp2_demo_through_the_switch_matches_one_process(launcher):
     proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch",
                            *(["--launcher", "torchrun"] if launcher == "torchrun" else []),
                            "-np", "2", "--", sys.executable, "examples/train_fsdp2.py",
-                           "--epochs", "2", "--samples", "4096"],
+                           "--epochs", "1", "--samples", "4096"],
                           cwd=ROOT, env=_child_env({}), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
