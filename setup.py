@@ -1,9 +1,12 @@
 """Build the Cython hot loops in _fast/ into the package as ina_collectives._fast.*.
 
-Flags are portable (-O3, no -march=native) so a wheel built here runs on any x86-64.
+Flags are portable (-O3, no -march=native) so a wheel built here runs on any x86-64;
+INA_BUILD_OPT replaces -O3 (INA_BUILD_OPT=-O0: a build four times quicker, for a build
+that is only checked, as tests/test_packaging.py does, or debugged).
 -fno-math-errno lets gcc vectorize the libm calls of the kernels (no libm errno is read;
 the socket calls' errno is unaffected). loadgen.pyx is bench/'s: bench/loadgen_build.py.
 """
+import os
 from pathlib import Path
 
 import numpy
@@ -21,7 +24,7 @@ extensions = [
         include_dirs=[numpy.get_include(), "_fast"],
         depends=shared,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), ("_GNU_SOURCE", None)],
-        extra_compile_args=["-O3", "-fno-math-errno"],
+        extra_compile_args=[os.environ.get("INA_BUILD_OPT", "-O3"), "-fno-math-errno"],
     )
     for src in sorted(FAST.glob("*.pyx"))
     if src.stem != "loadgen"  # the benchmarks' tool: bench/loadgen_build.py builds it

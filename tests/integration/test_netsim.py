@@ -136,7 +136,7 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.training", "--n", "2", "--rate", "400", "--layers",
          "2", "--width", "64", "--batch", "8", "--device-ms", "20", "--steps", "3",
-         "--eval-every", "1", "--systems", "ina", "gloo", "--stragglers",
+         "--eval-every", "1", "--systems", "ina", "hook", "--stragglers",
          "--out", str(out)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -150,7 +150,7 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
     data = json.loads(out.with_suffix(".json").read_text())
     runs = {(r["system"], r["mode"], r["quorum"], r["scenario"]): r for r in data["records"]}
     # (No straggler runs, for the suite's time: quorum mode is test_quorum.py's.)
-    assert set(runs) == {("ina", "fifo", 0, "none"), ("gloo", "fifo", 0, "none"),
+    assert set(runs) == {("ina", "fifo", 0, "none"), ("hook", "fifo", 0, "none"),
                          ("ina", "priority", 0, "none")}
     reference = data["one_process_loss"]
     for key, r in runs.items():
@@ -158,8 +158,7 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
         assert [done for done, _, _ in r["losses"]] == list(range(1, r["steps"] + 1)), key
         if not r["quorum"]:  # the same data and the same averaged gradients
             assert abs(r["losses"][-1][2] - reference) <= 0.01 * reference, (key, r["losses"])
-        want = {"gloo": "gloo"}.get(r["system"], "ina")
-        assert set(r["engines"]) == {want}, (key, r["engines"])
+        assert set(r["engines"]) == {"ina"}, (key, r["engines"])
         assert {what for what, *_ in r["timeline"]} >= {"forward", "backward"}, key
     assert {"transfer"} <= {what for what, *_ in runs["ina", "fifo", 0, "none"]["timeline"]}
     lines = output.strip().splitlines()[-4:]
