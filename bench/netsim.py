@@ -111,22 +111,12 @@ def run_system(cluster: EmulatedCluster, switch: str, system: str, sizes: list[i
         out = Path(tmp, "records.json")
         command = [sys.executable, "-m", "bench.netsim_ranks", system,
                    ",".join(map(str, sizes)), str(reps), str(out)]
-        proc = subprocess.Popen(cluster.mpiexec_command(mpiexec, command, workers), cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+        code, output = cluster.run_job(mpiexec, command, env, limit, ROOT, workers)
+        if code is None:
             return [], f"timed out after {limit:.0f} s"
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc.returncode != 0 or not out.exists():
+        if code != 0 or not out.exists():
             tail = "\n".join(output.strip().splitlines()[-40:])
-            return [], f"exit {proc.returncode}: {tail}"
+            return [], f"exit {code}: {tail}"
         return json.loads(out.read_text()), ""
 
 

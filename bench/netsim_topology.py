@@ -21,6 +21,7 @@ as the switch's own address is: a job striped across them (bench.netsim --switch
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from typing import Sequence
 
@@ -197,6 +198,27 @@ class EmulatedCluster:
                 parts.append(":")
             parts += ["-n", "1", "ip", "netns", "exec", self.worker_ns[i], *command]
         return parts
+
+    def run_job(self, mpiexec: str, command: Sequence[str], env: dict[str, str],
+                limit: float, cwd: str | os.PathLike,
+                workers: Sequence[int] | None = None) -> tuple[int | None, str]:
+        """Run ``command`` as one mpiexec job over the workers' namespaces
+        (``mpiexec_command``), its output merged; (exit code, output), or (None, output)
+        if it ran past ``limit`` seconds: then its whole process group is killed."""
+        proc = subprocess.Popen(self.mpiexec_command(mpiexec, command, workers), cwd=cwd,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            return None, output
+        finally:
+            if proc.poll() is None:  # (Ctrl-C while it ran: take the job down too)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode, output
 
     @staticmethod
     def network_environment(first_worker: int = 0) -> dict[str, str]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -61,18 +60,12 @@ def run_mode(cluster: EmulatedCluster, switch: str, system: str, mode: str,
         out = Path(tmp, "record.json")
         command = [sys.executable, "-m", "bench.overlap_ranks", mode, str(args.steps),
                    str(out)]
-        proc = subprocess.Popen(cluster.mpiexec_command(find_mpiexec(), command), cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=args.limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+        code, output = cluster.run_job(find_mpiexec(), command, env, args.limit, ROOT)
+        if code is None:
             raise SystemExit(f"{system} {mode}: no result within {args.limit} s:\n"
-                             f"{output[-3000:]}") from None
-        if proc.returncode != 0 or not out.exists():
-            raise SystemExit(f"{system} {mode} failed ({proc.returncode}):\n{output[-3000:]}")
+                             f"{output[-3000:]}")
+        if code != 0 or not out.exists():
+            raise SystemExit(f"{system} {mode} failed ({code}):\n{output[-3000:]}")
         return {"system": system, **json.loads(out.read_text())}
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -170,18 +169,12 @@ def run(cluster: EmulatedCluster, switch: str, cfg: dict[str, Any],
         config, out = Path(tmp, "config.json"), Path(tmp, "record.json")
         config.write_text(json.dumps(cfg))
         command = [sys.executable, "-m", "bench.training_ranks", str(config), str(out)]
-        proc = subprocess.Popen(cluster.mpiexec_command(find_mpiexec(), command), cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=args.limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+        code, output = cluster.run_job(find_mpiexec(), command, env, args.limit, ROOT)
+        if code is None:
             raise SystemExit(f"{label(cfg)}: no result within {args.limit} s:\n"
-                             f"{output[-3000:]}") from None
-        if proc.returncode != 0 or not out.exists():
-            raise SystemExit(f"{label(cfg)} failed ({proc.returncode}):\n{output[-3000:]}")
+                             f"{output[-3000:]}")
+        if code != 0 or not out.exists():
+            raise SystemExit(f"{label(cfg)} failed ({code}):\n{output[-3000:]}")
         return json.loads(out.read_text())
 
 
@@ -422,6 +415,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          args.eval_every) < 1 or args.device_ms < 0 or not 0 <= args.p <= 1:
         parser.error("--n must be 2 or more; --layers, --width, --batch, --steps, "
                      "--eval-every positive; --device-ms >= 0; --p in [0, 1]")
+    if args.from_json is not None and not args.from_json.is_file():
+        parser.error(f"--from-json: no file {args.from_json}")
     if os.geteuid() != 0 and args.from_json is None:
         parser.error("the emulated cluster needs root (network namespaces, tc)")
     return args

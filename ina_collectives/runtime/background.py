@@ -359,21 +359,8 @@ class BackgroundRuntime:
             # the caller still needs unchanged.
             buffer = (recv[piece.start:piece.stop] if recv is not None
                       else np.empty(total, wire))
-        for piece, offset in zip(group, offsets):
-            handle = self._local.inflight.get(piece.item.name)
-            place = buffer[offset:offset + piece.stop - piece.start]
-            if handle is None:          # this rank has joined: it adds nothing
-                place[...] = 0
-                continue
-            if "landed" in handle.data:  # staged a window at a time: wait for this range
-                handle.data["landed"](piece.start, piece.stop)
-            if handle.data["send"] is not None or len(group) > 1:
-                # (send None: in place, the input is in recv, where a lone piece is)
-                source = handle.data["send"]
-                if source is None:
-                    source = handle.data["recv"]
-                np.copyto(place, source[piece.start:piece.stop])
         try:
+            self._fill(group, buffer, offsets)  # (a staged input's copy may time out)
             if total:
                 scaling.reduce(self.collectives, buffer, req, self.size)
         except InaError as exc:
@@ -402,3 +389,21 @@ class BackgroundRuntime:
             self._parts_left.pop(name, None)
             if handle is not None:
                 self._finish(name, handle.data["recv"])
+
+    def _fill(self, group: list[Piece], buffer: np.ndarray, offsets: list[int]) -> None:
+        """Each piece's input into its place in ``buffer`` (zeros for a joined rank),
+        once it has landed where it is staged."""
+        for piece, offset in zip(group, offsets):
+            handle = self._local.inflight.get(piece.item.name)
+            place = buffer[offset:offset + piece.stop - piece.start]
+            if handle is None:          # this rank has joined: it adds nothing
+                place[...] = 0
+                continue
+            if "landed" in handle.data:  # staged a window at a time: wait for this range
+                handle.data["landed"](piece.start, piece.stop)
+            if handle.data["send"] is not None or len(group) > 1:
+                # (send None: in place, the input is in recv, where a lone piece is)
+                source = handle.data["send"]
+                if source is None:
+                    source = handle.data["recv"]
+                np.copyto(place, source[piece.start:piece.stop])

@@ -154,7 +154,7 @@ def submit_allreduce(runtime: BackgroundRuntime, tensor: torch.Tensor,
         handle = runtime.submit(request, send=to_numpy(tensor), recv=to_numpy(output))
         return handle, lambda _: output
     if stageable(tensor, output):  # (CUDA, or bfloat16) a window at a time, both ways
-        windows = HostWindows(tensor, output)
+        windows = HostWindows(tensor, output, seconds=runtime.settings.timeout)
         handle = runtime.submit(request, send=None, recv=windows.host,
                                 landed=windows.landed, arrived=windows.arrived)
         return handle, windows.finish

@@ -20,10 +20,13 @@ each waits on its own windows only).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
 import torch
+
+from ..errors import CollectiveTimeout
 
 WINDOW_BYTES = 4 << 20
 
@@ -53,7 +56,7 @@ class HostWindows:
     results the same way (it may be ``tensor``)."""
 
     def __init__(self, tensor: torch.Tensor, output: torch.Tensor,
-                 window_bytes: int | None = None):
+                 window_bytes: int | None = None, seconds: float = 300.0):
         if not stageable(tensor, output):
             raise ValueError("HostWindows takes a contiguous tensor and an output of its "
                              "dtype, shape and device")
@@ -71,7 +74,8 @@ class HostWindows:
         self.landed_windows = [False] * count
         self.copied_in = 0    # bytes device (or tensor) to host
         self.copied_out = 0   # bytes host to device (or tensor)
-        self._events: list[Any] = []
+        self.seconds = seconds  # how long ``landed`` waits for a copy (the caller's bound)
+        self.events: list[Any] = []  # each window's copy to the host (CUDA)
         self._back_event: Any = None
         if self.cuda:
             self._queue_copies_in()
@@ -86,8 +90,8 @@ class HostWindows:
             for w in range(self.windows):
                 a, b = self._range(w)
                 self.buffer[a:b].copy_(self.source[a:b], non_blocking=True)
-                self._events.append(torch.cuda.Event())
-                self._events[-1].record(to_host)
+                self.events.append(torch.cuda.Event())
+                self.events[-1].record(to_host)
         self.source.record_stream(to_host)  # not freed while the copies read it
         self.copied_in = self.buffer.numel() * self.source.element_size()
 
@@ -99,13 +103,24 @@ class HostWindows:
             if self.landed_windows[w]:
                 continue
             if self.cuda:
-                self._events[w].synchronize()
+                self._wait(self.events[w], w)
             else:
                 a, b = self._range(w)
                 with torch.no_grad():
                     self.buffer[a:b].copy_(self.source[a:b])
                 self.copied_in += (b - a) * self.source.element_size()
             self.landed_windows[w] = True
+
+    def _wait(self, event: Any, w: int) -> None:  # noqa: ANN401
+        """Until window ``w``'s copy has landed; CollectiveTimeout after ``seconds``."""
+        deadline = time.monotonic() + self.seconds
+        while not event.query():
+            if time.monotonic() >= deadline:
+                a, b = self._range(w)
+                raise CollectiveTimeout(
+                    f"waited {self.seconds:g} s for the copy of elements {a}..{b} of a "
+                    f"{self.device} tensor to host memory")
+            time.sleep(0.0002)
 
     def arrived(self, start: int, stop: int) -> None:
         """Elements [start, stop) of the host buffer hold final results: copy them out."""

@@ -23,15 +23,12 @@ def namespaces() -> set[str]:
     return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
 
 
-@pytest.mark.mpi  # bench.netsim runs the ranks under mpiexec
-@needs_root
-@needs_nft
-def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
-    out = tmp_path / "r.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.netsim", "--n", "2", "--rates", "400", "--sizes",
-         "256K", "--reps", "2", "--loss", "0", "0.05", "--json", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run_bench(module: str, *args: str) -> str:
+    """``python -m module args`` (a harness that builds namespaces): its output, once it
+    has exited 0 and left none of its namespaces behind (it names them after its pid;
+    other runs may be going on)."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=300)
     finally:
@@ -39,9 +36,18 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, output
-    # The harness names its namespaces after its pid (other runs may be going on).
     left = {ns for ns in namespaces() if ns.startswith(f"inasim{proc.pid}-")}
     assert not left, f"the harness left namespaces behind: {left}"
+    return output
+
+
+@pytest.mark.mpi  # bench.netsim runs the ranks under mpiexec
+@needs_root
+@needs_nft
+def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
+    out = tmp_path / "r.json"
+    run_bench("bench.netsim", "--n", "2", "--rates", "400", "--sizes", "256K", "--reps",
+              "2", "--loss", "0", "0.05", "--json", str(out))
     records = json.loads(out.read_text())
     # Each record exists only if that system's result was checked correct on every rank.
     got = {(r["system"], r["loss"]) for r in records}
@@ -74,12 +80,9 @@ def test_two_jobs_striped_across_two_aggregators_in_namespaces(tmp_path):
     alone and then both jobs at once, each striping across both aggregators; the jobs
     table with Jain's index, and nothing left behind."""
     out = tmp_path / "j.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.netsim", "--n", "2", "--rates", "400", "--sizes",
-         "1M", "--reps", "2", "--loss", "0", "--systems", "ina", "--switches", "2",
-         "--jobs", "2", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_bench("bench.netsim", "--n", "2", "--rates", "400", "--sizes", "1M", "--reps", "2",
+              "--loss", "0", "--systems", "ina", "--switches", "2", "--jobs", "2",
+              "--json", str(out))
     assert not {ns for ns in namespaces() if ns.startswith("inasim")
                 and not os.path.exists(f"/proc/{ns[6:].split('-')[0]}")}
     records = json.loads(out.read_text())
@@ -133,20 +136,10 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
     as it says, the records, table and plots are written, the closing lines come last
     in their order, and no namespace is left behind. No speed is asserted."""
     out = tmp_path / "t"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.training", "--n", "2", "--rate", "400", "--layers",
-         "2", "--width", "64", "--batch", "8", "--device-ms", "20", "--steps", "3",
-         "--eval-every", "1", "--systems", "ina", "hook", "--stragglers",
-         "--out", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output
-    assert not {ns for ns in namespaces() if ns.startswith(f"inasim{proc.pid}-")}
+    output = run_bench("bench.training", "--n", "2", "--rate", "400", "--layers", "2",
+                       "--width", "64", "--batch", "8", "--device-ms", "20", "--steps", "3",
+                       "--eval-every", "1", "--systems", "ina", "hook", "--stragglers",
+                       "--out", str(out))
     data = json.loads(out.with_suffix(".json").read_text())
     runs = {(r["system"], r["mode"], r["quorum"], r["scenario"]): r for r in data["records"]}
     # (No straggler runs, for the suite's time: quorum mode is test_quorum.py's.)

@@ -75,3 +75,20 @@ def test_a_non_contiguous_tensor_is_staged_whole_and_reduced_alike(runtime):
     handle, finish = staging.submit_allreduce(runtime, t, t, "nc", staging.Sum)
     handle.wait(30, "the allreduce")
     torch.testing.assert_close(finish(handle.result), want, rtol=0, atol=0)
+
+
+def test_a_copy_to_the_host_that_never_lands_times_out_naming_it():
+    """A CUDA window's copy is waited for in short slices, bounded: here an event that
+    never completes stands in for a stuck device (the CUDA path's one wait)."""
+    from ina_collectives.errors import CollectiveTimeout
+
+    class Stuck:
+        def query(self) -> bool:
+            return False
+
+    w = HostWindows(torch.zeros(300, dtype=torch.bfloat16), torch.zeros(300,
+                    dtype=torch.bfloat16), window_bytes=400, seconds=0.05)
+    w.cuda, w.events = True, [Stuck()] * w.windows
+    with pytest.raises(CollectiveTimeout, match=r"waited 0.05 s for the copy of elements "
+                                                r"100..200 of a cpu tensor to host memory"):
+        w.landed(150, 160)
