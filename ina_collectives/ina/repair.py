@@ -13,30 +13,42 @@ def repair_share(comm: MPI.Intracomm, c0: int, c1: int, missing: np.ndarray,
                  out: np.ndarray, size: int, k: int,
                  collective: Callable[[MPI.Request, str], None]
                  ) -> tuple[list[tuple[int, int]], int]:
-    """Collective, for a share (chunks c0 .. c1) some rank did not finish: the chunks any
-    rank lacks (``missing``: this rank's, relative to c0) are sent to every rank by the
-    lowest rank that has them all. Returns the element ranges no rank has whole (for the
-    ring) and the number of chunks repaired here. ``collective`` completes a request
-    within a bound, naming what it waited for (``Aggregators.collective``)."""
+    """Collective, for a share (chunks c0 .. c1) some rank did not finish: each chunk any
+    rank lacks (``missing``: this rank's, relative to c0) is sent to every rank by the
+    lowest rank that has it, one broadcast per such rank (at most n). Returns the element
+    ranges of the chunks no rank has (for the ring) and the number of chunks repaired
+    here. ``collective`` completes a request within a bound, naming what it waited for
+    (``Aggregators.collective``)."""
     rank, n = comm.Get_rank(), comm.Get_size()
     marks = np.zeros(c1 - c0, np.uint8)
     marks[missing] = 1
     union = np.empty_like(marks)
     collective(comm.Iallreduce(marks, union, MPI.MAX), "the chunks lost")
-    root = np.array([rank if not marks.any() else n], np.int64)
-    lowest = np.empty_like(root)
-    collective(comm.Iallreduce(root, lowest, MPI.MIN), "which rank has every chunk")
-    ranges = [((c0 + j) * k, min((c0 + j + 1) * k, size))
-              for j in np.flatnonzero(union).tolist()]
-    if lowest[0] == n:
-        return ranges, 0
-    total = sum(b - a for a, b in ranges)
-    buf = (np.concatenate([out[a:b] for a, b in ranges]) if rank == lowest[0]
-           else np.empty(total, out.dtype))
-    collective(comm.Ibcast(buf, root=int(lowest[0])),
-               f"rank {lowest[0]}'s copy of {len(ranges)} chunks")
-    at = 0
-    for a, b in ranges:
-        out[a:b] = buf[at:at + b - a]
-        at += b - a
-    return [], len(ranges)
+    lost = np.flatnonzero(union)
+    if lost.size == 0:
+        return [], 0
+    # Per lost chunk, the lowest rank that has it (n: none has).
+    mine = np.where(marks[lost] == 0, rank, n).astype(np.int32)
+    owner = np.empty_like(mine)
+    collective(comm.Iallreduce(mine, owner, MPI.MIN), "which rank has each lost chunk")
+
+    def span(j: int) -> tuple[int, int]:
+        return (c0 + j) * k, min((c0 + j + 1) * k, size)
+
+    repaired = 0
+    for root in np.unique(owner).tolist():
+        if root == n:
+            continue
+        ranges = [span(j) for j in lost[owner == root].tolist()]
+        total = sum(b - a for a, b in ranges)
+        buf = (np.concatenate([out[a:b] for a, b in ranges]) if rank == root
+               else np.empty(total, out.dtype))
+        collective(comm.Ibcast(buf, root=int(root)),
+                   f"rank {root}'s copy of {len(ranges)} chunks")
+        if rank != root:
+            at = 0
+            for a, b in ranges:
+                out[a:b] = buf[at:at + b - a]
+                at += b - a
+        repaired += len(ranges)
+    return [span(j) for j in lost[owner == n].tolist()], repaired
