@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ..errors import ControlError, TargetUnavailable
 from .cli import main
-from .controller import Controller
+from .controller import Controller, write_p4info
 from .job import JobSpec, Worker, load_workers
 
 __all__ = ["Controller", "JobSpec", "Worker", "load_workers", "ControlError",
-           "TargetUnavailable", "main"]
+           "TargetUnavailable", "main", "write_p4info"]

@@ -75,6 +75,44 @@ def _error_codes(exc: BaseException) -> list[str]:
 _session = threading.Lock()  # p4runtime-shell's client and context are module globals
 
 
+_parsed: dict[tuple[str, int, int], Any] = {}  # parsed_p4info's, by path and version
+
+
+def _version(path: str | Path) -> tuple[str, int, int]:
+    stat = Path(path).stat()
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
+def parsed_p4info(path: str | Path) -> Any:
+    """The P4Info in text format at ``path``, parsed once per version of the file in this
+    process (p4runtime-shell's protobuf is the pure-Python one: the parse of a build with
+    K = 4096 takes most of a second). The message is shared: read it, copy it, never
+    change it."""
+    from google.protobuf import text_format
+    from p4.config.v1 import p4info_pb2
+
+    key = _version(path)
+    if key not in _parsed:
+        try:
+            message = text_format.Parse(Path(path).read_text(), p4info_pb2.P4Info(),
+                                        allow_unknown_field=True)
+        except text_format.ParseError as exc:
+            raise ControlError(f"{path} is not a P4Info in text format: {exc}") from None
+        _parsed.clear()  # (one program at a time, as a rule: keep the last)
+        _parsed[key] = message
+    return _parsed[key]
+
+
+def write_p4info(path: str | Path, message: Any) -> None:
+    """Write the P4Info ``message`` to ``path`` in text format, and take it as that
+    file's parse (parsed_p4info)."""
+    from google.protobuf import text_format
+
+    Path(path).write_text(text_format.MessageToString(message))
+    _parsed.clear()
+    _parsed[_version(path)] = message
+
+
 class Controller:
     """A P4Runtime session with one target; a context manager (closing always tears the
     session down, bounded). ``push``: "always" sets the pipeline (VERIFY_AND_COMMIT, which
@@ -84,7 +122,7 @@ class Controller:
     def __init__(self, address: str, p4info: str | Path | None = None,
                  device_config: str | Path | None = None, *, device_id: int = 1,
                  election_id: tuple[int, int] = (0, 1), timeout: float = 10.0,
-                 push: str = "always"):
+                 push: str = "always", known_p4info: Any = None):
         if push not in ("always", "if-needed", "never"):
             raise ValueError(f"push must be always, if-needed or never, got {push!r}")
         if push != "never" and (p4info is None or device_config is None):
@@ -96,6 +134,13 @@ class Controller:
         self.p4info_path, self.device_config_path = p4info, device_config
         self.timeout, self.push = timeout, push
         self.build: S.Build | None = None
+        # What the target runs: the P4Info this session pushed or read (``p4info_message``
+        # of another session of this process, passed as ``known_p4info`` with push
+        # "never", is taken as it is, not read back).
+        self.p4info_message: Any = known_p4info
+        # Whether the target's cells are as a pipeline push left them (zero): the first
+        # job configured after this session's push needs no register reset.
+        self._fresh_cells = False
         self._client: Any = None
         self._sh: Any = None
         self._owns_session = False
@@ -137,8 +182,10 @@ class Controller:
             # both, the software switch compares them canonically.)
             from p4runtime_sh.global_options import global_options
             global_options["verbose"] = False
-            self._set_pipeline()
-            info = self._rpc("GetForwardingPipelineConfig", self._client.get_p4info)
+            info = self._set_pipeline()
+            if info is None:
+                info = self._rpc("GetForwardingPipelineConfig", self._client.get_p4info)
+            self.p4info_message = info
             sh.context.set_p4info(info)
             try:
                 self.build = S.read_build(info)
@@ -153,22 +200,31 @@ class Controller:
             self.close()
             raise
 
-    def _set_pipeline(self) -> None:
+    def _set_pipeline(self) -> Any:
+        """Push the pipeline as ``push`` says; the P4Info the target runs when this
+        session knows it without asking (pushed, compared, or ``known_p4info``), else
+        None."""
         if self.push == "never":
-            return
+            return self.p4info_message
+        wanted = parsed_p4info(self.p4info_path)
         if self.push == "if-needed":
-            from google.protobuf import text_format
-            from p4.config.v1 import p4info_pb2
-
-            wanted = text_format.Parse(Path(self.p4info_path).read_text(), p4info_pb2.P4Info())
             try:
                 if self._client.get_p4info() == wanted:
-                    return
+                    return wanted
             except Exception:  # no pipeline yet: push one
                 pass
         self._clear_groups()
-        self._rpc("SetForwardingPipelineConfig", self._client.set_fwd_pipe_config,
-                  str(self.p4info_path), str(self.device_config_path))
+        from p4.v1 import p4runtime_pb2
+
+        A = p4runtime_pb2.SetForwardingPipelineConfigRequest
+        request = A(device_id=self.device_id, action=A.VERIFY_AND_COMMIT)
+        request.election_id.high, request.election_id.low = self.election_id
+        request.config.p4info.CopyFrom(wanted)
+        request.config.p4_device_config = Path(self.device_config_path).read_bytes()
+        self._rpc("SetForwardingPipelineConfig", self._client.stub.SetForwardingPipelineConfig,
+                  request)
+        self._fresh_cells = True
+        return wanted
 
     def _clear_groups(self) -> None:
         """Delete every multicast group the target reports, before a pipeline push.
@@ -304,8 +360,13 @@ class Controller:
             if "ALREADY_EXISTS" not in codes:  # never remove another session's entries
                 self._remove(job, quiet=True)
             raise
+        fresh, self._fresh_cells = self._fresh_cells, False
         try:
-            self.reset_registers(job)
+            if fresh:  # this session's push left every cell zero (VERIFY_AND_COMMIT)
+                log.info("job %d: no register reset, the pipeline was just pushed",
+                         job.job_id)
+            else:
+                self.reset_registers(job)
         except ControlError as exc:
             # Correctness does not depend on it: every run of the ranks draws a new epoch
             # (docs/protocol.md), and a cell last used in another epoch counts as idle.

@@ -247,9 +247,9 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
     job_id = args.job_id or random.SystemRandom().randrange(1, 65536)
     workers = job_workers(args, len(targets))
 
-    def session(target: str, push_now: str) -> Any:
+    def session(target: str, push_now: str, known: Any = None) -> Any:
         return Controller(target, p4info, device_config, device_id=args.device_id,
-                          push=push_now, timeout=args.control_timeout)
+                          push=push_now, timeout=args.control_timeout, known_p4info=known)
 
     with ExitStack() as stack:
         jobs, builds = [], []
@@ -257,10 +257,11 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
             job = JobSpec(job_id, ranks, args.slots or settings.switch_slots, args.slot_base)
             with session(target, push) as controller:
                 controller.configure(job)
-                build = controller.build
+                build, known = controller.build, controller.p4info_message
             jobs.append(job)
             builds.append(build)
-            stack.callback(_teardown_in_session, session, target, job)
+            # (The target's P4Info as this session left it: not read back again.)
+            stack.callback(_teardown_in_session, session, target, job, known)
             print(f"ina-run: job {job.job_id} configured on {target} (K {build.k}, "
                   f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
         kinds = {(b.k, b.block, b.value_bits) for b in builds}
@@ -301,11 +302,11 @@ def bmv2_config(device_config: Path) -> bool:
     return isinstance(config, dict) and {"parsers", "pipelines"} <= config.keys()
 
 
-def _teardown_in_session(session: Any, target: str, job: Any) -> None:
+def _teardown_in_session(session: Any, target: str, job: Any, known: Any) -> None:
     from ..control import ControlError
 
     try:
-        with session(target, "never") as controller:
+        with session(target, "never", known) as controller:
             controller.teardown(job)
     except ControlError as exc:
         print(f"ina-run: warning: {exc}", file=sys.stderr)
@@ -413,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> int:
-    from ..control import schema
+    from ..control import schema, write_p4info
     from ..settings import Settings
     from ..switch.embedded import embedded_switch
 
@@ -439,7 +440,7 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
             settings = Settings.load()
             k = args.elements or settings.switch_elements or EMBEDDED_ELEMENTS
             files = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ina-run-")))
-            (files / "ina_aggregator.p4info.txt").write_text(schema.p4info_text(
+            write_p4info(files / "ina_aggregator.p4info.txt", schema.p4info(
                 k, max(1, args.slot_base + (args.slots or settings.switch_slots)),
                 settings.switch_block, settings.switch_value_bits))
             (files / "device_config").write_text("ina-switch: the software pipeline\n")

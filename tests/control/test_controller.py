@@ -135,6 +135,42 @@ def test_a_pipeline_push_deletes_the_multicast_groups_first(switch, pipeline, mo
         order.index("SetForwardingPipelineConfig")
 
 
+def test_only_the_first_job_after_a_push_skips_the_register_reset(controller, switch,
+                                                                     monkeypatch):
+    """The first job after this session's pipeline push needs no reset of its cells (the
+    push left every cell zero: the RPC it saves costs about 0.7 s at K = 4096); a job
+    configured later, on cells a packet may have touched, gets the reset, and its cells
+    read back zero. (The software switch also zeroes a job's cells when it is installed
+    again; a hardware target keeps them.)"""
+    reset = []
+    real = controller.reset_registers
+    monkeypatch.setattr(controller, "reset_registers", lambda job: (reset.append(job.job_id),
+                                                                   real(job))[1])
+    workers = free_udp_sockets(2)
+    job = JobSpec(13, [Worker("127.0.0.1", s.getsockname()[1]) for s in workers], slots=2,
+                  slot_base=6)
+    cells = [S.cell(v, 6, s, SLOTS) for v in (0, 1) for s in range(2)]
+    controller.configure(job)
+    try:
+        assert reset == []
+        # Worker 0's packet for slot 0 (6 on the switch); worker 1's never sent.
+        workers[0].sendto(ina_packet(13, 0, 0, range(K), exponents=2),
+                          (switch.host, switch.port))
+        deadline = time.monotonic() + 10
+        while controller.read_register(S.BITMAP.name, cells[:1]) == [0]:
+            assert time.monotonic() < deadline, "worker 0's packet never reached its cell"
+            time.sleep(0.05)
+        controller.teardown(job)
+        controller.configure(job)
+        assert reset == [13]
+        for reg in (S.BITMAP, S.COUNT, *S.pair_registers(G)):
+            assert controller.read_register(reg.name, cells) == [0] * 4, reg.name
+    finally:
+        controller.teardown(job)
+        for w in workers:
+            w.close()
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(slots=SLOTS), "exceed the target's"),
     (dict(elements=K + 1), f"K {K + 1}, but the target's build has K {K}"),

@@ -308,7 +308,7 @@ def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch, faul
     CollectiveTimeout naming what it waited for."""
     faults(delay_ms_out=500)
     params = {"count": 2 << 20, "interrupt_after": 0.3,
-              "settings": {"switch_min_bytes": 0, "switch_silence": 2.0, "timeout": 6}}
+              "settings": {"switch_min_bytes": 0, "switch_silence": 1.5, "timeout": 3}}
     results = mpirun.run(2, "ina_interrupted", params, env={"INA_SWITCH": switch.address_text},
                          timeout=120)
     interrupted, other = results

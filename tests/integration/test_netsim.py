@@ -47,12 +47,12 @@ def run_bench(module: str, *args: str) -> str:
 def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     out = tmp_path / "r.json"
     run_bench("bench.netsim", "--n", "2", "--rates", "400", "--sizes", "256K", "--reps",
-              "2", "--loss", "0", "0.05", "--json", str(out))
+              "2", "--loss", "0.05", "--json", str(out))
     records = json.loads(out.read_text())
     # Each record exists only if that system's result was checked correct on every rank.
     got = {(r["system"], r["loss"]) for r in records}
-    assert got == {(s, loss) for s in ("ina", "ina16", "ring", "mpi", "gloo")
-                   for loss in (0.0, 0.05)}
+    # (Loss-free links: the other tests of this module.)
+    assert got == {(s, 0.05) for s in ("ina", "ina16", "ring", "mpi", "gloo")}
     for r in records:
         assert r["n"] == 2 and r["bytes"] == 256 << 10 and r["link_mbit"] == 400
         assert r["seconds"] > 0 and len(r["times"]) == 2
@@ -65,9 +65,8 @@ def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     ina = [r for r in records if r["system"] in ("ina", "ina16")]
     assert all(r["engines"] == {"ina": 3} for r in ina), [
         (r["system"], r["loss"], r["engines"], r.get("fallback_reasons")) for r in ina]
-    assert sum(r["dropped_packets"] for r in records if r["loss"]) > 0
-    assert all(r["dropped_packets"] == 0 for r in records if not r["loss"])
-    assert (tmp_path / "r.md").read_text().count("| 2 | 400 |") == 10
+    assert sum(r["dropped_packets"] for r in records) > 0
+    assert (tmp_path / "r.md").read_text().count("| 2 | 400 |") == 5
     for name in ("r-algbw.png", "r-speedup.png"):
         assert (tmp_path / name).stat().st_size > 1000
 

@@ -18,6 +18,7 @@ import pytest
 
 from ina_collectives.launch import cli as launch
 from ina_collectives.launch import horovodrun
+from ina_collectives.launch.ranks import describe_exit, exit_code_of
 from ina_collectives.switch.embedded import embedded_switch
 
 PRINT_SWITCH = "import os; print('switch=' + os.environ.get('INA_SWITCH', '?'))"
@@ -121,20 +122,27 @@ def _leftovers(marker: str) -> list[str]:
             if marker in line and line.split()[1:2] != ["Z"]]
 
 
+def test_a_rank_s_end_is_described_and_coded_as_a_shell_reports_it():
+    """The words and the exit code ina-run gives for a failed rank: a code as it is, a
+    signal as 128 + N with its name (the job below runs the signal's case end to end)."""
+    assert describe_exit(1, 1234, 3) == "rank 1 (pid 1234) exited with code 3"
+    assert describe_exit(2, None, -9) == "rank 2 was killed by signal 9 (SIGKILL)"
+    assert describe_exit(0, 7, -99) == "rank 0 (pid 7) was killed by signal 99"
+    assert [exit_code_of(c) for c in (3, -9, -15, 0)] == [3, 137, 143, 0]
+
+
+# (One job: a rank killed by a signal. A rank's exit code takes the same path through
+# the rank wrapper, and its words and code are the test above.)
 @pytest.mark.mpi
 @pytest.mark.parametrize("end, words, code", [
     ("os.kill(os.getpid(), signal.SIGKILL)", "was killed by signal 9 (SIGKILL)", 128 + 9),
-    # os._exit: sys.exit would run mpi4py's MPI_Finalize at exit, which waits for the
-    # others, still calling: the process would not end (see the module's docstring).
-    ("os._exit(3)", "exited with code 3", 3),
 ])
 def test_a_failed_rank_is_named_and_the_others_stop_within_the_bound(ina_run, tmp_path,
                                                                         end, words, code):
-    """Rank 1 of 3 dies (SIGKILL) or exits with 3 (without MPI_Finalize) after an
-    allreduce through the embedded switch: ina-run names it, the others raise
-    CollectiveTimeout naming it at once (not after INA_TIMEOUT, 300 s here), are stopped
-    within the grace period, and the job is removed from the switch; ina-run exits
-    with the rank's code (128 + 9 for SIGKILL)."""
+    """Rank 1 of 3 dies (SIGKILL) after an allreduce through the embedded switch: ina-run
+    names it, the others raise CollectiveTimeout naming it at once (not after
+    INA_TIMEOUT, 300 s here), are stopped within the grace period, and the job is
+    removed from the switch; ina-run exits with 128 + 9."""
     script = tmp_path / "rank.py"
     script.write_text(DYING_RANK.format(rank=1, end=end))
     start = time.monotonic()
