@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,13 +39,12 @@ from bench.netsim_topology import (  # noqa: E402
     IFNAME,
     EmulatedCluster,
     aggregator_ip,
-    stale_namespaces,
+    remove_stale_namespaces,
     worker_ip,
 )
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.launch.ranks import find_mpiexec  # noqa: E402
 from ina_collectives.settings import parse_size  # noqa: E402
-from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -159,10 +157,8 @@ def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
                         cluster, 1, IFNAME, aggregator_ip(1)))
                     address = target.address
                 else:
-                    address = ",".join(switches.enter_context(embedded_switch(
-                        "--idle", "30", *late, host=aggregator_ip(j),
-                        launcher=cluster.in_aggregator(j, []))).address_text
-                        for j in range(args.switches))
+                    address = ",".join(switches.enter_context(cluster.switch_at(
+                        j, "--idle", "30", *late)).address_text for j in range(args.switches))
                 if args.tcp_rto_min is not None:
                     cluster.set_tcp_rto_min(args.tcp_rto_min)
                 for rate, loss in itertools.product(args.rates, args.loss):
@@ -339,8 +335,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(stderr=True)
-    for name in stale_namespaces():
-        subprocess.run(["ip", "netns", "delete", name], check=False)
+    remove_stale_namespaces()
     # SIGTERM unwinds like Ctrl-C, so the namespaces and the switch are removed. Only in
     # this process: pyroute2's forked helpers inherit the handler and get SIGTERM to stop.
     harness = os.getpid()

@@ -238,6 +238,25 @@ def plots(records: list[dict[str, Any]], directory: Path, stem: str) -> list[Pat
     return written
 
 
+TIMELINE_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
+                   "straggler": "tab:red"}
+TIMELINE_ROWS = {"forward": 0.0, "backward": 0.3, "transfer": 0.6, "straggler": 0.0}
+
+
+def timeline_panel(ax: Any, timeline: list[list[Any]], title: str) -> None:
+    """One step of a training benchmark on ``ax``: each (what, layer, start, end) of
+    ``timeline`` a bar on its layer's row (forward, backward, transfer, a straggler's
+    wait), in ms from the step's start."""
+    for what, layer, start, end in timeline:
+        ax.barh(layer + TIMELINE_ROWS[what], (end - start) * 1e3, left=start * 1e3,
+                height=0.28, color=TIMELINE_COLORS[what], label=what)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), loc="lower right", fontsize=7)
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+
+
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
     fig.tight_layout()

@@ -20,10 +20,12 @@ as the switch's own address is: a job striped across them (bench.netsim --switch
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 from pyroute2 import IPRoute, NetNS, netns
 
@@ -188,6 +190,14 @@ class EmulatedCluster:
     def in_aggregator(self, j: int, command: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.aggregator_ns[j], *command]
 
+    def switch_at(self, j: int, *switch_args: str) -> Any:
+        """The software switch (ina-switch ``switch_args``) in aggregator namespace j, on
+        its address there: a context manager, as embedded_switch."""
+        from ina_collectives.switch.embedded import embedded_switch
+
+        return embedded_switch(*switch_args, host=aggregator_ip(j),
+                               launcher=self.in_aggregator(j, []))
+
     def mpiexec_command(self, mpiexec: str, command: Sequence[str],
                         workers: Sequence[int] | None = None) -> list[str]:
         """One MPMD mpiexec line: rank r runs ``command`` in the namespace of worker
@@ -220,6 +230,17 @@ class EmulatedCluster:
                 proc.wait()
         return proc.returncode, output
 
+    def job_record(self, mpiexec: str, command: Sequence[str], env: dict[str, str],
+                   limit: float, cwd: str | os.PathLike, record: Path, what: str) -> Any:
+        """run_job, then the JSON the job wrote to ``record``; SystemExit naming ``what``
+        and the job's last output if it ran past ``limit`` s, failed or wrote none."""
+        code, output = self.run_job(mpiexec, command, env, limit, cwd)
+        if code is None:
+            raise SystemExit(f"{what}: no result within {limit:g} s:\n{output[-3000:]}")
+        if code != 0 or not record.exists():
+            raise SystemExit(f"{what} failed ({code}):\n{output[-3000:]}")
+        return json.loads(record.read_text())
+
     @staticmethod
     def network_environment(first_worker: int = 0) -> dict[str, str]:
         """Variables that make MPICH and gloo use the emulated links, not shared memory;
@@ -227,6 +248,12 @@ class EmulatedCluster:
         return {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp",
                 "FI_TCP_IFACE": IFNAME, "GLOO_SOCKET_IFNAME": IFNAME,
                 "MASTER_ADDR": worker_ip(first_worker)}
+
+
+def remove_stale_namespaces() -> None:
+    """Delete the namespaces a killed run left (stale_namespaces)."""
+    for name in stale_namespaces():
+        subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
 def stale_namespaces(prefix: str = "inasim") -> list[str]:

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -30,9 +29,9 @@ from typing import Any
 
 from ina_collectives import protocol as P
 from ina_collectives.launch.ranks import find_mpiexec
-from ina_collectives.switch.embedded import embedded_switch
 
-from .netsim_topology import EmulatedCluster, aggregator_ip, stale_namespaces
+from .netsim_report import timeline_panel
+from .netsim_topology import EmulatedCluster, remove_stale_namespaces
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -60,13 +59,8 @@ def run_mode(cluster: EmulatedCluster, switch: str, system: str, mode: str,
         out = Path(tmp, "record.json")
         command = [sys.executable, "-m", "bench.overlap_ranks", mode, str(args.steps),
                    str(out)]
-        code, output = cluster.run_job(find_mpiexec(), command, env, args.limit, ROOT)
-        if code is None:
-            raise SystemExit(f"{system} {mode}: no result within {args.limit} s:\n"
-                             f"{output[-3000:]}")
-        if code != 0 or not out.exists():
-            raise SystemExit(f"{system} {mode} failed ({code}):\n{output[-3000:]}")
-        return {"system": system, **json.loads(out.read_text())}
+        return {"system": system, **cluster.job_record(
+            find_mpiexec(), command, env, args.limit, ROOT, out, f"{system} {mode}")}
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
@@ -78,18 +72,9 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(len(records), 1, figsize=(11, 2.6 * len(records)),
                              squeeze=False)
-    colors = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green"}
-    rows = {"forward": 0.0, "backward": 0.3, "transfer": 0.6}
     for ax, rec in zip(axes[:, 0], records):
-        for what, layer, start, end in rec["timeline"]:
-            ax.barh(layer + rows[what], (end - start) * 1e3, left=start * 1e3, height=0.28,
-                    color=colors[what], label=what)
-        handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles))
-        ax.legend(unique.values(), unique.keys(), loc="lower right", fontsize=7)
-        ax.set_ylabel("layer")
-        ax.set_title(f"{rec['system']} {rec['mode']}: median step "
-                     f"{statistics.median(rec['times']) * 1e3:.0f} ms", fontsize=9)
+        timeline_panel(ax, rec["timeline"], f"{rec['system']} {rec['mode']}: median step "
+                       f"{statistics.median(rec['times']) * 1e3:.0f} ms")
     axes[-1, 0].set_xlabel("ms from the step's start")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -120,13 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n must be 2 or more; --layers, --width, --batch, --steps positive")
     if os.geteuid() != 0:
         parser.error("the emulated cluster needs root (network namespaces, tc)")
-    for name in stale_namespaces():
-        subprocess.run(["ip", "netns", "delete", name], check=False)
+    remove_stale_namespaces()
     records = []
     with EmulatedCluster(args.n, args.rate, mtu=args.mtu) as cluster, ExitStack() as stack:
-        switch = stack.enter_context(embedded_switch(
-            "--idle", "60", host=aggregator_ip(0),
-            launcher=cluster.in_aggregator(0, []))).address_text
+        switch = stack.enter_context(cluster.switch_at(0, "--idle", "60")).address_text
         if args.tcp_rto_min is not None:
             cluster.set_tcp_rto_min(args.tcp_rto_min)
         for system in args.systems:

@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -48,9 +47,9 @@ from typing import Any
 
 from ina_collectives import protocol as P
 from ina_collectives.launch.ranks import find_mpiexec
-from ina_collectives.switch.embedded import embedded_switch
 
-from .netsim_topology import EmulatedCluster, aggregator_ip, stale_namespaces
+from .netsim_report import timeline_panel
+from .netsim_topology import EmulatedCluster, remove_stale_namespaces
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -169,13 +168,8 @@ def run(cluster: EmulatedCluster, switch: str, cfg: dict[str, Any],
         config, out = Path(tmp, "config.json"), Path(tmp, "record.json")
         config.write_text(json.dumps(cfg))
         command = [sys.executable, "-m", "bench.training_ranks", str(config), str(out)]
-        code, output = cluster.run_job(find_mpiexec(), command, env, args.limit, ROOT)
-        if code is None:
-            raise SystemExit(f"{label(cfg)}: no result within {args.limit} s:\n"
-                             f"{output[-3000:]}")
-        if code != 0 or not out.exists():
-            raise SystemExit(f"{label(cfg)} failed ({code}):\n{output[-3000:]}")
-        return json.loads(out.read_text())
+        return cluster.job_record(find_mpiexec(), command, env, args.limit, ROOT, out,
+                                  label(cfg))
 
 
 def label(rec: dict[str, Any]) -> str:
@@ -361,19 +355,9 @@ def plot(records: list[dict[str, Any]], out: Path, target: float) -> None:
     shown = [r for r in records if r["system"] == "ina" and r["scenario"] == "none"]
     shown += [r for r in records if r["scenario"] == "transient"]
     fig, axes = plt.subplots(len(shown), 1, figsize=(11, 2.4 * len(shown)), squeeze=False)
-    colors = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
-              "straggler": "tab:red"}
-    rows = {"forward": 0.0, "backward": 0.3, "transfer": 0.6, "straggler": 0.0}
     for ax, r in zip(axes[:, 0], shown):
-        for what, layer, start, end in r["timeline"]:
-            ax.barh(layer + rows[what], (end - start) * 1e3, left=start * 1e3, height=0.28,
-                    color=colors[what], label=what)
-        handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles))
-        ax.legend(unique.values(), unique.keys(), loc="lower right", fontsize=7)
-        ax.set_ylabel("layer")
-        ax.set_title(f"{r['label']}: the last step (rank 0), median step "
-                     f"{median_step(r) * 1e3:.0f} ms", fontsize=9)
+        timeline_panel(ax, r["timeline"], f"{r['label']}: the last step (rank 0), median "
+                       f"step {median_step(r) * 1e3:.0f} ms")
     axes[-1, 0].set_xlabel("ms from the step's start (gaps: waiting for transfers)")
     fig.tight_layout()
     fig.savefig(out.with_name(out.name + "-timeline.png"), dpi=110)
@@ -432,13 +416,10 @@ def main(argv: list[str] | None = None) -> int:
                            if k not in ("out", "from_json")})
         write(earlier["records"], args, command)
         return 0
-    for name in stale_namespaces():
-        subprocess.run(["ip", "netns", "delete", name], check=False)
+    remove_stale_namespaces()
     records = []
     with EmulatedCluster(args.n, args.rate, mtu=args.mtu) as cluster, ExitStack() as stack:
-        switch = stack.enter_context(embedded_switch(
-            "--idle", "60", host=aggregator_ip(0),
-            launcher=cluster.in_aggregator(0, []))).address_text
+        switch = stack.enter_context(cluster.switch_at(0, "--idle", "60")).address_text
         for cfg in plan(args):
             rec = run(cluster, switch, cfg, args)
             records.append(rec)
