@@ -135,6 +135,27 @@ def test_a_pipeline_push_deletes_the_multicast_groups_first(switch, pipeline, mo
         order.index("SetForwardingPipelineConfig")
 
 
+def test_a_p4info_file_is_parsed_once_per_version_and_a_malformed_one_is_named(tmp_path):
+    """parsed_p4info: the same message for the same file, a new one once the file
+    changes (write_p4info keeps the message it wrote); a file that is not a P4Info in
+    text format is a ControlError naming it and where the parse stopped."""
+    from ina_collectives.control import write_p4info
+    from ina_collectives.control.controller import parsed_p4info
+
+    path = tmp_path / "a.p4info.txt"
+    first = S.p4info(K, SLOTS, B, BITS)
+    write_p4info(path, first)
+    assert parsed_p4info(path) is first
+    path.write_text(path.read_text() + "\n")  # another version of the file: parsed again
+    again = parsed_p4info(path)
+    assert again is not first and again == first and parsed_p4info(path) is again
+    bad = tmp_path / "bad.p4info.txt"
+    bad.write_text("tables {\n  preamble { id: 1 \n")
+    with pytest.raises(ControlError, match=r"bad\.p4info\.txt is not a P4Info in text "
+                                           r"format: 2:18 "):
+        parsed_p4info(bad)
+
+
 def test_only_the_first_job_after_a_push_skips_the_register_reset(controller, switch,
                                                                      monkeypatch):
     """The first job after this session's pipeline push needs no reset of its cells (the
