@@ -7,7 +7,8 @@ against both. ``select(settings.kernels)`` is what an engine uses, chosen at its
 silent fallback. The module's own names are the default choice, for code that has no
 Settings (tests, benchmarks): ``BACKEND`` says which one that is. The INA engine
 itself needs the compiled backend (its windowed stream is _fast/transport.pyx): with
-the reference, every call takes the ring and stats() says so.
+the reference, every call takes the ring and stats() says why (``why_not_fast``: the
+setting chose it, or the build is missing).
 """
 from __future__ import annotations
 
@@ -35,18 +36,40 @@ def load(name: str) -> SimpleNamespace:
     else:
         raise ValueError(f"INA_KERNELS must be 'fast' or 'numpy', got {name!r}")
     found = {f: getattr(blockfp if hasattr(blockfp, f) else packets, f) for f in API}
-    return SimpleNamespace(name=name, **found)
+    why = "" if name == "fast" else "INA_KERNELS=numpy chose the NumPy reference kernels"
+    return SimpleNamespace(name=name, why_not_fast=why, **found)
 
 
 def select(wanted: str) -> SimpleNamespace:
     """The kernels the ``kernels`` setting asks for ("": the compiled ones when built,
-    else the reference)."""
+    else the reference). Their ``why_not_fast`` says why they are not the compiled ones
+    ("" when they are): the setting chose the reference, or the build is missing."""
     if wanted:
         return load(wanted)
     try:
         return load("fast")
-    except ImportError:
-        return load("numpy")
+    except ImportError as exc:
+        kernels = load("numpy")
+        kernels.why_not_fast = _not_built(exc)
+        return kernels
+
+
+def _not_built(exc: ImportError) -> str:
+    return (f"the compiled fast path is not built ({exc}); 'pip install -e .' builds it "
+            f"(needs a C compiler)")
+
+
+def why_not_fast(settings: Settings | str) -> str:
+    """Why an engine with these settings (or this ``kernels`` value) runs without the
+    compiled kernels, in words for stats(); "" when it runs with them."""
+    wanted = settings if isinstance(settings, str) else settings.kernels
+    if wanted == "numpy":
+        return "INA_KERNELS=numpy chose the NumPy reference kernels"
+    try:
+        load("fast")
+    except ImportError as exc:
+        return _not_built(exc)
+    return ""
 
 
 _kernels = select(Settings.value("kernels"))
