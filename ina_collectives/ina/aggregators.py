@@ -51,6 +51,9 @@ class Aggregators:
         self.links: list[WorkerLink | None] = []
         self.missing_reasons: dict[int, str] = {}  # aggregator index -> why it is not used
         self.unavailable: str | None = None
+        # K of the job's packets and the smallest path MTU of its ranks, agreed at join
+        # (0 until then): _agree_elements.
+        self.elements = self.path_mtu = 0
         self.outages = self.returns = 0
         self._retry_at: int | None = None  # the call number of the next reconnection
         self._retry_gap = 1
@@ -136,7 +139,7 @@ class Aggregators:
         comm, settings, kernels = self.comm, self.settings, self.kernels
         n, rank = comm.Get_size(), comm.Get_rank()
         block, bits = settings.switch_block, settings.switch_value_bits
-        k = settings.switch_elements or P.max_elements(P.MAX_DATAGRAM, block, bits)
+        k = self._agree_elements(indices)
         error, lasting = None, True
         if n > P.MAX_WORKERS:
             error = f"{n} ranks exceed the aggregator's {P.MAX_WORKERS} workers"
@@ -218,6 +221,37 @@ class Aggregators:
             self.unavailable = (f"ina: aggregator unavailable (rank {r}: "
                                 f"{self.missing_reasons[first]})")
             self.close()
+
+    def _agree_elements(self, indices: list[int]) -> int:
+        """Collective: K, the values per packet, for the job: each rank takes the largest
+        whose datagram fits the MTU of its path to the aggregators ``indices`` (or
+        INA_SWITCH_ELEMENTS where set), and the job takes the smallest of the ranks'. A K
+        set by hand that is over the path's MTU is warned about: its datagrams leave as
+        IP fragments, or not at all where segmentation offload is on."""
+        settings = self.settings
+        block, bits = settings.switch_block, settings.switch_value_bits
+        mtus = {}
+        for i in indices:
+            try:
+                mtus[i] = P.path_mtu(self.addresses[i])
+            except OSError:
+                pass  # no route: the join says so
+        mtu = min(mtus.values(), default=P.MAX_DATAGRAM + P.IP_UDP_HEADER_BYTES)
+        fits = P.elements_for_mtu(mtu, block, bits)
+        given = settings.switch_elements
+        if given > fits:
+            worst = min(mtus, key=mtus.get)
+            log.warning("INA_SWITCH_ELEMENTS=%d makes %d-byte datagrams, over the MTU %d of "
+                        "this rank's path to %s: they leave as IP fragments, or not at all; "
+                        "leave INA_SWITCH_ELEMENTS unset (packets sized to the path) or set "
+                        "it to %d or less", given,
+                        P.packet_bytes(given, block, bits) + P.IP_UDP_HEADER_BYTES, mtu,
+                        self.where(worst), fits)
+        k = np.array([given or fits, mtu], np.int64)
+        self.collective(self.comm.Iallreduce(MPI.IN_PLACE, k, op=MPI.MIN),
+                        "every rank's packet size (K) and path MTU")
+        self.elements, self.path_mtu = int(k[0]), int(k[1])
+        return self.elements
 
     def _with_shards(self, addresses: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """Collective: every shard of the switches named (rank 0 asks each address with a

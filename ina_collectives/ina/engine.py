@@ -112,11 +112,11 @@ class InaEngine(Engine):
         (stats()["switch"])."""
         s, agg = self.settings, self.aggregators
         link = agg.link
-        k = link.k if link is not None else s.switch_elements
+        k = link.k if link is not None else agg.elements or s.switch_elements
         gso = link.send_state[0] if link is not None else s.switch_gso
         share_of = (dict(zip(agg.serving(), np.diff(self._shares(1 << 20)) / (1 << 20)))
                     if link is not None else {})
-        return {"protocol": P.PROTOCOL_VERSION, "elements": k,
+        return {"protocol": P.PROTOCOL_VERSION, "elements": k, "path_mtu": agg.path_mtu,
                 "value_bits": s.switch_value_bits, "block": s.switch_block,
                 "calls_by_value_bits": dict(self.calls_by_width),
                 "send_path": "UDP_SEGMENT" if gso else "sendmmsg",

@@ -5,6 +5,7 @@ bounded wait (protocol.control_request); the data path is ``_fast/transport.pyx`
 """
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +103,8 @@ class WorkerLink:
                                 self.value_bits], timeout, "join")
         if status != 0:
             reason = status_text(P.JOIN_STATUS, status)
+            if status == P.JOIN_MTU:  # (the reply's 4th value: the switch's MTU)
+                reason += f" ({self._mtu_advice(self.reply_slots)})"
             raise AggregatorUnavailable(
                 f"the aggregator at {self.switch[0]}:{self.switch[1]} refused job {self.job} "
                 f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}, B "
@@ -220,9 +223,27 @@ class WorkerLink:
         switch = f"{self.switch[0]}:{self.switch[1]}"
         if failure and call == "send":
             reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"
+            if failure == errno.EMSGSIZE:
+                try:
+                    mtu = P.path_mtu(self.switch)
+                except OSError:
+                    mtu = 0
+                reason = f"{reason} ({self._mtu_advice(mtu)})"
         elif failure:
             reason = f"{reason}; {call} failed: {SystemCallError(failure, f'from {switch}')}"
         return reason
+
+    def _mtu_advice(self, mtu: int) -> str:
+        """What a packet too large for the path's MTU (0: not known) needs: the numbers
+        and the fix."""
+        size = P.packet_bytes(self.k, self.block, self.value_bits) + P.IP_UDP_HEADER_BYTES
+        if mtu <= 0:
+            return (f"a packet of K {self.k} values is a {size}-byte datagram, over the "
+                    f"path's MTU; leave INA_SWITCH_ELEMENTS unset to size packets to it")
+        return (f"a packet of K {self.k} values is a {size}-byte datagram, over the MTU "
+                f"{mtu} of the path; K {P.elements_for_mtu(mtu, self.block, self.value_bits)} "
+                f"fits it: leave INA_SWITCH_ELEMENTS unset to size packets to the path, or "
+                f"set it to that")
 
 
 def _int16(word: int) -> int:

@@ -21,6 +21,7 @@ from .address import (  # noqa: F401
     ipv4_int_be,
     parse_address,
     parse_addresses,
+    path_mtu,
     port_be,
     sockaddr_be,
     udp_socket,

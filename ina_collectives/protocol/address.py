@@ -95,6 +95,17 @@ def udp_socket(host: str = "0.0.0.0", port: int = 0) -> socket.socket:
 
 # Python's socket module lacks the constant (Linux <netinet/udp.h>).
 UDP_GRO = 104
+# IP_MTU (Linux <linux/in.h>), where Python's socket module lacks it.
+IP_MTU = getattr(socket, "IP_MTU", 14)
+
+
+def path_mtu(address: tuple[str, int]) -> int:
+    """The MTU of the path to ``address`` as this host knows it: its route's interface
+    MTU, or smaller where path MTU discovery has learned of a smaller hop (the kernel's
+    route cache); 65536 on loopback. OSError when there is no route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)  # (UDP: a route lookup, nothing is sent)
+        return sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
 
 
 def enable_gro(sock: socket.socket) -> bool:

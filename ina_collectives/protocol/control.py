@@ -46,8 +46,12 @@ FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder
 JOIN_STATUS = ("accepted", "bad parameters", "job exists with other parameters",
                "worker id taken by another address", "no room for the job",
                "the job is configured by a controller (P4Runtime)",
-               "another protocol version")
+               "another protocol version",
+               "the job's packets do not fit the switch's MTU towards this worker")
 JOIN_VERSION = JOIN_STATUS.index("another protocol version")
+# A refusal of this status carries the switch's MTU towards the worker as its 4th value.
+JOIN_MTU = JOIN_STATUS.index(
+    "the job's packets do not fit the switch's MTU towards this worker")
 # A probe for job j is answered 0 only if the sender is worker w of job j at its address
 # (a P4 switch answers only then, and stays silent otherwise).
 PROBE_STATUS = ("installed", "not installed at this address")
@@ -154,7 +158,7 @@ def control_request(sock: socket.socket, switch: tuple[str, int], job: int, work
 
 
 __all__ = [name for name in dir() if name.startswith(("CTRL_", "FAULT_", "CAP_")) or
-           name.endswith("_STATUS")] + ["JOIN_VERSION", "RETRY_SECONDS",
+           name.endswith("_STATUS")] + ["JOIN_VERSION", "JOIN_MTU", "RETRY_SECONDS",
                                          "control_packet", "read_control",
                                          "status_text", "control_exchange", "control_request",
                                          "ControlReply",

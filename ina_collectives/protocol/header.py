@@ -174,13 +174,17 @@ MAX_ELEMENTS = max_elements(MAX_DATAGRAM, DEFAULT_BLOCK, 32)
 MAX_ANY_ELEMENTS = max_elements(MAX_DATAGRAM, 64, 16)
 
 
+# IPv4 (20) and UDP (8) headers: what a datagram adds to its payload on a link.
+IP_UDP_HEADER_BYTES = 28
+
+
 def elements_for_mtu(mtu: int, block: int = DEFAULT_BLOCK, value_bits: int = 32) -> int:
     """The largest K whose packet fits a link MTU (IPv4 20 + UDP 8 bytes of headers)."""
     check_format(block, value_bits)
-    k = max_elements(min(mtu - 28, MAX_DATAGRAM), block, value_bits)
+    k = max_elements(min(mtu - IP_UDP_HEADER_BYTES, MAX_DATAGRAM), block, value_bits)
     if k < 1:
         raise ValueError(f"MTU {mtu} leaves no room for a payload after the "
-                         f"{HEADER_BYTES + 28} bytes of headers")
+                         f"{HEADER_BYTES + IP_UDP_HEADER_BYTES} bytes of headers")
     return k
 
 

@@ -182,7 +182,10 @@ class SoftwareSwitch:
         head = P.unpack_header(packet)
         op = int.from_bytes(packet[P.HEADER_BYTES:P.HEADER_BYTES + 4], "big", signed=True)
         # The fourth value: the slots granted to a job just joined, or the pool's free ones.
+        # A join refused for its packets' size: this switch's MTU towards the worker.
         slots = (self.job_slots.get(head["job"], 0) if op == P.CTRL_JOIN and status == 0
+                 else (_mtu_towards(addr_be, port_be) or 0)
+                 if op == P.CTRL_JOIN and status == P.JOIN_MTU
                  else self.free_slots() if op == P.CTRL_PROBE and head["job"] == 0 else 0)
         caps = (P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN
                 | (P.CAP_SHARDS if self.shard_ports else 0))
@@ -246,8 +249,9 @@ class SoftwareSwitch:
         if CONTROL_VALUES.get(op) != body.size:
             return malformed, None, f"op {op} with {body.size} values"
         if op == P.CTRL_JOIN:
-            status = self._join(job, worker, *(int(v) for v in body[1:]), addr_be, port_be)
-            return ("joins" if status == 0 else "refusals"), status, ""
+            status, why = self._join(job, worker, *(int(v) for v in body[1:]), addr_be,
+                                     port_be)
+            return ("joins" if status == 0 else "refusals"), status, why
         if op == P.CTRL_LEAVE:
             # Only the worker itself, from its address, leaves a job (a stranger's LEAVE
             # would free a running job); a job not here (left already, or freed idle) or
@@ -283,7 +287,9 @@ class SoftwareSwitch:
         return "fault settings", 0, ""
 
     def _join(self, job: int, worker: int, n: int, k: int, slots: int, block: int,
-              value_bits: int, addr_be: int, port_be: int) -> int:
+              value_bits: int, addr_be: int, port_be: int) -> tuple[int, str]:
+        """A JOIN's status (P.JOIN_STATUS) and, where it is refused for a reason the
+        switch's operator should see, why."""
         # max_elements bounds a cell's values in int32s (as a P4 build's 256-byte payload
         # holds 64 int32 or 128 int16); the default, whatever a datagram holds.
         room = P.MAX_DATAGRAM if self.max_elements >= P.MAX_ELEMENTS else 4 * self.max_elements
@@ -291,7 +297,22 @@ class SoftwareSwitch:
                 and block in P.BLOCK_SIZES and value_bits in P.VALUE_BITS
                 and 1 <= k and k * value_bits // 8 <= room
                 and P.packet_bytes(k, block, value_bits) <= P.MAX_DATAGRAM):
-            return 1
+            return 1, ""
+        # Its results leave by this host's route to the worker: a packet over that MTU
+        # would leave as IP fragments or not at all.
+        size = P.packet_bytes(k, block, value_bits) + P.IP_UDP_HEADER_BYTES
+        mtu = _mtu_towards(addr_be, port_be)
+        if mtu is not None and size > mtu:
+            return P.JOIN_MTU, (f"job {job}'s packets of K {k} are {size}-byte datagrams, "
+                                f"over this switch's MTU {mtu} towards the worker (K "
+                                f"{P.elements_for_mtu(mtu, block, value_bits)} fits)")
+        return self._admit(job, worker, n, k, slots, block, value_bits, addr_be,
+                           port_be), ""
+
+    def _admit(self, job: int, worker: int, n: int, k: int, slots: int, block: int,
+               value_bits: int, addr_be: int, port_be: int) -> int:
+        """A well-formed JOIN that fits the path: the job made or matched, the worker's
+        address set; its status."""
         if self.aggregator.is_managed(job):
             return 5
         shape = self.aggregator.job_shape(job)
@@ -312,6 +333,15 @@ class SoftwareSwitch:
         if not self.aggregator.set_worker(job, worker, addr_be, port_be):
             return 3
         return 0
+
+
+def _mtu_towards(addr_be: int, port_be: int) -> int | None:
+    """This host's MTU on the path to a worker's address; None without a route."""
+    host, _, port = P.address_text(addr_be, port_be).rpartition(":")
+    try:
+        return P.path_mtu((host, int(port)))
+    except OSError:
+        return None
 
 
 def status_text(address: str, s: dict) -> str:

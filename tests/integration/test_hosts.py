@@ -2,7 +2,8 @@
 ranks each, whose ranks mpiexec starts through its bootstrap (here ``ip netns exec``
 instead of ssh), a switch in a third namespace, and a stranger in a fourth whose packet
 posing as a worker of the job is dropped and counted; every call is served by the
-switch."""
+switch. At the two MTUs clusters run, 1500 and 9000, with no setting beyond the README's:
+each rank sizes its packets to its route's MTU, and the job takes the smallest."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ import time
 
 import pytest
 
+from ina_collectives import protocol as P
 from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
 from tests.conftest import ROOT, needs_root
@@ -35,20 +37,23 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
-@pytest.fixture
-def hosts(tmp_path):
+@pytest.fixture(params=[1500, 9000], ids=["mtu1500", "mtu9000"])
+def hosts(request, tmp_path):
     """Namespaces a, b (the hosts), s (the switch), x (a stranger) on a bridge of the root
-    namespace, which is the launching machine (.1); their addresses .2 .. .5."""
+    namespace, which is the launching machine (.1); their addresses .2 .. .5; every link
+    at the MTU of the test's parameter."""
+    mtu = request.param
     tag = f"inh{os.getpid() % 100000}"
     names = {role: f"{tag}{role}" for role in "absx"}
     bridge = f"{tag}br"
     try:
-        _ip("link", "add", bridge, "type", "bridge")
+        _ip("link", "add", bridge, "mtu", str(mtu), "type", "bridge")
         _ip("addr", "add", f"{SUBNET}.1/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
         for i, (role, ns) in enumerate(names.items(), start=2):
             _ip("netns", "add", ns)
-            _ip("link", "add", f"{ns}v", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "add", f"{ns}v", "mtu", str(mtu), "type", "veth", "peer", "name",
+                "eth0", "mtu", str(mtu), "netns", ns)
             _ip("link", "set", f"{ns}v", "master", bridge, "up")
             _ip("-n", ns, "addr", "add", f"{SUBNET}.{i}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
@@ -56,7 +61,7 @@ def hosts(tmp_path):
         script = tmp_path / "netns-bootstrap"
         script.write_text(BOOTSTRAP)
         script.chmod(0o755)
-        yield names, script
+        yield names, script, mtu
     finally:
         for ns in names.values():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
@@ -66,9 +71,11 @@ def hosts(tmp_path):
 def test_a_job_on_two_hosts_is_served_by_a_switch_on_a_third(hosts, tmp_path):
     from tests.control.test_controller import ina_packet
 
-    names, bootstrap = hosts
+    names, bootstrap, mtu = hosts
     switch_ip = f"{SUBNET}.4"
-    cases = [("float32", "sum", 3000, 1), ("float64", "average", 700, 2)]
+    # The last case takes many packets (K of a 64 KiB datagram would have taken 5).
+    cases = [("float32", "sum", 3000, 1), ("float64", "average", 700, 2),
+             ("float32", "sum", 70_000, 3)]
     params = {"cases": cases, "dir": str(tmp_path),
               "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
     hosts_arg = f"{names['a']}:2,{names['b']}:2"
@@ -110,10 +117,15 @@ def test_a_job_on_two_hosts_is_served_by_a_switch_on_a_third(hosts, tmp_path):
     here = os.readlink("/proc/self/ns/net")
     spaces = [r["netns"] for r in results]
     assert spaces[0] == spaces[1] != spaces[2] == spaces[3] and here not in spaces, spaces
+    # Every rank sized its packets to the path: the largest K whose datagram fits the MTU.
+    k = P.elements_for_mtu(mtu)
+    for r in results:
+        assert (r["stats"]["switch"]["elements"], r["stats"]["switch"]["path_mtu"]) == (
+            k, mtu), r["stats"]["switch"]
     for i, case in enumerate(cases * 2):
         per_rank = [r["results"][i] for r in results]
         assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
-        check_within_bound(per_rank[0], *case, 4)
+        check_within_bound(per_rank[0], *case, 4, k=k)
     for r in results:  # every call through the switch
         assert r["stats"]["engines"] == {"ina": 2 * len(cases)}, r["stats"]
     status = parse_status(sw.final_status)
