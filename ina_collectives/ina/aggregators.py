@@ -144,7 +144,8 @@ class Aggregators:
         if n > P.MAX_WORKERS:
             error = f"{n} ranks exceed the aggregator's {P.MAX_WORKERS} workers"
         elif kernels.name != "fast":
-            error = "the compiled fast path is not built"
+            # (the setting chose the reference kernels, or the build is missing)
+            error = getattr(kernels, "why_not_fast", "") or "the compiled fast path is not built"
         ports = [int(p) for p in settings.worker_ports.split(",") if p.strip()]
         # An installed job names each rank's port at each aggregator: n per aggregator.
         wanted = n * len(self.addresses)
