@@ -67,3 +67,10 @@ netsim: $(STAMP) $(NFT_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Everything only a GPU runs, for the first machine with one: the CUDA tests (any skip
+# fails it) and the staging benchmark, then a summary (bench/gpu_check.py). Without a
+# GPU, or with torch's CPU build, it says so and fails.
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) -m bench.gpu_check
