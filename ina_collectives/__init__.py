@@ -65,7 +65,10 @@ def init(comm: Any = None, **settings: Any) -> None:
     from .settings import Settings
 
     loaded = Settings.load(settings)
-    _state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded, InaEngine)
+    state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded, InaEngine)
+    if state.switch_engine is not None:  # (ina's engine: the kernels it runs, for stats)
+        state.stats.kernels = state.switch_engine.kernels.name
+    _state = state
 
 
 def finalize() -> None:
@@ -108,18 +111,32 @@ def allreduce(array: Any, op: Any = SUM, out: np.ndarray | None = None) -> np.nd
 
 
 def stats() -> dict[str, Any]:
-    """Counters since init(): calls, bytes, calls and bytes per engine, fallback reasons
-    (why a faster engine declined a call, with counts), and the last call's engine.
-    Without init(), those of torch.distributed's default group of backend "ina"."""
+    """Counters since init(): calls, bytes, calls and bytes per engine (ina: the switch;
+    ring; mpi, or gloo without an MPI job), fallback reasons (why an engine declined a
+    call, with counts), the last call's engine, the switch's state, this rank's packet
+    counters ("transport") and the kernels the switch engine runs ("kernels": "fast",
+    compiled, or "numpy", the reference; None without a switch).
+
+    Without init(): those of the API the process started instead: the Horovod API's
+    (hvd.init(), its global process set), torch.distributed's default group of backend
+    "ina" or the group a DDP hook made (torch.hooks.allreduce_hook), or the first
+    ``ina_collectives.mpi.Intracomm`` made and not freed. RuntimeError if none is."""
     group = _default_group()
     if group is not None:
         return group.stats()
-    return _require().stats.snapshot()
+    if _state is None:
+        raise RuntimeError("ina_collectives has no counters yet: none of its APIs is "
+                           "started (ina_collectives.init(), hvd.init(), "
+                           "ina_collectives.mpi.Intracomm(comm), "
+                           "init_process_group('ina') or a DDP hook's first bucket)")
+    return _state.stats.snapshot()
 
 
 def summary() -> str:
-    """stats() in one paragraph, to print at the end of training: the share of calls and
-    bytes the switch served, what took which other engine and why, the switch's state."""
+    """stats() in one paragraph, to print at the end of training (under any API, as
+    stats()): the share of calls and bytes the switch served, what took which other
+    engine, why the switch did not serve, the switch's state, the packets this rank sent
+    and the kernels."""
     from .collectives.stats import summarize
 
     return summarize(stats())
@@ -130,8 +147,8 @@ def set_quorum(k: int) -> None:
     switch completes each chunk when k workers contributed, so a straggler does not set
     the pace; a worker left out of a chunk has its values dropped for that step, and an
     AVERAGE divides by the workers counted (docs/quorum.md). 0: sync (every worker).
-    Calls on the ring are exact and unaffected. Without init(), on torch.distributed's
-    default group of backend "ina"."""
+    Calls on the ring are exact and unaffected. Without init(), on the API the process
+    started instead, as stats()."""
     group = _default_group()
     if group is not None:
         group.set_quorum(k)
@@ -140,8 +157,9 @@ def set_quorum(k: int) -> None:
 
 
 def _default_group() -> Any:
-    """Without init(): the default group a binding registered (torch.distributed's of
-    backend "ina"), or None. Imported here, not above: the runtime starts MPI."""
+    """Without init(): the default group a binding registered (the Horovod API's world,
+    torch.distributed's group of backend "ina", an mpi4py Intracomm), or None. Imported
+    here, not above: the runtime starts MPI."""
     if _state is not None:
         return None
     from .runtime import world

@@ -10,6 +10,7 @@ long double...) is handed to ``MPI.Intracomm`` itself. Every other method is mpi
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -19,15 +20,22 @@ from .collectives import buffers
 from .collectives.agreement import CallSignature
 from .collectives.chooser import Collectives
 from .collectives.ops import Op, as_op, check_supported
+from .collectives.stats import summarize
 from .ina.engine import InaEngine
+from .runtime import world
 from .settings import Settings
 
 
 class Intracomm(MPI.Intracomm):
     """``MPI.Intracomm`` with allreduce through ina_collectives.
 
-    Constructing it is not collective; the first ``Allreduce``/``allreduce`` (which every
-    rank calls) duplicates the communicator for the library's own traffic.
+    Constructing it over a communicator is collective over that communicator, as
+    ``ina_collectives.init()`` is: it duplicates the communicator for the library's own
+    traffic and joins the switch, so that a switch INA_REQUIRE_SWITCH needs fails here,
+    on every rank. (Communicators mpi4py makes of this type, with Dup, Create and the
+    like, start the library at their first ``Allreduce``/``allreduce`` instead.) The first
+    one constructed, until freed, is what ``ina_collectives.stats()`` and ``summary()``
+    report when ``ina_collectives.init()`` has not run.
     """
 
     def __new__(cls, comm: MPI.Intracomm | None = None, **settings: Any) -> "Intracomm":
@@ -37,6 +45,9 @@ class Intracomm(MPI.Intracomm):
         super().__init__()
         self._ina_settings = Settings.load(settings)
         self._ina_state: Collectives | None = None
+        if self != MPI.COMM_NULL:
+            self._ina  # noqa: B018 - started now: collective, as init() is
+            _made.append(weakref.ref(self))
 
     @property
     def _ina(self) -> Collectives:
@@ -44,12 +55,19 @@ class Intracomm(MPI.Intracomm):
         state = getattr(self, "_ina_state", None)
         if state is None:
             settings = getattr(self, "_ina_settings", None) or Settings.load()
-            state = self._ina_state = Collectives(MPI.Intracomm(self), settings, InaEngine)
+            state = Collectives(MPI.Intracomm(self), settings, InaEngine)
+            if state.switch_engine is not None:  # (the kernels it runs, for stats)
+                state.stats.kernels = state.switch_engine.kernels.name
+            self._ina_state = state
         return state
 
     def ina_stats(self) -> dict[str, Any]:
         """Counters of this communicator's allreduce calls: see ina_collectives.stats()."""
         return self._ina.stats.snapshot()
+
+    def ina_summary(self) -> str:
+        """ina_stats() in one paragraph: see ina_collectives.summary()."""
+        return summarize(self.ina_stats())
 
     def ina_set_quorum(self, k: int) -> None:
         """Collective: quorum k (0: sync) for this communicator's switch-served calls from
@@ -99,6 +117,37 @@ class Intracomm(MPI.Intracomm):
         self._ina.check_agreement(CallSignature(
             CallSignature.OBJECTS, -1, -1, -1, f"allreduce of a {type(sendobj).__name__}"))
         return super().allreduce(sendobj, op)
+
+
+# The Intracomms constructed over a communicator, in order (weakly: one the program
+# dropped is gone); the first not freed is the array API's default group.
+_made: list[weakref.ref[Intracomm]] = []
+
+
+class _DefaultComm:
+    """An Intracomm as ina_collectives.stats(), summary() and set_quorum() see it
+    (runtime.world's default group)."""
+
+    def __init__(self, comm: Intracomm):
+        self.comm = comm
+
+    def stats(self) -> dict[str, Any]:
+        return self.comm.ina_stats()
+
+    def set_quorum(self, k: int) -> None:
+        self.comm.ina_set_quorum(k)
+
+
+def _default_comm() -> _DefaultComm | None:
+    _made[:] = [ref for ref in _made if ref() is not None]
+    for ref in _made:
+        comm = ref()
+        if comm is not None and getattr(comm, "_ina_state", None) is not None:
+            return _DefaultComm(comm)
+    return None
+
+
+world.provide_default_group(_default_comm)
 
 
 def _engines_take(dtype: np.dtype, op: Op) -> bool:

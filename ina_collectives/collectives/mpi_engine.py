@@ -1,4 +1,6 @@
-"""MPI's own Allreduce as an engine: it takes whatever dtype this MPI reduces."""
+"""MPI's own Allreduce as an engine: it takes whatever dtype this MPI reduces. Without an
+MPI job (torchrun) the peers are gloo's (peers.TorchPeers), and so is the allreduce: the
+engine is then named "gloo", in stats() and its reasons."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +8,7 @@ from mpi4py import MPI
 
 from .engine import AllreduceCall, Engine, mark_refused, mpi_reduces
 from .ops import Op, mpi_op
+from .peers import TorchPeers
 from .waiting import Deadline, wait
 
 
@@ -14,11 +17,16 @@ class MpiEngine(Engine):
 
     name = "mpi"
 
-    def __init__(self, comm: MPI.Intracomm):
+    def __init__(self, comm: MPI.Intracomm | TorchPeers):
         self.comm = comm
+        self._library = "MPI"
+        if isinstance(comm, TorchPeers):
+            self.name, self._library = "gloo", "gloo"
 
     def declines(self, call: AllreduceCall) -> str | None:
-        return None if mpi_reduces(call.dtype) else f"mpi: no MPI reduction for {call.dtype}"
+        if mpi_reduces(call.dtype):
+            return None
+        return f"{self.name}: no {self._library} reduction for {call.dtype}"
 
     def run(self, call: AllreduceCall, deadline: Deadline, prepared: object = None,
             agreed_first: np.ndarray | None = None) -> None:
@@ -29,7 +37,7 @@ class MpiEngine(Engine):
             mark_refused(exc)
             raise
         wait(request, deadline,
-             lambda: f"MPI_Iallreduce of {call.recv.size} x {call.dtype} to complete on all "
-                     f"{self.comm.Get_size()} ranks")
+             lambda: f"{self._library}'s allreduce of {call.recv.size} x {call.dtype} to "
+                     f"complete on all {self.comm.Get_size()} ranks")
         if call.op is Op.AVERAGE:
             np.divide(call.recv, self.comm.Get_size(), out=call.recv)

@@ -124,6 +124,9 @@ class BackgroundRuntime:
         # The negotiation already compared every rank's call: skip the per-call check.
         self.collectives = Collectives(
             comm, dataclasses.replace(settings, check_agreement=False), InaEngine)
+        switch = self.collectives.switch_engine
+        if switch is not None:  # (ina's engine: the kernels it runs, for stats)
+            self.collectives.stats.kernels = switch.kernels.name
         self.comm = self.collectives.comm
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.host = HostCollectives(self.collectives, settings.timeout)

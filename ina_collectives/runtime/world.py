@@ -11,9 +11,11 @@ are negotiated, fused and sent to the switch as a job of their own (or take the 
 independently of the other sets. Roots stay global ranks, as in Horovod; results of
 allgather are ordered by rank within the set.
 
-The module also keeps the process's *default group*: a torch.distributed backend
-registers a source of it (``provide_default_group``), so that the array API's
-``stats()`` and ``set_quorum()`` reach that group without knowing the binding.
+The module also keeps the process's *default group*: each API that starts the library
+without ``ina_collectives.init()`` registers a source of it (``provide_default_group``:
+the Horovod API's global set, torch.distributed's group of backend "ina" or a DDP hook's,
+the first mpi4py ``Intracomm``), so that the array API's ``stats()``, ``summary()`` and
+``set_quorum()`` reach that group without knowing the binding.
 """
 from __future__ import annotations
 
@@ -389,7 +391,8 @@ _default_sources: list[Callable[[], DefaultGroup | None]] = []
 
 def provide_default_group(source: Callable[[], DefaultGroup | None]) -> None:
     """Register a function that returns a binding's default group, or None while it has
-    none (torch.distributed's backend "ina" registers one when imported)."""
+    none (the Horovod API, torch.distributed's backend "ina" and ina_collectives.mpi
+    register one when imported; the first source that has a group answers)."""
     if source not in _default_sources:
         _default_sources.append(source)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..collectives.ops import check_quorum
+from ..collectives.stats import summarize
 from ..errors import CollectiveTimeout, InaError, OperationError, OperationTimeout
 from ..errors import OperationError as HorovodInternalError
 from ..runtime import world as _world
@@ -214,9 +215,35 @@ def rocm_built() -> bool:
 
 def stats(process_set: ProcessSet = global_process_set) -> dict[str, Any]:
     """Calls, bytes and engines of the set's reductions so far, fusion counters, and per
-    sparse tensor its hot rows and traffic ("sparse")."""
+    sparse tensor its hot rows and traffic ("sparse"); as ina_collectives.stats()
+    otherwise (the switch, this rank's packets, the kernels)."""
     runtime = _member(process_set, "stats").runtime
     return {**runtime.stats(), "sparse": table_stats(runtime)}
+
+
+def summary(process_set: ProcessSet = global_process_set) -> str:
+    """stats() in one paragraph, to print at the end of training (rank 0 only, say):
+    what the switch served, what took which other engine, why the switch did not
+    serve, its state, this rank's packets, the kernels (ina_collectives.summary())."""
+    return summarize(stats(process_set))
+
+
+class _GlobalSet:
+    """The global process set as ina_collectives.stats(), summary() and set_quorum()
+    see it after hvd.init() (runtime.world's default group)."""
+
+    def stats(self) -> dict[str, Any]:
+        return stats()
+
+    def set_quorum(self, k: int) -> None:
+        set_quorum(k)
+
+
+def _default_group() -> _GlobalSet | None:
+    return _GlobalSet() if _world.current() is not None else None
+
+
+_world.provide_default_group(_default_group)
 
 
 # -- handles -------------------------------------------------------------------------------
@@ -868,7 +895,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "stats", "HorovodInternalError",
+    "cuda_built", "rocm_built", "stats", "summary", "HorovodInternalError",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
