@@ -121,8 +121,16 @@ class TorchPeers:
         self._store, self._rank, self._size, self._timeout = store, rank, size, timeout
         self._prefix = prefix
         self._dups = itertools.count()
+        address = gloo_address()
+        if address is None:  # gloo's own choice: GLOO_SOCKET_IFNAME, else the hostname's
+            self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
+                                             timeout)
+            return
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size,
-                                         timeout)
+                                         options)
 
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names from here on
         return self._rank
@@ -207,6 +215,32 @@ class TorchPeers:
         if source == MPI.ANY_SOURCE:
             return Request(self._pg.recv_anysource([_tensor(_bytes(array))], tag))
         return Request(self._pg.recv([_tensor(_bytes(array))], source, tag))
+
+
+def gloo_address() -> str | None:
+    """The address this rank's gloo groups bind, where gloo's own choice would fail: with
+    GLOO_SOCKET_IFNAME unset, gloo binds the address the hostname resolves to, which is
+    a loopback one on many machines (Debian's /etc/hosts maps it to 127.0.1.1): its
+    peers on other hosts then connect to themselves and wait until the timeout. Where
+    MASTER_ADDR (torchrun's rendezvous host) is on another machine, this rank's address
+    on the route to it is one they reach. None: leave it to gloo (GLOO_SOCKET_IFNAME
+    set, no MASTER_ADDR, or a rendezvous on this machine)."""
+    import os
+    import socket
+
+    master = os.environ.get("MASTER_ADDR", "")
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not master:
+        return None
+    try:
+        remote = socket.gethostbyname(master)
+        if remote.startswith("127."):
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((remote, 9))  # a route lookup: nothing is sent
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if local.startswith("127.") else local
 
 
 def started_by_mpi() -> bool:

@@ -20,7 +20,7 @@ from ina_collectives import protocol as P
 from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
 from tests.conftest import ROOT, needs_root
-from tests.inputs import check_within_bound
+from tests.inputs import check_within_bound, make_input
 
 pytestmark = [pytest.mark.mpi, needs_root]
 
@@ -131,3 +131,77 @@ def test_a_job_on_two_hosts_is_served_by_a_switch_on_a_third(hosts, tmp_path):
     status = parse_status(sw.final_status)
     assert status["control"]["joins"] == 4, status
     assert status["drops"].get("unknown_worker") == 1, status
+
+
+def test_the_readmes_torchrun_recipe_on_two_hosts(hosts, tmp_path):
+    """The README's torchrun recipe, on each host: INA_SWITCH set, one torchrun per host,
+    backend "ina"; every all_reduce is served by the switch, with packets sized to the
+    MTU. No GLOO_SOCKET_IFNAME: the hostname resolves to 127.0.0.1 in every namespace
+    here, and the backend's gloo groups bind the address of the route to MASTER_ADDR
+    instead (collectives.peers.gloo_address); before, rank 0 waited for the timeout."""
+    names, _, mtu = hosts
+    switch_ip, master = f"{SUBNET}.4", f"{SUBNET}.2"
+    cases = [("float32", "sum", 3000, 1), ("float32", "average", 70_000, 3)]
+    params = json.dumps({"cases": cases})
+    with embedded_switch(host=switch_ip, launcher=["ip", "netns", "exec", names["s"]]) as sw:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), INA_SWITCH=sw.address_text,
+                   INA_REQUIRE_SWITCH="1",
+                   INA_SWITCH_MIN_BYTES="0", INA_RING_MIN_BYTES="0")
+        nodes = [subprocess.Popen(
+            ["ip", "netns", "exec", names[host], sys.executable, "-m",
+             "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+             "--nproc-per-node", "2", "--master-addr", master, "--master-port", "29500",
+             "-m", "tests.integration.test_hosts", params, str(tmp_path)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for node, host in enumerate("ab")]
+        outputs = []
+        try:
+            for node in nodes:
+                outputs.append(node.communicate(timeout=120)[0])
+        finally:
+            for node in nodes:
+                if node.poll() is None:
+                    node.kill()
+                    node.wait()
+        sw.stop()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
+    results = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(4)]
+    spaces = [r["netns"] for r in results]
+    assert spaces[0] == spaces[1] != spaces[2] == spaces[3], spaces
+    k = P.elements_for_mtu(mtu)
+    for i, case in enumerate(cases):
+        per_rank = [r["results"][i] for r in results]
+        assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
+        check_within_bound(per_rank[0], *case, 4, k=k)
+    for r in results:
+        assert r["stats"]["engines"] == {"ina": len(cases)}, r["stats"]
+        assert r["stats"]["switch"]["elements"] == k, r["stats"]["switch"]
+
+
+def torch_rank(params: dict, out: str) -> None:
+    """One rank of the torchrun recipe: init_process_group("ina") from torchrun's
+    environment, an all_reduce per case, its results, stats() and network namespace."""
+    import torch
+    import torch.distributed as dist
+
+    import ina_collectives
+    import ina_collectives.torch.distributed  # noqa: F401 - registers backend "ina"
+
+    dist.init_process_group("ina")
+    rank = dist.get_rank()
+    results = []
+    for dtype, op, count, seed in params["cases"]:
+        t = torch.from_numpy(make_input(dtype, op, count, seed, rank))
+        dist.all_reduce(t, op=dist.ReduceOp.AVG if op == "average" else dist.ReduceOp.SUM)
+        results.append(t.numpy())
+    stats = ina_collectives.stats()
+    dist.destroy_process_group()
+    record = {"results": results, "stats": stats, "netns": os.readlink("/proc/self/ns/net")}
+    path = os.path.join(out, f"rank{rank}.pkl")
+    with open(path + ".part", "wb") as f:
+        pickle.dump(record, f)
+    os.rename(path + ".part", path)
+
+
+if __name__ == "__main__":
+    torch_rank(json.loads(sys.argv[1]), sys.argv[2])
