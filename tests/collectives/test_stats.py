@@ -70,7 +70,7 @@ def test_without_an_mpi_job_the_exact_engine_is_named_gloo():
     assert snapshot["engines"] == {"gloo": 1}, snapshot
     assert snapshot["kernels"] is None, snapshot
     text = summarize(snapshot)
-    assert "1 took gloo" in text and "mpi" not in text and "Why not" not in text, text
+    assert "1 took gloo" in text and "took mpi" not in text and "Why not" not in text, text
 
 
 def test_an_intracomm_is_what_the_package_reports_without_init(monkeypatch):

@@ -109,6 +109,7 @@ def ddp_ops(comm: Any, p: dict) -> dict[str, Any]:
     out["stats"] = ina_dist.stats()
     import ina_collectives
     out["package_stats"] = ina_collectives.stats()  # without ina.init(): the default group's
+    out["package_summary"] = ina_collectives.summary()
     dist.destroy_process_group()
     return out
 
@@ -438,6 +439,7 @@ def ddp_hook(comm: Any, p: dict) -> dict[str, Any]:
         out["nan_grads"] = [_np(q.grad) for q in model.parameters()]
     if p["hook"]:
         out["stats"] = ina.stats()
+        out["summary"] = ina.summary()
     if p.get("bad_state"):  # a state neither None nor a ProcessGroup: refused, naming it
         def bad_state() -> None:
             model = DDP(_hook_model(0, torch.float32))

@@ -509,6 +509,7 @@ def intracomm_forms(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     dup.Free()
     out["inherited_bcast"] = ic.bcast("hello" if r == 0 else None, root=0)
     out["stats"] = ic.ina_stats()
+    out["summaries"] = (ic.ina_summary(), ina.summary())  # (no ina.init(): ic's)
 
     return out
 

@@ -39,6 +39,13 @@ def test_the_hook_on_gloo_matches_plain_gloo_ddp_and_the_switch_serves_the_bucke
         # The NaN of rank 1's input reached every rank's gradients, exactly.
         assert any(np.isnan(g).any() for g in out["nan_grads"]), out["nan_grads"]
         assert any("NaN or Inf" in reason for reason in stats["fallback_reasons"]), stats
+        # ina_collectives.summary() reports the hook's group: the NaN's bucket took
+        # gloo's allreduce (no MPI job under torchrun), for the switch's reason alone.
+        summary = out["summary"]
+        assert summary.startswith(f"ina served {stats['engines']['ina']} of "), summary
+        assert "took gloo" in summary and "took mpi" not in summary, summary
+        assert "Why not the switch: NaN or Inf in the input (exact path)" in summary, summary
+        assert "ring:" not in summary and summary.endswith("Kernels: compiled."), summary
     for a, b in zip(hooked[0]["nan_grads"], hooked[1]["nan_grads"]):
         np.testing.assert_array_equal(a, b)
     for dtype in TOLERANCE:  # every rank the same bits

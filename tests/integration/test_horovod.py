@@ -108,10 +108,15 @@ def test_every_operation_and_dtype(switch, through, tmp_path):
         assert out["allgather_object"] == [("rank", q, "x" * q) for q in range(n)]
         assert out["after_barrier_sees_file"] is True
         engines = out["stats"]["engines"]
+        ours, package = out["summaries"]  # hvd.summary(), ina_collectives.summary()
+        assert ours == package and ours.startswith(
+            f"ina served {engines.get('ina', 0)} of {out['stats']['calls']} calls"), ours
         if through == "switch":
             assert engines.get("ina", 0) > 0, out["stats"]
+            assert "Switch: serving" in ours and ours.endswith("Kernels: compiled."), ours
         else:
             assert "ina" not in engines, out["stats"]
+            assert "No switch configured" in ours and "Kernels" not in ours, ours
 
 
 @pytest.mark.mpi

@@ -34,6 +34,11 @@ def test_every_buffer_form_matches_mpi(n):
     stats = first["stats"]
     assert stats["engines"]["ring"] >= 6, stats
     assert stats["engines"].get("mpi", 0) >= 1, stats  # complex goes to MPI's reduction
+    ours, package = first["summaries"]  # ic.ina_summary(), ina_collectives.summary()
+    assert ours == package, (ours, package)
+    assert ours.startswith(f"ina served 0 of {stats['calls']} calls (0% of "), ours
+    assert f"{stats['engines']['ring']} took ring" in ours, ours
+    assert "No switch configured" in ours, ours
 
 
 @pytest.mark.mpi

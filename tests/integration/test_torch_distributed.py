@@ -90,10 +90,14 @@ def test_every_collective_and_dtype(switch, through):
             close(out[f"scatter/{dtype}"], as_np(torch_input(dtype, (3,), r, 40)), dtype)
         engines = out["stats"]["engines"]
         assert out["package_stats"]["engines"] == engines
+        summary = out["package_summary"]
+        assert summary.startswith(f"ina served {engines.get('ina', 0)} of "), summary
         if through == "switch":
             assert engines.get("ina", 0) > 0, out["stats"]
+            assert summary.endswith("Kernels: compiled."), summary
         else:
             assert "ina" not in engines, out["stats"]
+            assert "No switch configured" in summary, summary
 
 
 def test_ranks_that_disagree_get_torchs_error_on_every_rank():
@@ -262,6 +266,10 @@ def test_every_collective_under_torchrun(through):
                 [as_np(torch_input(dtype, (n * (n + 1) // 2,), q, 6))[start:start + r + 1]
                  for q in range(n)]), dtype)
         engines = out["stats"]["engines"]
+        # No MPI job: the exact calls took gloo's allreduce, and stats() says so.
+        assert engines.get("gloo", 0) > 0 and "mpi" not in engines, engines
+        summary = out["package_summary"]
+        assert f"{engines['gloo']} took gloo" in summary and "took mpi" not in summary, summary
         if through == "ina-run":  # the switch served the floats, with no MPI job
             assert engines.get("ina", 0) > 0, out["stats"]
             assert "job" in proc.stderr and "configured" in proc.stderr

@@ -107,6 +107,8 @@ def torch_ops(comm: Any, p: dict) -> dict[str, Any]:
     hvd.barrier()
     out["after_barrier_sees_file"] = os.path.exists(marker)
     out["stats"] = hvd.stats()
+    import ina_collectives
+    out["summaries"] = (hvd.summary(), ina_collectives.summary())  # (no ina.init())
     hvd.shutdown()
     return out
 
