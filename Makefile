@@ -37,7 +37,7 @@ endif
 export P4TOOLS_DIR
 
 demo: $(STAMP)
-	$(VENV)/bin/ina-run -np 4 -- $(PY) examples/train_mlp.py
+	$(VENV)/bin/ina-run -np 4 -- $(PY) examples/train_mlp.py --compare-ring
 
 test: $(STAMP) $(if $(AS_ROOT),$(NFT_STAMP))
 	$(PY) -m pytest

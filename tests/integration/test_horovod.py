@@ -608,9 +608,12 @@ def test_small_gradients_wait_to_be_fused_into_calls_the_switch_serves():
 
 
 @pytest.mark.mpi
-def test_training_demo_through_ina_run_matches_one_process():
-    """The README's main job, smaller: ina-run starts the embedded switch and 2 ranks;
-    the demo exits 0 only if its final loss is within its tolerance of one process's."""
+def test_training_demo_through_ina_run_matches_the_ring_and_says_why():
+    """The README's main job (`make demo`), smaller: ina-run starts the embedded switch
+    and 2 ranks, which train through the switch and then on the ring; the demo exits 0
+    only if the final losses agree within its tolerance, and rank 0 ends with the
+    summary, the waits of both runs and one line on why one machine favours the ring."""
+    import re
     import subprocess
     import sys
     from pathlib import Path
@@ -622,15 +625,27 @@ def test_training_demo_through_ina_run_matches_one_process():
                                                         "ina_collectives.launch"]
     proc = subprocess.run(
         [*command, "-np", "2", "--", sys.executable, str(root / "examples" / "train_mlp.py"),
-         "--epochs", "2", "--samples", "4096", "--hidden", "384"],
+         "--epochs", "2", "--samples", "4096", "--hidden", "384", "--compare-ring"],
         cwd=root, capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    assert ": OK" in output, output
-    epochs = [line for line in output.splitlines()
-              if line.split()[:1] in (["1"], ["2"]) and "{" in line]
-    assert len(epochs) == 2 and all("'ina'" in line for line in epochs), output
+    assert "; on the ring (exact sums): " in output and ": OK" in output, output
+    # (An epoch's line ends with the engines that served it.)
+    epochs = [line for line in proc.stdout.splitlines() if re.search(r"\{'\w+': \d+", line)]
+    assert len(epochs) == 4, output  # two epochs through the switch, two on the ring
+    assert all("'ina'" in line for line in epochs[:2]), output
+    assert not any("'ina'" in line for line in epochs[2:]), output
     assert "embedded ina-switch on 127.0.0.1:" in output, output
+    # Rank 0 alone ends with the summary, the waits and why, once each.
+    last = proc.stdout.strip().splitlines()[-3:]
+    assert re.search(r"Summary of the switch's run: ina served \d+ of \d+ calls .*"
+                     r"Kernels: compiled\.$", last[0]), output
+    assert re.search(r"Waiting for the gradients, per step: [0-9.]+ ms through the "
+                     r"switch, [0-9.]+ ms on the ring\.$", last[1]), output
+    assert "core(s) run the software switch and all 2 ranks" in last[2], output
+    assert last[2].endswith("To see INA pay: python -m bench.netsim --quick, as root "
+                            "(emulated, shaped links put the cores out of the way)."), output
+    assert proc.stdout.count("Summary of the switch's run") == 1, output
 
 
 def test_horovod_variables_set_the_shared_settings(monkeypatch):
