@@ -36,6 +36,7 @@ overlap: step_seconds). The JSON, a table (training.md) and two PNGs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -143,6 +144,30 @@ def straggler_wait(n: int, p: float, delay: float, quorum: bool) -> float:
     D (1 - (1-p)^n); a quorum that leaves the late one out, about p D (its own lateness,
     and the spread of the lags, not modelled)."""
     return p * delay if quorum else delay * (1 - (1 - p) ** n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lateness:
+    """The transient stragglers actually drawn over a run's timed steps: the steps with
+    a late rank (sync waits D on each) and those with two or more (a quorum of n - 1
+    waits on those alone, where the late rank takes the results completed without it
+    and catches up on the communication the others wait for)."""
+
+    steps: int
+    any_late: int
+    several_late: int
+
+    @classmethod
+    def drawn(cls, n: int, seed: int, steps: int, p: float) -> Lateness:
+        from .training_ranks import late_steps
+        late = [late_steps(seed, rank, steps, p) for rank in range(n)]
+        per_step = [sum(ranks) for ranks in zip(*late)]
+        return cls(steps, sum(k >= 1 for k in per_step), sum(k >= 2 for k in per_step))
+
+    def ideal(self, step: float, delay: float) -> float:
+        """Quorum n - 1 over sync, time for the timed steps, with these draws."""
+        return ((self.steps * step + self.any_late * delay)
+                / (self.steps * step + self.several_late * delay))
 
 
 # -- running -------------------------------------------------------------------------------
@@ -326,10 +351,17 @@ def report(records: list[dict[str, Any]], args: argparse.Namespace,
     ideal = ina_step / ideal_step("ina", True)
     lines.append(f"priority+overlap over fifo (ina): "
                  f"{ratio(find('ina'), find('ina', mode='priority'))} (ideal {ideal:.2f}x)")
-    ideal = ((ina_step + straggler_wait(args.n, args.p, delay, False))
-             / (ina_step + straggler_wait(args.n, args.p, delay, True)))
+    expected = ((ina_step + straggler_wait(args.n, args.p, delay, False))
+                / (ina_step + straggler_wait(args.n, args.p, delay, True)))
+    drawn = Lateness.drawn(args.n, args.seed, args.steps, args.p)
+    lines.insert(len(lines) - 3, (
+        f"transient stragglers drawn (seed {args.seed}): {drawn.any_late} of "
+        f"{drawn.steps} timed steps have a late rank (expected "
+        f"{1 - (1 - args.p) ** args.n:.0%}), {drawn.several_late} have two or more; "
+        f"ideal {drawn.ideal(ina_step, delay):.2f}x for these draws, {expected:.2f}x "
+        f"for the expected ones"))
     lines.append(f"quorum over sync, transient stragglers: {ratio(sync_t, quorum_t)} "
-                 f"(ideal {ideal:.2f}x)")
+                 f"(ideal {drawn.ideal(ina_step, delay):.2f}x)")
     return rows, lines
 
 

@@ -188,7 +188,8 @@ def main() -> None:
             trained.register_comm_hook(None, allreduce_hook)
         opt, barrier = sgd, dist.barrier
         stats = ina_dist.stats if system != "gloo" else (lambda: {})
-    straggle = random.Random(cfg["seed"] * 1000 + rank)
+    late_at = (late_steps(cfg["seed"], rank, cfg["steps"], cfg["p"])
+               if cfg["scenario"] == "transient" else [])
     kept: list[tuple[float, int, torch.Tensor]] = []
     marks: list[float] = []
     steps = cfg["steps"]
@@ -203,7 +204,7 @@ def main() -> None:
         if step == WARMUP + steps - 1:
             device.t0, device.recording = time.perf_counter(), True
         late = 0.0
-        if step >= WARMUP and cfg["scenario"] == "transient" and straggle.random() < cfg["p"]:
+        if step >= WARMUP and late_at and late_at[step - WARMUP]:
             late = cfg["delay_ms"] / 1e3
         if step >= WARMUP and cfg["scenario"] == "slow" and rank == n - 1:
             late = cfg["delay_ms"] / 1e3
@@ -251,6 +252,14 @@ def main() -> None:
         hvd.shutdown()
     else:
         dist.destroy_process_group()
+
+
+def late_steps(seed: int, rank: int, steps: int, p: float) -> list[bool]:
+    """Whether ``rank`` is late at each timed step of the transient scenario: one draw a
+    step from the rank's own generator (bench.training reads the same draws for the
+    ideal of the draws made)."""
+    draw = random.Random(seed * 1000 + rank)
+    return [draw.random() < p for _ in range(steps)]
 
 
 if __name__ == "__main__":

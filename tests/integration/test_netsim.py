@@ -179,3 +179,17 @@ def test_the_training_arithmetic_of_a_step():
     assert 1.0 < ring / ina < 1.5 and allreduce_seconds("ina16", 4, 1 << 20, 200,
                                                          9000) < 0.6 * ina
     assert straggler_wait(4, 0.1, 1.0, False) == pytest.approx(1 - 0.9 ** 4)
+
+
+def test_the_straggler_ideal_counts_the_draws_made():
+    """The transient scenario's ideal from the late steps the ranks drew (the same
+    generator as bench.training_ranks): with the defaults' seed 7, 23 of 40 timed steps
+    have a late rank (the expected share is 34%) and 3 have two or more."""
+    from bench.training import Lateness
+    from bench.training_ranks import late_steps
+    drawn = Lateness.drawn(4, 7, 40, 0.1)
+    assert (drawn.any_late, drawn.several_late) == (23, 3)
+    assert sum(any(r) for r in zip(*(late_steps(7, q, 40, 0.1) for q in range(4)))) == 23
+    # sync waits D on 23 steps, the quorum on 3: (40 s + 23 D) / (40 s + 3 D)
+    assert drawn.ideal(1.0, 2.0) == pytest.approx((40 + 46) / (40 + 6))
+    assert Lateness.drawn(4, 7, 40, 0.0).ideal(1.0, 2.0) == 1.0
