@@ -1,6 +1,7 @@
 # The README's two commands: `make demo` (the main job: 4 ranks train through the embedded
 # switch) and `make test` (the whole suite). `make check`: lint (ruff, cython-lint) and the
-# unit tests that need no launcher (pytest -m "not mpi and not slow"), in about a minute.
+# unit tests that need no launcher (pytest -m "not mpi and not slow"), in about a minute;
+# `make lint` the linters alone (CI runs them before the suite).
 # `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/;
 # `make netsim` the emulated-network benchmark (quick mode).
 # Each sets up .venv on first use (and again when the package's metadata changes).
@@ -9,7 +10,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check bench netsim clean
+.PHONY: demo test lint check bench netsim clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt $(wildcard _fast/*.pyx _fast/*.pxd _fast/*.pxi _fast/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,9 +43,11 @@ demo: $(STAMP)
 test: $(STAMP) $(if $(AS_ROOT),$(NFT_STAMP))
 	$(PY) -m pytest
 
-check: $(STAMP)
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint _fast/
+
+check: lint
 	$(PY) -m pytest -m "not mpi and not slow"
 
 bench: $(STAMP)
