@@ -8,6 +8,7 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     ... loss.backward(); optimizer.step() ...
+    print(hvd.summary())    # what the switch served, what took the ring and why
 
 Launch with ``ina-run -np 4 -- python train.py`` (an embedded software switch serves the
 float allreduces) or plain ``mpiexec`` (INA_SWITCH names a switch; without one every

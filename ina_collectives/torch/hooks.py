@@ -12,8 +12,8 @@ the first bucket), which serves float32, float16 and bfloat16 buckets through th
 where it serves and exactly elsewhere (NaN or Inf in a gradient, no switch: the ring or
 gloo), averaged over the group's ranks as DDP averages. The future it returns completes
 from the runtime's thread, so DDP overlaps the buckets with the backward pass.
-``ina_collectives.stats()`` counts the hook's calls. FSDP's reduce-scatter is not a DDP
-hook and gains nothing from a switch (docs/ddp.md).
+``ina_collectives.stats()`` and ``summary()`` report the hook's calls. FSDP's
+reduce-scatter is not a DDP hook and gains nothing from a switch (docs/ddp.md).
 """
 # (No "from __future__ import annotations": DDP checks the hook's annotations as objects.)
 from typing import Any
