@@ -382,7 +382,8 @@ _warned: set[str] = set()
 def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Log, once per process and name, each INA_* variable that no setting reads (a
     misspelling is otherwise ignored), with the closest known name; the names. A
-    launcher's rank other than 0 logs at debug level: the job says it once."""
+    launcher's rank other than 0 logs at debug level, and so does every rank under
+    ina-run (INA_RUN_DIR set), which says it itself: the job says it once."""
     import difflib
     import logging
 
@@ -391,7 +392,8 @@ def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
     # Job-wide (the launcher gives every rank the same environment): rank 0 says it.
     rank = next((environ[v] for v in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
                                       "RANK") if environ.get(v, "").isdigit()), "0")
-    level = logging.WARNING if rank == "0" else logging.DEBUG
+    level = (logging.WARNING if rank == "0" and not environ.get(env_name("run_dir"))
+             else logging.DEBUG)
     for variable in unknown:
         if variable in _warned:
             continue

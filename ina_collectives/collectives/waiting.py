@@ -21,6 +21,9 @@ def watch_run(run_dir: str) -> None:
     sets it for each rank; empty: none to look for). The process's ranks share one."""
     global _run_failed
     _run_failed = os.path.join(run_dir, "failed") if run_dir else None
+    if run_dir:  # and an exception that ends this rank is recorded there as it is raised
+        from ..launch.rank import record_raises
+        record_raises(run_dir)
 
 
 def peer_failure() -> str | None:

@@ -53,17 +53,21 @@ import argparse
 import json
 import os
 import random
+import shutil
+import signal
 import socket
 import sys
 import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AggregatorUnavailable, LaunchError
+from ..settings import env_name
 from . import horovodrun
 from .ranks import (
+    detached,
     find_mpiexec,
     run_ranks,
     run_torchrun,
@@ -73,24 +77,6 @@ from .ranks import (
 # K of the embedded switch's pipeline. Its P4Info lists one register per element, which
 # p4runtime-shell's pure-Python protobuf loads slowly (docs/control.md has the numbers).
 EMBEDDED_ELEMENTS = 4096
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -140,9 +126,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                      help="S of the job (default INA_SWITCH_SLOTS or 8)")
     job.add_argument("--slot-base", type=int, default=0,
                      help="first slot of the job in the target's register pool")
-    job.add_argument("--elements", type=int, default=0,
-                     help=f"K of the embedded switch's pipeline (default INA_SWITCH_ELEMENTS "
-                          f"or {EMBEDDED_ELEMENTS}); a P4 target's K is its build's")
+    job.add_argument("--elements", type=int, default=0, metavar="K",
+                     help="K, the values in each of the job's packets: every rank, on "
+                          "every host, gets INA_SWITCH_ELEMENTS=K. Default: each rank sizes "
+                          "its packets to the MTU of its path to the switch when it joins, "
+                          "and the job takes the smallest (the embedded switch's P4Runtime "
+                          f"pipeline holds {EMBEDDED_ELEMENTS}). A P4 target's K is its "
+                          "build's")
     hosts = parser.add_argument_group("several hosts (-H or --hostfile naming other machines)")
     hosts.add_argument("--address", metavar="ADDR",
                        help="this machine's address as the other hosts reach it: the "
@@ -159,6 +149,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="what starts the ranks: mpiexec (default: MPI ranks, for the "
                              "Horovod API and mpi4py) or torchrun (torch.distributed's "
                              "ranks, for backend 'ina' without MPI)")
+    parser.add_argument("--no-rank-prefix", dest="rank_prefix", action="store_false",
+                        help="leave the ranks' output lines as they write them; by default "
+                             "each line starts with its rank, '[1] Traceback ...' (as "
+                             "mpiexec -prepend-rank, but whole lines)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program each rank runs (after an optional --)")
     args = parser.parse_args(argv)
@@ -172,6 +166,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--p4runtime needs --p4info and --device-config")
     if args.p4runtime and args.switch == "none":
         parser.error("--p4runtime and --switch none contradict each other")
+    if args.elements < 0:
+        parser.error(f"--elements must be 1 or more (K of each packet), got {args.elements}")
+    if args.elements and args.p4runtime:
+        parser.error("--elements: a P4 target's K is its build's (the ranks are told it); "
+                     "leave --elements out with --p4runtime")
     if args.aggregators < 1 or (args.aggregators > 1 and args.switch != "embedded"):
         parser.error("--aggregators N (1 or more) is for --switch embedded; name running "
                      "aggregators in --switch, or targets in --p4runtime, instead")
@@ -234,12 +233,14 @@ def p4_extra_installed() -> bool:
 
 def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                    targets: list[str], p4info: Path, device_config: Path,
-                   switch_addresses: list[str], push: str) -> int:
+                   switch_addresses: list[str], push: str,
+                   alive: Callable[[], bool] | None = None) -> int:
     """Configure the job through a controller on each target (one job id, the ranks'
     ports of each), run the ranks striped across them, tear the job down on each.
     p4runtime-shell holds one session per process, so each target is configured, and
     later torn down, in a session of its own (a target keeps its entries when the
-    controller disconnects)."""
+    controller disconnects). ``alive``: whether the targets still run (the embedded
+    switches): a job on a stopped one went with it, and its teardown is skipped."""
     from ..control import Controller, JobSpec
     from ..settings import Settings
 
@@ -261,7 +262,7 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
             jobs.append(job)
             builds.append(build)
             # (The target's P4Info as this session left it: not read back again.)
-            stack.callback(_teardown_in_session, session, target, job, known)
+            stack.callback(_teardown_in_session, session, target, job, known, alive)
             print(f"ina-run: job {job.job_id} configured on {target} (K {build.k}, "
                   f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
         kinds = {(b.k, b.block, b.value_bits) for b in builds}
@@ -302,9 +303,14 @@ def bmv2_config(device_config: Path) -> bool:
     return isinstance(config, dict) and {"parsers", "pipelines"} <= config.keys()
 
 
-def _teardown_in_session(session: Any, target: str, job: Any, known: Any) -> None:
+def _teardown_in_session(session: Any, target: str, job: Any, known: Any,
+                         alive: Callable[[], bool] | None = None) -> None:
     from ..control import ControlError
 
+    if alive is not None and not alive():
+        print(f"ina-run: the switch at {target} stopped, and job {job.job_id} with it",
+              file=sys.stderr, flush=True)
+        return
     try:
         with session(target, "never", known) as controller:
             controller.teardown(job)
@@ -341,10 +347,11 @@ def start_ranks(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> 
         say(f"{args.np} rank(s), environment for them: "
             + (" ".join(f"{k}={v}" for k, v in sorted(given.items())) or "unchanged"))
     if args.launcher == "torchrun":
-        return run_torchrun(args.np, args.command, env, verbose=args.verbose)
+        return run_torchrun(args.np, args.command, env, verbose=args.verbose,
+                            prefix=args.rank_prefix)
     return run_ranks(args.np, args.command, env, mpiexec,
                      start_timeout=start_left(args, None), verbose=args.verbose,
-                     hosts=hydra_hosts(args))
+                     hosts=hydra_hosts(args), prefix=args.rank_prefix)
 
 
 def hydra_hosts(args: argparse.Namespace) -> list[str]:
@@ -361,19 +368,23 @@ def hydra_hosts(args: argparse.Namespace) -> list[str]:
     return line
 
 
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.start_by = (None if args.start_timeout is None
                      else time.monotonic() + args.start_timeout)
     from ..control import ControlError
+    from ..settings import warn_unknown_variables
 
     try:
-        mpiexec = find_mpiexec()
-        env = dict(os.environ, **horovodrun.environment(args))
+        # A misspelt INA_* variable is said once, here: the ranks leave it to ina-run.
+        warn_unknown_variables(os.environ)
+        mpiexec = find_mpiexec() if args.launcher == "mpiexec" else ""
+        env = ranks_environment(args, os.environ)
+        if not args.remote_hosts:  # (other hosts may hold what this one lacks)
+            args.command = runnable(args.command, args.launcher)
+        warn_overridden_switch(args, os.environ)
         if args.verbose:
-            say(f"mpiexec {mpiexec}; hosts: "
+            say(f"{args.launcher} {mpiexec or 'torch.distributed.run'}; hosts: "
                 + (", ".join(f"{name} ({slots} slot(s))" for name, slots in args.host_list)
                    if args.host_list else "this machine"))
         if args.switch == "none":
@@ -411,6 +422,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LaunchError, ControlError, ValueError, RuntimeError, OSError) as exc:
         print(f"ina-run: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the ranks started (they pass it on themselves)
+        print("ina-run: interrupted (Ctrl-C) before the ranks started", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def ranks_environment(args: argparse.Namespace, environ: Mapping[str, str]
+                      ) -> dict[str, str]:
+    """The ranks' environment before the switch's settings: ``environ``, the variables
+    of horovodrun's setting options, and INA_SWITCH_ELEMENTS with --elements (mpiexec
+    passes the environment on to the ranks of every host, which then use that K)."""
+    env = dict(environ, **horovodrun.environment(args))
+    if args.elements:
+        env[env_name("switch_elements")] = str(args.elements)
+    return env
+
+
+def runnable(command: list[str], launcher: str) -> list[str]:
+    """``command`` as each rank runs it: a Python script named first runs with this
+    Python where it is not executable (as torchrun runs one); LaunchError, before
+    anything starts, for a first word that cannot be run here."""
+    first = command[0]
+    if first.endswith(".py") and os.path.isfile(first) and (
+            launcher == "torchrun" or not os.access(first, os.X_OK)):
+        return [sys.executable, *command]
+    if os.sep in first:
+        if not os.path.exists(first):
+            raise LaunchError(f"cannot run {first!r}: no such file")
+        if os.path.isdir(first) or not os.access(first, os.X_OK):
+            raise LaunchError(f"cannot run {first!r}: it is not an executable file "
+                              f"(chmod +x it, or name its interpreter: -- bash {first})")
+    elif shutil.which(first, path=os.environ.get("PATH")) is None:
+        raise LaunchError(f"cannot run {first!r}: no such command on PATH")
+    return command
+
+
+def warn_overridden_switch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """One line when an exported INA_SWITCH gives way to the switch ina-run starts (or
+    its P4 targets' addresses): the ranks get ina-run's, and --switch takes that one."""
+    given = environ.get("INA_SWITCH")
+    if given is None or args.switch != "embedded":
+        return
+    print(f"ina-run: warning: INA_SWITCH={given} is overridden: the ranks get the address "
+          f"of the {'P4 target' if args.p4runtime else 'switch ina-run starts'}; to use "
+          + (f"the one at {given}: --switch {given}" if given.strip() else
+             "no switch: --switch none"), file=sys.stderr, flush=True)
 
 
 def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> int:
@@ -419,16 +475,17 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
     from ..switch.embedded import embedded_switch
 
     configured = p4_extra_installed() and not args.remote_hosts
-    if not configured:
-        print("ina-run: " + ("the ranks of several hosts join the embedded switch "
-                             "themselves" if args.remote_hosts else
-                             "the p4 extra is not installed: the ranks join the embedded "
-                             "switch themselves (no P4Runtime)"), file=sys.stderr, flush=True)
+    if args.remote_hosts:
+        say("the ranks of several hosts join the embedded switch themselves")
+    elif not configured and args.verbose:  # (the usual case: said only when asked)
+        say("the p4 extra is not installed: the ranks join the embedded switch themselves "
+            "(no P4Runtime)")
     with ExitStack() as stack:
         try:
             switches = [stack.enter_context(embedded_switch(
                 *args.switch_arg, host=args.address or "127.0.0.1", p4runtime=configured,
-                start_timeout=start_left(args, 15.0))) for _ in range(args.aggregators)]
+                start_timeout=start_left(args, 15.0), launcher=detached()))
+                for _ in range(args.aggregators)]
         except RuntimeError as exc:
             if args.start_timeout is None:
                 raise
@@ -447,7 +504,9 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
             code = run_configured(args, env, mpiexec,
                                   [switch.p4runtime_address for switch in switches],
                                   files / "ina_aggregator.p4info.txt",
-                                  files / "device_config", addresses, "always")
+                                  files / "device_config", addresses, "always",
+                                  alive=lambda: all(s.process.poll() is None
+                                                    for s in switches))
         else:
             env["INA_SWITCH"] = ",".join(addresses)
             code = start_ranks(args, env, mpiexec)

@@ -1,10 +1,18 @@
-"""What ina-run starts as each rank: ``python rank.py DIR COMMAND...``.
+"""What ina-run starts as each rank: ``python rank.py [--prefix] DIR COMMAND...``.
 
 It runs COMMAND as its child and writes the child's exit to ``DIR/rank<r>.exit`` (JSON:
-rank, pid, returncode as subprocess gives it, negative for a signal, and the wall-clock
-time), so that ina-run can say which rank failed first and how; ``DIR/rank<r>.pid``
-holds the child's pid (and process group) while it runs. Then it exits with the child's
-code, or 128 + N if signal N killed it.
+rank, pid, returncode as subprocess gives it, negative for a signal, and ``at``, the
+moment on this machine's monotonic clock), so that ina-run can say which rank failed
+first and how; ``DIR/rank<r>.pid`` holds the child's pid (and process group) while it
+runs. Then it exits with the child's code, or 128 + N if signal N killed it. A Python
+rank that initialises ina_collectives also records an exception that ends it, at the
+moment it is raised (``DIR/rank<r>.raised``: record_raises), before its exit, which
+MPI's finalisation can hold up until the other ranks end.
+
+With ``--prefix``, each line the child writes to stdout or stderr goes out as one write
+with ``[r] `` before it (as ``mpiexec -prepend-rank`` would, but whole lines: Hydra's
+prefixes each chunk it forwards, so two ranks' lines could mix mid-line). A line left
+unfinished for HOLD_SECONDS (a prompt, a progress bar) goes out as it stands.
 
 The child gets everything the launcher gave this process (environment, file
 descriptors: the PMI connection is one), runs in its own process group, and dies with
@@ -20,10 +28,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import sysconfig
+import threading
 import time
+import traceback
+from typing import Any
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # Hydra run with -disable-auto-cleanup sends SIGUSR1 to the processes it started when a
@@ -31,11 +44,19 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # kill healthy ranks (Python's default action); ina-run's own watch handles failures.
 IGNORED = (signal.SIGUSR1,)
 PR_SET_PDEATHSIG = 1
+# How long the start of a line waits for its end before it goes out as it stands.
+HOLD_SECONDS = 1.0
+# After the child ended: how long its output may take to drain (a process it started
+# may still hold the pipes).
+DRAIN_SECONDS = 1.0
+# ina-run writes it into DIR when it passes a Ctrl-C (or SIGTERM) on to the ranks.
+INTERRUPTED = "interrupted"
 
 
 def rank_of(environ: os._Environ[str] | dict[str, str]) -> int:
-    """The rank the launcher gave this process (Hydra: PMI_RANK; PMIx; Open MPI)."""
-    for name in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"):
+    """The rank the launcher gave this process (Hydra: PMI_RANK; PMIx; Open MPI;
+    torchrun: RANK)."""
+    for name in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "RANK"):
         if environ.get(name, "").isdigit():
             return int(environ[name])
     return -1
@@ -83,9 +104,114 @@ def _die_with_parent(parent: int) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
+# -- a raise recorded when it happens (in the rank's own process) --------------------------
+
+def where_raised(tb: Any, package: str) -> str:
+    """``file:line in function`` of the innermost frame of ``tb`` in the program's own
+    code: outside ``package`` (a folder), the standard library and installed packages,
+    the line that called into them (where a Ctrl-C stopped a rank waiting in a call);
+    else the innermost frame; '' without frames."""
+    frames = traceback.extract_tb(tb)
+    libraries = tuple(os.path.join(os.path.realpath(sysconfig.get_path(name)), "")
+                      for name in ("stdlib", "platstdlib", "purelib", "platlib"))
+
+    def own(filename: str) -> bool:
+        if filename.endswith((".pyx", ".pxd", ".pxi")) or filename.startswith("<frozen"):
+            return False  # a compiled module's source (_fast/x.pyx), the import system
+        if not os.path.isabs(filename):  # python -c's <string>, an exec'd text
+            return True
+        path = os.path.realpath(filename)
+        return not path.startswith((package, *libraries))
+
+    frame = ([f for f in frames if own(f.filename)] or frames or [None])[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}" if frame else ""
+
+
+def record_raises(folder: str) -> bool:
+    """Under ina-run (``folder``: the rank's run folder, INA_RUN_DIR): an exception that
+    ends this process is written to ``folder/rank<r>.raised`` as it reaches the top
+    (sys.excepthook), before the exit's MPI_Finalize, which waits for the other ranks:
+    ina-run then names the rank that raised first, not one that failed because of it.
+    After a Ctrl-C that ina-run passed on (its INTERRUPTED mark in ``folder``), the
+    KeyboardInterrupt's traceback is left out: ina-run says where each rank stopped, in
+    one line. Installed once per process; whether it is installed now."""
+    rank = rank_of(os.environ)
+    previous = sys.excepthook
+    if not folder or rank < 0 or getattr(previous, "ina_run_folder", None) == folder:
+        return False
+    me = os.getpid()
+    package = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if os.getpid() != me:  # a process this rank forked: not the rank
+            previous(kind, value, tb)
+            return
+        interrupt = issubclass(kind, KeyboardInterrupt)
+        text = str(value).strip().splitlines()
+        _write(os.path.join(folder, f"rank{rank}.raised"), {
+            "rank": rank, "pid": me, "returncode": 128 + signal.SIGINT if interrupt else 1,
+            "at": time.monotonic(), "where": where_raised(tb, package),
+            "raised": kind.__name__ + (f": {text[0][:200]}" if text else "")})
+        if interrupt and os.path.exists(os.path.join(folder, INTERRUPTED)):
+            return
+        previous(kind, value, tb)
+
+    hook.ina_run_folder = folder  # type: ignore[attr-defined]
+    sys.excepthook = hook
+    return True
+
+
+# -- the child's output, a rank prefix on each line ------------------------------------------
+
+def _write_all(sink: int, data: bytes) -> bool:
+    """Write all of ``data``; False once the sink is gone (its reader ended)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(sink, view):]
+        except BrokenPipeError:
+            return False
+    return True
+
+
+def relay(source: int, sink: int, prefix: bytes, hold: float = HOLD_SECONDS) -> None:
+    """Copy ``source`` to ``sink`` until end of file, ``prefix`` at the start of every
+    line (ended by \\n or \\r: a progress bar's redraws keep it); the lines of each read
+    in one write. The start of a line waits for its end up to ``hold`` seconds."""
+    held = b""        # the start of a line, not ended yet
+    at_start = True   # whether the next byte out starts a line
+    alive = True      # whether the sink still takes output
+    while True:
+        ready, _, _ = select.select([source], [], [], hold if held else None)
+        if not ready:  # a line unfinished for a while (a prompt): out as it stands
+            alive = alive and _write_all(sink, (prefix if at_start else b"") + held)
+            held, at_start = b"", False
+            continue
+        try:
+            data = os.read(source, 1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        text = held + data
+        # The lines up to the last end of line (a \r last may be the first half of \r\n).
+        body = text[:-1] if text.endswith(b"\r") else text
+        end = max(body.rfind(b"\n"), body.rfind(b"\r")) + 1
+        held = text[end:]
+        if end and alive:
+            lines = text[:end].splitlines(keepends=True)
+            alive = _write_all(sink, b"".join(
+                (prefix if i or at_start else b"") + line for i, line in enumerate(lines)))
+            at_start = True
+    if held and alive:
+        _write_all(sink, (prefix if at_start else b"") + held)
+
+
 def main(argv: list[str]) -> int:
+    prefix = bool(argv) and argv[0] == "--prefix"
+    argv = argv[1:] if prefix else argv
     if len(argv) < 2:
-        print("usage: rank.py DIR COMMAND...", file=sys.stderr)
+        print("usage: rank.py [--prefix] DIR COMMAND...", file=sys.stderr)
         return 2
     folder, command = argv[0], argv[1:]
     rank = rank_of(os.environ)
@@ -108,15 +234,24 @@ def main(argv: list[str]) -> int:
         signal.signal(s, forward)
     for s in IGNORED:
         signal.signal(s, signal.SIG_IGN)
+    pipes = subprocess.PIPE if prefix and rank >= 0 else None
     try:
         child = subprocess.Popen(command, close_fds=False, process_group=0,
                                  env=torch_environment(os.environ, rank),
+                                 stdout=pipes, stderr=pipes,
                                  preexec_fn=lambda: _die_with_parent(me))
     except OSError as exc:
         print(f"ina-run: rank {rank}: cannot run {command[0]!r}: {exc}", file=sys.stderr)
         _write(base + ".exit", {"rank": rank, "pid": None, "returncode": 127,
-                                "time": time.time(), "error": str(exc)})
+                                "at": time.monotonic(), "error": str(exc)})
         return 127
+    relays = []
+    if pipes is not None:
+        for source, sink in ((child.stdout, 1), (child.stderr, 2)):
+            assert source is not None
+            relays.append(threading.Thread(target=relay, daemon=True, args=(
+                source.fileno(), sink, f"[{rank}] ".encode())))
+            relays[-1].start()
     _write(base + ".pid", {"rank": rank, "pid": child.pid, "wrapper": me})
     for signum in pending:
         forward(signum, None)
@@ -127,7 +262,10 @@ def main(argv: list[str]) -> int:
         except InterruptedError:
             continue
     _write(base + ".exit", {"rank": rank, "pid": child.pid, "returncode": code,
-                            "time": time.time()})
+                            "at": time.monotonic()})
+    drained_by = time.monotonic() + DRAIN_SECONDS
+    for thread in relays:
+        thread.join(max(0.0, drained_by - time.monotonic()))
     # A signal becomes 128 + N, as a shell reports it: a rank that ends by a signal makes
     # Hydra kill the whole job at once, even with -disable-auto-cleanup, and ina-run
     # gives the others a grace period instead (the record above keeps the signal).

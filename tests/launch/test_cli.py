@@ -1,25 +1,33 @@
 """ina-run: the job's exit code, the embedded switch's address in the ranks' environment,
 clear errors for a missing command or a malformed switch address (a missing launcher:
 tests/control/test_controller.py), MPI never initialised by the launcher itself, and a rank that
-fails: named, the others told and stopped within a bound, no process left. horovodrun's
+fails: named (the first, by the moment it failed), the others told and stopped within a
+bound, no process left; the ranks' lines prefixed with their rank; a Ctrl-C to the
+terminal's process group ending the job at once, one line per rank. horovodrun's
 options: hosts on this machine only, the setting options as the ranks' variables, the
-unsupported ones refused by name, --verbose, and --start-timeout's bounds."""
+unsupported ones refused by name, --verbose, and --start-timeout's bounds. The small
+things: --elements in every rank's environment, an exported INA_SWITCH overridden with a
+word, a script torchrun would take, a command that cannot run."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from ina_collectives.errors import LaunchError
 from ina_collectives.launch import cli as launch
 from ina_collectives.launch import horovodrun
 from ina_collectives.launch.ranks import describe_exit, exit_code_of
 from ina_collectives.switch.embedded import embedded_switch
+from tests.conftest import ROOT, _child_env
 
 PRINT_SWITCH = "import os; print('switch=' + os.environ.get('INA_SWITCH', '?'))"
 
@@ -131,26 +139,37 @@ def test_a_rank_s_end_is_described_and_coded_as_a_shell_reports_it():
     assert [exit_code_of(c) for c in (3, -9, -15, 0)] == [3, 137, 143, 0]
 
 
-# (One job: a rank killed by a signal. A rank's exit code takes the same path through
-# the rank wrapper, and its words and code are the test above.)
+# (Two jobs: a rank killed by a signal, and one that raises. A rank's exit code takes the
+# signal's path through the rank wrapper, and its words and code are the test above.)
 @pytest.mark.mpi
 @pytest.mark.parametrize("end, words, code", [
     ("os.kill(os.getpid(), signal.SIGKILL)", "was killed by signal 9 (SIGKILL)", 128 + 9),
+    ("raise RuntimeError('on purpose')",
+     "raised RuntimeError: on purpose at {script}:9 in <module>", 1),
 ])
 def test_a_failed_rank_is_named_and_the_others_stop_within_the_bound(ina_run, tmp_path,
                                                                         end, words, code):
-    """Rank 1 of 3 dies (SIGKILL) after an allreduce through the embedded switch: ina-run
-    names it, the others raise CollectiveTimeout naming it at once (not after
-    INA_TIMEOUT, 300 s here), are stopped within the grace period, and the job is
-    removed from the switch; ina-run exits with 128 + 9."""
+    """Rank 1 of 3 dies (SIGKILL), or raises, after an allreduce through the embedded
+    switch: ina-run names it, the others raise CollectiveTimeout naming it at once (not
+    after INA_TIMEOUT, 300 s here), are stopped within the grace period, and the job is
+    removed from the switch; ina-run exits with 128 + 9, or Python's 1. The raising rank
+    is named every time: it is recorded as it raises, where its exit waits in
+    MPI_Finalize for the others, which end first (they used to be named, after 300 s).
+    Each rank's lines carry its rank."""
     script = tmp_path / "rank.py"
     script.write_text(DYING_RANK.format(rank=1, end=end))
     start = time.monotonic()
     proc = ina_run("-np", "3", "--", sys.executable, str(script), timeout=60)
     took = time.monotonic() - start
     assert proc.returncode == code, proc.stderr
-    pid = re.search(r"ina-run: rank 1 \(pid (\d+)\) " + re.escape(words), proc.stderr)
+    pid = re.search(r"ina-run: rank 1 \(pid (\d+)\) " + re.escape(words.format(script=script)),
+                    proc.stderr)
     assert pid, proc.stderr
+    assert len(re.findall(r"^ina-run: rank \d", proc.stderr, re.M)) == 1, proc.stderr
+    for rank in range(3):  # each line of a rank's output starts with its rank
+        assert f"[{rank}] pid=" in proc.stdout, proc.stdout
+    if "raise" in end:
+        assert "[1] RuntimeError: on purpose\n" in proc.stderr, proc.stderr
     # The others learn it from their bounded waits, named: well before INA_TIMEOUT.
     for rank in (0, 2):
         told = re.search(rf"rank {rank} after ([\d.]+) s: .*ina-run: rank 1 \(pid",
@@ -163,6 +182,66 @@ def test_a_failed_rank_is_named_and_the_others_stop_within_the_bound(ina_run, tm
     pids = [int(p) for p in re.findall(r"pid=(\d+)", proc.stdout)]
     assert len(pids) == 3 and int(pid.group(1)) in pids, proc.stdout
     assert not _alive(pids), _alive(pids)
+    assert not _leftovers(str(script)), _leftovers(str(script))
+
+
+LOOPING_RANK = """\
+import numpy as np
+import ina_collectives as ina
+ina.init()
+x = np.ones(300_000, np.float32)
+ina.allreduce(x)
+print(f"ready {ina.rank()}", flush=True)
+while True:
+    ina.allreduce(x)
+"""
+
+
+@pytest.mark.mpi
+def test_ctrl_c_ends_the_job_at_once_with_one_line_per_rank(tmp_path):
+    """A terminal's Ctrl-C is SIGINT to its whole foreground process group. It reaches
+    ina-run alone (mpiexec and the embedded switch run in sessions of their own), which
+    passes it to each rank once, tears the job down on the switch while it runs, then
+    stops the switch: exit 130 within 2 s on an idle machine (about 1.1 s measured on a
+    loaded one; bound 10 s here), with one line per rank saying where it stopped, and no
+    Hydra assert, no P4Runtime error, no false timeout, no KeyboardInterrupt traceback."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOPING_RANK)
+    proc = subprocess.Popen([sys.executable, "-m", "ina_collectives.launch", "-np", "3", "--",
+                             sys.executable, str(script)], cwd=ROOT, env=_child_env(None),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        while sum("] ready " in line for line in lines) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(10)
+    output = "".join(lines)
+    assert proc.returncode == 130, output
+    assert took < 10, (took, output)
+    for noise in ("assert (!closed)", "CRITICAL", "arbitration", "Traceback",
+                  "CollectiveTimeout", "did not"):
+        assert noise not in output, (noise, output)
+    stopped = re.findall(r"^ina-run: rank (\d) \(pid \d+\) stopped by Ctrl-C at (.*)$",
+                         output, re.M)
+    assert sorted(r for r, _ in stopped) == ["0", "1", "2"], output
+    assert {where for _, where in stopped} == {f"{script}:8 in <module>"}, output
+    assert len(re.findall(r"^ina-run: rank \d", output, re.M)) == 3, output
+    # The job left the switch before it stopped (its final status: no job left).
+    assert re.search(r"ina-switch 127\.0\.0\.1:\d+: .*p4runtime_jobs=0 ", output) or \
+        "no P4Runtime" in output, output
     assert not _leftovers(str(script)), _leftovers(str(script))
 
 
@@ -411,3 +490,102 @@ def test_every_communicator_of_an_installed_job_uses_the_switch(ina_run, tmp_pat
         assert result["sums"] == {"world": 2.0, "dup": 2.0, "self": 1.0}, result
         assert result["engines"] == {"world": {"ina": 1}, "dup": {"ina": 1},
                                      "self": {"ina": 1}}, result
+
+
+# -- the small things ---------------------------------------------------------------------
+
+def test_elements_reach_every_rank_through_the_environment(capsys):
+    """--elements K is the ranks' INA_SWITCH_ELEMENTS whatever the path (mpiexec passes
+    the environment to the ranks of every host, which join the switch themselves);
+    without it the ranks size their packets. A P4 target's K is its build's."""
+    args = launch.parse_args(["-np", "2", "-H", "localhost:1,node7:1", "--address",
+                              "10.0.0.1", "--elements", "320", "true"])
+    env = launch.ranks_environment(args, {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "INA_SWITCH_ELEMENTS": "320"}
+    assert "INA_SWITCH_ELEMENTS" not in launch.ranks_environment(
+        launch.parse_args(["-np", "2", "true"]), {})
+    assert "--elements must be 1 or more" in _refused(capsys, "-np", "1", "--elements", "-5",
+                                                      "true")
+    err = _refused(capsys, "-np", "1", "--elements", "64", "--p4runtime", "h:9559",
+                   "--p4info", "x", "--device-config", "y", "true")
+    assert "a P4 target's K is its build's" in err, err
+
+
+@pytest.mark.parametrize("given, switch, words", [
+    ("10.0.0.5:47474", [], "INA_SWITCH=10.0.0.5:47474 is overridden: the ranks get the "
+                           "address of the switch ina-run starts; to use the one at "
+                           "10.0.0.5:47474: --switch 10.0.0.5:47474"),
+    ("", [], "to use no switch: --switch none"),
+    ("10.0.0.5:47474", ["--switch", "10.0.0.6:47474"], None),  # the one named wins, quietly
+    (None, [], None),
+])
+def test_an_exported_switch_that_ina_run_overrides_is_named_once(capsys, given, switch,
+                                                                 words):
+    args = launch.parse_args(["-np", "1", *switch, "true"])
+    launch.warn_overridden_switch(args, {} if given is None else {"INA_SWITCH": given})
+    err = capsys.readouterr().err
+    if words is None:
+        assert err == ""
+    else:
+        assert err.count("\n") == 1 and err.startswith("ina-run: warning: ") and \
+            words in err, err
+
+
+def test_a_script_torchrun_would_take_runs_and_a_command_that_cannot_is_named(tmp_path):
+    """A .py file first: torchrun runs it with Python, and so does ina-run (under
+    mpiexec where it is not executable); what cannot run here fails before anything
+    starts, saying why."""
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    assert launch.runnable([str(script), "--lr", "1"], "torchrun") == [
+        sys.executable, str(script), "--lr", "1"]
+    assert launch.runnable([str(script)], "mpiexec") == [sys.executable, str(script)]
+    script.chmod(0o755)
+    assert launch.runnable([str(script)], "mpiexec") == [str(script)]
+    assert launch.runnable(["python3", "x.py"], "torchrun") == ["python3", "x.py"]
+    tool = tmp_path / "tool.sh"
+    tool.write_text("echo hi\n")
+    for command, words in (([str(tool)], "it is not an executable file (chmod +x it, or "
+                                         f"name its interpreter: -- bash {tool})"),
+                           ([str(tmp_path / "gone")], "no such file"),
+                           (["no-such-program-here"], "no such command on PATH")):
+        with pytest.raises(LaunchError, match=re.escape(words)):
+            launch.runnable(command, "mpiexec")
+
+
+def test_without_the_p4_extra_the_usual_path_is_said_only_with_verbose(monkeypatch, capsys):
+    """No P4Runtime: the ranks join the embedded switch themselves, the usual case for
+    most users: ina-run says so only with --verbose."""
+    monkeypatch.setattr(launch, "p4_extra_installed", lambda: False)
+    seen = {}
+
+    def ranks(args, env, mpiexec):
+        seen["switch"] = env["INA_SWITCH"]
+        return 0
+
+    monkeypatch.setattr(launch, "start_ranks", ranks)
+    for verbose in ([], ["--verbose"]):
+        args = launch.parse_args(["-np", "1", *verbose, "true"])
+        args.start_by = None
+        assert launch.run_embedded(args, {}, "mpiexec") == 0
+        err = capsys.readouterr().err
+        assert ("the p4 extra is not installed" in err) == bool(verbose), err
+        assert seen["switch"].startswith("127.0.0.1:") and seen["switch"] in err
+
+
+def test_a_misspelt_variable_is_said_once_by_ina_run_not_again_by_a_rank(caplog):
+    """ina-run says it before the ranks start; under ina-run (INA_RUN_DIR set) rank 0
+    leaves it at debug level, where without ina-run it says it itself."""
+    import logging
+
+    from ina_collectives import settings
+    caplog.set_level(logging.DEBUG, logger="ina_collectives")
+    for environ, level in (({"INA_SWITCH_ELEMNTS": "1"}, logging.WARNING),
+                           ({"INA_SWITCH_ELEMNTS": "1", "PMI_RANK": "0",
+                             "INA_RUN_DIR": "/tmp/x"}, logging.DEBUG),
+                           ({"INA_SWITCH_ELEMNTS": "1", "PMI_RANK": "0"}, logging.WARNING)):
+        settings._warned.discard("INA_SWITCH_ELEMNTS")
+        caplog.clear()
+        assert settings.warn_unknown_variables(environ) == ["INA_SWITCH_ELEMNTS"]
+        assert [r.levelno for r in caplog.records] == [level], caplog.records
+        assert "did you mean INA_SWITCH_ELEMENTS?" in caplog.records[0].getMessage()
