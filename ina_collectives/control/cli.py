@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ControlError
+from ..helpformat import DefaultsHelpFormatter
 from .controller import Controller
 from .job import JobSpec, load_workers
 
@@ -17,7 +18,7 @@ DESCRIPTION = ("What ina-run does through the controller, by hand, for ranks sta
 
 
 def _parser() -> argparse.ArgumentParser:
-    defaults = argparse.ArgumentDefaultsHelpFormatter
+    defaults = DefaultsHelpFormatter
     target = argparse.ArgumentParser(add_help=False)
     common = target.add_argument_group("the target")
     common.add_argument("--target", required=True, metavar="HOST:PORT",

@@ -10,6 +10,7 @@ import socket
 import sys
 
 from .. import protocol as P
+from ..helpformat import DefaultsHelpFormatter
 from .server import SoftwareSwitch
 from .shards import Shards
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         __version__ = "(not installed)"
 
     parser = argparse.ArgumentParser(prog="ina-switch", description=DESCRIPTION,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} (wire format {P.PROTOCOL_VERSION})")
     parser.add_argument("--host", default="127.0.0.1",
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         flag = "--" + name.replace("_ms", "").replace("_", "-") + ("-ms" if "delay" in name else "")
         faults.add_argument(flag, dest=name, type=float, default=0.0,
                             help="fault injection: " + (
-                                "this worker id's packets are held back (in every job)"
+                                "the worker id whose packets --straggler-delay-ms "
+                                "holds back (in every job)"
                                 if name == "straggler_worker" else
                                 "nonzero: no answer to a PROBE of job 0 (as a P4 switch)"
                                 if name == "probes_from_installed_only" else
