@@ -27,25 +27,37 @@ group and the result rewrites, and resets the job's registers; the ranks get the
 and their ports (INA_JOB, INA_WORKER_PORTS), K and S, and check their entries with a
 probe. Afterwards it removes the job and stops the embedded switch, whatever happened.
 Without the p4 extra, the embedded switch is started without P4Runtime and the ranks
-join it themselves (the plain-mpiexec path).
+join it themselves (the plain-mpiexec path; said with --verbose). --elements K is every
+rank's INA_SWITCH_ELEMENTS on every path; without it each rank sizes its packets to its
+path's MTU when it joins. An exported INA_SWITCH gives way to the switch ina-run starts,
+with a warning (--switch HOST:PORT uses a running one).
 
-Each rank starts through rank.py, which records its pid and how it ended
-in a temporary folder, and Hydra runs with -disable-auto-cleanup: ina-run does the
-cleanup. When a rank fails (a non-zero exit or a signal), ina-run prints which, e.g.
-``ina-run: rank 1 (pid 1234) was killed by signal 9 (SIGKILL)`` (the first to fail);
-the others' bounded waits raise CollectiveTimeout at once, naming that rank; they get
-GRACE_SECONDS (5) to end, then SIGTERM, then SIGKILL 3 s later, so no rank is left and
-ina-run never waits unbounded; the job is then removed from the switch as after any
-run. (A rank that ends with sys.exit(code) while the others still call runs mpi4py's
-MPI_Finalize at exit, which waits for them: it has not ended, and the others see it
-only at INA_TIMEOUT.) Ctrl-C and SIGTERM are passed to the ranks, with the same bounds.
+Each rank starts through rank.py, which records its pid and how it ended in a
+temporary folder (a Python rank that initialises the library also records an exception
+that ends it, as it is raised: its exit may wait in MPI_Finalize for the ranks that fail
+because of it), and Hydra runs with -disable-auto-cleanup: ina-run does the cleanup.
+When a rank fails (an exception, a non-zero exit or a signal), ina-run names the first
+by the moment it failed, e.g. ``ina-run: rank 1 (pid 1234) raised ValueError: ... at
+train.py:12 in step`` or ``... was killed by signal 9 (SIGKILL)``; the others' bounded
+waits raise CollectiveTimeout at once, naming that rank; they get GRACE_SECONDS (5) to
+end, then SIGTERM, then SIGKILL 3 s later, so no rank is left and ina-run never waits
+unbounded; the job is then removed from the switch as after any run. (A rank that ends
+with sys.exit(code) while the others still call runs mpi4py's MPI_Finalize at exit,
+which waits for them: it has not ended, and the others see it only at INA_TIMEOUT.)
 
-Exit code: the failed rank's code, or 128 + N when signal N killed it; 128 + N when
-ina-run itself got signal N (Ctrl-C: 130); else the job's (0). 2 when the launcher or
-the target is missing, the embedded switch cannot start, the target refuses the job,
-(with --require-switch) a given switch does not answer, or (with --start-timeout) the
-switch or a rank did not start in time; without --require-switch a silent
---switch HOST:PORT is a warning and the ranks take the ring.
+Each line a rank writes starts with its rank, ``[1] Traceback ...`` (--no-rank-prefix:
+as written). mpiexec, torchrun and the embedded switch run in sessions of their own, so
+a terminal's Ctrl-C (or SIGTERM, SIGHUP) reaches ina-run alone, which passes it to each
+rank once (a second one stops them at once), with the same bounds, tears the job down on
+the switch and stops the switch, and says in one line per rank where it stopped.
+
+Exit code: the failed rank's code (1 for an exception), or 128 + N when signal N
+killed it; 128 + N when ina-run itself got signal N (Ctrl-C: 130); else the job's (0).
+2 when the launcher or the target is missing, the embedded switch cannot start, the
+target refuses the job, (with --require-switch) a given switch does not answer, the
+command cannot run here, or (with --start-timeout) the switch or a rank did not start
+in time; without --require-switch a silent --switch HOST:PORT is a warning and the
+ranks take the ring.
 """
 from __future__ import annotations
 

@@ -202,8 +202,8 @@ def test_ctrl_c_ends_the_job_at_once_with_one_line_per_rank(tmp_path):
     """A terminal's Ctrl-C is SIGINT to its whole foreground process group. It reaches
     ina-run alone (mpiexec and the embedded switch run in sessions of their own), which
     passes it to each rank once, tears the job down on the switch while it runs, then
-    stops the switch: exit 130 within 2 s on an idle machine (about 1.1 s measured on a
-    loaded one; bound 10 s here), with one line per rank saying where it stopped, and no
+    stops the switch: exit 130, 0.8 to 1.8 s after the signal as measured on a loaded
+    2-core machine (bound 10 s here), with one line per rank saying where it stopped, no
     Hydra assert, no P4Runtime error, no false timeout, no KeyboardInterrupt traceback."""
     script = tmp_path / "loop.py"
     script.write_text(LOOPING_RANK)
