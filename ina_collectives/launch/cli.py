@@ -484,6 +484,7 @@ def warn_overridden_switch(args: argparse.Namespace, environ: Mapping[str, str])
 def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) -> int:
     from ..control import schema, write_p4info
     from ..settings import Settings
+    from ..switch import status_summary
     from ..switch.embedded import embedded_switch
 
     configured = p4_extra_installed() and not args.remote_hosts
@@ -524,6 +525,8 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
             code = start_ranks(args, env, mpiexec)
         for switch in switches:
             switch.stop()
-            print(f"ina-run: {switch.final_status}", file=sys.stderr, flush=True)
+            print(f"ina-run: {switch.final_status}" if args.verbose else
+                  f"ina-run: {status_summary(switch.final_status)} (--verbose: its "
+                  f"counters)", file=sys.stderr, flush=True)
         return code
 

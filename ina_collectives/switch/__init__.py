@@ -10,6 +10,6 @@ line is ``key=value`` fields (``parse_status`` reads one).
 """
 from .cli import main
 from .faults import send_faults
-from .server import SoftwareSwitch, parse_status
+from .server import SoftwareSwitch, parse_status, status_summary
 
-__all__ = ["SoftwareSwitch", "send_faults", "parse_status", "main"]
+__all__ = ["SoftwareSwitch", "send_faults", "parse_status", "status_summary", "main"]

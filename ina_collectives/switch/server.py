@@ -399,3 +399,31 @@ def parse_status(line: str) -> dict[str, object]:
             raise ValueError(f"status line field {word!r} is not key=value "
                              f"(lists name:count,...): {exc}") from None
     return status
+
+
+def status_summary(line: str) -> str:
+    """A status line (status_text) in words, for a person at the end of a job: what the
+    switch added up, what it did for lost packets, and what it dropped and why."""
+    s = parse_status(line)
+    where = s.get("address", "?")
+    results, packets = s.get("results", 0), s.get("in", 0)
+    if not results:
+        return (f"the switch at {where} returned no results ({packets} packets in): no "
+                f"call went through it" + _left_installed(s))
+    text = f"the switch at {where} returned {results} results, adding {packets} packets"
+    again = [f"{s[key]} {what}" for key, what in (
+        ("retransmits_answered", "packets sent again"),
+        ("result_requests", "requests for lost results")) if s.get(key)]
+    if again:
+        text += "; it answered " + " and ".join(again)
+    drops = s.get("drops") or {}
+    if drops:
+        text += "; dropped " + ", ".join(
+            f"{count} ({reason.replace('_', ' ')})" for reason, count in drops.items())
+    return text + _left_installed(s)
+
+
+def _left_installed(s: dict) -> str:
+    """The jobs a controller installed that are still there (a job's teardown failed)."""
+    left = s.get("p4runtime_jobs", 0)
+    return f"; {left} job(s) still installed over P4Runtime" if left else ""

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 
-from ina_collectives.switch import parse_status
 from tests.conftest import ROOT, _child_env
 
 torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip install "
@@ -45,10 +44,11 @@ def ina_run(*args: str, env: dict[str, str] | None = THROUGH_THE_SWITCH,
 
 
 def switch_results(stderr: str) -> int:
-    """The results the embedded switch sent, from its final status line."""
-    found = re.search(r"ina-switch 127\.0\.0\.1:\d+: .*", stderr)
+    """The results the embedded switch sent, from ina-run's closing line about it."""
+    found = re.search(r"ina-run: the switch at 127\.0\.0\.1:\d+ returned (\d+) results",
+                      stderr)
     assert found, stderr
-    return parse_status(found.group(0))["results"]
+    return int(found.group(1))
 
 
 def every_rank_served_by_the_switch(stdout: str) -> list[float]:

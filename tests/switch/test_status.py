@@ -39,3 +39,19 @@ def test_the_status_line_reads_back_field_by_field():
 def test_a_line_it_cannot_read_is_named(line, words):
     with pytest.raises(ValueError, match=words):
         parse_status(line)
+
+
+def test_the_closing_line_in_words():
+    """What ina-run prints of the embedded switch at the end (the counters with
+    --verbose): results and packets, the losses answered, the drops by reason, and a
+    job a controller left installed."""
+    from ina_collectives.switch import status_summary
+    line = status_text("127.0.0.1:47474", _counters(
+        drops={"duplicate_in_progress": 101}, jobs={}))
+    text = status_summary(line)
+    assert text.startswith("the switch at 127.0.0.1:47474 returned 4 results, adding "
+                           "10 packets"), text
+    assert "dropped 101 (duplicate in progress)" in text and "still installed" not in text
+    idle = status_summary("ina-switch h:1: in=3 out=0 results=0 p4runtime_jobs=1 drops=none")
+    assert idle == ("the switch at h:1 returned no results (3 packets in): no call went "
+                    "through it; 1 job(s) still installed over P4Runtime"), idle
