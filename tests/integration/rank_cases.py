@@ -118,25 +118,6 @@ def quorum_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 
 
 @case
-def repair_lost_chunks(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
-    """repair_share on a share of p["chunks"] chunks of p["k"] elements (the last one
-    short), each rank missing the chunks p["missing"][rank]: a lost chunk's elements are
-    zero here, the others hold the chunk number plus one. Returns the repaired values,
-    the ranges left to the ring and the count repaired."""
-    from ina_collectives.ina.repair import repair_share
-
-    chunks, k = p["chunks"], p["k"]
-    size = chunks * k - 3
-    out = np.repeat(np.arange(1, chunks + 1, dtype=np.float32), k)[:size]
-    missing = np.array(p["missing"][comm.rank], np.int64)
-    for j in missing.tolist():
-        out[j * k:(j + 1) * k] = 0
-    ranges, repaired = repair_share(comm, 0, chunks, missing, out, size, k,
-                                    lambda request, what: request.Wait())
-    return {"out": out, "ring": ranges, "repaired": repaired}
-
-
-@case
 def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """A NaN on one rank and an Inf on another (at p["at"] and 2 further, of p["size"]
     values of p["dtype"]): the exact path, chosen for this call; then a clean call."""

@@ -182,22 +182,6 @@ def test_quorum_calls_do_not_wait_for_a_straggler_and_the_bound_waits_for_it():
 
 
 @pytest.mark.mpi
-def test_each_lost_chunk_comes_from_a_rank_that_has_it_and_only_chunks_none_has_go_to_the_ring():
-    """repair_share on 3 ranks: no rank has every lost chunk (rank 0 lacks 1, rank 1 lacks
-    1 and 3, rank 2 lacks 3 and the short last chunk), yet each is held by some rank: all
-    are repaired with no ring. Chunk 4, lost everywhere, is the ring's alone."""
-    chunks, k = 6, 8
-    results = mpirun.run(N, "repair_lost_chunks", {
-        "chunks": chunks, "k": k, "missing": [[1, 4], [1, 3, 4], [3, 4, 5]]}, timeout=60)
-    want = np.repeat(np.arange(1, chunks + 1, dtype=np.float32), k)[:chunks * k - 3]
-    want[4 * k:5 * k] = 0
-    for r in results:
-        assert r["ring"] == [(4 * k, 5 * k)], r["ring"]
-        assert r["repaired"] == 3, r
-        assert r["out"].tolist() == want.tolist()
-
-
-@pytest.mark.mpi
 def test_a_lagging_rank_that_loses_results_takes_them_from_a_peer():
     """Quorum 2 of 3, rank 2's packets held back 30 ms, and 10% of the switch's packets
     lost on the way out: a rank whose result is lost after the others moved its cell on

@@ -1,0 +1,266 @@
+"""Multi-rank unit tests in one process: a communicator per thread, with the part of
+mpi4py's Intracomm the library calls (Get_rank, Get_size, Dup, Free; Iallreduce,
+Iallgather, Iallgatherv, Ibcast, Ibarrier and their blocking forms; the lowercase object
+forms allreduce, allgather and bcast), so that a collective path runs at n = 2-4 with no
+launcher:
+
+    results = run_ranks(3, lambda comm: repair_share(comm, ...))
+
+Each rank's k-th collective meets the others' k-th (as MPI matches them, by order on a
+communicator). A request completes, in Test() or Wait(), once every rank has made the
+call; each rank then computes the result from copies of every rank's contribution taken
+when it made the call. A rank that never makes a call leaves the others' requests open:
+their bounded waits (collectives.waiting.wait) end with CollectiveTimeout, as with MPI.
+A rank that raises is reported by run_ranks, with its rank, after the others end.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+_REDUCE = [(MPI.SUM, np.add), (MPI.PROD, np.multiply), (MPI.MIN, np.minimum),
+           (MPI.MAX, np.maximum), (MPI.BAND, np.bitwise_and), (MPI.BOR, np.bitwise_or),
+           (MPI.BXOR, np.bitwise_xor), (MPI.LAND, np.logical_and),
+           (MPI.LOR, np.logical_or)]
+
+
+def _ufunc(op: Any) -> np.ufunc:
+    for mpi_op, ufunc in _REDUCE:
+        if op == mpi_op:  # (MPI.Op objects are not hashable)
+            return ufunc
+    raise ValueError(f"the thread communicator has no reduction for {op}")
+
+
+def _array(spec: Any) -> tuple[np.ndarray, list[int] | None, list[int] | None]:
+    """An mpi4py buffer spec as used by the library: an array, [array, MPI type] or
+    [array, counts, displacements, MPI type] (counts in the array's elements)."""
+    if isinstance(spec, (list, tuple)):
+        if len(spec) == 2:
+            return np.asarray(spec[0]), None, None
+        return np.asarray(spec[0]), list(spec[1]), list(spec[2])
+    return np.asarray(spec), None, None
+
+
+class _Meeting:
+    """One collective call: each rank's contribution, and whatever a call makes once
+    (a Dup's new shared state)."""
+
+    def __init__(self, n: int, kind: str):
+        self.kind, self.parts, self.arrived = kind, [None] * n, 0
+        self.made: Any = None
+
+
+class _Shared:
+    """What the ranks of one communicator share: the calls under way, by number."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.lock = threading.Condition()
+        self.meetings: dict[int, _Meeting] = {}
+
+
+class Request:
+    """A collective call of one rank: Test() completes it once every rank made it."""
+
+    def __init__(self, shared: _Shared, number: int, finish: Callable[[list[Any]], None]):
+        self._shared, self._number, self._finish, self._done = shared, number, finish, False
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's names
+        if self._done:
+            return True
+        with self._shared.lock:
+            meeting = self._shared.meetings[self._number]
+            if meeting.arrived < self._shared.n:
+                return False
+            parts = list(meeting.parts)
+        self._finish(parts)
+        self._done = True
+        return True
+
+    def Wait(self, timeout: float = 60.0) -> None:  # noqa: N802
+        """Block until complete; RuntimeError after ``timeout`` s (a test's own bound)."""
+        end = time.monotonic() + timeout
+        with self._shared.lock:
+            while self._shared.meetings[self._number].arrived < self._shared.n:
+                if not self._shared.lock.wait(max(0.0, end - time.monotonic())):
+                    raise RuntimeError(f"call {self._number} "
+                                       f"({self._shared.meetings[self._number].kind}) "
+                                       f"waited {timeout:g} s for the other ranks")
+        self.Test()
+
+    def Cancel(self) -> None:  # noqa: N802
+        pass
+
+
+class ThreadComm:
+    """Rank ``rank`` of a communicator whose ranks are threads of this process."""
+
+    def __init__(self, shared: _Shared, rank: int):
+        self._shared, self._rank, self._calls = shared, rank, 0
+
+    @classmethod
+    def world(cls, n: int) -> list[ThreadComm]:
+        shared = _Shared(n)
+        return [cls(shared, r) for r in range(n)]
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self._rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._shared.n
+
+    rank = property(Get_rank)
+    size = property(Get_size)
+
+    def _meet(self, kind: str, part: Any, finish: Callable[[list[Any]], None],
+              make: Callable[[], Any] | None = None) -> Request:
+        shared, number = self._shared, self._calls
+        self._calls += 1
+        with shared.lock:
+            meeting = shared.meetings.setdefault(number, _Meeting(shared.n, kind))
+            if meeting.kind != kind:
+                raise RuntimeError(f"rank {self._rank}'s call {number} is {kind}, another "
+                                   f"rank's {meeting.kind}: the ranks' calls differ")
+            if make is not None and meeting.made is None:
+                meeting.made = make()
+            meeting.parts[self._rank] = part
+            meeting.arrived += 1
+            shared.lock.notify_all()
+        return Request(shared, number, finish)
+
+    # -- buffers -------------------------------------------------------------------------
+
+    def Iallreduce(self, send: Any, recv: Any, op: Any = MPI.SUM) -> Request:  # noqa: N802
+        dst, _, _ = _array(recv)
+        src = dst if send is MPI.IN_PLACE else _array(send)[0]
+        ufunc = _ufunc(op)
+
+        def finish(parts: list[np.ndarray]) -> None:
+            total = parts[0].copy()
+            for part in parts[1:]:
+                total = ufunc(total, part)
+            dst.reshape(-1)[:] = total.reshape(-1)
+        return self._meet("allreduce", np.array(src, copy=True).reshape(-1), finish)
+
+    def Iallgather(self, send: Any, recv: Any) -> Request:  # noqa: N802
+        src, dst = _array(send)[0], _array(recv)[0]
+
+        def finish(parts: list[np.ndarray]) -> None:
+            flat = dst.reshape(-1).view(np.uint8)
+            width = parts[0].size
+            for r, part in enumerate(parts):
+                flat[r * width:(r + 1) * width] = part
+        return self._meet("allgather", np.ascontiguousarray(src).reshape(-1)
+                          .view(np.uint8).copy(), finish)
+
+    def Iallgatherv(self, send: Any, recv: Any) -> Request:  # noqa: N802
+        src = _array(send)[0]
+        dst, counts, displs = _array(recv)
+
+        def finish(parts: list[np.ndarray]) -> None:
+            flat = dst.reshape(-1)
+            for part, count, at in zip(parts, counts, displs):
+                flat[at:at + count] = part[:count]
+        return self._meet("allgatherv", np.array(src, copy=True).reshape(-1)
+                          .view(dst.dtype), finish)
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
+        array = _array(buf)[0]
+
+        def finish(parts: list[Any]) -> None:
+            if self._rank != root:
+                array.reshape(-1)[:] = parts[root]
+        part = np.array(array, copy=True).reshape(-1) if self._rank == root else None
+        return self._meet(f"bcast from {root}", part, finish)
+
+    def Ibarrier(self) -> Request:  # noqa: N802
+        return self._meet("barrier", None, lambda parts: None)
+
+    def Allreduce(self, send: Any, recv: Any, op: Any = MPI.SUM) -> None:  # noqa: N802
+        self.Iallreduce(send, recv, op).Wait()
+
+    def Allgather(self, send: Any, recv: Any) -> None:  # noqa: N802
+        self.Iallgather(send, recv).Wait()
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        self.Ibcast(buf, root).Wait()
+
+    def Barrier(self) -> None:  # noqa: N802
+        self.Ibarrier().Wait()
+
+    # -- objects -------------------------------------------------------------------------
+
+    def _objects(self, kind: str, obj: Any) -> list[Any]:
+        got: list[Any] = []
+        self._meet(kind, copy.deepcopy(obj), got.extend).Wait()
+        return [copy.deepcopy(x) for x in got]
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self._objects("allgather object", obj)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self._objects(f"bcast object from {root}", obj)[root]
+
+    def allreduce(self, obj: Any, op: Any = MPI.SUM) -> Any:
+        parts = self._objects("allreduce object", obj)
+        ufunc = _ufunc(op)
+        total = parts[0]
+        for part in parts[1:]:
+            total = ufunc(total, part)
+        return total.item() if isinstance(total, np.generic) else total
+
+    # -- communicators -------------------------------------------------------------------
+
+    def Dup(self) -> ThreadComm:  # noqa: N802
+        """Another communicator over the same ranks (collective, by order, as MPI's)."""
+        n = self._shared.n
+        made: list[_Shared] = []
+        request = self._meet("dup", None, lambda parts: None, make=lambda: _Shared(n))
+        with self._shared.lock:
+            made.append(self._shared.meetings[request._number].made)
+        return ThreadComm(made[0], self._rank)
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+class RankFailed(AssertionError):
+    """A rank of run_ranks raised: the first such rank, and its exception as the cause."""
+
+
+def run_ranks(n: int, body: Callable[[ThreadComm], Any], timeout: float = 60.0
+              ) -> list[Any]:
+    """``body(comm)`` on n ranks, a thread each; their results by rank. A rank that
+    raises is reported (RankFailed, from its exception) once every thread has ended or
+    ``timeout`` s passed; a thread still running then fails the test, naming its rank
+    (the thread is a daemon: it ends with the process)."""
+    comms = ThreadComm.world(n)
+    results: list[Any] = [None] * n
+    errors: list[tuple[int, BaseException]] = []
+
+    def one(rank: int) -> None:
+        try:
+            results[rank] = body(comms[rank])
+        except BaseException as exc:  # reported below, with the rank
+            errors.append((rank, exc))
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"rank {r}", daemon=True)
+               for r in range(n)]
+    for thread in threads:
+        thread.start()
+    end = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
+    stuck = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
+    also = f" (rank(s) {stuck} still run after {timeout:g} s)" if stuck else ""
+    if errors:  # (a rank that raised first: the others may wait for it)
+        rank, exc = min(errors, key=lambda e: e[0])
+        raise RankFailed(f"rank {rank} raised {type(exc).__name__}: {exc}{also}") from exc
+    if stuck:
+        raise RankFailed(f"rank(s) {stuck} still run after {timeout:g} s")
+    return results
