@@ -882,7 +882,8 @@ cdef class Aggregator(FaultInjection):
                 return
             if older and (behind != 0 or not job.opened[cell] & 1):
                 # (An opening's offset is the call's identity, not a chunk's: only an
-                # earlier call is older than an opened cell.) In sync no worker needs a chunk its cell has moved past (a worker uses
+                # earlier call is older than an opened cell.) In sync no worker needs a
+                # chunk its cell has moved past (a worker uses
                 # the cell again only after every worker had the result of the slot's
                 # other cell, sent after this one's reached them all): a delayed copy, a
                 # first send or a resend alike. Opening the cell with it would stall its
