@@ -17,7 +17,7 @@ NaN/Inf in the input or a failed aggregator give the call back to the chooser
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
@@ -31,13 +31,16 @@ from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .aggregators import Aggregators
-from .link import StreamResult, WorkerLink
+from .link import WorkerLink
 from .opening import open_call
 from .outcome import vote
 from .preparing import Prepared, prepare, window_size
 from .quorum import Quorum
 from .repair import repair_share
 from .striping import Shares, Streams
+
+if TYPE_CHECKING:
+    from .._fast.transport import Result
 
 NONFINITE = "ina: NaN or Inf in the input (exact path)"
 
@@ -113,7 +116,7 @@ class InaEngine(Engine):
         s, agg = self.settings, self.aggregators
         link = agg.link
         k = link.k if link is not None else agg.elements or s.switch_elements
-        gso = link.send_state[0] if link is not None else s.switch_gso
+        gso = link.wire.gso if link is not None else s.switch_gso
         share_of = (dict(zip(agg.serving(), np.diff(self._shares(1 << 20)) / (1 << 20)))
                     if link is not None else {})
         return {"protocol": P.PROTOCOL_VERSION, "elements": k, "path_mtu": agg.path_mtu,
@@ -229,9 +232,9 @@ class InaEngine(Engine):
         s = self.settings
         # Numbered as the next switch call will be: the switch orders a cell's uses by
         # call number (a quorum's late packets of earlier calls are dropped as late).
-        outcome, window, counters = open_call(link, ident, prepared,
-                                              self.quorum.calls + 1, s, deadline)
-        self._account(link, StreamResult(True, "", counters, np.zeros(0, np.int64)))
+        outcome, window, result = open_call(link, ident, prepared,
+                                            self.quorum.calls + 1, s, deadline)
+        self._account(link, result)
         if outcome == "mismatch":
             # The ranks may have opened different slots, some of which wait for packets
             # that never come: a new epoch leaves every cell idle (docs/protocol.md).
@@ -315,7 +318,7 @@ class InaEngine(Engine):
         return prepared, agreed_first
 
     def _finish_by_vote(self, call: AllreduceCall, prepared: Prepared, out: np.ndarray,
-                        results: list[StreamResult], bits: int, deadline: Deadline
+                        results: list[Result], bits: int, deadline: Deadline
                         ) -> HandOver | None:
         """End a call with the ranks' vote on its outcome: the estimates, the quorum's
         bookkeeping, lost quorum chunks repaired, failed shares taken over or handed to
@@ -436,15 +439,18 @@ class InaEngine(Engine):
         self.standby_takeovers += 1
         return True
 
-    def _account(self, link: WorkerLink, result: StreamResult) -> None:
+    def _account(self, link: WorkerLink, result: Result) -> None:
+        """A stream's or an opening's counters into the totals; the streams' RTT
+        estimate."""
         for name, value in result.counters.items():
             self.totals[name] = self.totals.get(name, 0) + value
-        self.totals["srtt"], self.totals["rto"] = float(link.rtt[0]), float(link.rtt[2])
+        srtt, _, rto = link.wire.stream_rtt
+        self.totals["srtt"], self.totals["rto"] = float(srtt), float(rto)
 
     # -- a call without a vote (recovery.py) ------------------------------------------
 
     def _finish_alone(self, call: AllreduceCall, part: tuple[int, int, int],
-                      result: StreamResult, x: np.ndarray, out: np.ndarray, k: int
+                      result: Result, x: np.ndarray, out: np.ndarray, k: int
                       ) -> HandOver | None:
         """End a vote-free call: on this rank's own results when it holds them all and
         none said NaN or Inf (keeping the last window), else through the rescue."""

@@ -12,13 +12,17 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout
 from ..settings import Settings
-from .link import StreamResult, Timers, WorkerLink
+from .link import Timers, WorkerLink
+
+if TYPE_CHECKING:
+    from .._fast.transport import Result
 
 log = logging.getLogger("ina_collectives")
 
@@ -79,7 +83,7 @@ class Streams:
     def run(self, links: list[WorkerLink | None], parts: list[tuple[int, int, int]],
             x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int,
             k: int, average: bool, bits: int, deadline: Deadline, call_number: int = 0,
-            quorum: int = 0, ready: list[int] | None = None) -> list[StreamResult]:
+            quorum: int = 0, ready: list[int] | None = None) -> list[Result]:
         """Stream each share (aggregator, first chunk, end chunk) of ``parts``: ``x``'s
         chunks into ``out``, with this rank's exponents ``local`` and the agreed ones
         ``agreed`` (G per chunk). ready: per share, the chunks whose exponents ``local``
@@ -88,7 +92,7 @@ class Streams:
         remaining = max(0.0, deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
 
-        def stream(part: tuple[int, int, int], ready: int = -1) -> StreamResult:
+        def stream(part: tuple[int, int, int], ready: int = -1) -> Result:
             i, c0, c1 = part
             a, b = c0 * k, min(c1 * k, x.size)
             return links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
