@@ -33,11 +33,11 @@ def open_call(link: WorkerLink, ident: int, prepared: Prepared | None, call_numb
     (when done and ``prepared`` is a switch call's) and the link's Result (its
     counters)."""
     g = -(-link.k // link.block)
-    used = prepared.ready[0] if prepared is not None and prepared.parts else 1
+    used = prepared.shares[0].ready if prepared is not None and prepared.shares else 1
     proposals = np.full((used, g), P.PROPOSAL_NONE, np.int16)
     span = 0
-    if prepared is not None and prepared.parts:
-        a, b = prepared.windows[0]
+    if prepared is not None and prepared.shares:
+        a, b = prepared.shares[0].window
         span = b - a
         proposals.reshape(-1)[:span] = prepared.local[a:b]
         if prepared.proposal[0]:  # a NaN or an Inf in the first window
