@@ -1,6 +1,12 @@
 # cython: language_level=3
 """The worker's data path: a tensor streamed through the aggregator, windowed and reliable.
 
+One compiled object per link (``Link``) owns what lasts from call to call: the socket and
+the switch's address, the job's format, each slot's version, the round-trip estimates,
+the packet numbers, the send path and the buffers; its methods ``stream`` and
+``opening`` share one loop of timers, NACKs, batched sends and receives (``_run``), and
+return a ``Result``.
+
 One packet in flight per slot (S in all), self-clocked by results: the result of chunk c
 frees slot c mod S for chunk c + S, whose agreed exponents the result carries (the max of
 all workers' proposals; a quorum call's were all agreed before it started). The new
@@ -14,20 +20,21 @@ ends a blocked stream with KeyboardInterrupt.
 The timeout adapts as TCP's does (RFC 6298): SRTT and RTTVAR from the round trips of
 chunks sent once (Karn), RTO = SRTT + max(G, 4 RTTVAR), but at least 3/2 SRTT
 (AGGREGATION_MARGIN), within [rto_min, rto_max]; a timeout doubles it until the next
-sample. The estimate lives in the caller's array, so it carries over from one call to
-the next (the link keeps one for its streams and one for its openings, whose small
-packets meet no queue).
+sample. The estimate lives in the link, so it carries over from one call to the next (the
+link keeps one for its streams and one for its openings, whose small packets meet no
+queue).
 
-Each new packet carries the worker's packet number (seq, mod 256, counted across calls);
-the software aggregator NACKs numbers it never saw, and the packets in flight with those
+Each new packet carries the worker's packet number (mod 256, counted across calls); the
+software aggregator NACKs numbers it never saw, and the packets in flight with those
 numbers are resent at once, without backing off: only the worker whose packet was lost
 resends, before the timeouts of the others fire (a P4 switch sends no NACKs; there the
 timers recover). With an aggregator that answers them (its join or probe reply says so,
-or it has sent a NACK), a packet in flight that OVERTAKEN results of later packets have
-passed asks for its result again with a header alone (a result request), once until it
-is sent again: its result was lost on the way back, or another worker's packet was (then
-the request is ignored, and that worker NACKed). The first timeout of a packet asks the
-same way; full resends are left to the second and later timeouts.
+or it has sent a NACK: the link's ``nacking``), a packet in flight that OVERTAKEN results
+of later packets have passed asks for its result again with a header alone (a result
+request), once until it is sent again: its result was lost on the way back, or another
+worker's packet was (then the request is ignored, and that worker NACKed). The first
+timeout of a packet asks the same way; full resends are left to the second and later
+timeouts.
 
 In a quorum call (``quorum`` k > 0, docs/quorum.md) a chunk completes when k workers
 contributed: a result may not count this worker (its contributors say who was counted,
@@ -37,7 +44,10 @@ left-out worker's values need not fit). Should its values not fit all the same, 
 sends that chunk's header alone (a result request) instead of clipped values, and is
 left out of the chunk.
 """
+cimport cython
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memset
 
 import numpy as np
 
@@ -60,10 +70,7 @@ from udp_batch cimport (INA_BATCH_MAX, INA_GRO_CONTROL, ina_attach_controls,
 cdef enum:
     BATCH = 32
     SEGMENTS = BATCH * 64  # datagrams one receive may bring with UDP_GRO (64 per buffer)
-
-# RTT estimator state, in the caller's float64 array: SRTT (0: no sample yet), RTTVAR, RTO.
-cdef enum:
-    SRTT, RTTVAR, RTO
+    RX_BYTES = 65536       # one receive buffer
 
 cdef double GRANULARITY = 0.001     # poll() waits in whole milliseconds
 # The RTO is at least (1 + AGGREGATION_MARGIN) x SRTT. The aggregator answers a packet
@@ -89,29 +96,100 @@ cdef int32_t ASKED = -(1 << 30)
 cdef int QUORUM_TRIES = 5
 
 
-cdef inline void rtt_sample(double *state, double r, double rto_min,
+cdef struct Estimator:  # RFC 6298's state, kept across calls
+    double srtt    # 0: no sample yet
+    double rttvar
+    double rto
+
+
+cdef struct Slot:  # one slot of the window: its packet in flight
+    int64_t chunk          # the chunk in flight (-1: none; an opening's: its slot)
+    int64_t latest         # quorum: the slot's latest chunk with a result
+    double sent_at         # its last transmission
+    double born            # its first (the round trip's start)
+    double timer           # its timeout, backed off
+    int32_t length         # its packet's bytes (the slot's row)
+    int32_t overtaken      # results of later packets since it was sent (ASKED: it asked)
+    uint8_t resent         # sent again or asked for: no RTT sample (Karn)
+    uint8_t asked          # a timeout asked for its result (a header alone)
+    uint8_t seq            # the packet number it went with
+    uint8_t tries          # its timeouts (quorum: given up at QUORUM_TRIES)
+    uint8_t version        # the slot's next version: kept across calls
+    uint8_t first_version  # the version the call's first use of the slot had (use_version)
+
+
+cdef struct Lazy:  # chunks whose exponents the stream computes as it reaches them
+    Py_ssize_t have   # the chunks with exponents in local so far
+    int32_t floor     # the dtype's smallest exponent
+    bint nonfinite    # a NaN or an Inf was seen among them
+    const int16_t *flagged  # G proposals of NONFINITE_MARK: what a packet proposes once seen
+
+
+cdef struct Call:  # one stream's or opening's progress, bounds and counts
+    bint opening           # an opening (else a stream)
+    Py_ssize_t slots       # the slots it uses (their chunk is -1 when none is in flight)
+    Py_ssize_t total       # what completes it: chunks (a stream), slots (an opening)
+    Py_ssize_t completed
+    bint stop              # an opening's MISMATCH: ends it, the total not reached
+    int number             # the call's number (mod 65536), in every packet
+    int quorum             # the k its chunks complete at (0: all n)
+    int retransmit         # the flags of a packet sent again
+    bint asks              # a first timeout asks for the result (the stream's rule)
+    Estimator *est
+    double rto, rto_max, rto_min, silence, deadline
+    double start, last_result, next_signal_check
+    const uint8_t *cancel  # set to 1 by another thread: CANCELLED (NULL: none)
+    int status
+    int failure            # a failed send's errno
+    int receive_failure, receive_call
+    # counts
+    Py_ssize_t sent, retransmitted, stale, rejected, nacks, nacked, requests, samples
+    Py_ssize_t left_out, skipped, lost, gro_buffers
+    long send_calls
+    # a stream's tensor and format
+    const char *x
+    char *out
+    Py_ssize_t size, nb, g
+    Kind kind
+    int bits
+    bint average
+    int16_t *local
+    int16_t *agreed
+    uint8_t *done          # per chunk: its result applied
+    Lazy lazy
+    int16_t exponent_ceiling
+    bint nonfinite_seen
+    uint64_t counted_all, counted_any, me
+    int64_t mode
+    # an opening's identity and proposals (slots x g, replaced by the max)
+    uint32_t ident_offset
+    int16_t ident_word
+    int16_t *proposals
+    Py_ssize_t width       # its packets' bytes
+
+
+cdef inline void rtt_sample(Estimator *est, double r, double rto_min,
                             double rto_max) noexcept nogil:
     """RFC 6298 section 2 with alpha 1/8, beta 1/4; the RTO at least 3/2 SRTT."""
-    if state[SRTT] <= 0:
-        state[SRTT] = r
-        state[RTTVAR] = r / 2
+    if est.srtt <= 0:
+        est.srtt = r
+        est.rttvar = r / 2
     else:
-        state[RTTVAR] = (0.75 * state[RTTVAR]
-                         + 0.25 * (state[SRTT] - r if state[SRTT] > r else r - state[SRTT]))
-        state[SRTT] = 0.875 * state[SRTT] + 0.125 * r
-    state[RTO] = max(state[SRTT] + max(GRANULARITY, 4 * state[RTTVAR]),
-                     (1 + AGGREGATION_MARGIN) * state[SRTT])
-    state[RTO] = min(max(state[RTO], rto_min), rto_max)
+        est.rttvar = (0.75 * est.rttvar
+                      + 0.25 * (est.srtt - r if est.srtt > r else r - est.srtt))
+        est.srtt = 0.875 * est.srtt + 0.125 * r
+    est.rto = max(est.srtt + max(GRANULARITY, 4 * est.rttvar),
+                  (1 + AGGREGATION_MARGIN) * est.srtt)
+    est.rto = min(max(est.rto, rto_min), rto_max)
 
 
-cdef inline int use_version(const uint8_t[::1] v0, Py_ssize_t c, Py_ssize_t slots
-                            ) noexcept nogil:
-    """The slot version chunk c uses: its slot's first chunk used v0[c mod S], and each
-    later use of the slot the other one."""
-    return v0[c % slots] ^ ((c // slots) & 1)
+cdef inline int use_version(uint8_t v0, Py_ssize_t c, Py_ssize_t slots) noexcept nogil:
+    """The slot version chunk c uses: its slot's first chunk of the call used v0 (the
+    slot's ``first_version``), and each later use of the slot the other one."""
+    return v0 ^ ((c // slots) & 1)
 
 
-cdef inline Py_ssize_t next_undone(const uint8_t[::1] done, Py_ssize_t c, Py_ssize_t nb,
+cdef inline Py_ssize_t next_undone(const uint8_t *done, Py_ssize_t c, Py_ssize_t nb,
                                    Py_ssize_t slots) noexcept nogil:
     """The first chunk c, c + S, ... of a slot without its result yet (nb if none)."""
     while c < nb and done[c]:
@@ -130,40 +208,16 @@ cdef inline int bounds_passed(double now, double start, double deadline, double 
     return DONE
 
 
-cdef Py_ssize_t receive(int fd, mmsghdr *msgs, iovec *iovs, char *controls, uint8_t *rx,
-                        int nrx, int wait_ms, pollfd *pfd, uint8_t **seg_ptr,
-                        int32_t *seg_len, Py_ssize_t *gro_buffers, int *failure,
-                        int *failed_call) noexcept nogil:
-    """What has come on fd, waiting up to ``wait_ms`` if nothing has: up to ``nrx``
-    buffers of 65,536 bytes at ``rx``, each split into its datagrams (UDP_GRO may bring
-    several results back to back) in seg_ptr / seg_len; their number. A failed receive
-    or poll leaves its errno in ``failure`` and the call (CALLS) in ``failed_call``."""
-    cdef int got, i, n_in
-    cdef Py_ssize_t nseg = 0
-    prepare_receive(msgs, iovs, rx, 65536, nrx, NULL)
-    ina_attach_controls(msgs, controls, INA_GRO_CONTROL, nrx)
-    got = recvmmsg(fd, msgs, nrx, MSG_DONTWAIT, NULL)
-    if got < 0 and not try_again(errno):
-        failure[0], failed_call[0] = errno, CALL_RECVMMSG
-    if got <= 0:
-        if wait_ms > 0 and poll(pfd, 1, wait_ms) < 0 and not try_again(errno):
-            failure[0], failed_call[0] = errno, CALL_POLL
-        got = 0
-    for i in range(got):
-        n_in = ina_segments(&msgs[i].msg_hdr, rx + i * 65536, msgs[i].msg_len,
-                            &seg_ptr[nseg], &seg_len[nseg], SEGMENTS - nseg)
-        gro_buffers[0] += n_in > 1
-        nseg += n_in
-    return nseg
-
-
 def rtt_update(double[::1] state, double sample, double rto_min, double rto_max):
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
-    rtt_sample(&state[0], sample, rto_min, rto_max)
-    return state[RTO]
+    cdef Estimator est
+    est.srtt, est.rttvar, est.rto = state[0], state[1], state[2]
+    rtt_sample(&est, sample, rto_min, rto_max)
+    state[0], state[1], state[2] = est.srtt, est.rttvar, est.rto
+    return est.rto
 
 
-# What stream() returns as its first value.
+# What a call's Result.status is.
 cdef enum:
     DONE, SILENT, TIMEOUT, SEND_FAILED, CANCELLED, LOST
 STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
@@ -172,675 +226,772 @@ STATUS = ("done", "no result within the silence bound (the aggregator or a peer 
           "done but for chunks whose results the switch no longer holds (quorum: the "
           "others had moved their cells on)")
 COMPLETE = (DONE, LOST)  # what ended without a failure (LOST: ``missing`` says what)
+# An opening's status besides STATUS's when a result said the workers' identities differ
+# (a MISMATCH is complete: every worker learns it).
+OPEN_MISMATCH = 100
 
-# The system call whose errno an unfinished stream reports: counters["errno"] and
-# counters["call"] (an index of CALLS). A send's ends the stream (SEND_FAILED); a receive
-# failure does not, but is reported if the stream then ends without its results.
+# The system call whose errno an unfinished call reports (Result.error and
+# Result.failed_call, one of CALLS). A send's ends the call (SEND_FAILED); a receive
+# failure does not, but is reported if the call then ends without its results.
 cdef enum:
     CALL_SEND, CALL_RECVMMSG, CALL_POLL
 CALLS = ("send", "recvmmsg", "poll")
 
 
-def stream_scratch(Py_ssize_t slots, Py_ssize_t width):
-    """Buffers a stream of up to ``slots`` slots and ``width``-byte packets may reuse
-    (``stream``'s ``scratch``): the packets in flight, and the receive buffers."""
-    return np.empty((slots, width), np.uint8), np.empty((BATCH, 65536), np.uint8)
+cdef class Result:
+    """How one stream or opening ended, built once at its end: ``status`` (an index of
+    STATUS, or OPEN_MISMATCH), ``counters`` (counts only: the caller adds them up),
+    ``missing`` (the chunks not completed), ``counted_all`` and ``counted_any`` (the
+    workers every result counted, a bitmap, all ones if no result came; those some result
+    counted, all ones (-1) if none came), ``mode`` (the largest mode generation << 8 |
+    mode quorum the results announced), ``error`` and ``failed_call`` (the errno of the
+    system call that failed, and its name in CALLS; 0 and "" if none). ``reason`` is the
+    caller's words for it (WorkerLink fills it in)."""
+
+    cdef readonly int status
+    cdef readonly dict counters
+    cdef readonly object missing
+    cdef readonly object counted_all
+    cdef readonly object counted_any
+    cdef readonly int64_t mode
+    cdef readonly int error
+    cdef readonly str failed_call
+    cdef public str reason
+
+    def __init__(self, int status=DONE, dict counters=None, missing=None,
+                 counted_all=~0, counted_any=~0, int64_t mode=0, int error=0,
+                 str failed_call="", str reason=""):
+        self.status = status
+        self.counters = {} if counters is None else counters
+        self.missing = np.zeros(0, np.int64) if missing is None else missing
+        self.counted_all, self.counted_any, self.mode = counted_all, counted_any, mode
+        self.error, self.failed_call, self.reason = error, failed_call, reason
+
+    @property
+    def ok(self) -> bool:
+        """Ended without a failure (LOST included: ``missing`` says what it lacks)."""
+        return self.status == DONE or self.status == LOST
+
+    def __repr__(self):
+        return (f"Result(status={self.status}, reason={self.reason!r}, "
+                f"missing={self.missing.size}, error={self.error}, "
+                f"failed_call={self.failed_call!r})")
 
 
-def stream(int fd, uint32_t switch_addr_be, uint16_t switch_port_be, x, out,
-           int16_t[::1] local, int16_t[::1] agreed, uint8_t[::1] versions,
-           int n, Py_ssize_t k, int job, int worker, bint average,
-           double rto, double rto_min, double rto_max, double silence, double deadline,
-           double[::1] rtt, int epoch=0, uint8_t[::1] seq=None,
-           Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32,
-           uint8_t[::1] send_state=None, const uint8_t[::1] cancel=None, int call=0,
-           int quorum=0, Py_ssize_t ready=-1, scratch=None):
-    """Allreduce x (1-D float32/float64) into out through the aggregator.
+@cython.final
+cdef class Link:
+    """One worker's data path to one aggregator, for one job: the socket (``fd``, bound
+    and owned by the caller, WorkerLink) and the switch's address; the job's format (K,
+    B, value bits, n, job, worker, epoch); and the state that lasts from call to call:
+    each slot's version, the streams' and the openings' RTT estimates, the packet number
+    of the next new packet and whether the aggregator NACKs (``nacking``), whether new
+    packets may leave with UDP_SEGMENT (``gso``), and the window (one Slot per slot) with
+    its buffers: the packet in flight per slot, the receive buffers.
 
-    local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed: the
-    first window's agreed exponents (the rest are filled in from results); versions: each
-    slot's next version, updated.
-    rto: the timeout until the first sample; rtt: [SRTT, RTTVAR, RTO], updated (zeros:
-    no estimate yet). epoch: this run's epoch, in every packet; results of another epoch
-    are stale. seq: [the number of this worker's next new packet, 1 if the aggregator
-    NACKs (CAP_NACKS)], updated (None: zeros). block, value_bits: the job's format.
-    send_state: [1 while UDP_SEGMENT may be used, else 0 (sendmmsg)], updated when the
-    kernel refuses the offload (None: [1]). New packets leave in batches: all those a
-    batch of results frees, in one system call per run of equal-sized packets.
-    cancel: [0], set to 1 by another thread to end the stream (CANCELLED) within 20 ms
-    (a call striped over several aggregators streams each part in a thread of its own).
-    scratch: buffers from ``stream_scratch``, reused (None: new ones).
-    call: the call's number (mod 65536), in every packet; quorum: the k its chunks
-    complete at (0: all n). ready: the chunks whose exponents ``local`` holds already
-    (-1: all); the stream fills in the others' as it reaches them (a chunk's are needed
-    one window ahead, as the proposals its slot's packet carries), so that the pass over
-    the tensor they take runs while the stream waits on the network, not before it; a
-    NaN or an Inf among them sets counters["nonfinite"] (the caller must then discard
-    the result: those chunks' values were not representable).
-    In a quorum call a worker that lags takes the results of its slots' later chunks as
-    they pass (they were multicast to it), sending nothing for them; a chunk whose result
-    it lost after the others moved its cell on cannot be had from the switch any more:
-    the stream ends LOST with those chunks missing (the engine takes them from a peer).
-    Returns (status, counters dict, chunks not completed as an array). The counters
-    include "left_out" (results that did not count this worker), "skipped" (chunks whose
-    values did not fit the exponents agreed without it: a header sent alone),
-    "counted_all" (the workers every result counted, a bitmap; all ones if no result came),
-    "counted_any" (those some result counted) and "mode" (the largest mode generation << 8
-    | mode quorum the results announced). A stream that did
-    not finish because a system call failed (or after receiving failed) has that call's
-    errno in counters["errno"] and the call in counters["call"] (an index of CALLS).
-    """
-    if x.dtype not in (np.float32, np.float64) or out.dtype != x.dtype:
-        raise TypeError(f"the stream reduces float32 or float64 into the same dtype, not "
-                        f"{x.dtype} into {out.dtype}")
-    cdef Kind kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
-    cdef const uint8_t[::1] xin = x.view(np.uint8)
-    cdef uint8_t[::1] xout = out.view(np.uint8)
-    cdef Py_ssize_t size = x.size
-    P.check_format(block, value_bits)
-    cdef Py_ssize_t g = P.sub_blocks(k, block)
-    cdef Py_ssize_t nb = (size + k - 1) // k, slots = versions.shape[0]
-    cdef Lazy lazy
-    lazy.have = nb if ready < 0 else min(ready, nb)
-    lazy.floor = ref_blockfp.EXPONENT_MIN[x.dtype]
-    lazy.nonfinite = False
-    flagged_arr = np.full(max(P.sub_blocks(k, block), 1), P.NONFINITE_MARK, np.int16)
-    cdef int16_t[::1] flagged_view = flagged_arr
-    lazy.flagged = &flagged_view[0]
-    # A result proposing NONFINITE_MARK: some worker met a NaN or an Inf; its slot's next
-    # chunk then goes with the dtype's largest exponent (every worker alike), its values
-    # being discarded anyway.
-    cdef int16_t exponent_ceiling = <int16_t>(2 - lazy.floor)
-    cdef bint nonfinite_seen = False
-    if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
-        raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
-                         f"{local.shape[0]} local and {agreed.shape[0]} agreed")
-    cdef Py_ssize_t width = P.packet_bytes(k, block, value_bits), i, c, s, j
-    # The packet in flight per slot, and the receive buffers: the caller's (``scratch``,
-    # kept from call to call: allocating 2 MiB for each call cost more than a small
-    # call's stream), else new ones.
-    if (scratch is None or scratch[0].shape[0] < slots or scratch[0].shape[1] < width
-            or scratch[1].shape[0] < BATCH or scratch[1].shape[1] != 65536):
-        scratch = stream_scratch(slots, width)
-    ring, inbox = scratch
-    cdef uint8_t[:, ::1] rows = ring
-    cdef uint8_t[:, ::1] rx = inbox
-    inflight_arr = np.full(slots, -1, np.int64)
-    cdef int64_t[::1] inflight = inflight_arr
-    cdef double[::1] sent_at = np.zeros(slots)
-    cdef double[::1] timer = np.full(slots, rto)
-    cdef double[::1] born = np.zeros(slots)              # first send of the slot's chunk
-    cdef uint8_t[::1] resent = np.zeros(slots, np.uint8)  # Karn: no sample if set
-    cdef double *est = &rtt[0]
-    if est[SRTT] > 0:
-        rto = est[RTO]
-    cdef int32_t[::1] lengths = np.zeros(slots, np.int32)
-    if send_state is None:
-        send_state = np.ones(1, np.uint8)
-    cdef int gso = send_state[0]
-    cdef long send_calls = 0
-    cdef uint8_t *pend_bufs[INA_BATCH_MAX]   # new packets not sent yet (flush_new)
-    cdef int32_t pend_lens[INA_BATCH_MAX]
-    cdef int npend = 0
-    if seq is None:
-        seq = np.zeros(2, np.uint8)
-    cdef uint8_t *next_seq = &seq[0]
-    cdef uint8_t *nacking = &seq[1]
-    cdef int32_t[::1] overtaken = np.zeros(slots, np.int32)  # results of later packets
-    cdef uint8_t request[64]
-    cdef uint8_t[::1] asked = np.zeros(slots, np.uint8)  # a timeout sent a request
-    cdef Py_ssize_t requests = 0, q
-    cdef double sent_last
-    cdef uint8_t[::1] slot_seq = np.zeros(slots, np.uint8)  # the number of each's packet
-    cdef Py_ssize_t nack_first, nack_count
-    done_arr = np.zeros(nb, np.uint8)
-    cdef uint8_t[::1] done = done_arr
+    ``stream`` and ``opening`` are its calls; each returns a Result."""
+
+    cdef int fd
     cdef sockaddr_in to
-    set_sockaddr(&to, switch_addr_be, switch_port_be)
+    cdef readonly int job, worker, n, value_bits
+    cdef readonly Py_ssize_t k, block, groups, slots, row_width
+    cdef int _epoch
+    cdef Slot *window
+    cdef Estimator stream_est, open_est
+    cdef uint8_t _next_packet    # the next new packet's number (mod 256, across calls)
+    cdef public bint nacking     # the aggregator NACKs (CAP_NACKS, or it sent a NACK)
+    cdef public int gso          # 1 while UDP_SEGMENT may be used (cleared if refused)
+    cdef uint8_t *rows           # the packet in flight per slot: slots x row_width
+    cdef uint8_t *rx             # the receive buffers: BATCH x RX_BYTES
+    cdef int16_t *flagged        # G x NONFINITE_MARK
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]
     cdef char controls[BATCH * 64]            # INA_GRO_CONTROL bytes per message
     cdef uint8_t *seg_ptr[SEGMENTS]           # the datagrams received, split (UDP_GRO)
     cdef int32_t seg_len[SEGMENTS]
-    cdef Py_ssize_t nseg, gro_buffers = 0
+    cdef uint8_t *pend_bufs[INA_BATCH_MAX]    # new packets not sent yet (_flush)
+    cdef int32_t pend_lens[INA_BATCH_MAX]
+    cdef int npend
+    cdef uint8_t request[64]                  # a result request: a header alone
     cdef pollfd pfd
-    pfd.fd = fd
-    pfd.events = POLLIN
-    cdef Py_ssize_t completed = 0, sent = 0, retransmitted = 0, stale = 0, rejected = 0
-    cdef Py_ssize_t nacked = 0, nacks = 0, left_out = 0, skipped = 0
-    cdef uint64_t counted_all = ~(<uint64_t>0), counted_any = 0, counted
-    cdef uint64_t me = (<uint64_t>1) << (worker & 63)
-    cdef int64_t mode = 0, announced
-    cdef Py_ssize_t samples = 0
-    cdef int status = DONE, wait_ms, parsed, ver, failure = 0
-    # Quorum: each slot's latest chunk with a result, the slots' versions at the start
-    # (use_version), chunks given up.
-    cdef int64_t[::1] latest = np.full(slots, -1, np.int64)
-    cdef uint8_t[::1] v0 = np.array(versions, np.uint8)
-    cdef Py_ssize_t lost = 0
-    cdef bint idle
-    cdef uint8_t[::1] tries = np.zeros(slots, np.uint8)  # timeouts of the slot's packet
-    cdef int receive_failure = 0, receive_call = CALL_RECVMMSG
-    cdef double now, start = monotonic(), last_result, next_timer
-    cdef double next_signal_check = start
-    cdef Py_ssize_t offset, chunk
-    cdef const uint8_t *pkt
-    last_result = start
-    cdef const uint8_t *cancelled = &cancel[0] if cancel is not None else NULL
-    if nb == 0:
-        return DONE, {}, np.zeros(0, np.int64)
-    with nogil:
-        for c in range(min(slots, nb)):
-            s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
-                           versions, overtaken, next_seq, slot_seq, <const char *>&xin[0],
-                           size, kind, c, k, block, value_bits, n, agreed, local, slots, nb,
-                           job, worker, rto, 0, epoch, call, quorum, &skipped, &lazy)
-            pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
-            npend += 1
-            sent += 1
-            if npend == INA_BATCH_MAX or c == min(slots, nb) - 1:
-                if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
-                                  &send_calls) < 0:
-                    status, failure = SEND_FAILED, errno
-                    break
-                npend = 0
-        while status == DONE and completed < nb:
+
+    def __cinit__(self, int fd, uint32_t switch_addr_be, uint16_t switch_port_be, int job,
+                  int worker, int n, Py_ssize_t k, Py_ssize_t slots,
+                  Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32, int epoch=0,
+                  bint gso=True):
+        cdef Py_ssize_t j
+        P.check_format(block, value_bits)
+        if k < 1 or slots < 1:
+            raise ValueError(f"a link needs K >= 1 and S >= 1, not K {k}, S {slots}")
+        self.fd = fd
+        set_sockaddr(&self.to, switch_addr_be, switch_port_be)
+        self.job, self.worker, self.n, self.value_bits = job, worker, n, value_bits
+        self.k, self.block = k, block
+        self.groups = P.sub_blocks(k, block)
+        # Wide enough for the widest values a call may ask for (value_bits_for).
+        self.row_width = P.packet_bytes(k, block, max(P.VALUE_BITS))
+        self.epoch = epoch
+        self.gso = 1 if gso else 0
+        self.pfd.fd = fd
+        self.pfd.events = POLLIN
+        self.flagged = <int16_t *>calloc(self.groups, sizeof(int16_t))
+        self.rx = <uint8_t *>calloc(BATCH, RX_BYTES)
+        if self.flagged == NULL or self.rx == NULL:
+            raise MemoryError("no memory for the link's buffers")
+        for j in range(self.groups):
+            self.flagged[j] = NONFINITE_MARK
+        self.resize(slots)
+
+    def __dealloc__(self):
+        free(self.window)
+        free(self.rows)
+        free(self.rx)
+        free(self.flagged)
+
+    def resize(self, Py_ssize_t slots):
+        """S slots from now on (the aggregator granted fewer than asked), each from
+        version 0."""
+        if slots < 1:
+            raise ValueError(f"a link needs S >= 1, not {slots}")
+        cdef Slot *window = <Slot *>calloc(slots, sizeof(Slot))
+        cdef uint8_t *rows = <uint8_t *>calloc(slots, self.row_width)
+        if window == NULL or rows == NULL:
+            free(window)
+            free(rows)
+            raise MemoryError(f"no memory for a window of {slots} slots")
+        free(self.window)
+        free(self.rows)
+        self.window, self.rows, self.slots = window, rows, slots
+
+    @property
+    def epoch(self) -> int:
+        """This run's epoch, in every packet: results of another are stale."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, int epoch):
+        if not 0 <= epoch < 65536:
+            raise ValueError(f"epoch {epoch} is not 0..65535")
+        self._epoch = epoch
+
+    def new_epoch(self, int epoch):
+        """A new epoch, every slot from version 0 again (Aggregators.new_epoch)."""
+        cdef Py_ssize_t s
+        self.epoch = epoch
+        for s in range(self.slots):
+            self.window[s].version = 0
+
+    @property
+    def versions(self):
+        """Each slot's next version (a copy)."""
+        out = np.empty(self.slots, np.uint8)
+        cdef uint8_t[::1] v = out
+        cdef Py_ssize_t s
+        for s in range(self.slots):
+            v[s] = self.window[s].version
+        return out
+
+    @property
+    def next_packet(self) -> int:
+        """The number of this link's next new packet (mod 256, counted across calls)."""
+        return self._next_packet
+
+    @property
+    def stream_rtt(self):
+        """The streams' estimate: (SRTT, RTTVAR, RTO) in seconds (zeros: no sample)."""
+        return (self.stream_est.srtt, self.stream_est.rttvar, self.stream_est.rto)
+
+    @property
+    def opening_rtt(self):
+        """The openings' own: their small packets meet no queue, and their round trips
+        would pull the stream's estimate below its first window's (one per call)."""
+        return (self.open_est.srtt, self.open_est.rttvar, self.open_est.rto)
+
+    # -- the calls ------------------------------------------------------------------
+
+    def stream(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
+               double deadline, int value_bits=0, const uint8_t[::1] cancel=None,
+               int call=0, int quorum=0, Py_ssize_t ready=-1):
+        """Allreduce x (1-D float32/float64) into out through the aggregator, within
+        ``deadline`` seconds.
+
+        local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed:
+        the first window's agreed exponents (the rest are filled in from results).
+        timers: the waits (link.Timers: ``first``, the timeout until the first sample;
+        ``least`` and ``most``, its bounds; ``silence``). value_bits: this call's width
+        (0: the job's). New packets leave in batches: all those a batch of results frees,
+        in one system call per run of equal-sized packets.
+        cancel: [0], set to 1 by another thread to end the stream (CANCELLED) within 20 ms
+        (a call striped over several aggregators streams each part in a thread of its own).
+        call: the call's number (mod 65536), in every packet; quorum: the k its chunks
+        complete at (0: all n). ready: the chunks whose exponents ``local`` holds already
+        (-1: all); the stream fills in the others' as it reaches them (a chunk's are needed
+        one window ahead, as the proposals its slot's packet carries), so that the pass over
+        the tensor they take runs while the stream waits on the network, not before it; a
+        NaN or an Inf among them sets counters["nonfinite"] (the caller must then discard
+        the result: those chunks' values were not representable).
+        In a quorum call a worker that lags takes the results of its slots' later chunks as
+        they pass (they were multicast to it), sending nothing for them; a chunk whose result
+        it lost after the others moved its cell on cannot be had from the switch any more:
+        the stream ends LOST with those chunks missing (the engine takes them from a peer).
+        Returns a Result. Its counters include "left_out" (results that did not count this
+        worker) and "skipped" (chunks whose values did not fit the exponents agreed without
+        it: a header sent alone).
+        """
+        if x.dtype not in (np.float32, np.float64) or out.dtype != x.dtype:
+            raise TypeError(f"the stream reduces float32 or float64 into the same dtype, "
+                            f"not {x.dtype} into {out.dtype}")
+        cdef int bits = value_bits or self.value_bits
+        P.check_format(self.block, bits)
+        cdef const uint8_t[::1] xin = x.view(np.uint8)
+        cdef uint8_t[::1] xout = out.view(np.uint8)
+        cdef Py_ssize_t size = x.size, k = self.k, g = self.groups, slots = self.slots
+        cdef Py_ssize_t nb = (size + k - 1) // k, s
+        if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
+            raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
+                             f"{local.shape[0]} local and {agreed.shape[0]} agreed")
+        if nb == 0:
+            return Result(DONE, {}, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
+        cdef Call c
+        self._begin(&c, timers, deadline, &self.stream_est, slots, nb, call)
+        if c.est.srtt > 0:
+            c.rto = c.est.rto
+        c.retransmit = FLAG_RETRANSMIT
+        c.asks = True
+        c.quorum = quorum
+        c.x, c.out, c.size, c.nb, c.g = <const char *>&xin[0], <char *>&xout[0], size, nb, g
+        c.kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
+        c.bits, c.average = bits, average
+        c.local, c.agreed = &local[0], &agreed[0]
+        done_arr = np.zeros(nb, np.uint8)
+        cdef uint8_t[::1] done = done_arr
+        c.done = &done[0]
+        c.lazy.have = nb if ready < 0 else min(ready, nb)
+        c.lazy.floor = ref_blockfp.EXPONENT_MIN[x.dtype]
+        c.lazy.nonfinite = False
+        c.lazy.flagged = self.flagged
+        # A result proposing NONFINITE_MARK: some worker met a NaN or an Inf; its slot's
+        # next chunk then goes with the dtype's largest exponent (every worker alike), its
+        # values being discarded anyway.
+        c.exponent_ceiling = <int16_t>(2 - c.lazy.floor)
+        c.me = (<uint64_t>1) << (self.worker & 63)
+        cdef const uint8_t *cancelled = &cancel[0] if cancel is not None else NULL
+        c.cancel = cancelled
+        cdef Slot *w
+        for s in range(slots):
+            w = &self.window[s]
+            w.chunk, w.latest, w.first_version = -1, -1, w.version
+            w.resent = w.asked = w.tries = 0
+            w.overtaken = 0
+        with nogil:
+            for s in range(min(slots, nb)):
+                self._queue(self._write_chunk(&c, s))
+                c.sent += 1
+                if self.npend == INA_BATCH_MAX or s == min(slots, nb) - 1:
+                    if self._flush(&c) < 0:
+                        break
+            self._run(&c)
+        missing = np.flatnonzero(done_arr == 0)
+        if quorum:  # every use of each slot passed at the switch, whoever sent it
+            for s in range(min(slots, nb)):
+                w = &self.window[s]
+                w.version = use_version(w.first_version,
+                                        s + slots * ((nb - s + slots - 1) // slots), slots)
+        counters = {"sent": c.sent, "send_calls": c.send_calls,
+                    "gro_buffers": c.gro_buffers,
+                    "retransmitted": c.retransmitted, "nacks": c.nacks,
+                    "nack_resent": c.nacked, "result_requests": c.requests,
+                    "rtt_samples": c.samples,
+                    "stale": c.stale, "rejected": c.rejected,
+                    "seconds": monotonic() - c.start,
+                    "left_out": c.left_out, "skipped": c.skipped, "lost": c.lost,
+                    "nonfinite": int(c.lazy.nonfinite),
+                    "nonfinite_seen": int(c.nonfinite_seen)}
+        return self._result(&c, c.status, counters, missing)
+
+    def opening(self, int16_t[:, ::1] proposals, uint32_t ident_offset, int16_t ident_word,
+                timers, double deadline, int call):
+        """A call's opening (docs/protocol.md): one packet per slot of the call's first
+        window (``proposals`` has a row per slot, slots 0 .. m - 1), each with no values
+        (count 0) and G pairs: the call's identity (the packets' offset and
+        every pair's exponent) and the proposals of the slot's first chunk of the call
+        (``proposals``, S x G; PROPOSAL_NONE where the call has none). The aggregator
+        keeps the max of the proposals and marks a cell whose packets' identities differ.
+        On return ``proposals`` holds the max over the workers, the slots' versions have
+        moved on one use of each of those slots (if every result came) and the openings'
+        RTT estimate holds the samples taken. A result that says MISMATCH ends the
+        opening at once: the workers may have opened different numbers of slots, and the
+        caller starts a new epoch.
+
+        Returns a Result: status DONE when every slot's result came and every identity
+        was this worker's, OPEN_MISMATCH when a result said the workers' differ (the
+        MISMATCH flag, or an identity not this worker's), else as stream's. Reliable as
+        the stream is, by the same loop: a timer per slot resends the whole (small)
+        packet, a NACK resends the packets it names, and the silence bound and the
+        deadline end it. Ctrl-C ends it with KeyboardInterrupt."""
+        cdef Py_ssize_t slots = proposals.shape[0], g = proposals.shape[1]
+        cdef Py_ssize_t width = HEADER + PAIR * g, s
+        if self.slots < slots or slots < 1 or g < 1 or width > RX_BYTES:
+            raise ValueError(f"opening: {slots} x {g} proposals for {self.slots} slots")
+        if width > self.row_width:
+            raise ValueError("opening: scratch buffers too small")
+        cdef Call c
+        self._begin(&c, timers, deadline, &self.open_est, slots, slots, call)
+        if c.est.rto > 0:
+            c.rto = c.est.rto
+        c.opening = True
+        c.retransmit = FLAG_OPEN | FLAG_RETRANSMIT
+        c.ident_offset, c.ident_word = ident_offset, ident_word
+        c.proposals, c.g, c.width = &proposals[0, 0], g, width
+        for s in range(self.slots):
+            self.window[s].chunk = -1
+        with nogil:
+            for s in range(slots):
+                self._queue(self._write_opening(&c, s))
+                if self.npend == INA_BATCH_MAX or s == slots - 1:
+                    if self._flush(&c) < 0:
+                        break
+            self._run(&c)
+        if c.completed == slots:
+            for s in range(slots):
+                self.window[s].version ^= 1
+        counters = {"open_sent": slots, "retransmitted": c.retransmitted,
+                    "nacks": c.nacks, "nack_resent": c.nacked, "stale": c.stale,
+                    "rtt_samples": c.samples, "open_seconds": monotonic() - c.start,
+                    "send_calls": c.send_calls}
+        status = OPEN_MISMATCH if c.status == DONE and c.stop else c.status
+        return self._result(&c, status, counters, np.zeros(0, np.int64))
+
+    # -- what both share --------------------------------------------------------------
+
+    cdef void _begin(self, Call *c, timers, double deadline, Estimator *est,
+                     Py_ssize_t slots, Py_ssize_t total, int call):
+        """A call's bounds from ``timers`` (link.Timers), its clocks started, its counts
+        zero."""
+        memset(c, 0, sizeof(Call))
+        c.rto, c.rto_min, c.rto_max = timers.first, timers.least, timers.most
+        c.silence, c.deadline, c.est = timers.silence, deadline, est
+        c.slots, c.total, c.number = slots, total, call
+        c.status, c.receive_call = DONE, CALL_RECVMMSG
+        c.counted_all = ~(<uint64_t>0)
+        c.start = monotonic()
+        c.last_result = c.next_signal_check = c.start
+        self.npend = 0
+
+    cdef Result _result(self, Call *c, int status, dict counters, missing):
+        """The call's Result: the failed system call's errno (a send's; a receive's if
+        the call ended without its results)."""
+        cdef int error = 0, failed = -1
+        if c.failure:
+            error, failed = c.failure, CALL_SEND
+        elif c.receive_failure and c.status != DONE:
+            error, failed = c.receive_failure, c.receive_call
+        return Result(status, counters, missing, c.counted_all,
+                      c.counted_any if c.counted_any else ~0,  # (no result: nothing known)
+                      c.mode, error, CALLS[failed] if failed >= 0 else "")
+
+    cdef int _run(self, Call *c) except -1 nogil:
+        """The loop of a stream and of an opening, once its first window is out: until
+        every chunk (slot) has its result, or the bounds end it. Waits for what comes
+        until the next timer (at most 20 ms: then Ctrl-C and ``cancel`` are looked at),
+        takes each datagram (``_take``), sends the new packets that freed in one batch,
+        and resends what timed out (``_timeouts``)."""
+        cdef double now, next_timer
+        cdef int wait_ms
+        cdef Py_ssize_t nseg, i, s
+        cdef Slot *w
+        cdef bint idle
+        while c.status == DONE and c.completed < c.total and not c.stop:
             now = monotonic()
-            if now >= next_signal_check:  # Ctrl-C ends the stream (KeyboardInterrupt)
-                next_signal_check = now + SIGNAL_CHECK
+            if now >= c.next_signal_check:  # Ctrl-C ends the call (KeyboardInterrupt)
+                c.next_signal_check = now + SIGNAL_CHECK
                 with gil:
                     PyErr_CheckSignals()
-                if cancelled != NULL and cancelled[0]:
-                    status = CANCELLED
+                if c.cancel != NULL and c.cancel[0]:
+                    c.status = CANCELLED
                     break
-            status = bounds_passed(now, start, deadline, last_result, silence)
-            if status != DONE:
+            c.status = bounds_passed(now, c.start, c.deadline, c.last_result, c.silence)
+            if c.status != DONE:
                 break
             next_timer = now + SIGNAL_CHECK
-            for s in range(slots):
-                if inflight[s] >= 0 and sent_at[s] + timer[s] < next_timer:
-                    next_timer = sent_at[s] + timer[s]
+            for s in range(c.slots):
+                w = &self.window[s]
+                if w.chunk >= 0 and w.sent_at + w.timer < next_timer:
+                    next_timer = w.sent_at + w.timer
             wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
-            nseg = receive(fd, msgs, iovs, controls, &rx[0, 0], BATCH, wait_ms, &pfd,
-                           seg_ptr, seg_len, &gro_buffers, &receive_failure, &receive_call)
+            nseg = self._receive(c, wait_ms)
             now = monotonic()
             for i in range(nseg):
-                pkt = seg_ptr[i]
-                if seg_len[i] < HEADER:
-                    rejected += 1
-                    continue
-                if (pkt[OFF_FLAGS] & FLAG_NACK and get16(pkt + OFF_JOB) == job
-                        and get16(pkt + OFF_EPOCH) == <uint16_t>epoch):
-                    # Packets the aggregator never saw: resend them now.
-                    nacks += 1
-                    nacking[0] = 1
-                    nack_first, nack_count = pkt[OFF_SEQ], get16(pkt + OFF_COUNT)
-                    for s in range(slots):
-                        if (inflight[s] >= 0
-                                and ((slot_seq[s] - nack_first) & 255) < nack_count):
-                            if resend(fd, &to, rows, lengths, s) < 0:
-                                status, failure = SEND_FAILED, errno
-                                break
-                            resent[s] = 1
-                            sent_at[s] = now
-                            nacked += 1
-                    if status != DONE:
-                        break
-                    continue
-                s = get32(pkt + OFF_SLOT)
-                offset = get32(pkt + OFF_OFFSET)
-                chunk = offset // k
-                ver = pkt[OFF_SLOT_VERSION]
-                if (s >= slots or chunk >= nb or done[chunk] or chunk % slots != s
-                        or get16(pkt + OFF_JOB) != job
-                        or get16(pkt + OFF_EPOCH) != <uint16_t>epoch
-                        or get16(pkt + OFF_CALL) != <uint16_t>call
-                        or pkt[OFF_FLAGS] & FLAG_CONTROL
-                        or not ((inflight[s] == chunk and ver == versions[s])
-                                or (quorum and chunk > inflight[s] and chunk > latest[s]
-                                    and ver == use_version(v0, chunk, slots)))):
-                    stale += 1
-                    continue
-                parsed = parse_result(pkt, seg_len[i], <char *>&xout[0], size, kind, k,
-                                      block, value_bits, n, average, job, -32767, 32767)
-                if parsed != PARSE_OK:
-                    rejected += 1
-                    continue
-                done[chunk] = 1
-                completed += 1
-                if chunk + 1 < nb:  # where the next result goes, fetched meanwhile
-                    ina_prefetch(&xout[0] + (chunk + 1) * k * kind_itemsize(kind),
-                                 min(k, size - (chunk + 1) * k) * kind_itemsize(kind), 1)
-                counted = get64(pkt + OFF_CONTRIBUTORS)
-                if counted:  # (an aggregator that names none counted all)
-                    counted_all &= counted
-                    left_out += not (counted & me)
-                counted_any |= counted if counted else ~(<uint64_t>0)
-                announced = (<int64_t>get32(pkt + OFF_MODE_GENERATION) << 8
-                             | pkt[OFF_MODE_QUORUM])
-                if announced > mode:
-                    mode = announced
-                last_result = now
-                if inflight[s] == chunk and not resent[s]:
-                    rtt_sample(est, now - born[s], rto_min, rto_max)
-                    rto = est[RTO]
-                    samples += 1
-                if quorum:
-                    if chunk > latest[s]:
-                        latest[s] = chunk
-                    if inflight[s] != chunk:  # a later chunk of the slot, passing by
-                        if inflight[s] < 0 or inflight[s] + 2 * slots > latest[s]:
-                            continue  # (the one in flight may still be answered)
-                        lost += 1  # its cell holds a later chunk now: gone
-                    # On from the latest result, past chunks already had.
-                    c = next_undone(done, latest[s] + slots, nb, slots)
-                    inflight[s] = -1
-                    asked[s] = 0
-                    if c >= nb:
-                        continue
-                    versions[s] = use_version(v0, c, slots)
-                    chunk = c - slots  # (sent below, as the slot's next)
-                else:
-                    inflight[s] = -1
-                    asked[s] = 0
-                    versions[s] ^= 1
-                if nacking[0]:  # results of earlier packets still missing: ask for them
-                    sent_last = sent_at[s]
-                    for q in range(slots):
-                        if inflight[q] < 0 or sent_at[q] >= sent_last:
-                            continue
-                        overtaken[q] += 1
-                        if overtaken[q] == OVERTAKEN:
-                            overtaken[q] = ASKED
-                            if request_result(fd, &to, rows, q, request) < 0:
-                                status, failure = SEND_FAILED, errno
-                                break
-                            resent[q] = 1  # Karn: its round trip is no sample now
-                            requests += 1
-                    if status != DONE:
-                        break
-                if <int16_t>get16(pkt + HEADER + 2) == NONFINITE_MARK:
-                    nonfinite_seen = True
-                c = chunk + slots
-                if c < nb:  # its exponents: the max proposals the result carries
-                    for j in range(get16(pkt + OFF_BLOCKS)):  # (a quorum's: agreed already)
-                        if not quorum:
-                            agreed[c * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
-                            if agreed[c * g + j] == NONFINITE_MARK:
-                                agreed[c * g + j] = exponent_ceiling
-                    s = send_chunk(rows, lengths, inflight, sent_at, timer, born, resent,
-                                   versions, overtaken, next_seq, slot_seq,
-                                   <const char *>&xin[0], size, kind, c, k, block,
-                                   value_bits, n, agreed, local, slots, nb, job, worker, rto,
-                                   0, epoch, call, quorum, &skipped, &lazy)
-                    tries[s] = 0
-                    pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
-                    npend += 1
-                    sent += 1
-                    if npend == INA_BATCH_MAX:
-                        if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
-                                          &send_calls) < 0:
-                            status, failure = SEND_FAILED, errno
-                            break
-                        npend = 0
-            if lost and quorum:  # nothing in flight, nothing to send: the rest is gone
+                self._take(c, self.seg_ptr[i], self.seg_len[i], now)
+                if c.status != DONE or c.stop:
+                    break
+            if c.lost and c.quorum:  # nothing in flight, nothing to send: the rest is gone
                 idle = True
-                for s in range(slots):
-                    if inflight[s] >= 0:
+                for s in range(c.slots):
+                    if self.window[s].chunk >= 0:
                         idle = False
                         break
-                if idle and npend == 0:
-                    status = LOST
+                if idle and self.npend == 0:
+                    c.status = LOST
                     break
             # The new packets this batch of results freed: out in one go.
-            if status == DONE and npend:
-                if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
-                                  &send_calls) < 0:
-                    status, failure = SEND_FAILED, errno
-                npend = 0
-            # Retransmit what timed out, backing off; new chunks start from the backed-off
-            # timeout until a sample says otherwise (RFC 6298 5.5-5.7). With an aggregator
-            # that NACKs, the first timeout of a packet asks for its result with a header
-            # alone: had the packet been lost, it would most likely have been NACKed, so
-            # another worker's packet is missing (that worker is NACKed) or the result
-            # was lost. Only the next timeout resends the whole packet: a lost packet
-            # stalls every worker's timer, and n full resends where one is needed were
-            # most of the bytes loss cost (docs/reliability.md).
-            for s in range(slots):
-                if status == DONE and inflight[s] >= 0 and now - sent_at[s] >= timer[s]:
-                    if quorum and tries[s] >= QUORUM_TRIES and npend < INA_BATCH_MAX:
-                        lost += 1  # given up: on with the slot's next chunk not had
-                        c = next_undone(done, max(inflight[s], latest[s]) + slots, nb,
-                                        slots)
-                        inflight[s] = -1
-                        if c < nb:
-                            versions[s] = use_version(v0, c, slots)
-                            send_chunk(rows, lengths, inflight, sent_at, timer, born,
-                                       resent, versions, overtaken, next_seq, slot_seq,
-                                       <const char *>&xin[0], size, kind, c, k, block,
-                                       value_bits, n, agreed, local, slots, nb, job, worker,
-                                       rto, 0, epoch, call, quorum, &skipped, &lazy)
-                            tries[s] = 0
-                            pend_bufs[npend], pend_lens[npend] = &rows[s, 0], lengths[s]
-                            npend += 1
-                            sent += 1
-                        continue
-                    tries[s] += 1
-                    if nacking[0] and not asked[s]:
-                        if request_result(fd, &to, rows, s, request) < 0:
-                            status, failure = SEND_FAILED, errno
-                            break
-                        asked[s] = 1
-                        requests += 1
-                    else:
-                        if resend(fd, &to, rows, lengths, s) < 0:
-                            status, failure = SEND_FAILED, errno
-                            break
-                        retransmitted += 1
-                    resent[s] = 1
-                    sent_at[s] = now
-                    overtaken[s] = 0
-                    timer[s] = min(timer[s] * 2, rto_max)
-                    rto = max(rto, timer[s])
-            if status == DONE and npend:  # (the next chunks of slots given up)
-                if ina_send_batch(fd, &to, pend_bufs, pend_lens, npend, &gso,
-                                  &send_calls) < 0:
-                    status, failure = SEND_FAILED, errno
-                npend = 0
-    missing = np.flatnonzero(done_arr == 0)
-    send_state[0] = gso
-    if quorum:  # every use of each slot passed at the switch, whoever sent it
-        for s in range(min(slots, nb)):
-            versions[s] = use_version(v0, s + slots * ((nb - s + slots - 1) // slots), slots)
-    counters = {"sent": sent, "send_calls": send_calls, "gso": gso,
-                "gro_buffers": gro_buffers,
-                "retransmitted": retransmitted, "nacks": nacks,
-                "nack_resent": nacked, "result_requests": requests,
-                "rtt_samples": samples,
-                "stale": stale, "rejected": rejected, "seconds": monotonic() - start,
-                "left_out": left_out, "skipped": skipped, "lost": lost,
-                "nonfinite": int(lazy.nonfinite),
-                "nonfinite_seen": int(nonfinite_seen),
-                "counted_all": counted_all,
-                "counted_any": counted_any, "mode": mode}
-    if failure:  # SEND_FAILED
-        counters["errno"], counters["call"] = failure, CALL_SEND
-    elif receive_failure and status != DONE:
-        counters["errno"], counters["call"] = receive_failure, receive_call
-    return status, counters, missing
+            if c.status == DONE and self.npend:
+                self._flush(c)
+            self._timeouts(c, now)
+            if c.status == DONE and self.npend:  # (the next chunks of slots given up)
+                self._flush(c)
+        return 0
 
+    cdef Py_ssize_t _receive(self, Call *c, int wait_ms) noexcept nogil:
+        """What has come on the socket, waiting up to ``wait_ms`` if nothing has: up to
+        BATCH buffers, each split into its datagrams (UDP_GRO may bring several results
+        back to back) in seg_ptr / seg_len; their number. A failed receive or poll leaves
+        its errno in the call's ``receive_failure`` and the call (CALLS) in
+        ``receive_call``."""
+        cdef int got, i, n_in
+        cdef Py_ssize_t nseg = 0
+        prepare_receive(self.msgs, self.iovs, self.rx, RX_BYTES, BATCH, NULL)
+        ina_attach_controls(self.msgs, self.controls, INA_GRO_CONTROL, BATCH)
+        got = recvmmsg(self.fd, self.msgs, BATCH, MSG_DONTWAIT, NULL)
+        if got < 0 and not try_again(errno):
+            c.receive_failure, c.receive_call = errno, CALL_RECVMMSG
+        if got <= 0:
+            if wait_ms > 0 and poll(&self.pfd, 1, wait_ms) < 0 and not try_again(errno):
+                c.receive_failure, c.receive_call = errno, CALL_POLL
+            got = 0
+        for i in range(got):
+            n_in = ina_segments(&self.msgs[i].msg_hdr, self.rx + i * RX_BYTES,
+                                self.msgs[i].msg_len, &self.seg_ptr[nseg],
+                                &self.seg_len[nseg], SEGMENTS - nseg)
+            c.gro_buffers += n_in > 1
+            nseg += n_in
+        return nseg
 
-cdef inline int resend(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, int32_t[::1] lengths,
-                       Py_ssize_t s) noexcept nogil:
-    """Send slot s's packet again, marked as a retransmission; -1 if sendto failed."""
-    rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
-    if sendto(fd, &rows[s, 0], lengths[s], 0, <const sockaddr *>to, sizeof(sockaddr_in)) < 0:
-        return -1
-    return 0
+    cdef void _take(self, Call *c, const uint8_t *pkt, Py_ssize_t length,
+                    double now) noexcept nogil:
+        """One datagram received: stale if not of this job and epoch, a NACK, or a
+        result (the stream's or the opening's)."""
+        if length < HEADER:
+            if c.opening:
+                c.stale += 1
+            else:
+                c.rejected += 1
+            return
+        if get16(pkt + OFF_JOB) != self.job or get16(pkt + OFF_EPOCH) != <uint16_t>self._epoch:
+            c.stale += 1
+            return
+        if pkt[OFF_FLAGS] & FLAG_NACK:
+            self._nacked(c, pkt, now)
+        elif c.opening:
+            self._opening_result(c, pkt, length, now)
+        else:
+            self._stream_result(c, pkt, length, now)
 
+    cdef void _nacked(self, Call *c, const uint8_t *pkt, double now) noexcept nogil:
+        """Packets the aggregator never saw (a NACK names their numbers): resent now,
+        without backing off."""
+        cdef Py_ssize_t first = pkt[OFF_SEQ], count = get16(pkt + OFF_COUNT), s
+        cdef Slot *w
+        c.nacks += 1
+        self.nacking = True
+        for s in range(c.slots):
+            w = &self.window[s]
+            if w.chunk >= 0 and ((w.seq - first) & 255) < count:
+                if self._resend(c, s) < 0:
+                    return
+                w.resent = 1
+                w.sent_at = now
+                c.nacked += 1
 
-cdef inline int request_result(int fd, sockaddr_in *to, uint8_t[:, ::1] rows, Py_ssize_t s,
-                               uint8_t *request) noexcept nogil:
-    """Ask for slot s's result with its packet's header alone (a result request: count
-    0, RETRANSMIT); -1 if sendto failed."""
-    memcpy(request, &rows[s, 0], HEADER)
-    request[OFF_FLAGS] = FLAG_RETRANSMIT
-    put16(request + OFF_COUNT, 0)
-    return -1 if sendto(fd, request, HEADER, 0, <const sockaddr *>to,
-                        sizeof(sockaddr_in)) < 0 else 0
-
-
-cdef struct Lazy:  # chunks whose exponents the stream computes as it reaches them
-    Py_ssize_t have   # the chunks with exponents in local so far
-    int32_t floor     # the dtype's smallest exponent
-    bint nonfinite    # a NaN or an Inf was seen among them
-    const int16_t *flagged  # G proposals of NONFINITE_MARK: what a packet proposes once seen
-
-
-cdef Py_ssize_t send_chunk(uint8_t[:, ::1] rows, int32_t[::1] lengths,
-                           int64_t[::1] inflight, double[::1] sent_at, double[::1] timer,
-                           double[::1] born, uint8_t[::1] resent,
-                           uint8_t[::1] versions, int32_t[::1] overtaken, uint8_t *next_seq,
-                           uint8_t[::1] slot_seq, const char *x, Py_ssize_t size, Kind kind,
-                           Py_ssize_t c, Py_ssize_t k, Py_ssize_t block, int bits, int n,
-                           int16_t[::1] agreed, int16_t[::1] local, Py_ssize_t slots,
-                           Py_ssize_t nb, int job, int worker, double rto, int flags,
-                           int epoch, int call, int quorum,
-                           Py_ssize_t *skipped, Lazy *lazy) noexcept nogil:
-    """Write chunk c's packet into its slot's row and start its clocks; the slot. The
-    caller sends it, with the others of its batch (ina_send_batch). In a quorum call,
-    a chunk whose values need larger exponents than those agreed becomes a result
-    request, its header alone: clipped values would spoil the sum."""
-    cdef Py_ssize_t s = c % slots, g = (k + block - 1) // block, j
-    cdef Py_ssize_t blocks = (min(k, size - c * k) + block - 1) // block
-    cdef bint fits = True
-    cdef Py_ssize_t start, width = kind_itemsize(kind)
-    while lazy.have < nb and lazy.have <= c + slots:  # this chunk's and the proposals'
-        start = lazy.have * k
-        if chunk_proposals(x + start * width, min(k, size - start), kind, block, lazy.floor,
-                           g, &local[lazy.have * g]):
-            lazy.nonfinite = True
-        lazy.have += 1
-    if quorum:
-        for j in range(blocks):
-            if local[c * g + j] > agreed[c * g + j]:
-                fits = False
-                break
-    lengths[s] = <int32_t>write_packet(&rows[s, 0], x, size, kind, c, k, block, bits, n,
-                                       &agreed[c * g] if fits else &local[c * g],
-                                       lazy.flagged if lazy.nonfinite and not quorum else
-                                       &local[(c + slots) * g] if c + slots < nb else NULL,
-                                       <uint32_t>s, versions[s], job, worker, flags, epoch,
-                                       call, quorum)
-    if not fits:
-        rows[s, OFF_FLAGS] = FLAG_RETRANSMIT
-        put16(&rows[s, 0] + OFF_COUNT, 0)
-        lengths[s] = <int32_t>HEADER
-        skipped[0] += 1
-    if c + 1 < nb:  # the next new packet's values, from memory meanwhile
-        ina_prefetch(x + (c + 1) * k * width, min(k, size - (c + 1) * k) * width, 0)
-    rows[s, OFF_SEQ] = next_seq[0]
-    slot_seq[s] = next_seq[0]
-    next_seq[0] += 1
-    overtaken[s] = 0
-    inflight[s] = c
-    sent_at[s] = monotonic()
-    born[s] = sent_at[s]
-    resent[s] = 0
-    timer[s] = rto
-    return s  # the caller sends it, in a batch
-
-
-# What opening() returns as its first value besides STATUS's (a MISMATCH is complete).
-OPEN_MISMATCH = 100
-
-
-def opening(int fd, uint32_t switch_addr_be, uint16_t switch_port_be,
-            int16_t[:, ::1] proposals, uint8_t[::1] versions, int job, int worker,
-            Py_ssize_t block, int value_bits, uint32_t ident_offset, int16_t ident_word,
-            double rto, double rto_min, double rto_max, double silence, double deadline,
-            double[::1] rtt, int epoch, uint8_t[::1] seq, int call, uint8_t[::1] send_state,
-            scratch):
-    """A call's opening (docs/protocol.md): one packet per slot of the call's first
-    window (``proposals`` has a row per slot, slots 0 .. m - 1), each with no values
-    (count 0) and G pairs: the call's identity (the packets' offset and
-    every pair's exponent) and the proposals of the slot's first chunk of the call
-    (``proposals``, S x G; PROPOSAL_NONE where the call has none). The aggregator
-    keeps the max of the proposals and marks a cell whose packets' identities differ.
-    On return ``proposals`` holds the max over the workers, ``versions`` has moved on
-    one use of each of those slots (if every result came) and ``rtt`` holds the
-    samples taken. A result that says MISMATCH ends the opening at once: the workers may
-    have opened different numbers of slots, and the caller starts a new epoch.
-
-    Returns (status, counters): status DONE when every slot's result came and every
-    identity was this worker's, OPEN_MISMATCH when a result said the workers' differ
-    (the MISMATCH flag, or an identity not this worker's), else as stream's. Reliable
-    as the stream is: a timer per slot resends the whole (small) packet, a NACK resends
-    the packets it names, and the silence bound and the deadline end it. Ctrl-C ends it
-    with KeyboardInterrupt."""
-    cdef Py_ssize_t slots = proposals.shape[0], g = proposals.shape[1]
-    cdef Py_ssize_t width = HEADER + PAIR * g, s, j, i
-    if versions.shape[0] < slots or slots < 1 or g < 1 or width > 65536:
-        raise ValueError(f"opening: {slots} x {g} proposals for {versions.shape[0]} slots")
-    ring, inbox = scratch
-    if ring.shape[0] < slots or ring.shape[1] < width or inbox.shape[1] != 65536:
-        raise ValueError("opening: scratch buffers too small")
-    cdef uint8_t[:, ::1] rows = ring
-    cdef uint8_t[:, ::1] rx = inbox
-    cdef Py_ssize_t nrx = min(<Py_ssize_t>BATCH, rx.shape[0])
-    cdef double *est = &rtt[0]
-    if est[RTO] > 0:
-        rto = est[RTO]
-    cdef double[::1] sent_at = np.zeros(slots)
-    cdef double[::1] timer = np.full(slots, rto)
-    cdef uint8_t[::1] resent = np.zeros(slots, np.uint8)
-    cdef uint8_t[::1] done = np.zeros(slots, np.uint8)
-    cdef uint8_t[::1] slot_seq = np.zeros(slots, np.uint8)
-    cdef uint8_t *bufs[INA_BATCH_MAX]
-    cdef int32_t lens[INA_BATCH_MAX]
-    cdef int gso = send_state[0]
-    cdef long send_calls = 0
-    cdef sockaddr_in to
-    set_sockaddr(&to, switch_addr_be, switch_port_be)
-    cdef mmsghdr msgs[BATCH]
-    cdef iovec iovs[BATCH]
-    cdef char controls[BATCH * 64]
-    cdef uint8_t *seg_ptr[SEGMENTS]
-    cdef int32_t seg_len[SEGMENTS]
-    cdef Py_ssize_t nseg, completed = 0, retransmitted = 0, stale = 0, nacks = 0, nacked = 0
-    cdef Py_ssize_t samples = 0, nfirst, ncount
-    cdef int status = DONE, failure = 0, wait_ms, npend = 0
-    cdef int receive_failure = 0, receive_call = CALL_RECVMMSG
-    cdef Py_ssize_t gro_buffers = 0
-    cdef bint mismatch = False
-    cdef pollfd pfd
-    pfd.fd = fd
-    pfd.events = POLLIN
-    cdef double now, start = monotonic(), last_result, next_timer, next_signal_check
-    cdef const uint8_t *pkt
-    cdef uint8_t *row
-    last_result = start
-    next_signal_check = start
-    with nogil:
+    cdef void _timeouts(self, Call *c, double now) noexcept nogil:
+        """Retransmit what timed out, backing off; new chunks start from the backed-off
+        timeout until a sample says otherwise (RFC 6298 5.5-5.7). With an aggregator
+        that NACKs, a stream's first timeout of a packet asks for its result with a
+        header alone: had the packet been lost, it would most likely have been NACKed, so
+        another worker's packet is missing (that worker is NACKed) or the result was
+        lost. Only the next timeout resends the whole packet: a lost packet stalls every
+        worker's timer, and n full resends where one is needed were most of the bytes
+        loss cost (docs/reliability.md). An opening's packets are small: resent whole."""
+        cdef Py_ssize_t s, nxt, slots = c.slots
+        cdef Slot *w
         for s in range(slots):
-            row = &rows[s, 0]
-            row[OFF_VERSION] = VERSION
-            row[OFF_FLAGS] = FLAG_OPEN
-            put16(row + OFF_JOB, job)
-            put16(row + OFF_WORKER, worker)
-            row[OFF_SLOT_VERSION] = versions[s]
-            row[OFF_SEQ] = seq[0]
-            slot_seq[s] = seq[0]
-            seq[0] += 1
-            put32(row + OFF_SLOT, <uint32_t>s)
-            put32(row + OFF_OFFSET, ident_offset)
-            put16(row + OFF_COUNT, 0)
-            put16(row + OFF_BLOCKS, <uint16_t>g)
-            row[OFF_VALUE_BITS] = value_bits
-            row[OFF_BLOCK] = block
-            put16(row + OFF_EPOCH, <uint16_t>epoch)
-            put16(row + OFF_CALL, <uint16_t>call)
-            row[OFF_QUORUM] = 0
-            row[OFF_MODE_QUORUM] = 0
-            put32(row + OFF_MODE_GENERATION, 0)
-            put64(row + OFF_CONTRIBUTORS, 0)
-            for j in range(g):
-                put16(row + HEADER + PAIR * j, <uint16_t>ident_word)
-                put16(row + HEADER + PAIR * j + 2, <uint16_t>proposals[s, j])
-            bufs[npend], lens[npend] = row, <int32_t>width
-            npend += 1
-            sent_at[s] = monotonic()
-            if npend == INA_BATCH_MAX or s == slots - 1:
-                if ina_send_batch(fd, &to, bufs, lens, npend, &gso, &send_calls) < 0:
-                    status, failure = SEND_FAILED, errno
-                    break
-                npend = 0
-        while status == DONE and completed < slots and not mismatch:
-            now = monotonic()
-            if now >= next_signal_check:
-                next_signal_check = now + SIGNAL_CHECK
-                with gil:
-                    PyErr_CheckSignals()
-            status = bounds_passed(now, start, deadline, last_result, silence)
-            if status != DONE:
-                break
-            next_timer = now + SIGNAL_CHECK
-            for s in range(slots):
-                if not done[s] and sent_at[s] + timer[s] < next_timer:
-                    next_timer = sent_at[s] + timer[s]
-            wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
-            nseg = receive(fd, msgs, iovs, controls, &rx[0, 0], <int>nrx, wait_ms, &pfd,
-                           seg_ptr, seg_len, &gro_buffers, &receive_failure, &receive_call)
-            now = monotonic()
-            for i in range(nseg):
-                pkt = seg_ptr[i]
-                if (seg_len[i] < HEADER or get16(pkt + OFF_JOB) != job
-                        or get16(pkt + OFF_EPOCH) != <uint16_t>epoch):
-                    stale += 1
+            w = &self.window[s]
+            if c.status == DONE and w.chunk >= 0 and now - w.sent_at >= w.timer:
+                if c.quorum and w.tries >= QUORUM_TRIES and self.npend < INA_BATCH_MAX:
+                    c.lost += 1  # given up: on with the slot's next chunk not had
+                    nxt = next_undone(c.done, max(w.chunk, w.latest) + slots, c.nb, slots)
+                    w.chunk = -1
+                    if nxt < c.nb:
+                        w.version = use_version(w.first_version, nxt, slots)
+                        self._queue(self._write_chunk(c, nxt))
+                        c.sent += 1
                     continue
-                if pkt[OFF_FLAGS] & FLAG_NACK:  # packets never seen: resend them now
-                    nacks += 1
-                    seq[1] = 1
-                    nfirst, ncount = pkt[OFF_SEQ], get16(pkt + OFF_COUNT)
-                    for s in range(slots):
-                        if not done[s] and ((slot_seq[s] - nfirst) & 255) < ncount:
-                            rows[s, OFF_FLAGS] = FLAG_OPEN | FLAG_RETRANSMIT
-                            if sendto(fd, &rows[s, 0], width, 0, <const sockaddr *>&to,
-                                      sizeof(sockaddr_in)) < 0:
-                                status, failure = SEND_FAILED, errno
-                                break
-                            resent[s] = 1
-                            sent_at[s] = now
-                            nacked += 1
-                    continue
-                s = get32(pkt + OFF_SLOT)
-                if (not (pkt[OFF_FLAGS] & FLAG_RESULT) or not (pkt[OFF_FLAGS] & FLAG_OPEN)
-                        or pkt[OFF_FLAGS] & FLAG_CONTROL or s >= slots or done[s]
-                        or pkt[OFF_SLOT_VERSION] != versions[s]
-                        or (get16(pkt + OFF_CALL) != <uint16_t>call
-                            and not pkt[OFF_FLAGS] & FLAG_MISMATCH)
-                        or seg_len[i] != width or get16(pkt + OFF_BLOCKS) != g):
-                    # (a marked result may name another worker's call number: the
-                    # first packet's)
-                    stale += 1
-                    continue
-                if pkt[OFF_FLAGS] & FLAG_MISMATCH or get32(pkt + OFF_OFFSET) != ident_offset:
-                    mismatch = True
-                for j in range(g):
-                    if <int16_t>get16(pkt + HEADER + PAIR * j) != ident_word:
-                        mismatch = True
-                    proposals[s, j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
-                done[s] = 1
-                completed += 1
-                last_result = now
-                if mismatch:  # (the others' slots may never complete: no need)
-                    break
-                if not resent[s]:
-                    rtt_sample(est, now - sent_at[s], rto_min, rto_max)
-                    samples += 1
-            # Resend what timed out, backing off (the packets are small: whole).
-            for s in range(slots):
-                if status == DONE and not done[s] and now - sent_at[s] >= timer[s]:
-                    rows[s, OFF_FLAGS] = FLAG_OPEN | FLAG_RETRANSMIT
-                    if sendto(fd, &rows[s, 0], width, 0, <const sockaddr *>&to,
-                              sizeof(sockaddr_in)) < 0:
-                        status, failure = SEND_FAILED, errno
+                w.tries += 1
+                if c.asks and self.nacking and not w.asked:
+                    if self._request(c, s) < 0:
                         break
-                    retransmitted += 1
-                    resent[s] = 1
-                    sent_at[s] = now
-                    timer[s] = min(timer[s] * 2, rto_max)
-    if completed == slots:
-        for s in range(slots):
-            versions[s] ^= 1
-    send_state[0] = gso
-    counters = {"open_sent": slots, "retransmitted": retransmitted, "nacks": nacks,
-                "nack_resent": nacked, "stale": stale, "rtt_samples": samples,
-                "open_seconds": monotonic() - start, "send_calls": send_calls}
-    if failure:
-        counters["errno"], counters["call"] = failure, CALL_SEND
-    elif receive_failure and status != DONE:
-        counters["errno"], counters["call"] = receive_failure, receive_call
-    if status == DONE and mismatch:
-        status = OPEN_MISMATCH
-    return status, counters
+                    w.asked = 1
+                    c.requests += 1
+                else:
+                    if self._resend(c, s) < 0:
+                        break
+                    c.retransmitted += 1
+                w.resent = 1
+                w.sent_at = now
+                w.overtaken = 0
+                w.timer = min(w.timer * 2, c.rto_max)
+                c.rto = max(c.rto, w.timer)
+
+    cdef inline void _queue(self, Py_ssize_t s) noexcept nogil:
+        """Slot s's new packet into the next batch (``_flush`` sends it)."""
+        self.pend_bufs[self.npend] = self.rows + s * self.row_width
+        self.pend_lens[self.npend] = self.window[s].length
+        self.npend += 1
+
+    cdef int _flush(self, Call *c) noexcept nogil:
+        """The batch out, in one system call per run of equal-sized packets; -1 (the
+        call SEND_FAILED) if a send failed."""
+        if ina_send_batch(self.fd, &self.to, self.pend_bufs, self.pend_lens, self.npend,
+                          &self.gso, &c.send_calls) < 0:
+            c.status, c.failure = SEND_FAILED, errno
+            return -1
+        self.npend = 0
+        return 0
+
+    cdef int _resend(self, Call *c, Py_ssize_t s) noexcept nogil:
+        """Send slot s's packet again, marked as a retransmission; -1 (the call
+        SEND_FAILED) if sendto failed."""
+        cdef uint8_t *row = self.rows + s * self.row_width
+        row[OFF_FLAGS] = c.retransmit
+        if sendto(self.fd, row, self.window[s].length, 0, <const sockaddr *>&self.to,
+                  sizeof(sockaddr_in)) < 0:
+            c.status, c.failure = SEND_FAILED, errno
+            return -1
+        return 0
+
+    cdef int _request(self, Call *c, Py_ssize_t s) noexcept nogil:
+        """Ask for slot s's result with its packet's header alone (a result request:
+        count 0, RETRANSMIT); -1 (the call SEND_FAILED) if sendto failed."""
+        memcpy(self.request, self.rows + s * self.row_width, HEADER)
+        self.request[OFF_FLAGS] = FLAG_RETRANSMIT
+        put16(self.request + OFF_COUNT, 0)
+        if sendto(self.fd, self.request, HEADER, 0, <const sockaddr *>&self.to,
+                  sizeof(sockaddr_in)) < 0:
+            c.status, c.failure = SEND_FAILED, errno
+            return -1
+        return 0
+
+    cdef inline void _numbered(self, Py_ssize_t s, double rto) noexcept nogil:
+        """Slot s's new packet numbered and its clocks started."""
+        cdef Slot *w = &self.window[s]
+        self.rows[s * self.row_width + OFF_SEQ] = self._next_packet
+        w.seq = self._next_packet
+        self._next_packet += 1
+        w.overtaken = 0
+        w.sent_at = monotonic()
+        w.born = w.sent_at
+        w.resent = 0
+        w.timer = rto
+
+    # -- a stream ---------------------------------------------------------------------
+
+    cdef Py_ssize_t _write_chunk(self, Call *c, Py_ssize_t chunk) noexcept nogil:
+        """Write chunk ``chunk``'s packet into its slot's row and start its clocks; the
+        slot. The caller sends it, with the others of its batch (``_queue``). In a
+        quorum call, a chunk whose values need larger exponents than those agreed
+        becomes a result request, its header alone: clipped values would spoil the
+        sum."""
+        cdef Py_ssize_t slots = self.slots, k = self.k, g = c.g, nb = c.nb, j
+        cdef Py_ssize_t s = chunk % slots, size = c.size
+        cdef Py_ssize_t blocks = (min(k, size - chunk * k) + self.block - 1) // self.block
+        cdef bint fits = True
+        cdef Py_ssize_t start, width = kind_itemsize(c.kind)
+        cdef uint8_t *row = self.rows + s * self.row_width
+        cdef Lazy *lazy = &c.lazy
+        while lazy.have < nb and lazy.have <= chunk + slots:  # its own and the proposals'
+            start = lazy.have * k
+            if chunk_proposals(c.x + start * width, min(k, size - start), c.kind,
+                               self.block, lazy.floor, g, &c.local[lazy.have * g]):
+                lazy.nonfinite = True
+            lazy.have += 1
+        if c.quorum:
+            for j in range(blocks):
+                if c.local[chunk * g + j] > c.agreed[chunk * g + j]:
+                    fits = False
+                    break
+        self.window[s].length = <int32_t>write_packet(
+            row, c.x, size, c.kind, chunk, k, self.block, c.bits, self.n,
+            &c.agreed[chunk * g] if fits else &c.local[chunk * g],
+            lazy.flagged if lazy.nonfinite and not c.quorum else
+            &c.local[(chunk + slots) * g] if chunk + slots < nb else NULL,
+            <uint32_t>s, self.window[s].version, self.job, self.worker, 0, self._epoch,
+            c.number, c.quorum)
+        if not fits:
+            row[OFF_FLAGS] = FLAG_RETRANSMIT
+            put16(row + OFF_COUNT, 0)
+            self.window[s].length = <int32_t>HEADER
+            c.skipped += 1
+        if chunk + 1 < nb:  # the next new packet's values, from memory meanwhile
+            ina_prefetch(c.x + (chunk + 1) * k * width, min(k, size - (chunk + 1) * k) * width,
+                         0)
+        self._numbered(s, c.rto)
+        self.window[s].chunk = chunk
+        self.window[s].tries = 0
+        return s
+
+    cdef void _stream_result(self, Call *c, const uint8_t *pkt, Py_ssize_t length,
+                             double now) noexcept nogil:
+        """A stream's result: applied to the output once (else stale, or rejected if
+        malformed), the RTT sampled, the slot's next chunk written and queued."""
+        cdef Py_ssize_t slots = self.slots, k = self.k, g = c.g, nb = c.nb, j, q
+        cdef Py_ssize_t s = get32(pkt + OFF_SLOT), offset = get32(pkt + OFF_OFFSET)
+        cdef Py_ssize_t chunk = offset // k, nxt
+        cdef int ver = pkt[OFF_SLOT_VERSION]
+        cdef uint64_t counted
+        cdef int64_t announced
+        cdef double sent_last
+        cdef Slot *w
+        if (s >= slots or chunk >= nb or c.done[chunk] or chunk % slots != s
+                or get16(pkt + OFF_CALL) != <uint16_t>c.number
+                or pkt[OFF_FLAGS] & FLAG_CONTROL):
+            c.stale += 1
+            return
+        w = &self.window[s]
+        if not ((w.chunk == chunk and ver == w.version)
+                or (c.quorum and chunk > w.chunk and chunk > w.latest
+                    and ver == use_version(w.first_version, chunk, slots))):
+            c.stale += 1
+            return
+        if parse_result(pkt, length, c.out, c.size, c.kind, k, self.block, c.bits, self.n,
+                        c.average, self.job, -32767, 32767) != PARSE_OK:
+            c.rejected += 1
+            return
+        c.done[chunk] = 1
+        c.completed += 1
+        if chunk + 1 < nb:  # where the next result goes, fetched meanwhile
+            ina_prefetch(c.out + (chunk + 1) * k * kind_itemsize(c.kind),
+                         min(k, c.size - (chunk + 1) * k) * kind_itemsize(c.kind), 1)
+        counted = get64(pkt + OFF_CONTRIBUTORS)
+        if counted:  # (an aggregator that names none counted all)
+            c.counted_all &= counted
+            c.left_out += not (counted & c.me)
+        c.counted_any |= counted if counted else ~(<uint64_t>0)
+        announced = (<int64_t>get32(pkt + OFF_MODE_GENERATION) << 8
+                     | pkt[OFF_MODE_QUORUM])
+        if announced > c.mode:
+            c.mode = announced
+        c.last_result = now
+        if w.chunk == chunk and not w.resent:
+            rtt_sample(c.est, now - w.born, c.rto_min, c.rto_max)
+            c.rto = c.est.rto
+            c.samples += 1
+        if c.quorum:
+            if chunk > w.latest:
+                w.latest = chunk
+            if w.chunk != chunk:  # a later chunk of the slot, passing by
+                if w.chunk < 0 or w.chunk + 2 * slots > w.latest:
+                    return  # (the one in flight may still be answered)
+                c.lost += 1  # its cell holds a later chunk now: gone
+            # On from the latest result, past chunks already had.
+            nxt = next_undone(c.done, w.latest + slots, nb, slots)
+            w.chunk = -1
+            w.asked = 0
+            if nxt >= nb:
+                return
+            w.version = use_version(w.first_version, nxt, slots)
+            chunk = nxt - slots  # (sent below, as the slot's next)
+        else:
+            w.chunk = -1
+            w.asked = 0
+            w.version ^= 1
+        if self.nacking:  # results of earlier packets still missing: ask for them
+            sent_last = w.sent_at
+            for q in range(slots):
+                if self.window[q].chunk < 0 or self.window[q].sent_at >= sent_last:
+                    continue
+                self.window[q].overtaken += 1
+                if self.window[q].overtaken == OVERTAKEN:
+                    self.window[q].overtaken = ASKED
+                    if self._request(c, q) < 0:
+                        return
+                    self.window[q].resent = 1  # Karn: its round trip is no sample now
+                    c.requests += 1
+        if <int16_t>get16(pkt + HEADER + 2) == NONFINITE_MARK:
+            c.nonfinite_seen = True
+        nxt = chunk + slots
+        if nxt < nb:  # its exponents: the max proposals the result carries
+            if not c.quorum:  # (a quorum's: agreed already)
+                for j in range(get16(pkt + OFF_BLOCKS)):
+                    c.agreed[nxt * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
+                    if c.agreed[nxt * g + j] == NONFINITE_MARK:
+                        c.agreed[nxt * g + j] = c.exponent_ceiling
+            self._queue(self._write_chunk(c, nxt))
+            c.sent += 1
+            if self.npend == INA_BATCH_MAX:
+                self._flush(c)
+
+    # -- an opening -------------------------------------------------------------------
+
+    cdef Py_ssize_t _write_opening(self, Call *c, Py_ssize_t s) noexcept nogil:
+        """Slot s's opening packet into its row, its clocks started; the slot."""
+        cdef uint8_t *row = self.rows + s * self.row_width
+        cdef Py_ssize_t j, g = c.g
+        row[OFF_VERSION] = VERSION
+        row[OFF_FLAGS] = FLAG_OPEN
+        put16(row + OFF_JOB, self.job)
+        put16(row + OFF_WORKER, self.worker)
+        row[OFF_SLOT_VERSION] = self.window[s].version
+        put32(row + OFF_SLOT, <uint32_t>s)
+        put32(row + OFF_OFFSET, c.ident_offset)
+        put16(row + OFF_COUNT, 0)
+        put16(row + OFF_BLOCKS, <uint16_t>g)
+        row[OFF_VALUE_BITS] = self.value_bits
+        row[OFF_BLOCK] = self.block
+        put16(row + OFF_EPOCH, <uint16_t>self._epoch)
+        put16(row + OFF_CALL, <uint16_t>c.number)
+        row[OFF_QUORUM] = 0
+        row[OFF_MODE_QUORUM] = 0
+        put32(row + OFF_MODE_GENERATION, 0)
+        put64(row + OFF_CONTRIBUTORS, 0)
+        for j in range(g):
+            put16(row + HEADER + PAIR * j, <uint16_t>c.ident_word)
+            put16(row + HEADER + PAIR * j + 2, <uint16_t>c.proposals[s * g + j])
+        self.window[s].length = <int32_t>c.width
+        self._numbered(s, c.rto)
+        self.window[s].chunk = s
+        self.window[s].tries = 0
+        self.window[s].asked = 0
+        return s
+
+    cdef void _opening_result(self, Call *c, const uint8_t *pkt, Py_ssize_t length,
+                              double now) noexcept nogil:
+        """An opening's result: the max proposals of its slot (else stale); a MISMATCH,
+        or an identity not this worker's, ends the opening."""
+        cdef Py_ssize_t s = get32(pkt + OFF_SLOT), j, g = c.g
+        cdef int flags = pkt[OFF_FLAGS]
+        cdef bint mismatch = False
+        cdef Slot *w
+        if (not (flags & FLAG_RESULT) or not (flags & FLAG_OPEN) or flags & FLAG_CONTROL
+                or s >= c.slots or self.window[s].chunk < 0
+                or pkt[OFF_SLOT_VERSION] != self.window[s].version
+                or (get16(pkt + OFF_CALL) != <uint16_t>c.number
+                    and not flags & FLAG_MISMATCH)
+                or length != c.width or get16(pkt + OFF_BLOCKS) != g):
+            # (a marked result may name another worker's call number: the first packet's)
+            c.stale += 1
+            return
+        w = &self.window[s]
+        if flags & FLAG_MISMATCH or get32(pkt + OFF_OFFSET) != c.ident_offset:
+            mismatch = True
+        for j in range(g):
+            if <int16_t>get16(pkt + HEADER + PAIR * j) != c.ident_word:
+                mismatch = True
+            c.proposals[s * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
+        w.chunk = -1
+        c.completed += 1
+        c.last_result = now
+        if mismatch:  # (the others' slots may never complete: no need)
+            c.stop = True
+            return
+        if not w.resent:
+            rtt_sample(c.est, now - w.born, c.rto_min, c.rto_max)
+            c.samples += 1

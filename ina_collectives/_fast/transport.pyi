@@ -1,42 +1,103 @@
 """The worker's data path: a tensor streamed through the aggregator, windowed and reliable."""
+from typing import Protocol
+
 import numpy as np
 
 STATUS: tuple[str, ...]
-"""What stream() returns first, by index: done, silent, timeout, a send failed,
-cancelled, lost (quorum: done but for chunks the switch no longer holds)."""
+"""A Result's status, by index: done, silent, timeout, a send failed, cancelled, lost
+(quorum: done but for chunks the switch no longer holds)."""
 COMPLETE: tuple[int, ...]
-"""The statuses of a stream that ended without a failure: done, lost."""
+"""The statuses of a call that ended without a failure: done, lost."""
+OPEN_MISMATCH: int
+"""An opening's status when a result said the workers' identities differ."""
 CALLS: tuple[str, ...]
-"""The failed system call of counters["call"], by index: send, recvmmsg, poll."""
+"""The system calls whose failure a Result reports (``failed_call``): send, recvmmsg,
+poll."""
 
 def rtt_update(state: np.ndarray, sample: float, rto_min: float, rto_max: float) -> float:
     """One round-trip sample into state [SRTT, RTTVAR, RTO] (for tests); the new RTO."""
 
-def stream_scratch(slots: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Buffers a stream may reuse from call to call (stream's ``scratch``)."""
+
+class _Timers(Protocol):  # ina.link.Timers
+    first: float
+    least: float
+    most: float
+    silence: float
 
 
-def stream(fd: int, switch_addr_be: int, switch_port_be: int, x: np.ndarray,
-           out: np.ndarray, local: np.ndarray, agreed: np.ndarray, versions: np.ndarray,
-           n: int, k: int, job: int, worker: int, average: bool, rto: float,
-           rto_min: float, rto_max: float, silence: float, deadline: float,
-           rtt: np.ndarray, epoch: int = 0, seq: np.ndarray | None = None,
-           block: int = 32, value_bits: int = 32, send_state: np.ndarray | None = None,
-           cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-           ready: int = -1, scratch: tuple[np.ndarray, np.ndarray] | None = None
-           ) -> tuple[int, dict[str, float], np.ndarray]:
-    """Allreduce x into out through the aggregator: (status, counters, chunks missing)."""
+class Result:
+    """How one stream or opening ended, built once at its end."""
+    status: int
+    """An index of STATUS, or OPEN_MISMATCH."""
+    counters: dict[str, float]
+    """Counts only: the caller adds them up."""
+    missing: np.ndarray
+    """The chunks not completed (int64)."""
+    counted_all: int
+    """The workers every result counted (a bitmap; all ones if no result came)."""
+    counted_any: int
+    """The workers some result counted (-1 if no result came)."""
+    mode: int
+    """The newest mode the results announced: generation << 8 | quorum."""
+    error: int
+    """The errno of the system call that failed (0: none)."""
+    failed_call: str
+    """That call, one of CALLS ("": none)."""
+    reason: str
+    """The caller's words for the status (WorkerLink fills it in)."""
+    def __init__(self, status: int = 0, counters: dict[str, float] | None = None,
+                 missing: np.ndarray | None = None, counted_all: int = -1,
+                 counted_any: int = -1, mode: int = 0, error: int = 0,
+                 failed_call: str = "", reason: str = "") -> None: ...
+    @property
+    def ok(self) -> bool:
+        """Ended without a failure (LOST included)."""
 
 
-OPEN_MISMATCH: int
-"""What opening() returns first when a result said the workers' identities differ."""
-
-def opening(fd: int, switch_addr_be: int, switch_port_be: int, proposals: np.ndarray,
-            versions: np.ndarray, job: int, worker: int, block: int, value_bits: int,
-            ident_offset: int, ident_word: int, rto: float,
-            rto_min: float, rto_max: float, silence: float, deadline: float,
-            rtt: np.ndarray, epoch: int, seq: np.ndarray, call: int,
-            send_state: np.ndarray, scratch: tuple[np.ndarray, np.ndarray]
-            ) -> tuple[int, dict[str, float]]:
-    """A call's opening through the aggregator: (status, counters); ``proposals``
-    (S x G int16) becomes the max over the workers."""
+class Link:
+    """One worker's data path to one aggregator: the socket, the job's format and the
+    state that lasts from call to call (slot versions, RTT estimates, packet numbers,
+    the send path, the window and its buffers)."""
+    job: int
+    worker: int
+    n: int
+    k: int
+    block: int
+    value_bits: int
+    groups: int
+    """G: sub-blocks per chunk."""
+    slots: int
+    row_width: int
+    epoch: int
+    nacking: bool
+    """Whether the aggregator NACKs (CAP_NACKS, or it sent a NACK)."""
+    gso: int
+    """1 while new packets may leave with UDP_SEGMENT (cleared if the kernel refuses)."""
+    def __init__(self, fd: int, switch_addr_be: int, switch_port_be: int, job: int,
+                 worker: int, n: int, k: int, slots: int, block: int = 32,
+                 value_bits: int = 32, epoch: int = 0, gso: bool = True) -> None: ...
+    def resize(self, slots: int) -> None:
+        """S slots from now on, each from version 0."""
+    def new_epoch(self, epoch: int) -> None:
+        """A new epoch, every slot from version 0 again."""
+    @property
+    def versions(self) -> np.ndarray:
+        """Each slot's next version (a copy)."""
+    @property
+    def next_packet(self) -> int:
+        """The number of the next new packet (mod 256, counted across calls)."""
+    @property
+    def stream_rtt(self) -> tuple[float, float, float]:
+        """The streams' (SRTT, RTTVAR, RTO), seconds."""
+    @property
+    def opening_rtt(self) -> tuple[float, float, float]:
+        """The openings' (SRTT, RTTVAR, RTO), seconds."""
+    def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
+               average: bool, timers: _Timers, deadline: float, value_bits: int = 0,
+               cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
+               ready: int = -1) -> Result:
+        """Allreduce x into out through the aggregator."""
+    def opening(self, proposals: np.ndarray, ident_offset: int, ident_word: int,
+                timers: _Timers, deadline: float, call: int) -> Result:
+        """A call's opening through the aggregator; ``proposals`` (S x G int16) becomes
+        the max over the workers."""

@@ -292,8 +292,7 @@ class Aggregators:
         self.collective(self.comm.Ibcast(epoch, root=0), "rank 0's new epoch")
         for link in self.links:
             if link is not None:
-                link.epoch = int(epoch[0])
-                link.versions[:] = 0
+                link.new_epoch(int(epoch[0]))
 
     def collective(self, request: MPI.Request, what: str) -> None:
         wait(request, Deadline(self.settings.timeout),

@@ -17,7 +17,7 @@ NaN/Inf in the input or a failed aggregator give the call back to the chooser
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
@@ -31,13 +31,16 @@ from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .aggregators import Aggregators
-from .link import StreamResult, WorkerLink
+from .link import WorkerLink
 from .opening import open_call
 from .outcome import vote
-from .preparing import Prepared, prepare, window_size
+from .preparing import Prepared, Share, prepare, window_size
 from .quorum import Quorum
 from .repair import repair_share
 from .striping import Shares, Streams
+
+if TYPE_CHECKING:
+    from .._fast.transport import Result
 
 NONFINITE = "ina: NaN or Inf in the input (exact path)"
 
@@ -113,7 +116,7 @@ class InaEngine(Engine):
         s, agg = self.settings, self.aggregators
         link = agg.link
         k = link.k if link is not None else agg.elements or s.switch_elements
-        gso = link.send_state[0] if link is not None else s.switch_gso
+        gso = link.wire.gso if link is not None else s.switch_gso
         share_of = (dict(zip(agg.serving(), np.diff(self._shares(1 << 20)) / (1 << 20)))
                     if link is not None else {})
         return {"protocol": P.PROTOCOL_VERSION, "elements": k, "path_mtu": agg.path_mtu,
@@ -229,9 +232,9 @@ class InaEngine(Engine):
         s = self.settings
         # Numbered as the next switch call will be: the switch orders a cell's uses by
         # call number (a quorum's late packets of earlier calls are dropped as late).
-        outcome, window, counters = open_call(link, ident, prepared,
-                                              self.quorum.calls + 1, s, deadline)
-        self._account(link, StreamResult(True, "", counters, np.zeros(0, np.int64)))
+        outcome, window, result = open_call(link, ident, prepared,
+                                            self.quorum.calls + 1, s, deadline)
+        self._account(link, result)
         if outcome == "mismatch":
             # The ranks may have opened different slots, some of which wait for packets
             # that never come: a new epoch leaves every cell idle (docs/protocol.md).
@@ -269,25 +272,25 @@ class InaEngine(Engine):
         call_number, quorum = self.quorum.next_call()
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (recovery.py): its outcome is in the results.
-        vote_free = self.errors.gated and not quorum and len(prepared.parts) == 1
+        vote_free = self.errors.gated and not quorum and len(prepared.shares) == 1
         self.errors.forget()
         if agreed_first[0]:
             return HandOver(NONFINITE, prepared.x)
-        links, parts = self.aggregators.links, prepared.parts
+        links, shares = self.aggregators.links, prepared.shares
         out = (call.recv if prepared.wide == call.dtype
                else np.empty(call.recv.size, prepared.wide))
-        widths = {links[i].value_bits_for(call.value_bits) for i, _, _ in parts}
+        widths = {links[share.aggregator].value_bits_for(call.value_bits)
+                  for share in shares}
         bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
-        self.striped_calls += len(parts) > 1
-        results = self.streams.run(links, parts, prepared.x, out, prepared.local,
-                                   prepared.agreed(agreed_first), prepared.g, prepared.k,
+        self.striped_calls += len(shares) > 1
+        results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
                                    call.op is Op.AVERAGE, bits, deadline, call_number,
-                                   quorum, prepared.ready)
-        for (i, _, _), result in zip(parts, results):
-            self._account(links[i], result)
+                                   quorum)
+        for share, result in zip(shares, results):
+            self._account(links[share.aggregator], result)
         if vote_free:
-            return self._finish_alone(call, parts[0], results[0], prepared.x, out,
+            return self._finish_alone(call, shares[0], results[0], prepared.x, out,
                                       prepared.k)
         return self._finish_by_vote(call, prepared, out, results, bits, deadline)
 
@@ -315,12 +318,12 @@ class InaEngine(Engine):
         return prepared, agreed_first
 
     def _finish_by_vote(self, call: AllreduceCall, prepared: Prepared, out: np.ndarray,
-                        results: list[StreamResult], bits: int, deadline: Deadline
+                        results: list[Result], bits: int, deadline: Deadline
                         ) -> HandOver | None:
         """End a call with the ranks' vote on its outcome: the estimates, the quorum's
         bookkeeping, lost quorum chunks repaired, failed shares taken over or handed to
         the ring."""
-        x, k, parts = prepared.x, prepared.k, prepared.parts
+        x, k, parts = prepared.x, prepared.k, prepared.shares
         # Every rank learns, for each aggregator, whether any rank's share failed, the
         # longest any rank took for it (the throughput estimates: alike on every rank),
         # and the newest mode its results announced (a quorum asked by the control plane);
@@ -328,14 +331,15 @@ class InaEngine(Engine):
         # own: a stream that ran out of the call's time must still reach the vote on
         # every rank, or one rank would give up while another hands over.
         agg = self.aggregators
-        outcome = vote(self.comm, len(agg.addresses), [i for i, _, _ in parts], results,
+        outcome = vote(self.comm, len(agg.addresses), [p.aggregator for p in parts],
+                       results,
                        self.settings.timeout,
                        f"a {call.nbytes}-byte allreduce through the aggregator")
-        failed = [(i, c0, c1) for i, c0, c1 in parts if i in outcome.failed]
+        failed = [p for p in parts if p.aggregator in outcome.failed]
         nonfinite = outcome.nonfinite
         counted_all, counted_any = -1, 0
-        for (i, _, _), result in zip(parts, results):
-            if i not in outcome.failed:  # (a failed share is the ring's: all count)
+        for share, result in zip(parts, results):
+            if share.aggregator not in outcome.failed:  # (a failed share is the ring's: all count)
                 counted_all &= result.counted_all
                 counted_any |= result.counted_any
             else:
@@ -343,33 +347,35 @@ class InaEngine(Engine):
         # Chunks a lagging rank lost in a quorum (the switch moved their cells on): from
         # a peer that has them, else from the ring.
         ring_ranges: list[tuple[int, int]] = []
-        for (i, c0, c1), result in zip(parts, results):
-            if i in outcome.lost:
+        for share, result in zip(parts, results):
+            if share.aggregator in outcome.lost:
                 ranges, repaired = repair_share(
-                    self.comm, c0, c1, result.missing if result.ok else
+                    self.comm, share.first, share.end, result.missing if result.ok else
                     np.zeros(0, np.int64), out, x.size, k, agg.collective)
                 ring_ranges += ranges
                 self.quorum.repaired += repaired
         self.quorum.after_call(counted_all, counted_any, outcome.mode,
                                sum(r.counters.get("left_out", 0) for r in results),
                                sum(r.counters.get("skipped", 0) for r in results))
-        for i, c0, c1 in parts:
-            seconds = outcome.seconds[i]
-            if i not in outcome.failed and seconds > 0 and c1 - c0 >= 2:
-                self.shares.measured(i, min(c1 * k, x.size) - c0 * k, seconds)
+        for p in parts:
+            seconds = outcome.seconds[p.aggregator]
+            if p.aggregator not in outcome.failed and seconds > 0 and p.end - p.first >= 2:
+                self.shares.measured(p.aggregator, min(p.end * k, x.size) - p.first * k,
+                                     seconds)
         if failed:
             here = "; ".join(
-                f"{agg.where(i)}: {result.reason}, {result.missing.size} chunks never "
-                f"completed (first {result.missing[:8].tolist()})"
-                for (i, _, _), result in zip(parts, results) if not result.ok)
+                f"{agg.where(p.aggregator)}: {result.reason}, {result.missing.size} "
+                f"chunks never completed (first {result.missing[:8].tolist()})"
+                for p, result in zip(parts, results) if not result.ok)
             reason = f"ina: aggregator failed mid-operation{'; here: ' + here if here else ''}"
-            for i, _, _ in failed:
-                self.shares.forget(i)
-            agg.lost([i for i, _, _ in failed], reason, agg.seq)
+            for share in failed:
+                self.shares.forget(share.aggregator)
+            agg.lost([share.aggregator for share in failed], reason, agg.seq)
             if len(failed) == len(parts) or nonfinite:
                 return HandOver(NONFINITE if nonfinite else reason, x)
-            standby = [i for i, _, _ in parts
-                       if i not in outcome.failed and agg.links[i] is not None]
+            standby = [p.aggregator for p in parts
+                       if p.aggregator not in outcome.failed
+                       and agg.links[p.aggregator] is not None]
             if self.settings.switch_standby and standby and self._take_over(
                     call, failed, standby[0], x, out, k, bits, deadline):
                 failed = []
@@ -378,8 +384,8 @@ class InaEngine(Engine):
             self.partial_handovers += 1
             if out is not call.recv:
                 np.copyto(call.recv, out, casting="unsafe")
-            return HandOver(reason, x, [(c0 * k, min(c1 * k, x.size))
-                                        for _, c0, c1 in failed] + ring_ranges)
+            return HandOver(reason, x, [(p.first * k, min(p.end * k, x.size))
+                                        for p in failed] + ring_ranges)
         if nonfinite:  # (the sums of those chunks are not the values')
             return HandOver(NONFINITE, x)
         if out is not call.recv:
@@ -389,7 +395,7 @@ class InaEngine(Engine):
             return HandOver("ina: quorum chunks that no rank received whole", x, ring_ranges)
         return None
 
-    def _take_over(self, call: AllreduceCall, failed: list[tuple[int, int, int]],
+    def _take_over(self, call: AllreduceCall, failed: list[Share],
                    standby: int, x: np.ndarray, out: np.ndarray, k: int, bits: int,
                    deadline: Deadline) -> bool:
         """Collective (every rank learned the same ``failed`` in the vote): stream the
@@ -402,7 +408,7 @@ class InaEngine(Engine):
         s, agg = self.settings, self.aggregators
         link = agg.links[standby]
         block = link.block
-        ranges = [(c0 * k, min(c1 * k, x.size)) for _, c0, c1 in failed]
+        ranges = [(p.first * k, min(p.end * k, x.size)) for p in failed]
         mine = [self.kernels.block_exponents(x[a:b], k, block) for a, b in ranges]
         proposal = np.concatenate([[any(bad for _, bad in mine)],
                                    *(e for e, _ in mine)]).astype(np.int16)
@@ -436,19 +442,21 @@ class InaEngine(Engine):
         self.standby_takeovers += 1
         return True
 
-    def _account(self, link: WorkerLink, result: StreamResult) -> None:
+    def _account(self, link: WorkerLink, result: Result) -> None:
+        """A stream's or an opening's counters into the totals; the streams' RTT
+        estimate."""
         for name, value in result.counters.items():
             self.totals[name] = self.totals.get(name, 0) + value
-        self.totals["srtt"], self.totals["rto"] = float(link.rtt[0]), float(link.rtt[2])
+        srtt, _, rto = link.wire.stream_rtt
+        self.totals["srtt"], self.totals["rto"] = float(srtt), float(rto)
 
     # -- a call without a vote (recovery.py) ------------------------------------------
 
-    def _finish_alone(self, call: AllreduceCall, part: tuple[int, int, int],
-                      result: StreamResult, x: np.ndarray, out: np.ndarray, k: int
-                      ) -> HandOver | None:
+    def _finish_alone(self, call: AllreduceCall, share: Share, result: Result,
+                      x: np.ndarray, out: np.ndarray, k: int) -> HandOver | None:
         """End a vote-free call: on this rank's own results when it holds them all and
         none said NaN or Inf (keeping the last window), else through the rescue."""
-        i, c0, c1 = part
+        i, c0, c1 = share.aggregator, share.first, share.end
         agg = self.aggregators
         nonfinite = bool(result.counters.get("nonfinite_seen", 0))
         if result.ok and not nonfinite:

@@ -1,12 +1,14 @@
 """The worker's link to the aggregator: its UDP socket, joining a job, streaming tensors.
 
 Control exchanges (join, leave, probe) are rare and live here in Python, each with a
-bounded wait (protocol.control_request); the data path is ``_fast/transport.pyx``.
+bounded wait (protocol.control_request); the data path is ``_fast/transport.pyx``'s
+``Link``, one per WorkerLink (``wire``), which keeps the state that lasts across calls.
 """
 from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +16,9 @@ from .. import protocol as P
 from ..errors import AggregatorUnavailable, SystemCallError
 from ..protocol import control_request, enable_gro, sockaddr_be, status_text, udp_socket
 from ..settings import Settings
+
+if TYPE_CHECKING:
+    from .._fast.transport import Result
 
 
 @dataclass(frozen=True)
@@ -34,17 +39,6 @@ class Timers:
                    settings.retransmit_max, settings.switch_silence)
 
 
-@dataclass
-class StreamResult:
-    ok: bool
-    reason: str
-    counters: dict
-    missing: np.ndarray
-    counted_all: int = ~0  # the workers every result counted (a bitmap)
-    counted_any: int = ~0  # the workers some result counted
-    mode: int = 0          # the newest mode announced: generation << 8 | quorum
-
-
 class WorkerLink:
     """One worker's UDP socket to the aggregator, for one job: joined by the worker
     itself (``join``), or installed by a controller at the socket's address (``port``
@@ -57,31 +51,42 @@ class WorkerLink:
         if not 0 <= epoch < 65536:
             raise ValueError(f"epoch {epoch} is not 0..65535")
         P.check_format(block, value_bits)
+        from .._fast import transport
+
         self.switch = switch
-        self.job, self.worker, self.n, self.k, self.slots = job, worker, n, k, slots
+        self.job, self.worker, self.n, self.k = job, worker, n, k
         self.asked_slots = slots
         self.reply_slots = -1  # the last control reply's slots value (control_request)
         self.block, self.value_bits = block, value_bits
         self.narrow = False  # set by the join or probe reply
         self.capabilities = 0  # the join or probe reply's (CAP_*)
-        self._scratch: tuple | None = None  # the stream's buffers, kept (stream_scratch)
-        # [1 while new packets may leave with UDP_SEGMENT]: cleared for good by the stream
-        # if the kernel refuses the offload (then sendmmsg)
-        self.send_state = np.array([1 if gso else 0], np.uint8)
-        self.epoch = epoch
         self.sock = udp_socket("0.0.0.0", port)
         # Results may arrive coalesced (UDP_GRO): the stream splits them. Where the kernel
         # lacks it, one datagram per buffer, as before.
         self.gro = enable_gro(self.sock) if gso else False
         self.joined = False
-        self.versions = np.zeros(slots, np.uint8)  # each slot's next version, kept across calls
-        self.rtt = np.zeros(3)  # SRTT, RTTVAR, RTO (_fast/transport.pyx), kept across calls
-        # The openings' own: their small packets meet no queue, and their round trips
-        # would pull the stream's estimate below its first window's (one per call).
-        self.open_rtt = np.zeros(3)
-        # [the next packet's number, 1 if the aggregator NACKs], kept across calls
-        self.seq = np.zeros(2, np.uint8)
-        self._addr_be, self._port_be = sockaddr_be(switch)
+        # The data path and its state across calls (_fast/transport.pyx: Link): each
+        # slot's next version, the streams' and the openings' RTT estimates, the packet
+        # numbers and whether the aggregator NACKs, whether new packets may leave with
+        # UDP_SEGMENT (``wire.gso``: cleared for good if the kernel refuses the offload,
+        # then sendmmsg), the window and its buffers.
+        addr_be, port_be = sockaddr_be(switch)
+        self.wire = transport.Link(self.sock.fileno(), addr_be, port_be, job, worker, n, k,
+                                   slots, block, value_bits, epoch, gso)
+
+    @property
+    def slots(self) -> int:
+        """The slots this worker uses (the aggregator may grant fewer than asked)."""
+        return self.wire.slots
+
+    @property
+    def epoch(self) -> int:
+        """This run's epoch, in every packet."""
+        return self.wire.epoch
+
+    def new_epoch(self, epoch: int) -> None:
+        """A new epoch, every slot from version 0 again (Aggregators.new_epoch)."""
+        self.wire.new_epoch(epoch)
 
     def close(self) -> None:
         self.sock.close()
@@ -93,7 +98,7 @@ class WorkerLink:
         self.capabilities = capabilities
         self.narrow = bool(capabilities & P.CAP_NARROW)
         if capabilities & P.CAP_NACKS:  # the stream may ask for results with headers alone
-            self.seq[1] = 1
+            self.wire.nacking = True
         return status
 
     def join(self, timeout: float) -> None:
@@ -110,8 +115,7 @@ class WorkerLink:
                 f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}, B "
                 f"{self.block}, {self.value_bits}-bit values): {reason}")
         if 1 <= self.reply_slots < self.asked_slots:  # (a P4 switch's reply has no grant)
-            self.slots = self.reply_slots
-            self.versions = np.zeros(self.slots, np.uint8)
+            self.wire.resize(self.reply_slots)
         self.joined = True
 
     def probe(self, timeout: float) -> None:
@@ -155,30 +159,25 @@ class WorkerLink:
         return bool(self.capabilities & P.CAP_OPEN)
 
     def opening(self, identity: int, proposals: np.ndarray, call: int, timers: Timers,
-                deadline: float) -> tuple[str, dict]:
+                deadline: float) -> Result:
         """A call's opening through the aggregator (docs/protocol.md): ``identity`` (48
         bits: what every rank must call alike) and ``proposals`` (S x G int16: the first
         exponents of each slot's first chunk, PROPOSAL_NONE for none), replaced by the
-        max over the workers. Returns ("done" | "mismatch" | why it failed, counters)."""
+        max over the workers. Returns the Result, its ``reason`` "done", "mismatch" or
+        why it failed."""
         from .._fast import transport
 
-        if self._scratch is None:
-            self._scratch = transport.stream_scratch(
-                self.slots, P.packet_bytes(self.k, self.block, max(P.VALUE_BITS)))
-        status, counters = transport.opening(
-            self.sock.fileno(), self._addr_be, self._port_be, proposals, self.versions,
-            self.job, self.worker, self.block, self.value_bits, identity & 0xFFFFFFFF,
-            _int16((identity >> 32) & 0xFFFF), timers.first, timers.least,
-            timers.most, timers.silence, deadline, self.open_rtt, self.epoch, self.seq,
-            call & 0xFFFF, self.send_state, self._scratch)
-        if status == transport.OPEN_MISMATCH:
-            return "mismatch", counters
-        return self._reason(status, counters), counters
+        result = self.wire.opening(proposals, identity & 0xFFFFFFFF,
+                                   _int16((identity >> 32) & 0xFFFF), timers, deadline,
+                                   call & 0xFFFF)
+        result.reason = ("mismatch" if result.status == transport.OPEN_MISMATCH
+                         else self._reason(result))
+        return result
 
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
                cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-               ready: int = -1) -> StreamResult:
+               ready: int = -1) -> Result:
         """Allreduce x (float32/64, 1-D) into out through the aggregator, within
         ``deadline`` seconds: ``local``, this worker's exponents, and ``agreed``, the
         agreed ones (G per chunk); ``timers``, its waits. value_bits: this call's width
@@ -188,38 +187,23 @@ class WorkerLink:
         call: the call's number (mod 65536); quorum: the k its chunks complete at (0:
         all n, sync). ready: the chunks whose exponents ``local`` holds (-1: all); the
         stream computes the others' as it goes, and counters["nonfinite"] says whether
-        it met a NaN or an Inf there (then the result is not the sum)."""
-        from .._fast import transport
+        it met a NaN or an Inf there (then the result is not the sum).
+        Returns the Result (``ok``: done, or LOST in a quorum call: done but for the
+        chunks ``missing`` names, whose results the switch no longer holds; the engine
+        takes them from a peer), with its ``reason``."""
+        result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
+                                  value_bits, cancel, call & 0xFFFF, quorum, ready)
+        result.reason = self._reason(result)
+        return result
 
-        if self._scratch is None:
-            self._scratch = transport.stream_scratch(
-                self.slots, P.packet_bytes(self.k, self.block, max(P.VALUE_BITS)))
-        status, counters, missing = transport.stream(
-            self.sock.fileno(), self._addr_be, self._port_be, x, out, local, agreed,
-            self.versions, self.n, self.k, self.job, self.worker, average, timers.first,
-            timers.least, timers.most, timers.silence, deadline, self.rtt, self.epoch,
-            self.seq, self.block, value_bits or self.value_bits, self.send_state, cancel,
-            call & 0xFFFF, quorum, ready, self._scratch)
-        counted_all, mode = counters.pop("counted_all"), counters.pop("mode")
-        counted_any = counters.pop("counted_any")
-        counters.pop("gso", None)  # (a state, in send_state; not a count)
-        reason = self._reason(status, counters)
-        # LOST (quorum): done but for chunks whose results the switch no longer holds;
-        # ``missing`` names them, and the engine takes them from a peer.
-        ok = status in transport.COMPLETE
-        return StreamResult(ok, reason, counters, missing, counted_all,
-                            counted_any or ~0, mode)  # (no result: nothing known)
-
-    def _reason(self, status: int, counters: dict) -> str:
+    def _reason(self, result: Result) -> str:
         """How a stream or an opening ended (transport.STATUS), with the failed system
         call's own words, as OSError would say them: "a send failed: [Errno 111]
-        Connection refused: to 127.0.0.1:47474", or a receive failure beside a silence.
-        Takes the failure's counters out."""
+        Connection refused: to 127.0.0.1:47474", or a receive failure beside a silence."""
         from .._fast import transport
 
-        failure = counters.pop("errno", 0)
-        call = transport.CALLS[int(counters.pop("call", 0))]
-        reason = transport.STATUS[status]
+        failure, call = result.error, result.failed_call
+        reason = transport.STATUS[result.status]
         switch = f"{self.switch[0]}:{self.switch[1]}"
         if failure and call == "send":
             reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"

@@ -9,12 +9,15 @@ a mode. Bounded: a dead peer never reports.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
 from ..collectives.waiting import Deadline, wait
-from .link import StreamResult
+
+if TYPE_CHECKING:
+    from .._fast.transport import Result
 
 
 @dataclass
@@ -29,7 +32,7 @@ class Outcome:
 
 
 def vote(comm: MPI.Intracomm, aggregators: int, served: list[int],
-         results: list[StreamResult], seconds: float, what: str) -> Outcome:
+         results: list[Result], seconds: float, what: str) -> Outcome:
     """Collective: combine every rank's ``results`` of the shares of ``served`` (the
     aggregators this call used, in order) into the Outcome every rank gets alike.
     ``seconds`` bounds the wait; ``what`` names the call in a timeout's message."""

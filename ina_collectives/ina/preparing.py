@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,6 +20,16 @@ from .link import WorkerLink
 GATE_WINDOW = 576
 
 
+class Share(NamedTuple):
+    """One serving aggregator's share of a call: chunks ``first`` .. ``end`` - 1."""
+
+    aggregator: int           # its index among the links
+    first: int                # the share's first chunk
+    end: int                  # the chunk after its last
+    ready: int = -1           # its chunks whose exponents are agreed before the stream
+    window: tuple[int, int] = (0, 0)  # their place in ``Prepared.local``
+
+
 @dataclass
 class Prepared:
     """A switch call made ready for its exponent round (``prepare``)."""
@@ -27,9 +38,7 @@ class Prepared:
     wide: type                          # that dtype
     k: int                              # values per chunk
     g: int                              # sub-blocks per chunk
-    parts: list[tuple[int, int, int]]   # (aggregator, first chunk, end chunk) per share
-    ready: list[int]                    # per share, the chunks whose exponents are agreed
-    windows: list[tuple[int, int]]      # their places in ``local``
+    shares: list[Share]                 # one per serving aggregator with chunks to stream
     local: np.ndarray                   # this rank's exponents (filled in as streamed)
     proposal: np.ndarray                # [NaN or Inf seen, the windows' exponents], int16
     quorum: bool                        # made for a quorum call (every chunk's window)
@@ -39,10 +48,20 @@ class Prepared:
         of every rank's proposal), the rest filled in by the streams."""
         agreed = np.empty_like(self.local)
         at = 1
-        for a, b in self.windows:
+        for share in self.shares:
+            a, b = share.window
             agreed[a:b] = first[at:at + b - a]
             at += b - a
         return agreed
+
+    def arrays(self, share: Share, out: np.ndarray, agreed: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``share``'s part of the input, of ``out``, of this rank's exponents and of
+        ``agreed`` (every chunk's exponents, G each): what its stream takes."""
+        k, g = self.k, self.g
+        a, b = share.first * k, min(share.end * k, self.x.size)
+        e0, e1 = share.first * g, share.end * g
+        return self.x[a:b], out[a:b], self.local[e0:e1], agreed[e0:e1]
 
 
 def window_size(links: list[WorkerLink | None], serving: list[int]) -> int:
@@ -73,23 +92,28 @@ def prepare(call: AllreduceCall, links: list[WorkerLink | None], serving: list[i
     g = -(-k // block)
     chunks = -(-x.size // k)
     bounds = edges(chunks)
-    parts = [(i, int(bounds[j]), int(bounds[j + 1])) for j, i in enumerate(serving)
-             if bounds[j + 1] > bounds[j]]
-    ready = [c1 - c0 if quorum else min(links[i].slots, c1 - c0) for i, c0, c1 in parts]
-    # Each window's exponents in ``local``: G per chunk, but only as many of its last
-    # chunk's as that chunk has sub-blocks (a small call proposes a few, not G).
-    windows = [(c0 * g, c0 * g + (r - 1) * g
-                + -(-(min((c0 + r) * k, x.size) - (c0 + r - 1) * k) // block))
-               for (_, c0, _), r in zip(parts, ready)]
+    shares = []
+    for j, i in enumerate(serving):
+        c0, c1 = int(bounds[j]), int(bounds[j + 1])
+        if c1 <= c0:
+            continue
+        r = c1 - c0 if quorum else min(links[i].slots, c1 - c0)
+        # The window's exponents in ``local``: G per chunk, but only as many of its last
+        # chunk's as that chunk has sub-blocks (a small call proposes a few, not G).
+        window = (c0 * g, c0 * g + (r - 1) * g
+                  + -(-(min((c0 + r) * k, x.size) - (c0 + r - 1) * k) // block))
+        shares.append(Share(i, c0, c1, r, window))
     # Only those chunks' own exponents are computed before the stream: the streams compute
     # the rest as they go, while they wait on the network (a pass over the whole tensor
     # here was the largest cost of a call outside its stream).
     local = np.empty(chunks * g, np.int16)
     nonfinite = False
-    for (_, c0, _), r in zip(parts, ready):
+    for share in shares:
+        c0, r = share.first, share.ready
         local[c0 * g:(c0 + r) * g], bad = kernels.block_exponents(
             x[c0 * k:min((c0 + r) * k, x.size)], k, block)
         nonfinite |= bad
-    proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in windows)]
+    proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in
+                                               (share.window for share in shares))]
                               ).astype(np.int16)
-    return Prepared(x, wide, k, g, parts, ready, windows, local, proposal, quorum)
+    return Prepared(x, wide, k, g, shares, local, proposal, quorum)

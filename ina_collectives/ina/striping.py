@@ -12,13 +12,18 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout
 from ..settings import Settings
-from .link import StreamResult, Timers, WorkerLink
+from .link import Timers, WorkerLink
+from .preparing import Prepared, Share
+
+if TYPE_CHECKING:
+    from .._fast.transport import Result
 
 log = logging.getLogger("ina_collectives")
 
@@ -76,46 +81,41 @@ class Streams:
         self.timers = Timers.of(settings)  # (built once: every stream's waits)
         self._threads: ThreadPoolExecutor | None = None
 
-    def run(self, links: list[WorkerLink | None], parts: list[tuple[int, int, int]],
-            x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray, g: int,
-            k: int, average: bool, bits: int, deadline: Deadline, call_number: int = 0,
-            quorum: int = 0, ready: list[int] | None = None) -> list[StreamResult]:
-        """Stream each share (aggregator, first chunk, end chunk) of ``parts``: ``x``'s
-        chunks into ``out``, with this rank's exponents ``local`` and the agreed ones
-        ``agreed`` (G per chunk). ready: per share, the chunks whose exponents ``local``
-        holds (None: all)."""
+    def run(self, links: list[WorkerLink | None], prepared: Prepared, out: np.ndarray,
+            agreed: np.ndarray, average: bool, bits: int, deadline: Deadline,
+            call_number: int = 0, quorum: int = 0) -> list[Result]:
+        """Stream each of ``prepared``'s shares through its aggregator's link: the input's
+        chunks into ``out``, with this rank's exponents and the agreed ones ``agreed`` (G
+        per chunk); ``bits``, the call's value width."""
         s = self.settings
         remaining = max(0.0, deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
+        shares = prepared.shares
 
-        def stream(part: tuple[int, int, int], ready: int = -1) -> StreamResult:
-            i, c0, c1 = part
-            a, b = c0 * k, min(c1 * k, x.size)
-            return links[i].stream(x[a:b], out[a:b], local[c0 * g:c1 * g],
-                                   agreed[c0 * g:c1 * g], average, self.timers, remaining,
-                                   value_bits=bits, cancel=cancel, call=call_number,
-                                   quorum=quorum, ready=ready)
+        def stream(share: Share) -> Result:
+            x, into, local, theirs = prepared.arrays(share, out, agreed)
+            return links[share.aggregator].stream(
+                x, into, local, theirs, average, self.timers, remaining, value_bits=bits,
+                cancel=cancel, call=call_number, quorum=quorum, ready=share.ready)
 
-        if not parts:  # an empty call
+        if not shares:  # an empty call
             return []
-        if len(parts) > 1 and self._threads is None:
+        if len(shares) > 1 and self._threads is None:
             self._threads = ThreadPoolExecutor(self.aggregators - 1,
                                                thread_name_prefix="ina-stripe")
-        ready = ready or [-1] * len(parts)
-        others = [self._threads.submit(stream, part, r)
-                  for part, r in zip(parts[1:], ready[1:])]
+        others = [self._threads.submit(stream, share) for share in shares[1:]]
         # Each stream ends by its own bounds (the call's deadline, the silence bound);
         # these bounds only back them up.
         bound = remaining + s.switch_silence + self.CANCEL_BOUND
         try:
-            results = [stream(parts[0], ready[0])]
-            for (i, _, _), future in zip(parts[1:], others):
+            results = [stream(shares[0])]
+            for share, future in zip(shares[1:], others):
                 try:
                     results.append(future.result(timeout=bound))
                 except futures.TimeoutError:
                     raise CollectiveTimeout(
                         f"waited {bound:g} s for the stream of a share through the "
-                        f"aggregator at {self.where(i)}") from None
+                        f"aggregator at {self.where(share.aggregator)}") from None
         except BaseException:
             cancel[0] = 1
             _, late = futures.wait(others, timeout=self.CANCEL_BOUND)

@@ -31,8 +31,9 @@ def open_all(links, identities, proposals, call=1, silence=5.0):
     out: list = [None] * len(links)
 
     def one(w: int) -> None:
-        out[w] = links[w].opening(identities[w], proposals[w], call,
+        result = links[w].opening(identities[w], proposals[w], call,
                                   Timers(0.02, 0.001, 1.0, silence), 30.0)
+        out[w] = result.reason, result.counters
     threads = [threading.Thread(target=one, args=(w,)) for w in range(len(links))]
     for t in threads:
         t.start()
@@ -62,7 +63,7 @@ def test_an_opening_agrees_on_the_max_proposals_and_uses_every_slot_once(job):
             assert (p[1, 1:] == P.PROPOSAL_NONE).all() and (p[2:] == P.PROPOSAL_NONE).all()
         assert all(g[1]["open_sent"] == S for g in got)
         for link in links:
-            np.testing.assert_array_equal(link.versions, [call % 2] * S)
+            np.testing.assert_array_equal(link.wire.versions, [call % 2] * S)
     stats = sw.stats()
     assert stats["openings"] == 3 * S and stats["results"] == 0, stats
 
@@ -79,8 +80,9 @@ def test_an_opening_whose_identities_differ_tells_every_worker(job, which):
 
     def one(w: int) -> None:
         call = 5 if which == "call" and w == N - 1 else 4
-        out[w] = links[w].opening(identities[w], proposals_of(w), call,
+        result = links[w].opening(identities[w], proposals_of(w), call,
                                   Timers(0.02, 0.001, 1.0, 5.0), 30.0)
+        out[w] = result.reason, result.counters
     threads = [threading.Thread(target=one, args=(w,)) for w in range(N)]
     for t in threads:
         t.start()
@@ -114,7 +116,7 @@ def test_an_opening_that_no_switch_answers_fails_by_the_silence_bound(job):
     sw, links = job
     got = open_all(links[:2], [1, 1], [proposals_of(w) for w in range(2)], 1, silence=0.3)
     assert all(g[0].startswith("no result within the silence bound") for g in got), got
-    assert [list(link.versions) for link in links[:2]] == [[0] * S] * 2  # nothing moved
+    assert [list(link.wire.versions) for link in links[:2]] == [[0] * S] * 2  # nothing moved
 
 
 def test_the_switch_refuses_malformed_openings_and_mixed_cells(job):
@@ -160,7 +162,7 @@ def test_workers_that_open_different_slots_all_learn_the_mismatch_at_slot_0(job)
     got = open_all(links, [5] * (N - 1) + [6], props, 1)
     assert [g[0] for g in got] == ["mismatch"] * N, got
     for link in links:  # what Aggregators.new_epoch does on every rank
-        link.epoch, link.versions[:] = 10, 0
+        link.new_epoch(10)
     props = [proposals_of(w) for w in range(N)]
     got = open_all(links, [5] * N, props, 2)
     assert [g[0] for g in got] == ["done"] * N, got

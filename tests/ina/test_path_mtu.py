@@ -29,9 +29,8 @@ def test_a_send_refused_for_its_size_names_the_mtu_and_the_fix():
 
     link = WorkerLink(("127.0.0.1", 9), 1, 0, 2, P.MAX_ELEMENTS, 8)
     try:
-        reason = link._reason(transport.STATUS.index("a send failed"),
-                              {"errno": errno.EMSGSIZE,
-                               "call": transport.CALLS.index("send")})
+        reason = link._reason(transport.Result(transport.STATUS.index("a send failed"),
+                                               error=errno.EMSGSIZE, failed_call="send"))
     finally:
         link.close()
     size = P.packet_bytes(P.MAX_ELEMENTS, P.DEFAULT_BLOCK, 32) + P.IP_UDP_HEADER_BYTES
