@@ -6,6 +6,7 @@ switch. At the two MTUs clusters run, 1500 and 9000, with no setting beyond the 
 each rank sizes its packets to its route's MTU, and the job takes the smallest."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
@@ -25,6 +26,7 @@ from tests.inputs import check_within_bound, make_input
 pytestmark = [pytest.mark.mpi, needs_root]
 
 SUBNET = "10.195.0"
+_instances = itertools.count()
 BOOTSTRAP = """#!/bin/sh
 # mpiexec's "ssh" for hosts that are network namespaces: [OPTIONS] HOST COMMAND...
 while [ "${1#-}" != "$1" ]; do shift; done
@@ -43,7 +45,8 @@ def hosts(request, tmp_path):
     namespace, which is the launching machine (.1); their addresses .2 .. .5; every link
     at the MTU of the test's parameter."""
     mtu = request.param
-    tag = f"inh{os.getpid() % 100000}"
+    # (each instance its own names: a namespace's deletion finishes asynchronously)
+    tag = f"inh{os.getpid() % 100000}{next(_instances)}"
     names = {role: f"{tag}{role}" for role in "absx"}
     bridge = f"{tag}br"
     try:
@@ -64,6 +67,7 @@ def hosts(request, tmp_path):
         yield names, script, mtu
     finally:
         for ns in names.values():
+            subprocess.run(["ip", "link", "del", f"{ns}v"], capture_output=True, timeout=10)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=10)
 

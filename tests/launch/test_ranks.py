@@ -58,8 +58,11 @@ def _rank_process(tmp_path, code: str, rank: int = 1, interrupted: bool = False
     if interrupted:
         (tmp_path / wrapper.INTERRUPTED).write_text("SIGINT")
     script = tmp_path / "job.py"
-    script.write_text("import sys\nfrom ina_collectives.launch.rank import record_raises\n"
-                      f"record_raises(sys.argv[1])\n{code}\n")
+    # (Ctrl-C as at a terminal: a shell's background job starts with SIGINT ignored)
+    script.write_text("import signal, sys\nfrom ina_collectives.launch.rank import "
+                      "record_raises\nsignal.signal(signal.SIGINT, "
+                      "signal.default_int_handler); record_raises(sys.argv[1])\n"
+                      f"{code}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PMIX_RANK", "RANK")}
     proc = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True,
                           text=True, timeout=60, env=dict(env, PMI_RANK=str(rank)))

@@ -250,7 +250,8 @@ def test_ina_run_without_the_p4_extra_lets_the_ranks_join(tmp_path, run_python):
     code = f"""
 import sys
 from ina_collectives.launch.cli import main
-sys.exit(main(["-np", "2", "--", sys.executable, "-m", "tests.integration.rank_cases", "ina_cases",
+sys.exit(main(["-np", "2", "--verbose", "--", sys.executable, "-m",
+               "tests.integration.rank_cases", "ina_cases",
                {json.dumps(params)!r}, {str(tmp_path)!r}]))
 """
     out = run_python(code, block=("grpc", "p4runtime_sh", "p4"), timeout=240)
