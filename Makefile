@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) -m bench.mpi -n 4 bench/test_horovod.py --benchmark-json=bench/results/horovod-4.json
 	$(PY) -m bench.mpi -n 2 bench/test_call_cost.py --benchmark-json=bench/results/call_cost-2.json
 	$(PY) -m bench.mpi -n 4 bench/test_call_cost.py --benchmark-json=bench/results/call_cost-4.json
+	$(PY) -m bench.call_breakdown
 	$(PY) -m bench.loadgen_build
 	$(PY) -m bench.switch_ceiling
 	$(PY) -m bench.udp_ceiling

@@ -1,0 +1,618 @@
+"""Where one allreduce call's time goes: the opening, the stream, the kernels and Python.
+
+    python -m bench.call_breakdown                    # loopback, n = 2, 4 KiB 64 KiB 1 MiB
+    python -m bench.call_breakdown -n 4 --runs 3      # three jobs: medians and their spread
+    python -m bench.call_breakdown --netsim           # n = 4 on emulated 1 Gbit/s links (root)
+
+Each rank calls the array API (``ina_collectives.allreduce``, switch_min_bytes 0) back to
+back, as a training loop does, and times every call and the parts inside it. The parts
+are measured in the ranks without changing the library: the benchmark replaces a few
+methods with timing wrappers (time.perf_counter_ns) in its own processes:
+
+* opening: inside ``WorkerLink.opening``, the call's opening through the switch (one
+  round trip: the call's identity and its first window's exponents agreed), and of it
+  the wait for the last rank to open (a call's ranks meet there) and the rest, from the
+  last rank's entry on;
+* stream: inside ``WorkerLink.stream``, the data through the switch (its round trips,
+  the wire, the waits; the quantization and dequantization run in it, in C), and of it
+  the wait for the last rank to begin its stream;
+* kernels: the compiled kernels the call runs outside the stream (``ina.kernels``, each
+  counted by name: the first window's ``block_exponents`` in the prepare step);
+* Python: the rest (the whole call less those three), and where it goes: in the prepare
+  step (``InaEngine.prepare`` less its kernels), around the opening (``InaEngine.open``
+  less ``WorkerLink.opening``), around the stream (``InaEngine.run`` less
+  ``WorkerLink.stream``) and the rest (the array API and the chooser).
+
+Each time is exclusive of the wrapped parts inside it, so that per call the parts add
+up to the whole. The waits compare the ranks' entries on one clock (CLOCK_MONOTONIC, a
+host's: loopback and netsim run every rank on one host); a call's wait is the mean over
+its ranks (the last one waits for none). A wrapper costs a fraction of a microsecond
+(measured and reported); a call passes six, so the whole call is also timed without
+them ("call, unwrapped"). Beside the parts stand the arithmetic's: the call's packets
+and bytes on the wire each way (protocol.packet_bytes, K from stats()["switch"]), their
+time at the link's rate (netsim), and two bare UDP round trips on the same path, timed
+by rank 0 while the others sleep: to an echo (a tiny Python echo where the switch runs)
+and to the switch's PROBE (its control path, in Python). "Round trips" is (call - wire
+time) over the echo's round trip: what a call pays beyond its bytes, in round trips.
+
+Loopback starts the embedded switch and runs the ranks under mpiexec, as bench.mpi
+does; ``--netsim`` builds bench.netsim_topology's EmulatedCluster (one namespace per
+worker, tbf-shaped links, the switch in a namespace of its own; needs root) and runs the
+ranks in the workers' namespaces. Prints one table per setting (size x part, us: the
+median over every rank's calls; with --runs, the median of the runs' medians and their
+range) and writes JSON (default bench/results/call_breakdown[-netsim].json) with every
+call's parts.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ina_collectives import protocol as P
+from ina_collectives.settings import parse_size
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# The parts each call records (ns), in this order: the whole call, then the wrapped
+# parts, each exclusive of the wrapped parts inside it.
+WRAPPED = ("opening", "stream", "kernels", "prepare", "open", "run")
+PARTS = ("call", *WRAPPED)
+# And when this rank entered the opening and the stream (CLOCK_MONOTONIC, ns: one clock
+# for every process of a host, so the ranks' entries compare: how long each one waited
+# for the last rank to begin).
+ENTRIES = ("opening", "stream")
+# Bytes a packet adds on a link beside its UDP payload: Ethernet's header (what tbf
+# counts: no preamble, no FCS), IPv4's and UDP's.
+FRAME_BYTES = 14 + P.IP_UDP_HEADER_BYTES
+RTT_SAMPLES = 2000  # round trips timed to each of the echo and the probe
+
+
+# -- in the ranks ----------------------------------------------------------------------
+
+class Timing:
+    """Timing wrappers for methods and functions, each adding its time, exclusive of the
+    wrapped calls inside it, to ``spent[part]`` (ns) and counting its calls. One thread:
+    a call through one aggregator streams in the calling thread."""
+
+    def __init__(self) -> None:
+        self.spent = [0] * len(WRAPPED)
+        self.count = [0] * len(WRAPPED)
+        self.entered = [0] * len(WRAPPED)  # each part's first entry in this call (ns)
+        self.kernel_calls: dict[str, int] = {}
+        self._nested = [0]  # the wrapped time inside the innermost running wrapper
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, part: str, fn: Callable[..., Any], name: str = "") -> Callable[..., Any]:
+        i = WRAPPED.index(part)
+        spent, count, nested, clock = self.spent, self.count, self._nested, time.perf_counter_ns
+        kernel_calls, entered = self.kernel_calls, self.entered
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            outer = nested[0]
+            nested[0] = 0
+            start = clock()
+            if not entered[i]:
+                entered[i] = start
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total = clock() - start
+                spent[i] += total - nested[0]
+                count[i] += 1
+                nested[0] = outer + total
+                if name:
+                    kernel_calls[name] = kernel_calls.get(name, 0) + 1
+        return timed
+
+    def install(self, owner: Any, attribute: str, part: str, name: str = "") -> None:
+        """Replace ``owner.attribute`` (a class's method, a namespace's function) with its
+        timed self until ``remove``."""
+        original = getattr(owner, attribute)
+        self._undo.append((owner, attribute, original))
+        setattr(owner, attribute, self.wrap(part, original, name))
+
+    def remove(self) -> None:
+        while self._undo:
+            owner, attribute, original = self._undo.pop()
+            setattr(owner, attribute, original)
+
+    def reset(self) -> None:
+        for i in range(len(WRAPPED)):
+            self.spent[i] = self.entered[i] = 0
+
+
+def wrapper_cost(samples: int = 20000) -> float:
+    """A timing wrapper's own cost, ns per call: a wrapped no-op's loop against the bare
+    no-op's (the best of three, the machine being shared)."""
+    def noop() -> None:
+        return None
+
+    timed = Timing().wrap("kernels", noop)
+    best = []
+    for fn in (noop, timed):
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter_ns()
+            for _ in range(samples):
+                fn()
+            runs.append(time.perf_counter_ns() - start)
+        best.append(min(runs) / samples)
+    return best[1] - best[0]
+
+
+def round_trips(address: tuple[str, int], packet: bytes, samples: int) -> list[int]:
+    """``samples`` round trips of ``packet`` to ``address`` and its answer back (ns each;
+    one lost to a one-second wait is left out), after 20 not counted."""
+    times = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.settimeout(1.0)
+        for i in range(samples + 20):
+            start = time.perf_counter_ns()
+            sock.send(packet)
+            try:
+                sock.recv(65536)
+            except socket.timeout:
+                continue
+            if i >= 20:
+                times.append(time.perf_counter_ns() - start)
+    return times
+
+
+def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
+             echo: tuple[str, int]) -> None:
+    """What each rank runs: the calls of every size, timed whole without the wrappers,
+    then whole and by parts with them; rank 0 writes every rank's times to ``out``."""
+    from mpi4py import MPI
+
+    import ina_collectives as ina
+    from ina_collectives.ina.engine import InaEngine
+    from ina_collectives.ina.link import WorkerLink
+
+    # The engine the array API makes, for its kernels (set at its init).
+    engines: list[InaEngine] = []
+    init = InaEngine.__init__
+
+    def remembered(self: InaEngine, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        engines.append(self)
+
+    InaEngine.__init__ = remembered  # type: ignore[method-assign]
+    try:
+        ina.init(switch_min_bytes=0)
+    finally:
+        InaEngine.__init__ = init  # type: ignore[method-assign]
+    comm, n = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_size()
+    rank = comm.Get_rank()
+    switch = ina.stats()["switch"]
+    if not switch.get("serving"):
+        raise SystemExit(f"the switch does not serve: {switch}")
+    engine = engines[0]
+    kernels = engine.kernels
+    setting = {"n": n, "k": switch["elements"], "block": switch["block"],
+               "value_bits": switch["value_bits"],
+               "slots": switch["aggregators"][0]["slots"], "kernels": kernels.name,
+               "send_path": switch["send_path"], "receive_path": switch["receive_path"]}
+    # Rank 0 times the bare round trips while the others sleep (MPI's waits spin).
+    address = P.parse_address(os.environ["INA_SWITCH"].split(",")[0])
+    rtt: dict[str, list[int]] = {}
+    if rank == 0:
+        rtt["echo"] = round_trips(echo, b"\0" * 16, RTT_SAMPLES)
+        rtt["probe"] = round_trips(address, P.control_packet(0, 0, [P.CTRL_PROBE]),
+                                   RTT_SAMPLES)
+    done = comm.Ibarrier()  # (a nonblocking barrier matches only its like)
+    while not done.Test():
+        time.sleep(0.001)
+    cost = wrapper_cost()
+    records = []
+    timing = Timing()
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, np.float32)
+        y = np.empty_like(x)
+        served0 = ina.stats()["engines"].get("ina", 0)
+        comm.Barrier()
+        for _ in range(warmup):
+            ina.allreduce(x, out=y)
+        plain = np.empty(calls, np.int64)
+        for c in range(calls):
+            start = time.perf_counter_ns()
+            ina.allreduce(x, out=y)
+            plain[c] = time.perf_counter_ns() - start
+        timing.install(WorkerLink, "opening", "opening")
+        timing.install(WorkerLink, "stream", "stream")
+        timing.install(InaEngine, "prepare", "prepare")
+        timing.install(InaEngine, "open", "open")
+        timing.install(InaEngine, "run", "run")
+        for name in ("block_exponents", "quantize", "dequantize", "pack_chunks",
+                     "unpack_results"):
+            timing.install(kernels, name, "kernels", name)
+        try:
+            for _ in range(max(1, warmup // 4)):
+                ina.allreduce(x, out=y)
+            timing.count[:] = [0] * len(WRAPPED)
+            timing.kernel_calls.clear()
+            rows = np.empty((calls, len(PARTS) + len(ENTRIES)), np.int64)
+            entries = [WRAPPED.index(part) for part in ENTRIES]
+            for c in range(calls):
+                timing.reset()
+                start = time.perf_counter_ns()
+                ina.allreduce(x, out=y)
+                rows[c, 0] = time.perf_counter_ns() - start
+                rows[c, 1:len(PARTS)] = timing.spent
+                rows[c, len(PARTS):] = [timing.entered[i] for i in entries]
+        finally:
+            timing.remove()
+        if y[0] != n or y[-1] != n:
+            raise SystemExit(f"rank {rank}: {nbytes} bytes summed to {y[0]}, {y[-1]}, not "
+                             f"{n}")
+        served = ina.stats()["engines"].get("ina", 0) - served0
+        total = warmup + calls + max(1, warmup // 4) + calls
+        if served != total:
+            raise SystemExit(f"rank {rank}: the switch served {served} of {total} calls of "
+                             f"{nbytes} bytes: {ina.stats()['fallback_reasons']}")
+        records.append({"bytes": nbytes, "plain": plain.tolist(), "rows": rows.tolist(),
+                        "per_call": {p: c / calls for p, c in zip(WRAPPED, timing.count)},
+                        "kernel_calls": {k: v / calls for k, v in timing.kernel_calls.items()}})
+    gathered = comm.gather({"records": records, "wrapper_ns": cost}, root=0)
+    ina.finalize()
+    if rank == 0:
+        out.write_text(json.dumps({"setting": setting, "rtt": rtt, "ranks": gathered}))
+
+
+def echo_server(host: str) -> None:
+    """A bare UDP echo on ``host``: prints its port, then answers every datagram with
+    itself until killed (the round trip's other end, where the switch runs)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((host, 0))
+        print(sock.getsockname()[1], flush=True)
+        while True:
+            data, peer = sock.recvfrom(65536)
+            sock.sendto(data, peer)
+
+
+# -- the harness -----------------------------------------------------------------------
+
+@contextlib.contextmanager
+def echo_at(host: str, launcher: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """The echo server (``echo_server``) running on ``host``, ``launcher`` before its
+    command (ip netns exec NS); its address."""
+    process = subprocess.Popen([*launcher, sys.executable, "-m", "bench.call_breakdown",
+                                "--echo-server", host], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True, env=dict(os.environ, PYTHONPATH=_pythonpath()))
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line.strip().isdigit():
+            raise SystemExit(f"the UDP echo did not start on {host}: {line!r}")
+        yield host, int(line)
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def _job_limit(args: argparse.Namespace) -> float:
+    """A bound for one job: start-up, plus each call 20 times its bytes' time at 100
+    Mbit/s (or the link's rate), plus 5 ms (the machine is shared)."""
+    rate = (args.rate if args.netsim else 100.0) * 1e6 / 8
+    per_round = sum(0.005 + 20 * s / rate for s in args.sizes)
+    return 120 + 2 * (args.calls + args.warmup) * per_round
+
+
+def rank_command(args: argparse.Namespace, out: Path, echo: tuple[str, int]) -> list[str]:
+    return [sys.executable, "-m", "bench.call_breakdown", "--rank-job", str(out),
+            "--sizes", *map(str, args.sizes), "--calls", str(args.calls), "--warmup",
+            str(args.warmup), "--echo", f"{echo[0]}:{echo[1]}"]
+
+
+def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``args.runs`` jobs of n ranks under mpiexec, through the embedded switch."""
+    from ina_collectives.launch.ranks import find_mpiexec
+    from ina_collectives.switch.embedded import embedded_switch
+
+    mpiexec = str(find_mpiexec())
+    jobs = []
+    with embedded_switch() as switch, echo_at("127.0.0.1") as echo, \
+            tempfile.TemporaryDirectory(prefix="call-breakdown-") as tmp:
+        env = dict(os.environ, INA_SWITCH=switch.address_text, PYTHONPATH=_pythonpath())
+        for run in range(args.runs):
+            out = Path(tmp, f"run{run}.json")
+            command = [mpiexec, "-n", str(args.n), *rank_command(args, out, echo)]
+            code, output = run_job(command, env, _job_limit(args))
+            if code is None:
+                raise SystemExit(f"the ranks did not finish within {_job_limit(args):.0f} "
+                                 f"s:\n{_tail(output)}")
+            if code != 0 or not out.exists():
+                raise SystemExit(f"the ranks failed ({code}):\n{_tail(output)}")
+            jobs.append(json.loads(out.read_text()))
+    return jobs
+
+
+def run_netsim(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``args.runs`` jobs of n ranks, one in each worker's namespace of an emulated
+    cluster (bench.netsim_topology), through a switch in its switch namespace."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False  # the harness never communicates: only its ranks do
+
+    from bench.netsim_topology import (
+        EmulatedCluster,
+        aggregator_ip,
+        remove_stale_namespaces,
+    )
+    from ina_collectives.launch.ranks import find_mpiexec
+
+    mpiexec = str(find_mpiexec())
+    remove_stale_namespaces()
+    jobs = []
+    with EmulatedCluster(args.n, args.rate, mtu=args.mtu) as cluster, \
+            cluster.switch_at(0, "--idle", "30") as switch, \
+            echo_at(aggregator_ip(0), cluster.in_switch([])) as echo, \
+            tempfile.TemporaryDirectory(prefix="call-breakdown-") as tmp:
+        env = dict(os.environ, **cluster.network_environment(0), PYTHONPATH=_pythonpath(),
+                   INA_SWITCH=switch.address_text,
+                   INA_SWITCH_ELEMENTS=str(P.elements_for_mtu(args.mtu)),
+                   INA_TIMEOUT="120")
+        for run in range(args.runs):
+            out = Path(tmp, f"run{run}.json")
+            jobs.append(cluster.job_record(mpiexec, rank_command(args, out, echo), env,
+                                           _job_limit(args), ROOT, out,
+                                           f"run {run + 1} of the breakdown"))
+    return jobs
+
+
+def run_job(command: list[str], env: dict[str, str], limit: float
+            ) -> tuple[int | None, str]:
+    """``command`` (mpiexec and its ranks), its output merged: (exit code, output), or
+    (None, output) past ``limit`` seconds, when its whole process group is killed (the
+    ranks too, not only mpiexec)."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, output
+    finally:
+        if proc.poll() is None:  # (Ctrl-C while it ran: take the job down too)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# -- the arithmetic and the report -----------------------------------------------------
+
+def wire(nbytes: int, k: int, block: int, value_bits: int, slots: int) -> dict[str, int]:
+    """One call's packets and bytes on a link each way (a worker's uplink carries its
+    packets, its downlink their results, the same sizes): the opening's (one packet per
+    slot of the first window: a header and G pairs) and the data's (a chunk of K values
+    per packet, the last one short), each with FRAME_BYTES."""
+    elements = nbytes // 4
+    chunks = -(-elements // k)
+    full, last = divmod(elements, k)
+    data = full * P.packet_bytes(k, block, value_bits) + (
+        P.packet_bytes(last, block, value_bits) if last else 0)
+    opening = min(slots, chunks)
+    g = P.sub_blocks(k, block)
+    return {"data_packets": chunks, "opening_packets": opening,
+            "bytes": data + chunks * FRAME_BYTES
+            + opening * (P.HEADER_BYTES + P.PAIR_BYTES * g + FRAME_BYTES)}
+
+
+def summarize(job: dict[str, Any]) -> dict[str, Any]:
+    """One job's medians (us) per size over every rank's calls: each part, the waits for
+    the last rank, Python and where it goes, the unwrapped call; the round trips; the
+    wrapper's cost."""
+    sizes = []
+    for i, first in enumerate(job["ranks"][0]["records"]):
+        per_rank = [np.asarray(r["records"][i]["rows"], np.int64) for r in job["ranks"]]
+        rows = np.concatenate(per_rank)
+        plain = np.concatenate([np.asarray(r["records"][i]["plain"], np.int64)
+                                for r in job["ranks"]])
+        part = {p: rows[:, j] for j, p in enumerate(PARTS)}
+        # The same call on every rank is the same row: the last rank's entry less each
+        # one's own is how long that one waited for it (0 where a part never ran); the
+        # last rank itself waits for none, so a call's wait is the mean over the ranks.
+        waits, mean_waits = {}, {}
+        for j, name in enumerate(ENTRIES):
+            at = np.stack([r[:, len(PARTS) + j] for r in per_rank])
+            wait = np.where(at.min(axis=0) > 0, at.max(axis=0) - at, 0)
+            waits[name], mean_waits[name] = wait.reshape(-1), wait.mean(axis=0)
+        python = part["call"] - part["opening"] - part["stream"] - part["kernels"]
+        rest = python - part["prepare"] - part["open"] - part["run"]
+        median = {name: float(np.median(values)) / 1e3 for name, values in (
+            *part.items(), ("opening_wait", mean_waits["opening"]),
+            ("opening_after", part["opening"] - waits["opening"]),
+            ("stream_wait", mean_waits["stream"]), ("python", python),
+            ("api_and_chooser", rest), ("call_unwrapped", plain))}
+        sizes.append({"bytes": first["bytes"], "median_us": median,
+                      "per_call": first["per_call"], "kernel_calls": first["kernel_calls"]})
+    rtt = {name: float(np.median(times)) / 1e3 for name, times in job["rtt"].items()}
+    cost = float(np.median([r["wrapper_ns"] for r in job["ranks"]]))
+    return {"sizes": sizes, "rtt_us": rtt, "wrapper_ns": cost}
+
+
+# The table's rows: (label, the median's key in summarize's record). The "-" rows are
+# medians of their own: they need not add up to the row above them.
+ROWS = (("call", "call"), ("opening (WorkerLink.opening)", "opening"),
+        ("- waiting for the last rank to open (mean over ranks)", "opening_wait"),
+        ("- from the last rank's opening on", "opening_after"),
+        ("stream (WorkerLink.stream)", "stream"),
+        ("- waiting for the last rank's stream (mean over ranks)", "stream_wait"),
+        ("kernels (outside the stream)", "kernels"),
+        ("Python (the rest)", "python"), ("- in prepare", "prepare"),
+        ("- around the opening", "open"), ("- around the stream", "run"),
+        ("- array API and chooser", "api_and_chooser"),
+        ("call, unwrapped", "call_unwrapped"))
+
+
+def _cell(values: list[float], digits: int = 0) -> str:
+    """A median, with the range over runs where there are several."""
+    middle = float(np.median(values))
+    text = f"{middle:.{digits}f}"
+    if len(values) > 1:
+        text += f" ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    return text
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def report(setting: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
+    """The Markdown table of one setting: a row per part, a column per size (us)."""
+    sizes = [s["bytes"] for s in summaries[0]["sizes"]]
+    runs = len(summaries)
+    where = (f"netsim, n = {setting['n']}, {setting['rate_mbit']:g} Mbit/s links, MTU "
+             f"{setting['mtu']}" if setting.get("netsim") else f"loopback, n = {setting['n']}")
+    head = (f"{where}; K {setting['k']}, S {setting['slots']}, B {setting['block']}, "
+            f"{setting['value_bits']}-bit values; {setting['calls']} calls per size after "
+            f"{setting['warmup']} warm-up, back to back; us, the median over every rank's "
+            f"calls" + (f", median of {runs} runs (their range)" if runs > 1 else ""))
+    lines = [head, "", "| part | " + " | ".join(map(_size, sizes)) + " |",
+             "| --- |" + " --- |" * len(sizes)]
+
+    def row(label: str, values: Callable[[dict[str, Any], int], float], digits: int = 0
+            ) -> None:
+        lines.append(f"| {label} | " + " | ".join(
+            _cell([values(s, i) for s in summaries], digits) for i in range(len(sizes)))
+            + " |")
+
+    for label, key in ROWS:
+        row(label, lambda s, i, key=key: s["sizes"][i]["median_us"][key])
+    arithmetic = [wire(b, setting["k"], setting["block"], setting["value_bits"],
+                       setting["slots"]) for b in sizes]
+    lines.append("| packets each way (opening + data) | " + " | ".join(
+        f"{a['opening_packets']} + {a['data_packets']}" for a in arithmetic) + " |")
+    lines.append("| bytes each way | " + " | ".join(f"{a['bytes']:,}" for a in arithmetic)
+                 + " |")
+    rate = setting.get("rate_mbit")
+    wire_us = [a["bytes"] * 8 / rate if rate else 0.0 for a in arithmetic]
+    if rate:
+        lines.append(f"| wire time at {rate:g} Mbit/s | " + " | ".join(
+            f"{w:.0f}" for w in wire_us) + " |")
+        row("ideal: the wire and one echo round trip",
+            lambda s, i: wire_us[i] + s["rtt_us"]["echo"])
+    row("round trips: (call - wire) / echo",
+        lambda s, i: (s["sizes"][i]["median_us"]["call"] - wire_us[i]) / s["rtt_us"]["echo"],
+        1)
+    kernels = "; ".join(f"{name} x{count:g}" for name, count in
+                        summaries[0]["sizes"][0]["kernel_calls"].items()) or "none"
+    wrappers = sum(summaries[0]["sizes"][0]["per_call"].values())
+    lines += ["", f"Bare UDP round trips from rank 0: to an echo where the switch runs "
+                  f"{_cell([s['rtt_us']['echo'] for s in summaries])} us, to the switch's "
+                  f"PROBE {_cell([s['rtt_us']['probe'] for s in summaries])} us. A timing "
+                  f"wrapper costs {_cell([s['wrapper_ns'] / 1e3 for s in summaries], 2)} "
+                  f"us; a call at {_size(sizes[0])} passes {wrappers:g}. Kernels outside "
+                  f"the stream, per call at "
+                  f"{_size(sizes[0])}: {kernels}."]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.call_breakdown",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", type=int, help="ranks (default 2 on loopback, 4 on netsim)")
+    parser.add_argument("--sizes", nargs="+", default=["4K", "64K", "1M"],
+                        help="bytes of float32 per call, e.g. 4K 64K 1M (the default)")
+    parser.add_argument("--calls", type=int, default=300,
+                        help="timed calls per size, without the timing wrappers and "
+                             "again with them (default 300)")
+    parser.add_argument("--warmup", type=int, default=30,
+                        help="calls per size before the timed ones (default 30)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="jobs, one after the other: the table gives the median of "
+                             "their medians and the range (default 1)")
+    parser.add_argument("--netsim", action="store_true",
+                        help="on bench.netsim_topology's emulated links (needs root)")
+    parser.add_argument("--rate", type=float, default=1000.0, metavar="MBIT",
+                        help="--netsim: the links' rate in Mbit/s (default 1000)")
+    parser.add_argument("--mtu", type=int, default=9000,
+                        help="--netsim: the links' MTU; K follows from it (default 9000)")
+    parser.add_argument("--json", type=Path,
+                        help="the output (default bench/results/call_breakdown.json, "
+                             "call_breakdown-netsim.json with --netsim)")
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = [parse_size(s) for s in args.sizes]
+    except ValueError:
+        parser.error(f"--sizes takes sizes such as 4K 64K 1M, got {' '.join(args.sizes)}")
+    if any(s < 4 or s % 4 for s in args.sizes):
+        parser.error("--sizes must be positive multiples of 4 bytes (float32)")
+    args.n = args.n if args.n is not None else (4 if args.netsim else 2)
+    if not 2 <= args.n <= P.MAX_WORKERS:
+        parser.error(f"-n must be 2..{P.MAX_WORKERS} ranks, got {args.n}")
+    if args.calls < 3 or args.warmup < 0 or args.runs < 1:
+        parser.error("--calls must be 3 or more, --warmup 0 or more, --runs 1 or more")
+    if args.rate <= 0 or not 576 <= args.mtu <= 65535:
+        parser.error("--rate must be positive and --mtu 576..65535")
+    if args.netsim and os.geteuid() != 0:
+        parser.error("--netsim needs root (network namespaces and tc): run it as root")
+    args.json = args.json or HERE / "results" / (
+        "call_breakdown-netsim.json" if args.netsim else "call_breakdown.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--echo-server"]:  # (the harness's own: not in --help)
+        echo_server(argv[1])
+        return 0
+    if argv[:1] == ["--rank-job"]:
+        job = argparse.ArgumentParser(prog="python -m bench.call_breakdown --rank-job OUT")
+        job.add_argument("out", type=Path)
+        job.add_argument("--sizes", type=int, nargs="+", required=True)
+        job.add_argument("--calls", type=int, required=True)
+        job.add_argument("--warmup", type=int, required=True)
+        job.add_argument("--echo", type=P.parse_address, required=True)
+        given = job.parse_args(argv[1:])
+        rank_job(given.out, given.sizes, given.calls, given.warmup, given.echo)
+        return 0
+    args = parse_args(argv)
+    harness = os.getpid()
+
+    def on_sigterm(signum: int, frame: object) -> None:  # unwind: namespaces removed
+        if os.getpid() != harness:
+            os._exit(0)
+        raise KeyboardInterrupt("SIGTERM")
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.monotonic()
+    jobs = run_netsim(args) if args.netsim else run_loopback(args)
+    setting = {**jobs[0]["setting"], "netsim": args.netsim, "calls": args.calls,
+               "warmup": args.warmup, "runs": args.runs,
+               **({"rate_mbit": args.rate, "mtu": args.mtu} if args.netsim else {})}
+    summaries = [summarize(job) for job in jobs]
+    table = report(setting, summaries)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "setting": setting, "parts": list(PARTS), "summaries": summaries,
+        "wire": {str(b): wire(b, setting["k"], setting["block"], setting["value_bits"],
+                              setting["slots"]) for b in args.sizes},
+        "table": table, "jobs": jobs}))
+    print(table)
+    print(f"\n{args.runs} run(s) in {time.monotonic() - started:.0f} s: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
