@@ -30,10 +30,12 @@ its ranks (the last one waits for none). A wrapper costs a fraction of a microse
 (measured and reported); a call passes six, so the whole call is also timed without
 them ("call, unwrapped"). Beside the parts stand the arithmetic's: the call's packets
 and bytes on the wire each way (protocol.packet_bytes, K from stats()["switch"]), their
-time at the link's rate (netsim), and two bare UDP round trips on the same path, timed
-by rank 0 while the others sleep: to an echo (a tiny Python echo where the switch runs)
-and to the switch's PROBE (its control path, in Python). "Round trips" is (call - wire
-time) over the echo's round trip: what a call pays beyond its bytes, in round trips.
+time at the link's rate (netsim), and bare UDP round trips on the same path, timed by
+rank 0 while the others sleep: to a tiny Python echo where the switch runs, pinned to
+one core, from that core and from another (a process woken on another core costs more,
+in a virtual machine much more), and to the switch's PROBE (its control path, in
+Python). "Round trips" is (call - wire time) over the echo's round trip across cores:
+what a call pays beyond its bytes, in round trips of this host.
 
 Loopback starts the embedded switch and runs the ranks under mpiexec, as bench.mpi
 does; ``--netsim`` builds bench.netsim_topology's EmulatedCluster (one namespace per
@@ -172,9 +174,10 @@ def round_trips(address: tuple[str, int], packet: bytes, samples: int) -> list[i
 
 
 def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
-             echo: tuple[str, int]) -> None:
+             echo: tuple[str, int], echo_core: int) -> None:
     """What each rank runs: the calls of every size, timed whole without the wrappers,
-    then whole and by parts with them; rank 0 writes every rank's times to ``out``."""
+    then whole and by parts with them; rank 0 writes every rank's times to ``out``, and
+    the bare round trips it timed (``echo``: the echo's address, on core ``echo_core``)."""
     from mpi4py import MPI
 
     import ina_collectives as ina
@@ -205,11 +208,22 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
                "value_bits": switch["value_bits"],
                "slots": switch["aggregators"][0]["slots"], "kernels": kernels.name,
                "send_path": switch["send_path"], "receive_path": switch["receive_path"]}
-    # Rank 0 times the bare round trips while the others sleep (MPI's waits spin).
+    # Rank 0 times the bare round trips while the others sleep (MPI's waits spin): to
+    # the echo from its own core and from another (a wake-up across cores costs more,
+    # in a virtual machine most), and to the switch's PROBE from where it runs.
     address = P.parse_address(os.environ["INA_SWITCH"].split(",")[0])
     rtt: dict[str, list[int]] = {}
     if rank == 0:
-        rtt["echo"] = round_trips(echo, b"\0" * 16, RTT_SAMPLES)
+        mine = os.sched_getaffinity(0)
+        others = sorted(mine - {echo_core})
+        for name, core in (("echo_same_core", echo_core),
+                           ("echo_other_core", others[0] if others else None)):
+            if core is not None and core in mine:
+                os.sched_setaffinity(0, {core})
+                try:
+                    rtt[name] = round_trips(echo, b"\0" * 16, RTT_SAMPLES)
+                finally:
+                    os.sched_setaffinity(0, mine)
         rtt["probe"] = round_trips(address, P.control_packet(0, 0, [P.CTRL_PROBE]),
                                    RTT_SAMPLES)
     done = comm.Ibarrier()  # (a nonblocking barrier matches only its like)
@@ -272,11 +286,14 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
 
 
 def echo_server(host: str) -> None:
-    """A bare UDP echo on ``host``: prints its port, then answers every datagram with
-    itself until killed (the round trip's other end, where the switch runs)."""
+    """A bare UDP echo on ``host``, on one core (the first this process may use): prints
+    its port and that core, then answers every datagram with itself until killed (the
+    round trip's other end, where the switch runs)."""
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind((host, 0))
-        print(sock.getsockname()[1], flush=True)
+        print(sock.getsockname()[1], core, flush=True)
         while True:
             data, peer = sock.recvfrom(65536)
             sock.sendto(data, peer)
@@ -285,17 +302,18 @@ def echo_server(host: str) -> None:
 # -- the harness -----------------------------------------------------------------------
 
 @contextlib.contextmanager
-def echo_at(host: str, launcher: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+def echo_at(host: str, launcher: Sequence[str] = ()) -> Iterator[tuple[str, int, int]]:
     """The echo server (``echo_server``) running on ``host``, ``launcher`` before its
-    command (ip netns exec NS); its address."""
+    command (ip netns exec NS); its address and core."""
     process = subprocess.Popen([*launcher, sys.executable, "-m", "bench.call_breakdown",
                                 "--echo-server", host], cwd=ROOT, stdout=subprocess.PIPE,
                                text=True, env=dict(os.environ, PYTHONPATH=_pythonpath()))
     try:
         line = process.stdout.readline()  # type: ignore[union-attr]
-        if not line.strip().isdigit():
+        if not line.replace(" ", "").strip().isdigit():
             raise SystemExit(f"the UDP echo did not start on {host}: {line!r}")
-        yield host, int(line)
+        port, core = map(int, line.split())
+        yield host, port, core
     finally:
         process.terminate()
         process.wait()
@@ -313,10 +331,12 @@ def _job_limit(args: argparse.Namespace) -> float:
     return 120 + 2 * (args.calls + args.warmup) * per_round
 
 
-def rank_command(args: argparse.Namespace, out: Path, echo: tuple[str, int]) -> list[str]:
+def rank_command(args: argparse.Namespace, out: Path, echo: tuple[str, int, int]
+                 ) -> list[str]:
     return [sys.executable, "-m", "bench.call_breakdown", "--rank-job", str(out),
             "--sizes", *map(str, args.sizes), "--calls", str(args.calls), "--warmup",
-            str(args.warmup), "--echo", f"{echo[0]}:{echo[1]}"]
+            str(args.warmup), "--echo", f"{echo[0]}:{echo[1]}", "--echo-core",
+            str(echo[2])]
 
 
 def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -447,6 +467,9 @@ def summarize(job: dict[str, Any]) -> dict[str, Any]:
         sizes.append({"bytes": first["bytes"], "median_us": median,
                       "per_call": first["per_call"], "kernel_calls": first["kernel_calls"]})
     rtt = {name: float(np.median(times)) / 1e3 for name, times in job["rtt"].items()}
+    # The round trip the parts are set beside: the echo's across cores (where a call's
+    # processes run, on a host of several), or on one where there is one.
+    rtt["echo"] = rtt.get("echo_other_core", rtt["echo_same_core"])
     cost = float(np.median([r["wrapper_ns"] for r in job["ranks"]]))
     return {"sizes": sizes, "rtt_us": rtt, "wrapper_ns": cost}
 
@@ -510,7 +533,7 @@ def report(setting: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
     if rate:
         lines.append(f"| wire time at {rate:g} Mbit/s | " + " | ".join(
             f"{w:.0f}" for w in wire_us) + " |")
-        row("ideal: the wire and one echo round trip",
+        row("ideal: the wire and one round trip (echo)",
             lambda s, i: wire_us[i] + s["rtt_us"]["echo"])
     row("round trips: (call - wire) / echo",
         lambda s, i: (s["sizes"][i]["median_us"]["call"] - wire_us[i]) / s["rtt_us"]["echo"],
@@ -518,9 +541,15 @@ def report(setting: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
     kernels = "; ".join(f"{name} x{count:g}" for name, count in
                         summaries[0]["sizes"][0]["kernel_calls"].items()) or "none"
     wrappers = sum(summaries[0]["sizes"][0]["per_call"].values())
-    lines += ["", f"Bare UDP round trips from rank 0: to an echo where the switch runs "
-                  f"{_cell([s['rtt_us']['echo'] for s in summaries])} us, to the switch's "
-                  f"PROBE {_cell([s['rtt_us']['probe'] for s in summaries])} us. A timing "
+    other = all("echo_other_core" in s["rtt_us"] for s in summaries)
+    lines += ["", f"Bare UDP round trips from rank 0 (median): to a UDP echo where the "
+                  f"switch runs, from the echo's core "
+                  f"{_cell([s['rtt_us']['echo_same_core'] for s in summaries])} us"
+                  + (f" and from another core "
+                     f"{_cell([s['rtt_us']['echo_other_core'] for s in summaries])} us "
+                     f"(\"echo\" above)" if other else " (\"echo\" above)")
+                  + f"; to the switch's PROBE (its control path, in Python) "
+                  f"{_cell([s['rtt_us']['probe'] for s in summaries])} us. A timing "
                   f"wrapper costs {_cell([s['wrapper_ns'] / 1e3 for s in summaries], 2)} "
                   f"us; a call at {_size(sizes[0])} passes {wrappers:g}. Kernels outside "
                   f"the stream, per call at "
@@ -585,8 +614,10 @@ def main(argv: list[str] | None = None) -> int:
         job.add_argument("--calls", type=int, required=True)
         job.add_argument("--warmup", type=int, required=True)
         job.add_argument("--echo", type=P.parse_address, required=True)
+        job.add_argument("--echo-core", type=int, required=True)
         given = job.parse_args(argv[1:])
-        rank_job(given.out, given.sizes, given.calls, given.warmup, given.echo)
+        rank_job(given.out, given.sizes, given.calls, given.warmup, given.echo,
+                 given.echo_core)
         return 0
     args = parse_args(argv)
     harness = os.getpid()

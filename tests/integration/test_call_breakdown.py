@@ -27,7 +27,7 @@ def test_a_toy_run_records_every_part_and_the_parts_add_up(tmp_path):
     assert record["setting"]["n"] == 2 and not record["setting"]["netsim"]
     assert record["parts"] == list(call_breakdown.PARTS)
     (job,) = record["jobs"]
-    assert len(job["ranks"]) == 2 and job["rtt"]["echo"] and job["rtt"]["probe"]
+    assert len(job["ranks"]) == 2 and job["rtt"]["echo_same_core"] and job["rtt"]["probe"]
     for rank in job["ranks"]:
         assert [r["bytes"] for r in rank["records"]] == [4096, 65536]
         for size in rank["records"]:
