@@ -235,7 +235,8 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
     for nbytes in sizes:
         x = np.ones(nbytes // 4, np.float32)
         y = np.empty_like(x)
-        served0 = ina.stats()["engines"].get("ina", 0)
+        before = ina.stats()
+        served0, reasons0 = before["engines"].get("ina", 0), before["fallback_reasons"]
         comm.Barrier()
         for _ in range(warmup):
             ina.allreduce(x, out=y)
@@ -271,12 +272,16 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
         if y[0] != n or y[-1] != n:
             raise SystemExit(f"rank {rank}: {nbytes} bytes summed to {y[0]}, {y[-1]}, not "
                              f"{n}")
-        served = ina.stats()["engines"].get("ina", 0) - served0
+        # A call the switch did not serve (it failed midway: the ring finished it) stays
+        # among the timed ones, and the report says so, with why.
+        now = ina.stats()
         total = warmup + calls + max(1, warmup // 4) + calls
-        if served != total:
-            raise SystemExit(f"rank {rank}: the switch served {served} of {total} calls of "
-                             f"{nbytes} bytes: {ina.stats()['fallback_reasons']}")
-        records.append({"bytes": nbytes, "plain": plain.tolist(), "rows": rows.tolist(),
+        not_served = total - (now["engines"].get("ina", 0) - served0)
+        why = {reason: count - reasons0.get(reason, 0)
+               for reason, count in now["fallback_reasons"].items()
+               if count > reasons0.get(reason, 0) and reason.startswith("ina:")}
+        records.append({"bytes": nbytes, "not_served": not_served, "why_not": why,
+                        "plain": plain.tolist(), "rows": rows.tolist(),
                         "per_call": {p: c / calls for p, c in zip(WRAPPED, timing.count)},
                         "kernel_calls": {k: v / calls for k, v in timing.kernel_calls.items()}})
     gathered = comm.gather({"records": records, "wrapper_ns": cost}, root=0)
@@ -501,8 +506,10 @@ def _size(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
-def report(setting: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
-    """The Markdown table of one setting: a row per part, a column per size (us)."""
+def report(setting: dict[str, Any], summaries: list[dict[str, Any]],
+           jobs: list[dict[str, Any]]) -> str:
+    """The Markdown table of one setting: a row per part, a column per size (us); then
+    the round trips, and any call the switch did not serve."""
     sizes = [s["bytes"] for s in summaries[0]["sizes"]]
     runs = len(summaries)
     where = (f"netsim, n = {setting['n']}, {setting['rate_mbit']:g} Mbit/s links, MTU "
@@ -554,6 +561,13 @@ def report(setting: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
                   f"us; a call at {_size(sizes[0])} passes {wrappers:g}. Kernels outside "
                   f"the stream, per call at "
                   f"{_size(sizes[0])}: {kernels}."]
+    for i, nbytes in enumerate(sizes):
+        for run, job in enumerate(jobs):
+            missed = job["ranks"][0]["records"][i]
+            if missed["not_served"]:
+                lines.append(f"Run {run + 1}, {_size(nbytes)}: {missed['not_served']} call(s) "
+                             f"of the warm-up and timed ones were not the switch's alone "
+                             f"(on rank 0: {'; '.join(missed['why_not'])}).")
     return "\n".join(lines)
 
 
@@ -633,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
                "warmup": args.warmup, "runs": args.runs,
                **({"rate_mbit": args.rate, "mtu": args.mtu} if args.netsim else {})}
     summaries = [summarize(job) for job in jobs]
-    table = report(setting, summaries)
+    table = report(setting, summaries, jobs)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "setting": setting, "parts": list(PARTS), "summaries": summaries,

@@ -34,6 +34,7 @@ def test_a_toy_run_records_every_part_and_the_parts_add_up(tmp_path):
             # One opening, one stream and the first window's exponents in every call.
             assert size["per_call"]["opening"] == size["per_call"]["stream"] == 1, size
             assert size["kernel_calls"] == {"block_exponents": 1}, size
+            assert size["not_served"] == 0, size["why_not"]
             rows = size["rows"]
             assert len(rows) == 12 and len(size["plain"]) == 12
             for row in rows:
