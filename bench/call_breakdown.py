@@ -182,6 +182,7 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
 
     import ina_collectives as ina
     from ina_collectives.ina.engine import InaEngine
+    from ina_collectives.ina.kernels import API as KERNEL_API
     from ina_collectives.ina.link import WorkerLink
 
     # The engine the array API makes, for its kernels (set at its init).
@@ -250,8 +251,7 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
         timing.install(InaEngine, "prepare", "prepare")
         timing.install(InaEngine, "open", "open")
         timing.install(InaEngine, "run", "run")
-        for name in ("block_exponents", "quantize", "dequantize", "pack_chunks",
-                     "unpack_results"):
+        for name in KERNEL_API:  # (every kernel, whichever the call runs)
             timing.install(kernels, name, "kernels", name)
         try:
             for _ in range(max(1, warmup // 4)):
