@@ -17,7 +17,6 @@ from ina_collectives.collectives.ops import Op
 from ina_collectives.collectives.recovery import ErrorPath
 from ina_collectives.collectives.ring import RingEngine
 from ina_collectives.ina.engine import InaEngine
-from ina_collectives.ina.striping import Shares
 from ina_collectives.settings import Settings
 
 
@@ -220,20 +219,6 @@ def test_one_rank_through_a_switch_that_starts_late(closed_udp_port):
     finally:
         if coll.comm != MPI.COMM_NULL:
             coll.free()
-
-
-def test_striped_shares_follow_measured_throughput_with_a_floor():
-    shares = Shares(3)
-    serving = [0, 1]  # the third aggregator is not serving
-    assert shares.split(serving, 10).tolist() == [0, 5, 10]  # equal until measured
-    shares.capacity[:] = [3e8, 1e8, 5e8]
-    assert shares.split(serving, 100).tolist() == [0, 75, 100]  # 3:1, the missing one ignored
-    shares.capacity[:] = [1e9, 1e6, 0]
-    edges = shares.split(serving, 1000)
-    assert edges[0] == 0 and edges[-1] == 1000
-    # a slow aggregator keeps about MIN_SHARE of an equal share (0.125 of 1000 chunks
-    # here, before the shares are scaled back to the whole), so it keeps being measured
-    assert 100 <= np.diff(edges)[1] <= 125, edges
 
 
 def test_ina_with_one_of_two_aggregators_answering_serves_from_that_one(closed_udp_port):
