@@ -50,11 +50,13 @@ class InaEngine(Engine):
     names them comma-separated): each call is then striped across the serving ones in
     contiguous shares of chunks that follow each one's measured throughput, each share
     streamed in a thread of its own (docs/striping.md). Collective to construct (see
-    ``Aggregators``)."""
+    ``Aggregators``), unless given its ``aggregators``: made already, for this ``comm``
+    and ``settings`` (a test's, or one joined to in-process switches)."""
 
     name = "ina"
 
-    def __init__(self, comm: MPI.Intracomm, settings: Settings, errors: ErrorPath):
+    def __init__(self, comm: MPI.Intracomm, settings: Settings, errors: ErrorPath,
+                 aggregators: Aggregators | None = None):
         from . import kernels
 
         self.comm, self.settings = comm, settings
@@ -64,7 +66,8 @@ class InaEngine(Engine):
         self.striped_calls = self.partial_handovers = self.standby_takeovers = 0
         self.quorum = Quorum(comm.Get_size(), comm.Get_rank(), settings.quorum,
                              settings.quorum_max_skips)
-        self.aggregators = Aggregators(comm, settings, self.kernels)
+        self.aggregators = (aggregators if aggregators is not None
+                            else Aggregators(comm, settings, self.kernels))
         self.shares = Shares(len(self.aggregators.addresses))
         self.streams = Streams(len(self.aggregators.addresses), settings,
                                self.aggregators.where)

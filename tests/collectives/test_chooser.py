@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -48,15 +47,49 @@ def test_ina_with_no_aggregator_answering_is_unavailable_with_the_reason(closed_
         engine.close()
 
 
+class ServingAggregators:
+    """What InaEngine asks of its aggregators to choose a call, as a set of one that
+    serves (or none, with ``unavailable``'s reason) would answer: no link, no socket."""
+
+    def __init__(self, unavailable: str | None = None):
+        self.addresses, self.unavailable, self.released = [("127.0.0.1", 9)], unavailable, 0
+
+    def where(self, i: int) -> str:
+        return "%s:%d" % self.addresses[i]
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def ina_engine(settings: Settings, aggregators: ServingAggregators) -> InaEngine:
+    return InaEngine(MPI.COMM_SELF, settings, ErrorPath(MPI.COMM_SELF, settings.timeout),
+                     aggregators)
+
+
 def test_ina_declines_what_the_switch_cannot_sum():
-    engine = InaEngine.__new__(InaEngine)  # the rules alone, no link
-    engine.aggregators = SimpleNamespace(unavailable=None)
-    engine.settings = Settings(switch_min_bytes=1024)
-    assert engine.declines(call(size=1024)) is None
-    assert engine.declines(call("float64", 1024, Op.AVERAGE)) is None
-    assert "int32 is not a float" in engine.declines(call("int32", 1024))
-    assert "op MAX is not SUM or AVERAGE" in engine.declines(call(size=1024, op=Op.MAX))
-    assert "below switch_min_bytes (1024)" in engine.declines(call(size=8))
+    aggregators = ServingAggregators()
+    engine = ina_engine(Settings(switch_min_bytes=1024), aggregators)
+    try:
+        assert engine.aggregators is aggregators
+        assert engine.declines(call(size=1024)) is None
+        assert engine.declines(call("float64", 1024, Op.AVERAGE)) is None
+        assert "int32 is not a float" in engine.declines(call("int32", 1024))
+        assert "op MAX is not SUM or AVERAGE" in engine.declines(call(size=1024, op=Op.MAX))
+        assert "below switch_min_bytes (1024)" in engine.declines(call(size=8))
+    finally:
+        engine.close()
+    assert aggregators.released == 1  # the engine's close releases them
+
+
+def test_ina_with_no_aggregator_serving_declines_every_call_with_the_reason_first():
+    why = "ina: aggregator unavailable (rank 0: no answer)"
+    engine = ina_engine(Settings(switch_min_bytes=1024), ServingAggregators(why))
+    try:
+        assert engine.declines(call(size=1024)) == why
+        assert engine.declines(call("int32", 8, Op.MAX)) == why
+        assert engine.window_size() == 0
+    finally:
+        engine.close()
 
 
 @pytest.fixture
