@@ -1,0 +1,88 @@
+"""ina/engine.py at 2 ranks in one process (tests/threadcomm.py), through a software
+switch in a thread (tests/switch/test_server.py: switch_thread): the engine built as the
+chooser builds it (its aggregators joined over the thread communicator), a call served
+and ended by the vote, and a sync call without a vote whose results one rank lost: that
+rank completes it from the other's kept window (recovery.py), both return the same bits
+and both mark the aggregator lost."""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+
+from ina_collectives.collectives.engine import AllreduceCall
+from ina_collectives.collectives.ops import Op
+from ina_collectives.collectives.recovery import TROUBLE, ErrorPath
+from ina_collectives.collectives.waiting import Deadline
+from ina_collectives.ina.engine import InaEngine
+from ina_collectives.settings import Settings
+from tests.inputs import check_within_bound, make_input
+from tests.switch.test_server import switch_thread
+from tests.threadcomm import run_ranks
+
+
+def settings_for(sw, **more) -> Settings:
+    return Settings(switch="%s:%d" % sw.address, switch_min_bytes=0, timeout=10,
+                    **more)
+
+
+def test_a_call_through_the_switch_ends_by_the_vote_alike_on_every_rank():
+    count = 70_001
+    with switch_thread() as sw:
+        def rank(comm):
+            engine = InaEngine(comm, settings_for(sw), ErrorPath(comm, 10.0))
+            try:
+                x = make_input("float32", "sum", count, 5, comm.Get_rank())
+                handed = engine.run(AllreduceCall(None, x, Op.SUM), Deadline(10.0))
+                return handed, x, engine.switch_state()
+            finally:
+                engine.close()
+
+        results = run_ranks(2, rank)
+    assert [handed for handed, _, _ in results] == [None, None]
+    assert results[0][1].tobytes() == results[1][1].tobytes()
+    check_within_bound(results[0][1], "float32", "sum", count, 5, 2)
+    for _, _, state in results:
+        assert (state["serving"], state["vote_free_calls"], state["rescued_calls"]) == (
+            True, 0, 0), state
+
+
+def test_a_rank_that_lost_a_vote_free_calls_results_completes_it_from_the_others_window():
+    """A sync call through one aggregator whose next collective is a gate needs no vote.
+    Rank 1's results never arrive (its socket takes datagrams from a dead address only);
+    rank 0 returns with every result and keeps its last window. Rank 1 gives up after
+    the silence bound and posts TROUBLE in the gate; rank 0 reads it there and helps:
+    rank 1's output is rank 0's, bit for bit, and both mark the aggregator lost."""
+    count = 1000  # one chunk: the whole call is the last window
+    with switch_thread() as sw:
+        def rank(comm):
+            r = comm.Get_rank()
+            errors = ErrorPath(comm, 10.0)
+            errors.set_gate(lambda: 4)
+            engine = InaEngine(comm, settings_for(sw, switch_silence=0.5,
+                                                  switch_opening=False), errors)
+            try:
+                if r == 1:
+                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dead:
+                        dead.bind(("127.0.0.1", 0))
+                        engine.link.sock.connect(dead.getsockname())
+                x = np.arange(count, dtype=np.float32) * (r + 1)
+                handed = engine.run(AllreduceCall(None, x, Op.SUM), Deadline(10.0))
+                if r == 0:  # the next gate
+                    rows = np.empty((2, 4), np.int64)
+                    comm.Iallgather(np.zeros(4, np.int64), rows).Wait()
+                    assert rows[:, 0].tolist() == [0, TROUBLE]
+                    assert engine.help_rescue("the last switch call")
+                return handed, x, engine.switch_state()
+            finally:
+                engine.close()
+
+        results = run_ranks(2, rank)
+    (handed0, out0, state0), (handed1, out1, state1) = results
+    assert handed0 is None and handed1 is None
+    assert out0.tolist() == (np.arange(count, dtype=np.float32) * 3).tolist()
+    assert out1.tobytes() == out0.tobytes()
+    assert (state0["vote_free_calls"], state0["rescued_calls"]) == (1, 0)
+    assert (state1["vote_free_calls"], state1["rescued_calls"]) == (0, 1)
+    assert [s["serving"] for s in (state0, state1)] == [False, False]
+    assert [s["outages"] for s in (state0, state1)] == [1, 1]
