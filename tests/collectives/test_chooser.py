@@ -92,6 +92,37 @@ def test_ina_with_no_aggregator_serving_declines_every_call_with_the_reason_firs
         engine.close()
 
 
+def test_each_call_the_ina_engine_declines_takes_the_next_engine_and_its_reason_is_counted():
+    """A switch in this process serves the one float SUM over switch_min_bytes; an int32
+    SUM, a float MAX and a float SUM under the threshold take the ring, each with the
+    INA engine's reason in the call's passed_over and in fallback_reasons."""
+    from tests.inputs import check_result, check_within_bound, make_input
+    from tests.switch.test_server import switch_thread
+
+    cases = [("float32", "sum", 50_000, 51), ("int32", "sum", 50_000, 52),
+             ("float32", "max", 50_000, 53), ("float32", "sum", 10, 54)]
+    with switch_thread() as sw:
+        settings = Settings(switch="%s:%d" % sw.address, switch_min_bytes=1000,
+                            ring_min_bytes=0)
+        coll = Collectives(MPI.COMM_SELF, settings, InaEngine)
+        try:
+            passed_over = []
+            for case in cases:
+                got = coll.allreduce(make_input(*case, 0), op=case[1])
+                (check_within_bound if case == cases[0] else check_result)(got, *case, 1)
+                passed_over.append(coll.stats.last["passed_over"])
+            snap = coll.stats.snapshot()
+        finally:
+            coll.free()
+    assert passed_over == [[], ["ina: dtype int32 is not a float"],
+                           ["ina: op MAX is not SUM or AVERAGE"],
+                           ["ina: below switch_min_bytes (1000)"]]
+    assert snap["engines"] == {"ina": 1, "ring": 3}, snap
+    assert snap["fallback_reasons"] == {"ina: dtype int32 is not a float": 1,
+                                        "ina: op MAX is not SUM or AVERAGE": 1,
+                                        "ina: below switch_min_bytes (1000)": 1}
+
+
 @pytest.fixture
 def one_rank():
     coll = Collectives(MPI.COMM_SELF, Settings(ring_min_bytes=64), InaEngine)

@@ -378,19 +378,6 @@ def test_a_refused_job_means_the_ring_with_the_reason():
 
 
 @pytest.mark.mpi
-def test_per_call_choices_nan_ints_ops_and_small_tensors(switch):
-    params = {"cases": [("float32", "sum", 50_000, 51), ("int32", "sum", 50_000, 52),
-                        ("float32", "max", 50_000, 53), ("float32", "sum", 10, 54)],
-              "settings": {"switch_min_bytes": 1000, "ring_min_bytes": 0}}
-    results = mpirun.run(2, "ina_cases", params, env={"INA_SWITCH": switch.address_text})
-    reasons = results[0]["stats"]["fallback_reasons"]
-    assert results[0]["stats"]["engines"] == {"ina": 1, "ring": 3}, results[0]["stats"]
-    assert "ina: dtype int32 is not a float" in reasons
-    assert "ina: op MAX is not SUM or AVERAGE" in reasons
-    assert "ina: below switch_min_bytes (1000)" in reasons
-
-
-@pytest.mark.mpi
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("where", ["first window", "last chunk"])
 def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
