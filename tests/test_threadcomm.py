@@ -59,3 +59,17 @@ def test_ranks_whose_calls_differ_are_told():
 
     with pytest.raises(RankFailed, match="the ranks' calls differ"):
         run_ranks(2, rank, timeout=1)
+
+
+def test_a_bcast_into_a_buffer_of_another_type_is_refused_as_mpi_refuses_it():
+    """MPI requires the same type signature on every rank: a float64 buffer does not
+    take a float32 broadcast (mpi4py would not convert it either)."""
+    def rank(comm):
+        buf = np.zeros(4, np.float32 if comm.Get_rank() == 0 else np.float64)
+        comm.Bcast(buf, root=0)
+
+    with pytest.raises(RankFailed) as refused:
+        run_ranks(2, rank, timeout=5)
+    assert str(refused.value.__cause__) == (
+        "rank 1's bcast buffer is 4 x float64, root 0's 4 x float32: MPI's type "
+        "signatures differ")

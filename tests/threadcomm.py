@@ -174,7 +174,15 @@ class ThreadComm:
 
         def finish(parts: list[Any]) -> None:
             if self._rank != root:
-                array.reshape(-1)[:] = parts[root]
+                sent = parts[root]
+                # MPI requires the same type signature on every rank (a larger buffer
+                # is an error, not a conversion): say so rather than cast.
+                if (array.dtype, array.size) != (sent.dtype, sent.size):
+                    raise RuntimeError(
+                        f"rank {self._rank}'s bcast buffer is {array.size} x "
+                        f"{array.dtype}, root {root}'s {sent.size} x {sent.dtype}: "
+                        f"MPI's type signatures differ")
+                array.reshape(-1)[:] = sent
         part = np.array(array, copy=True).reshape(-1) if self._rank == root else None
         return self._meet(f"bcast from {root}", part, finish)
 

@@ -47,6 +47,10 @@ def test_a_rank_that_lost_results_gets_the_window_of_the_lowest_rank_that_kept_i
     assert got[1].values.dtype == np.float32 and got[1].values.tolist() == [1.5] * 8
 
 
+@pytest.mark.xfail(strict=True, raises=RankFailed, reason=(
+    "recovery.rescue: a rank that takes part in the broadcast without a window of the "
+    "call (rank 0 here, which kept call 6's) receives into float64 (its dtype is None), "
+    "whatever the root's window holds (float32): MPI's type signatures differ"))
 def test_the_window_comes_from_a_rank_that_kept_this_call_not_an_earlier_one():
     """Rank 0 kept call 6's window (it is one call behind in its bookkeeping), rank 2 call
     7's: rank 2 sends. Two ranks failed: both get the window."""
