@@ -88,10 +88,13 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
     ``what`` names the call in a timeout's message."""
     n, me = comm.Get_size(), comm.Get_rank()
     have = kept if role in (CLEAN, OPENING) else None
+    # (the last column: the kept window's dtype, as its character code, so that every
+    # rank receives the window in the type the root sends it in)
     mine = np.array([role, call if have is None and role != CLEAN else
                      (have.call if have else -1), have.start if have else -1,
-                     have.values.size if have else 0, opening, seq], np.int64)
-    rows = np.empty((n, 6), np.int64)
+                     have.values.size if have else 0, opening, seq,
+                     ord(have.values.dtype.char) if have else 0], np.int64)
+    rows = np.empty((n, 7), np.int64)
     wait(comm.Iallgather(mine, rows), Deadline(seconds),
          lambda: f"every rank to say what it holds of {what}, which a rank could not "
                  f"finish alone (this rank: {_ROLES[role]})")
@@ -116,10 +119,8 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
     start, length = int(rows[root, 2]), int(rows[root, 3])
     if me == root:
         buf = have.values
-    elif have is not None and have.call == target:
-        buf = np.empty_like(have.values)
-    else:
-        buf = np.empty(length, dtype if dtype is not None else np.float64)
+    else:  # (in the root's window's type: a window this rank keeps may be another call's)
+        buf = np.empty(length, np.dtype(chr(int(rows[root, 6]))))
     wait(comm.Ibcast(buf, root=root), Deadline(seconds),
          lambda: f"rank {root}'s last window of {what} ({length} values)")
     return Rescue(buf if role == FAILED else None, start, False, failed, root,
