@@ -79,11 +79,11 @@ class Rescue:
 
 
 def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
-           dtype: np.dtype | None, seconds: float, what: str, opening: int = -1,
-           seq: int = 0) -> Rescue:
+           seconds: float, what: str, opening: int = -1, seq: int = 0) -> Rescue:
     """Collective, once a gate showed TROUBLE: this rank's ``role`` in ``call`` (a CLEAN
-    or OPENING rank passes its ``kept`` window, if any; a FAILED one the ``dtype`` of its
-    output; an OPENING one the number ``opening`` the call it opened would have had).
+    or OPENING rank passes its ``kept`` window, if any; an OPENING one the number
+    ``opening`` the call it opened would have had). The window goes to every rank in the
+    type its holder kept it in (its output's, as every rank's of the call).
     ``seq``: the chooser's call number this rank is at. ``seconds`` bounds each wait;
     ``what`` names the call in a timeout's message."""
     n, me = comm.Get_size(), comm.Get_rank()
@@ -193,11 +193,10 @@ class ErrorPath:
 
     # -- the rescue ---------------------------------------------------------------------
 
-    def rescue(self, role: int, call: int, dtype: np.dtype | None, what: str,
-               opening: int = -1, seq: int = 0) -> Rescue:
+    def rescue(self, role: int, call: int, what: str, opening: int = -1, seq: int = 0
+               ) -> Rescue:
         """``rescue`` with this rank's kept window, which it then forgets."""
-        got = rescue(self._comm, role, call, self._kept, dtype, self._seconds, what,
-                     opening, seq)
+        got = rescue(self._comm, role, call, self._kept, self._seconds, what, opening, seq)
         self._kept = None
         return got
 
@@ -206,4 +205,4 @@ class ErrorPath:
         this rank finished it, and sends or stands by with its kept window, which it
         returns with what every rank learned."""
         kept = self._kept
-        return self.rescue(CLEAN, -1, None, what, seq=seq), kept
+        return self.rescue(CLEAN, -1, what, seq=seq), kept

@@ -252,7 +252,7 @@ class InaEngine(Engine):
         here = f"{agg.where(0)}: {outcome}"
         what = f"the opening of call #{self.aggregators.seq}"
         self.errors.report(f"{what}: {here}")
-        got = self.errors.rescue(OPENING, -1, None, what, opening=self.quorum.calls + 1,
+        got = self.errors.rescue(OPENING, -1, what, opening=self.quorum.calls + 1,
                                  seq=agg.seq)
         reason = (f"ina: the aggregator failed at the opening of a call on rank(s) "
                   f"{got.failed}; here: {here}")
@@ -479,7 +479,7 @@ class InaEngine(Engine):
                 f"completed (first {result.missing[:8].tolist()})" if not result.ok
                 else "a result said an input held a NaN or an Inf")
         self.errors.report(f"{what}: {here}")
-        got = self.errors.rescue(role, self.quorum.calls, call.recv.dtype, what, seq=agg.seq)
+        got = self.errors.rescue(role, self.quorum.calls, what, seq=agg.seq)
         self.quorum.after_call(-1, -1, 0, 0, 0)
         if got.failed:
             self.shares.forget(i)

@@ -26,20 +26,20 @@ def window(call: int = CALL, aggregator: int = 0) -> Kept:
 
 
 def rescued(roles: list[tuple], seconds: float = 5.0) -> list[Rescue]:
-    """rescue() on each rank with its (role, call, kept, dtype[, opening[, seq]])."""
+    """rescue() on each rank with its (role, call, kept[, opening[, seq]])."""
     def rank(comm):
-        role, call, kept, dtype, *rest = roles[comm.Get_rank()]
+        role, call, kept, *rest = roles[comm.Get_rank()]
         opening = rest[0] if rest else -1
         seq = rest[1] if len(rest) > 1 else 0
-        return rescue(comm, role, call, kept, dtype, seconds, "switch call #7", opening, seq)
+        return rescue(comm, role, call, kept, seconds, "switch call #7", opening, seq)
     return run_ranks(len(roles), rank)
 
 
 def test_a_rank_that_lost_results_gets_the_window_of_the_lowest_rank_that_kept_it():
     """Rank 1's stream failed; ranks 0, 2 and 3 finished call 7. Rank 0 sends its window;
     rank 1 alone gets the values (in its output's dtype); nobody goes to the ring."""
-    got = rescued([(CLEAN, -1, window(), None), (FAILED, CALL, None, np.dtype(np.float32)),
-                   (CLEAN, -1, window(), None), (CLEAN, -1, window(), None)])
+    got = rescued([(CLEAN, -1, window()), (FAILED, CALL, None),
+                   (CLEAN, -1, window()), (CLEAN, -1, window())])
     for r, res in enumerate(got):
         assert (res.to_ring, res.failed, res.holder, res.restart) == (False, [1], 0, False)
         assert res.start == START
@@ -52,8 +52,8 @@ def test_the_window_comes_from_a_rank_that_kept_this_call_not_an_earlier_one():
     7's: rank 2 sends, and every rank receives in the type of the window it sends (rank
     0 once received into float64, whatever the root sent: MPI's type signatures
     differed). Two ranks failed: both get the window."""
-    got = rescued([(CLEAN, -1, window(6), None), (FAILED, CALL, None, np.dtype(np.float32)),
-                   (CLEAN, -1, window(), None), (FAILED, CALL, None, np.dtype(np.float32))])
+    got = rescued([(CLEAN, -1, window(6)), (FAILED, CALL, None),
+                   (CLEAN, -1, window()), (FAILED, CALL, None)])
     assert {(r.holder, tuple(r.failed)) for r in got} == {(2, (1, 3))}
     for r in (1, 3):
         assert got[r].values.dtype == np.float32 and got[r].values.tolist() == [1.5] * 8
@@ -62,7 +62,7 @@ def test_the_window_comes_from_a_rank_that_kept_this_call_not_an_earlier_one():
 def test_every_rank_still_in_the_call_hands_it_to_the_ring():
     for roles, failed in (([FAILED] * 3, [0, 1, 2]), ([NAN_OR_INF] * 3, []),
                           ([FAILED, NAN_OR_INF, FAILED], [0, 2])):
-        got = rescued([(role, CALL, None, np.dtype(np.float32)) for role in roles])
+        got = rescued([(role, CALL, None) for role in roles])
         for res in got:
             assert (res.to_ring, res.failed, res.values, res.holder, res.restart) == (
                 True, failed, None, None, False), roles
@@ -71,9 +71,9 @@ def test_every_rank_still_in_the_call_hands_it_to_the_ring():
 def test_a_rank_that_was_opening_the_call_the_others_are_in_stands_in_for_one_still_in_it():
     """Ranks 0 and 1 failed call 7; rank 2 finished call 6 and could not open call 7 (its
     opening number): nobody returned from call 7, so it goes to the ring."""
-    got = rescued([(FAILED, CALL, None, np.dtype(np.float32)),
-                   (FAILED, CALL, None, np.dtype(np.float32)),
-                   (OPENING, -1, window(6), None, CALL)])
+    got = rescued([(FAILED, CALL, None),
+                   (FAILED, CALL, None),
+                   (OPENING, -1, window(6), CALL)])
     for res in got:
         assert (res.to_ring, res.failed, res.restart) == (True, [0, 1, 2], False)
 
@@ -81,16 +81,16 @@ def test_a_rank_that_was_opening_the_call_the_others_are_in_stands_in_for_one_st
 def test_an_opening_rank_that_finished_the_call_sends_its_window_and_then_starts_again():
     """Rank 0 finished call 7, kept its window and could not open call 8; rank 1's call 7
     failed. Rank 0 sends, rank 1 completes call 7; rank 0 starts its call 8 again."""
-    got = rescued([(OPENING, -1, window(), None, CALL + 1),
-                   (FAILED, CALL, None, np.dtype(np.float32))])
+    got = rescued([(OPENING, -1, window(), CALL + 1),
+                   (FAILED, CALL, None)])
     assert [(r.holder, r.failed, r.to_ring) for r in got] == [(0, [0, 1], False)] * 2
     assert [r.restart for r in got] == [True, False]
     assert got[1].values.tolist() == [1.5] * 8 and got[0].values is None
 
 
 def test_only_openings_failed_every_rank_starts_again_at_the_largest_call_number():
-    got = rescued([(OPENING, -1, window(), None, 8, 11), (CLEAN, -1, window(), None, -1, 12),
-                   (OPENING, -1, None, None, 8, 10)])
+    got = rescued([(OPENING, -1, window(), 8, 11), (CLEAN, -1, window(), -1, 12),
+                   (OPENING, -1, None, 8, 10)])
     for res in got:
         assert (res.restart, res.to_ring, res.failed, res.values, res.holder) == (
             True, False, [0, 2], None, None)
@@ -101,7 +101,7 @@ def test_a_nan_or_inf_beside_ranks_that_finished_is_a_broken_communicator_naming
     """A rank that finished the call saw every result, so none can have seen a NaN that
     another saw: the protocol does not allow it, and every rank says so alike."""
     with pytest.raises(RankFailed) as broken:
-        rescued([(CLEAN, -1, window(), None), (NAN_OR_INF, CALL, None, np.dtype(np.float32))])
+        rescued([(CLEAN, -1, window()), (NAN_OR_INF, CALL, None)])
     assert isinstance(broken.value.__cause__, CommunicatorBroken)
     assert str(broken.value.__cause__) == (
         "ranks [1] could not finish switch call #7 and no rank keeps its last window "
@@ -110,8 +110,8 @@ def test_a_nan_or_inf_beside_ranks_that_finished_is_a_broken_communicator_naming
 
 def test_a_failed_rank_whose_call_no_rank_kept_is_a_broken_communicator():
     with pytest.raises(RankFailed) as broken:
-        rescued([(CLEAN, -1, window(6), None), (FAILED, CALL, None, np.dtype(np.float32)),
-                 (CLEAN, -1, None, None)])
+        rescued([(CLEAN, -1, window(6)), (FAILED, CALL, None),
+                 (CLEAN, -1, None)])
     assert str(broken.value.__cause__) == (
         "ranks [1] could not finish switch call #7 and no rank keeps its last window "
         "(roles [0, 1, 0], calls [6, 7, -1])")
@@ -121,7 +121,7 @@ def test_a_rank_that_never_takes_up_the_rescue_is_named_by_the_others_wait():
     def rank(comm):
         if comm.Get_rank() == 0:
             return None  # stopped
-        return rescue(comm, FAILED, CALL, None, np.dtype(np.float32), 0.3, "switch call #7")
+        return rescue(comm, FAILED, CALL, None, 0.3, "switch call #7")
 
     with pytest.raises(RankFailed) as failed:
         run_ranks(3, rank)
@@ -139,7 +139,7 @@ def test_a_holder_that_stops_after_saying_what_it_holds_is_named_with_the_window
             row = np.array([CLEAN, CALL, START, 8, -1, 0, ord("f")], np.int64)
             comm.Iallgather(row, np.empty((2, 7), np.int64)).Wait()
             return None  # stopped before the broadcast
-        return rescue(comm, FAILED, CALL, None, np.dtype(np.float32), 0.3, "switch call #7")
+        return rescue(comm, FAILED, CALL, None, 0.3, "switch call #7")
 
     with pytest.raises(RankFailed) as failed:
         run_ranks(2, rank)
@@ -207,7 +207,7 @@ def test_a_result_lost_on_one_rank_is_completed_from_a_peers_kept_window():
         if r == 2:
             out[START + 3:] = 0  # lost
             path.report("switch call #7")
-            got = path.rescue(FAILED, CALL, out.dtype, "switch call #7", seq=9)
+            got = path.rescue(FAILED, CALL, "switch call #7", seq=9)
             out[got.start:] = got.values
             return out, got, path.kept
         path.keep(Kept(CALL, 0, START, out[START:].copy()))
