@@ -78,10 +78,11 @@ class Quorum:
         if generation and generation != self.generation:
             self.generation = generation
             self.changes += 1
+            k = min(k, P.MAX_WORKERS)  # (the mode in force, as the warning names it)
             if k != self.k:
                 log.warning("the control plane asks for %s (mode generation %d): in force "
                             "from the next call", f"quorum {k}" if k else "sync", generation)
-            self.k = min(k, P.MAX_WORKERS)
+            self.k = k
 
     def report(self) -> dict[str, Any]:
         """stats()["quorum"]: the mode in force, the counts, and the last call's flags
