@@ -405,19 +405,8 @@ def run_job(command: list[str], env: dict[str, str], limit: float
     """``command`` (mpiexec and its ranks), its output merged: (exit code, output), or
     (None, output) past ``limit`` seconds, when its whole process group is killed (the
     ranks too, not only mpiexec)."""
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return None, output
-    finally:
-        if proc.poll() is None:  # (Ctrl-C while it ran: take the job down too)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, output
+    from .mpi import run_group
+    return run_group(command, env, limit, ROOT)
 
 
 def _tail(text: str, lines: int = 40) -> str:

@@ -10,11 +10,33 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
+
+
+def run_group(command: Sequence[str], env: dict[str, str], limit: float,
+              cwd: str | os.PathLike) -> tuple[int | None, str]:
+    """``command`` (mpiexec and its ranks) in a session of its own, its output merged:
+    (exit code, output), or (None, output) past ``limit`` seconds, when its whole process
+    group is killed (the ranks too, not only mpiexec); the same on Ctrl-C."""
+    proc = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, output
+    finally:
+        if proc.poll() is None:  # (Ctrl-C while it ran: take the job down too)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, output
 
 
 def main() -> int:

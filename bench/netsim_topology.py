@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any, Sequence
@@ -215,20 +214,8 @@ class EmulatedCluster:
         """Run ``command`` as one mpiexec job over the workers' namespaces
         (``mpiexec_command``), its output merged; (exit code, output), or (None, output)
         if it ran past ``limit`` seconds: then its whole process group is killed."""
-        proc = subprocess.Popen(self.mpiexec_command(mpiexec, command, workers), cwd=cwd,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            return None, output
-        finally:
-            if proc.poll() is None:  # (Ctrl-C while it ran: take the job down too)
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode, output
+        from .mpi import run_group
+        return run_group(self.mpiexec_command(mpiexec, command, workers), env, limit, cwd)
 
     def job_record(self, mpiexec: str, command: Sequence[str], env: dict[str, str],
                    limit: float, cwd: str | os.PathLike, record: Path, what: str) -> Any:
