@@ -28,7 +28,11 @@ def hooked():
 
 def test_the_hook_on_gloo_matches_plain_gloo_ddp_and_the_switch_serves_the_buckets(hooked):
     env = {"INA_SWITCH_MIN_BYTES": "0"}
-    plain, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": False}, env=env)
+    # (plain gloo DDP, no library code: torch's gloo may abort a rank at exit after its
+    # results are written, "terminate called without an active exception", seen once in
+    # CI's suite; its results are judged, not its exit code)
+    plain, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": False}, env=env,
+                        reference=True)
     for out, ref in zip(hooked, plain):
         for dtype, (rtol, atol) in TOLERANCE.items():
             for got, want in zip(out[dtype], ref[dtype]):
