@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -342,6 +344,22 @@ def say(text: str) -> None:
     print(f"ina-run: {text}", file=sys.stderr, flush=True)
 
 
+_RANK_LINE = re.compile(rb"^\[\d+\] ")
+
+
+def _torchrun_errors(stream: Any, received: list[int]) -> None:
+    """torchrun's standard error, passed on line by line, whole. Once ina-run has passed
+    a Ctrl-C (or SIGTERM, SIGHUP) on, torchrun's own lines are left out: its agent's log
+    of the signal and its SignalException traceback. The ranks' lines, which carry their
+    ``[r] `` prefix, still pass, and ina-run says in one line how each rank ended."""
+    for raw in iter(stream.readline, b""):
+        if received and not _RANK_LINE.match(raw):
+            continue
+        sys.stderr.write(raw.decode(errors="replace"))
+        sys.stderr.flush()
+    stream.close()
+
+
 def run_torchrun(np_: int, command: Sequence[str], env: dict[str, str], *,
                  verbose: bool = False, prefix: bool = True) -> int:
     """torchrun --nproc-per-node np_ COMMAND on this machine: the ranks are torch's, not
@@ -371,7 +389,15 @@ def run_torchrun(np_: int, command: Sequence[str], env: dict[str, str], *,
             if process.poll() is None:
                 process.send_signal(signum)
 
-        process = subprocess.Popen([*detached(), *line], env=env)
+        # (with the ranks' prefixes, torchrun's standard error passes through a thread
+        # that tells its own lines from the ranks': see _torchrun_errors)
+        process = subprocess.Popen([*detached(), *line], env=env,
+                                   stderr=subprocess.PIPE if prefix else None)
+        relay = None
+        if prefix:
+            relay = threading.Thread(target=_torchrun_errors, args=(process.stderr, received),
+                                     name="torchrun stderr", daemon=True)
+            relay.start()
         previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
         try:
             code = process.wait()
@@ -381,6 +407,8 @@ def run_torchrun(np_: int, command: Sequence[str], env: dict[str, str], *,
             if process.poll() is None:
                 process.kill()
                 process.wait()
+            if relay is not None:
+                relay.join(5)
         if received:
             for ending in watch.endings():
                 say(ending)

@@ -247,6 +247,58 @@ def test_ctrl_c_ends_the_job_at_once_with_one_line_per_rank(tmp_path):
     assert not _leftovers(str(script)), _leftovers(str(script))
 
 
+TORCH_LOOPING_RANK = """import time
+import torch
+import torch.distributed as dist
+import ina_collectives.torch.distributed  # registers backend "ina"
+dist.init_process_group("ina")
+x = torch.ones(1000)
+print(f"ready {dist.get_rank()}", flush=True)
+while True:
+    dist.all_reduce(x)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.mpi
+def test_ctrl_c_under_torchrun_ends_the_job_with_one_line_per_rank_and_no_traceback(
+        tmp_path):
+    """The same under --launcher torchrun: torchrun's own lines after the signal (its
+    agent's log, its SignalException traceback) are left out, the ranks' lines (with
+    their prefix) pass: exit 130 (1.45 s once here), one line per rank."""
+    script = tmp_path / "loop.py"
+    script.write_text(TORCH_LOOPING_RANK)
+    proc = subprocess.Popen([sys.executable, "-m", "ina_collectives.launch", "--launcher",
+                             "torchrun", "-np", "2", "--", sys.executable, str(script)],
+                            cwd=ROOT, env=_child_env(None), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        while sum("] ready " in line for line in lines) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(10)
+    output = "".join(lines)
+    assert proc.returncode == 130, output
+    for noise in ("Traceback", "SignalException", "death signal", "closing signal"):
+        assert noise not in output, (noise, output)
+    stopped = re.findall(r"^ina-run: rank (\d) \(pid \d+\) stopped by Ctrl-C at (.*)$",
+                         output, re.M)
+    assert sorted(r for r, _ in stopped) == ["0", "1"], output
+    # (in the all_reduce or in the sleep after it)
+    assert {where for _, where in stopped} <= {f"{script}:9 in <module>",
+                                               f"{script}:10 in <module>"}, output
+
+
 @pytest.mark.mpi
 def test_ranks_stuck_outside_the_library_get_sigterm_then_sigkill(ina_run, tmp_path):
     """Survivors that never call into the library (one ignores SIGTERM) are stopped by
