@@ -272,3 +272,16 @@ def run_ranks(n: int, body: Callable[[ThreadComm], Any], timeout: float = 60.0
     if stuck:
         raise RankFailed(f"rank(s) {stuck} still run after {timeout:g} s")
     return results
+
+
+def timed_out(n: int, body: Callable[[ThreadComm], Any], timeout: float = 60.0) -> str:
+    """run_ranks, where a rank's bounded wait must end in CollectiveTimeout (a rank
+    stopped, or never took part): that timeout's message, which names the wait."""
+    from ina_collectives.errors import CollectiveTimeout
+    try:
+        run_ranks(n, body, timeout)
+    except RankFailed as failed:
+        if isinstance(failed.__cause__, CollectiveTimeout):
+            return str(failed.__cause__)
+        raise
+    raise AssertionError("every rank ended: no wait timed out")

@@ -238,7 +238,10 @@ class Aggregators:
             except OSError:
                 pass  # no route: the join says so
         mtu = min(mtus.values(), default=P.MAX_DATAGRAM + P.IP_UDP_HEADER_BYTES)
-        fits = P.elements_for_mtu(mtu, block, bits)
+        try:
+            fits = P.elements_for_mtu(mtu, block, bits)
+        except ValueError:  # (no packet fits: K 1, which the join refuses, naming the MTU;
+            fits = 1        # this rank still takes part in the agreement below)
         given = settings.switch_elements
         if given > fits:
             worst = min(mtus, key=mtus.get)

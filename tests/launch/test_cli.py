@@ -199,26 +199,19 @@ while True:
 """
 
 
-@pytest.mark.mpi
-def test_ctrl_c_ends_the_job_at_once_with_one_line_per_rank(tmp_path):
-    """A terminal's Ctrl-C is SIGINT to its whole foreground process group. It reaches
-    ina-run alone (mpiexec and the embedded switch run in sessions of their own), which
-    passes it to each rank once, tears the job down on the switch while it runs, then
-    stops the switch: exit 130, 0.8 to 1.8 s after the signal as measured on a loaded
-    2-core machine (bound 10 s here), with one line per rank saying where it stopped, no
-    Hydra assert, no P4Runtime error, no false timeout, no KeyboardInterrupt traceback."""
-    script = tmp_path / "loop.py"
-    script.write_text(LOOPING_RANK)
-    proc = subprocess.Popen([sys.executable, "-m", "ina_collectives.launch", "-np", "3", "--",
-                             sys.executable, str(script)], cwd=ROOT, env=_child_env(None),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+def _interrupted(args: list[str], ranks: int) -> tuple[int, str, float]:
+    """ina-run ARGS in a process group of its own, as a terminal runs it; once its
+    ``ranks`` ranks printed "ready", a Ctrl-C to the whole group: (exit code, output,
+    seconds from the signal to the exit). Bounded: 90 s to start, 60 s to end."""
+    proc = subprocess.Popen([sys.executable, "-m", "ina_collectives.launch", *args],
+                            cwd=ROOT, env=_child_env(None), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
         deadline = time.monotonic() + 90
-        while sum("] ready " in line for line in lines) < 3:
+        while sum("] ready " in line for line in lines) < ranks:
             assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
             time.sleep(0.05)
         start = time.monotonic()
@@ -230,8 +223,21 @@ def test_ctrl_c_ends_the_job_at_once_with_one_line_per_rank(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     reader.join(10)
-    output = "".join(lines)
-    assert proc.returncode == 130, output
+    return proc.returncode, "".join(lines), took
+
+
+@pytest.mark.mpi
+def test_ctrl_c_ends_the_job_at_once_with_one_line_per_rank(tmp_path):
+    """A terminal's Ctrl-C is SIGINT to its whole foreground process group. It reaches
+    ina-run alone (mpiexec and the embedded switch run in sessions of their own), which
+    passes it to each rank once, tears the job down on the switch while it runs, then
+    stops the switch: exit 130, 0.8 to 1.8 s after the signal as measured on a loaded
+    2-core machine (bound 10 s here), with one line per rank saying where it stopped, no
+    Hydra assert, no P4Runtime error, no false timeout, no KeyboardInterrupt traceback."""
+    script = tmp_path / "loop.py"
+    script.write_text(LOOPING_RANK)
+    code, output, took = _interrupted(["-np", "3", "--", sys.executable, str(script)], 3)
+    assert code == 130, output
     assert took < 10, (took, output)
     for noise in ("assert (!closed)", "CRITICAL", "arbitration", "Traceback",
                   "CollectiveTimeout", "did not"):
@@ -268,27 +274,9 @@ def test_ctrl_c_under_torchrun_ends_the_job_with_one_line_per_rank_and_no_traceb
     their prefix) pass: exit 130 (1.45 s once here), one line per rank."""
     script = tmp_path / "loop.py"
     script.write_text(TORCH_LOOPING_RANK)
-    proc = subprocess.Popen([sys.executable, "-m", "ina_collectives.launch", "--launcher",
-                             "torchrun", "-np", "2", "--", sys.executable, str(script)],
-                            cwd=ROOT, env=_child_env(None), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 90
-        while sum("] ready " in line for line in lines) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(10)
-    output = "".join(lines)
-    assert proc.returncode == 130, output
+    code, output, _ = _interrupted(["--launcher", "torchrun", "-np", "2", "--",
+                                    sys.executable, str(script)], 2)
+    assert code == 130, output
     for noise in ("Traceback", "SignalException", "death signal", "closing signal"):
         assert noise not in output, (noise, output)
     stopped = re.findall(r"^ina-run: rank (\d) \(pid \d+\) stopped by Ctrl-C at (.*)$",
