@@ -15,8 +15,15 @@ const bit<8>  FLAG_CONTROL    = 0x04;
 const bit<8>  FLAG_RETRANSMIT = 0x02;
 const bit<8>  FLAG_OPEN       = 0x10;
 const bit<8>  FLAG_MISMATCH   = 0x20;
+const bit<8>  FLAG_PREDICTED  = 0x40;
+const bit<8>  FLAG_OVERFLOW   = 0x80;
 const bit<32> CTRL_PROBE      = 3;
-const bit<32> CAPABILITIES    = 8;   // stated in a probe's answer: CAP_OPEN
+// Stated in a probe's answer: CAP_OPEN | CAP_PREDICT (openings, predicted first windows).
+const bit<32> CAPABILITIES    = 24;
+// A predicted use's marks (slot_marks; docs/protocol.md, One round trip).
+const bit<8>  MARK_PREDICTED  = 1;   // the use is a predicted chunk's
+const bit<8>  MARK_MISMATCH   = 2;   // a packet differed (not only exponents)
+const bit<8>  MARK_OVERFLOW   = 4;   // only exponents differed: keep the max
 const bit<16> WORKER_NONE     = 0xffff;   // the worker id of a result
 const bit<16> ELEMENTS        = 64;      // K: values per packet
 const bit<16> GROUPS          = 2;      // G = ceil(K / B): sub-blocks per packet
@@ -714,6 +721,10 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
     // counted (docs/quorum.md).
     @id(0x16000006) register<bit<24>>(CELLS) slot_call;
     @id(0x16000007) register<bit<64>>(CELLS) slot_contributors;
+    // A predicted use (docs/protocol.md, One round trip): the call's identity its first
+    // packet carried (in `contributors`), and its marks (MARK_*; 0: not a predicted use).
+    @id(0x16000008) register<bit<64>>(CELLS) slot_ident;
+    @id(0x16000009) register<bit<8>>(CELLS) slot_marks;
     @id(0x16010000) register<bit<16>>(CELLS) exponent_0;
     @id(0x16020000) register<bit<16>>(CELLS) proposal_0;
     @id(0x16010001) register<bit<16>>(CELLS) exponent_1;
@@ -946,7 +957,9 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 bit<24> cell_call;
                 bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
                 bit<64> counted;
+                bit<8> marks;
                 slot_call.read(cell_call, cell);
+                slot_marks.read(marks, cell);
                 slot_contributors.read(counted, cell);
                 slot_bitmap.read(seen, cell);
                 slot_packets.read(count, cell);
@@ -960,6 +973,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     seen = 0;
                     count = 0;
                     counted = 0;
+                    marks = 0;
                     slot_epoch.write(cell, hdr.ina.epoch);
                 }
                 // This opening's own cell, done: it may answer a resend. Any other state
@@ -991,7 +1005,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     hdr.ina.offset = chunk[63:32];
                     hdr.ina.call = cell_call[23:8];
                     hdr.ina.flags = FLAG_RESULT | FLAG_OPEN;
-                    if (chunk[15:0] != 0) {
+                    if (chunk[15:0] != 0 || (marks & MARK_MISMATCH) != 0) {
                         hdr.ina.flags = FLAG_RESULT | FLAG_OPEN | FLAG_MISMATCH;
                     }
                     hdr.ina.worker_id = WORKER_NONE;
@@ -1000,11 +1014,12 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     hdr.ina.mode_generation = meta.mode_generation;
                     answer_from_switch();
                     standard_metadata.egress_spec = standard_metadata.ingress_port;
-                } else if (count != 0 && chunk[31:16] != 0) {
+                } else if (count != 0 && chunk[31:16] != 0 && (marks & MARK_PREDICTED) == 0) {
                     reason = DROP_MISMATCHED_CHUNK;   // a chunk's data is in this cell
                 } else {
                     bit<16> mark = 0;
                     if (count == 0) {
+                        slot_marks.write(cell, 0);
                         slot_call.write(cell, this_call);
                         cell_call = this_call;
                         chunk = hdr.ina.offset ++ 16w0 ++ 16w0;
@@ -1014,18 +1029,27 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                         exponent_1.write(cell, hdr.p1.exponent);
                         exponent_in_1 = hdr.p1.exponent;
                         proposal_max_1 = hdr.p1.proposal;
+                    } else if (chunk[31:16] != 0) {
+                        // A predicted chunk's use in progress (docs/protocol.md, One round
+                        // trip): the ranks called differently. Counted and marked, so that
+                        // the result (MISMATCH) tells every worker; the chunk stays.
+                        slot_marks.write(cell, marks | MARK_MISMATCH);
+                        mark = 1;
                     } else {
+                        // (A predicted packet this opening's use counted marked it.)
                         mark = chunk[15:0];
-                        if (differs) {
+                        if (differs || (marks & MARK_MISMATCH) != 0) {
                             mark = 1;
                         }
                         if ((int<16>)hdr.p0.proposal > (int<16>)proposal_max_0) { proposal_max_0 = hdr.p0.proposal; }
                         if ((int<16>)hdr.p1.proposal > (int<16>)proposal_max_1) { proposal_max_1 = hdr.p1.proposal; }
                     }
-                    chunk = chunk[63:32] ++ 16w0 ++ mark;
-                    slot_chunk.write(cell, chunk);
-                    proposal_0.write(cell, proposal_max_0);
-                    proposal_1.write(cell, proposal_max_1);
+                    if (chunk[31:16] == 0) {
+                        chunk = chunk[63:32] ++ 16w0 ++ mark;
+                        slot_chunk.write(cell, chunk);
+                        proposal_0.write(cell, proposal_max_0);
+                        proposal_1.write(cell, proposal_max_1);
+                    }
                     slot_bitmap.write(cell, seen | meta.worker_bit);
                     bit<64> seen_other;
                     slot_bitmap.read(seen_other, other);
@@ -1062,6 +1086,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                    || hdr.ina.value_bits != VALUE_BITS || hdr.ina.block != BLOCK
                    || hdr.ina.blocks != ((hdr.ina.count + 31) >> 5)
                    || (bit<16>)hdr.ina.quorum > meta.num_workers
+                   || ((hdr.ina.flags & FLAG_PREDICTED) != 0 && hdr.ina.quorum != 0)
                    || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.blocks << 2)
                                         + (hdr.ina.count << 2)) {
             reason = DROP_MALFORMED;
@@ -1078,7 +1103,9 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             bit<24> cell_call;
             bit<24> this_call = hdr.ina.call ++ hdr.ina.quorum;
             bit<64> counted;
+            bit<8> marks;
             slot_call.read(cell_call, cell);
+            slot_marks.read(marks, cell);
             slot_contributors.read(counted, cell);
             slot_bitmap.read(seen, cell);
             slot_packets.read(count, cell);
@@ -1092,9 +1119,16 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 seen = 0;
                 count = 0;
                 counted = 0;
+                marks = 0;
                 slot_epoch.write(cell, hdr.ina.epoch);
             }
             bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
+            // A predicted packet (docs/protocol.md, One round trip: sync only, the call's
+            // identity in `contributors`), and whether the cell's use is a predicted one.
+            bool predicted = (hdr.ina.flags & FLAG_PREDICTED) != 0;
+            bool predicted_use = (marks & MARK_PREDICTED) != 0;
+            bit<64> ident;
+            slot_ident.read(ident, cell);
             // Per sub-block of this packet: the cell's exponent and max proposal.
             bool exponents_differ = false;
             bit<16> exponent_in_0 = 0;
@@ -1135,6 +1169,14 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 // cell, sent after this one's result reached them all. Such a packet is a
                 // delayed copy (a duplicate the network held up, or a replay): opening
                 // the cell with it would stall the next use, or add old values to a sum.
+                stale = true;
+            } else if (predicted && count == 0 && (marks & MARK_OVERFLOW) != 0
+                       && (seen & meta.worker_bit) == 0 && cell_call == this_call
+                       && chunk[63:32] == hdr.ina.offset) {
+                // A predicted chunk that overflowed, from a worker this cell does not
+                // count (any more): it has moved on to the chunk's second try, an ordinary
+                // packet in the slot's other cell. A late copy of its first must not open
+                // this cell again.
                 stale = true;
             }
             if (!older && seen != 0 && count == 0
@@ -1231,6 +1273,9 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     if (hdr.v62.isValid()) { value_62.read(hdr.v62.v, cell); }
                     if (hdr.v63.isValid()) { value_63.read(hdr.v63.v, cell); }
                     hdr.ina.flags = FLAG_RESULT;
+                    if ((marks & MARK_PREDICTED) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_PREDICTED; }
+                    if ((marks & MARK_MISMATCH) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_MISMATCH; }
+                    else if ((marks & MARK_OVERFLOW) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_OVERFLOW; }
                     hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = counted;
                     hdr.ina.mode_quorum = meta.mode_quorum;
@@ -1238,16 +1283,27 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     answer_from_switch();
                     standard_metadata.egress_spec = standard_metadata.ingress_port;
                 }
-            } else if (count != 0 && (chunk != this_chunk || exponents_differ
-                                      || cell_call != this_call)) {
+            } else if (count != 0 && !predicted && !predicted_use
+                       && (chunk != this_chunk || exponents_differ || cell_call != this_call)) {
                 reason = DROP_MISMATCHED_CHUNK;
             } else {
+                bit<8> use_marks = marks;
+                bool add = false;
                 if (count == 0) {
-                    // The first packet of this use: load, do not add.
+                    // The first packet of this use: load, do not add. A predicted one
+                    // makes the use a predicted one, and the cell keeps its identity.
                     slot_chunk.write(cell, this_chunk);
                     slot_call.write(cell, this_call);
-                    if (hdr.p0.isValid()) { exponent_0.write(cell, hdr.p0.exponent); proposal_max_0 = hdr.p0.proposal; }
-                    if (hdr.p1.isValid()) { exponent_1.write(cell, hdr.p1.exponent); proposal_max_1 = hdr.p1.proposal; }
+                    cell_call = this_call;
+                    use_marks = 0;
+                    ident = 0;
+                    if (predicted) {
+                        use_marks = MARK_PREDICTED;
+                        ident = hdr.ina.contributors;
+                    }
+                    slot_ident.write(cell, ident);
+                    if (hdr.p0.isValid()) { exponent_0.write(cell, hdr.p0.exponent); exponent_in_0 = hdr.p0.exponent; proposal_max_0 = hdr.p0.proposal; }
+                    if (hdr.p1.isValid()) { exponent_1.write(cell, hdr.p1.exponent); exponent_in_1 = hdr.p1.exponent; proposal_max_1 = hdr.p1.proposal; }
                     if (hdr.v0.isValid()) { value_0.write(cell, hdr.v0.v); }
                     if (hdr.v1.isValid()) { value_1.write(cell, hdr.v1.v); }
                     if (hdr.v2.isValid()) { value_2.write(cell, hdr.v2.v); }
@@ -1313,9 +1369,31 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     if (hdr.v62.isValid()) { value_62.write(cell, hdr.v62.v); }
                     if (hdr.v63.isValid()) { value_63.write(cell, hdr.v63.v); }
                 } else {
-                    // Add (int32 with wraparound); keep the max proposal (signed).
+                    if (predicted || predicted_use) {
+                        // A predicted use, or a predicted packet meeting another kind of
+                        // use: a packet that differs is counted and adds nothing, marking
+                        // the cell, so that the result tells every worker.
+                        if (!predicted || !predicted_use || chunk != this_chunk
+                            || cell_call != this_call || hdr.ina.contributors != ident) {
+                            use_marks = use_marks | MARK_MISMATCH;
+                        } else if (exponents_differ) {
+                            // Only the exponents differ: the cell keeps their max, and the
+                            // workers send the chunk again with it.
+                            use_marks = use_marks | MARK_OVERFLOW;
+                            if (hdr.p0.isValid() && (int<16>)hdr.p0.exponent > (int<16>)exponent_in_0) { exponent_in_0 = hdr.p0.exponent; exponent_0.write(cell, exponent_in_0); }
+                            if (hdr.p1.isValid() && (int<16>)hdr.p1.exponent > (int<16>)exponent_in_1) { exponent_in_1 = hdr.p1.exponent; exponent_1.write(cell, exponent_in_1); }
+                        } else {
+                            add = true;
+                        }
+                    } else {
+                        add = true;
+                    }
+                    // Keep the max proposal (signed), whatever became of the values.
                     if (hdr.p0.isValid() && (int<16>)hdr.p0.proposal > (int<16>)proposal_max_0) { proposal_max_0 = hdr.p0.proposal; }
                     if (hdr.p1.isValid() && (int<16>)hdr.p1.proposal > (int<16>)proposal_max_1) { proposal_max_1 = hdr.p1.proposal; }
+                }
+                if (add) {
+                    // Add (int32 with wraparound).
                     bit<32> sum;
                     if (hdr.v0.isValid()) { value_0.read(sum, cell); sum = sum + hdr.v0.v; value_0.write(cell, sum); hdr.v0.v = sum; }
                     if (hdr.v1.isValid()) { value_1.read(sum, cell); sum = sum + hdr.v1.v; value_1.write(cell, sum); hdr.v1.v = sum; }
@@ -1382,6 +1460,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     if (hdr.v62.isValid()) { value_62.read(sum, cell); sum = sum + hdr.v62.v; value_62.write(cell, sum); hdr.v62.v = sum; }
                     if (hdr.v63.isValid()) { value_63.read(sum, cell); sum = sum + hdr.v63.v; value_63.write(cell, sum); hdr.v63.v = sum; }
                 }
+                slot_marks.write(cell, use_marks);
                 if (hdr.p0.isValid()) { proposal_0.write(cell, proposal_max_0); }
                 if (hdr.p1.isValid()) { proposal_1.write(cell, proposal_max_1); }
                 slot_bitmap.write(cell, seen | meta.worker_bit);
@@ -1390,20 +1469,25 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 slot_bitmap.write(other, seen_other & ~meta.worker_bit);
                 count = count + 1;
                 bit<16> need = meta.num_workers;
-                if (hdr.ina.quorum != 0) {
-                    need = (bit<16>)hdr.ina.quorum;
+                if (cell_call[7:0] != 0) {
+                    need = (bit<16>)cell_call[7:0];   // the use's quorum k
                 }
                 if (count == need) {
-                    // Complete: the header holds the sums and the chunk's exponents; the
-                    // max proposals go in, and who was counted; multicast it to the job.
+                    // Complete: the header holds the sums; the cell's exponents (a
+                    // predicted use's max where they differed) and max proposals go in,
+                    // who was counted, and the use's marks as flags; multicast it to the
+                    // job. (A marked use's values are no sum: the workers ignore them.)
                     slot_packets.write(cell, 0);
                     slot_contributors.write(cell, seen | meta.worker_bit);
                     hdr.ina.contributors = seen | meta.worker_bit;
                     hdr.ina.mode_quorum = meta.mode_quorum;
                     hdr.ina.mode_generation = meta.mode_generation;
-                    if (hdr.p0.isValid()) { hdr.p0.proposal = proposal_max_0; }
-                    if (hdr.p1.isValid()) { hdr.p1.proposal = proposal_max_1; }
+                    if (hdr.p0.isValid()) { hdr.p0.exponent = exponent_in_0; hdr.p0.proposal = proposal_max_0; }
+                    if (hdr.p1.isValid()) { hdr.p1.exponent = exponent_in_1; hdr.p1.proposal = proposal_max_1; }
                     hdr.ina.flags = FLAG_RESULT;
+                    if ((use_marks & MARK_PREDICTED) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_PREDICTED; }
+                    if ((use_marks & MARK_MISMATCH) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_MISMATCH; }
+                    else if ((use_marks & MARK_OVERFLOW) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_OVERFLOW; }
                     hdr.ina.worker_id = WORKER_NONE;
                     answer_from_switch();
                     standard_metadata.mcast_grp = meta.mcast_grp;
