@@ -19,7 +19,7 @@ from libc.string cimport memcpy, memset
 
 from blockfp_kernels cimport (ina_accumulate_be16, ina_accumulate_be32, ina_load_be16,
                               ina_load_be32, ina_store_be16, ina_store_be32)
-from byteorder cimport get16, get32, put16, put32, put64
+from byteorder cimport get16, get32, get64, put16, put32, put64
 from netio cimport (EINTR, MSG_DONTWAIT, POLLIN, iovec, mmsghdr, monotonic, poll,
                     pollfd, prepare_receive, recvmmsg, sendmmsg, sendto, set_sockaddr,
                     sockaddr, sockaddr_in, try_again)
@@ -29,6 +29,12 @@ from udp_batch cimport INA_GRO_CONTROL, ina_attach_controls, ina_segments, ina_s
 from ina_collectives import protocol as P
 
 include "header.pxi"
+
+cdef enum:
+    # A predicted use's marks (control/schema.py's MARK_*, the P4 program's slot_marks)
+    MARK_PREDICTED = 1
+    MARK_MISMATCH = 2
+    MARK_OVERFLOW = 4
 
 cdef enum:
     BATCH = 64          # datagrams per recvmmsg
@@ -70,6 +76,8 @@ ctypedef struct Job:
     uint8_t *need          # [2 S] its quorum k (0: all n)
     uint64_t *counted      # [2 S] the workers its result counted
     uint8_t *opened        # [2 S] bit 0: the use is a call's opening; bit 1: identities differed
+    uint8_t *marks         # [2 S] a predicted use's MARK_* (docs/protocol.md, One round trip)
+    uint64_t *ident        # [2 S] the identity a predicted use's first packet carried
     int mode_quorum        # the mode the control plane asks for (0 sync, else quorum k)
     uint32_t mode_generation  # counted up by each change of it
     uint8_t *result        # [2 S][width] the last result packet of each slot
@@ -100,6 +108,8 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.need)
         free(job.counted)
         free(job.opened)
+        free(job.marks)
+        free(job.ident)
         free(job.result)
         free(job.nack)
         free(job.last_seq)
@@ -110,6 +120,7 @@ cdef void job_free(Job *job) noexcept nogil:
 cdef inline void idle_cell(Job *job, Py_ssize_t cell, uint16_t epoch) noexcept nogil:
     """A cell last used by another run (epoch) of the job: idle, now this run's."""
     job.epoch[cell] = epoch
+    job.marks[cell] = 0
     job.seen[cell] = 0
     job.count[cell] = 0
     job.result_len[cell] = 0
@@ -248,6 +259,8 @@ cdef class Aggregator(FaultInjection):
         job.need = <uint8_t *>calloc(cells, 1)
         job.counted = <uint64_t *>calloc(cells, 8)
         job.opened = <uint8_t *>calloc(cells, 1)
+        job.marks = <uint8_t *>calloc(cells, 1)
+        job.ident = <uint64_t *>calloc(cells, 8)
         job.result = <uint8_t *>calloc(cells, width)
         job.result_len = <int32_t *>calloc(cells, 4)
         job.nack = <uint8_t *>calloc(MAX_WORKERS * NACK_BUFFERS, HEADER)
@@ -255,7 +268,8 @@ cdef class Aggregator(FaultInjection):
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.cell_bits == NULL or job.exponent == NULL
                 or job.proposal == NULL or job.call == NULL or job.need == NULL
-                or job.counted == NULL or job.opened == NULL
+                or job.counted == NULL or job.opened == NULL or job.marks == NULL
+                or job.ident == NULL
                 or job.epoch == NULL or job.result == NULL or job.result_len == NULL
                 or job.nack == NULL or job.last_seq == NULL):
             job_free(job)
@@ -316,8 +330,8 @@ cdef class Aggregator(FaultInjection):
         return None if job == NULL else (job.mode_quorum, job.mode_generation)
 
     # Register access for P4Runtime, per cell of a job (version * S + slot).
-    REGISTERS = ("bitmap", "count", "chunk", "epoch", "call", "contributors", "exponent",
-                 "proposal")
+    REGISTERS = ("bitmap", "count", "chunk", "epoch", "call", "contributors", "ident",
+                 "marks", "exponent", "proposal")
 
     cdef Py_ssize_t _pair(self, Job *job, Py_ssize_t cell, what) except -1:
         """The index of ("exponent" | "proposal", g) in the job's [2 S][G] arrays."""
@@ -343,6 +357,10 @@ cdef class Aggregator(FaultInjection):
             return <uint32_t>job.call[cell] << 8 | job.need[cell]
         if what == "contributors":
             return job.counted[cell]
+        if what == "ident":
+            return job.ident[cell]
+        if what == "marks":
+            return job.marks[cell]
         if what == "chunk":
             return ((<uint64_t><uint32_t>job.offset[cell]) << 32
                     | (<uint64_t><uint16_t>job.elements[cell]) << 16
@@ -374,6 +392,10 @@ cdef class Aggregator(FaultInjection):
             job.need[cell] = <uint8_t>value
         elif what == "contributors":
             job.counted[cell] = value
+        elif what == "ident":
+            job.ident[cell] = value
+        elif what == "marks":
+            job.marks[cell] = <uint8_t>value
         elif what == "chunk":
             job.offset[cell] = <int32_t><uint32_t>(value >> 32)
             job.elements[cell] = <int32_t><uint16_t>(value >> 16)
@@ -693,7 +715,6 @@ cdef class Aggregator(FaultInjection):
         cdef int16_t *exponents = job.exponent + cell * job.pairs
         cdef int16_t *proposals = job.proposal + cell * job.pairs
         cdef const uint8_t *pairs = pkt + HEADER
-        cdef uint8_t *result
         if (blocks != job.pairs or length != HEADER + PAIR * blocks
                 or get16(pkt + OFF_COUNT) != 0
                 or pkt[OFF_VALUE_BITS] != job.bits or pkt[OFF_BLOCK] != job.block
@@ -714,6 +735,7 @@ cdef class Aggregator(FaultInjection):
             return
         if job.count[cell] == 0:
             job.opened[cell] = 1
+            job.marks[cell] = 0
             job.call[cell] = get16(pkt + OFF_CALL)
             job.need[cell] = 0
             job.offset[cell] = <int32_t>get32(pkt + OFF_OFFSET)
@@ -723,6 +745,13 @@ cdef class Aggregator(FaultInjection):
                 exponents[j] = <int16_t>get16(pairs + PAIR * j)
                 proposals[j] = <int16_t>get16(pairs + PAIR * j + 2)
         else:
+            if job.marks[cell] & MARK_PREDICTED:
+                # A predicted chunk's use (docs/protocol.md, One round trip): the ranks
+                # called differently; counted, so that every worker learns it.
+                job.marks[cell] |= MARK_MISMATCH
+                if count_in(job, cell, other, bit) >= job.n:
+                    self.finish(job, cell, pkt)
+                return
             if not job.opened[cell]:  # a chunk's data in this cell: not an opening's
                 self.drops[<int>DROP_MISMATCH] += 1
                 return
@@ -735,13 +764,54 @@ cdef class Aggregator(FaultInjection):
             keep_max(proposals, pairs, blocks)
         if count_in(job, cell, other, bit) < job.n:
             return
-        result = self.result_header(job, cell, pkt, blocks,
-                                    FLAG_RESULT | FLAG_OPEN
-                                    | (FLAG_MISMATCH if job.opened[cell] & 2 else 0))
+        self.finish(job, cell, pkt)
+
+    cdef void finish(self, Job *job, Py_ssize_t cell, const uint8_t *pkt) noexcept nogil:
+        """A cell whose count reached its need: its result, from the cell's state, to
+        every worker. An opening's: its identity and max proposals (RESULT | OPEN, and
+        MISMATCH if marked). A chunk's: the sum and the exponents, with a predicted use's
+        marks as flags (a marked one's values are no sum). ``pkt``: the packet that
+        completed it (its header is the result's, the cell's fields put in)."""
+        cdef uint8_t *result
+        cdef uint8_t *acc = job.acc + cell * job.k * (job.bits // 8)
+        cdef int blocks, vb, flags, marks = job.marks[cell]
+        if job.opened[cell] & 1:
+            result = self.result_header(job, cell, pkt, job.pairs,
+                                        FLAG_RESULT | FLAG_OPEN
+                                        | (FLAG_MISMATCH if job.opened[cell] & 2 else 0))
+            put32(result + OFF_OFFSET, <uint32_t>job.offset[cell])
+            put16(result + OFF_CALL, job.call[cell])
+            put16(result + OFF_COUNT, 0)
+            put16(result + OFF_BLOCKS, <uint16_t>job.pairs)
+            result[OFF_VALUE_BITS] = job.bits
+            self.openings += 1
+            self.multicast(job, cell, HEADER + PAIR * job.pairs)
+            return
+        blocks = (job.elements[cell] + job.block - 1) // job.block
+        vb = job.cell_bits[cell] // 8
+        flags = FLAG_RESULT
+        if marks & MARK_PREDICTED:
+            flags |= FLAG_PREDICTED
+        if marks & MARK_MISMATCH:  # (a predicted packet may have met an ordinary use)
+            flags |= FLAG_MISMATCH
+        elif marks & MARK_OVERFLOW:
+            flags |= FLAG_OVERFLOW
+        result = self.result_header(job, cell, pkt, blocks, flags)
         put32(result + OFF_OFFSET, <uint32_t>job.offset[cell])
         put16(result + OFF_CALL, job.call[cell])
-        self.openings += 1
-        self.multicast(job, cell, HEADER + PAIR * blocks)
+        put16(result + OFF_COUNT, <uint16_t>job.elements[cell])
+        put16(result + OFF_BLOCKS, <uint16_t>blocks)
+        result[OFF_VALUE_BITS] = job.cell_bits[cell]
+        result[OFF_QUORUM] = job.need[cell]
+        if vb == 4:
+            ina_store_be32(<uint32_t *>(result + HEADER + PAIR * blocks),
+                           <const uint32_t *>acc, job.elements[cell])
+        else:
+            ina_store_be16(<uint16_t *>(result + HEADER + PAIR * blocks),
+                           <const uint16_t *>acc, job.elements[cell])
+        self.results += 1
+        job.results += 1
+        self.multicast(job, cell, HEADER + PAIR * blocks + vb * job.elements[cell])
 
     cdef uint8_t *result_header(self, Job *job, Py_ssize_t cell, const uint8_t *pkt,
                                 int blocks, int flags) noexcept nogil:
@@ -845,13 +915,15 @@ cdef class Aggregator(FaultInjection):
         cdef int vb = bits // 8
         cdef int quorum = pkt[OFF_QUORUM]
         cdef uint16_t call = get16(pkt + OFF_CALL)
+        cdef bint predicted = flags & FLAG_PREDICTED
         # The job's width, or 16 in a job of 32 (a call asking for 16-bit values: its
         # packets are smaller; the cell remembers which width it sums).
         if (elements < 1 or elements > job.k or not (bits == job.bits
                                                      or (bits == 16 and job.bits == 32))
                 or pkt[OFF_BLOCK] != job.block
                 or blocks != (elements + job.block - 1) // job.block
-                or length != HEADER + PAIR * blocks + vb * elements or quorum > job.n):
+                or length != HEADER + PAIR * blocks + vb * elements or quorum > job.n
+                or (predicted and quorum)):
             self.drops[<int>DROP_MALFORMED] += 1
             return
         job.last_seen = monotonic()
@@ -864,9 +936,9 @@ cdef class Aggregator(FaultInjection):
         cdef int16_t *exponents = job.exponent + cell * job.pairs
         cdef int16_t *proposals = job.proposal + cell * job.pairs
         cdef uint8_t *acc = job.acc + cell * job.k * (job.bits // 8)
-        cdef uint8_t *result
         cdef int j, behind
-        cdef bint older
+        cdef bint older, marked
+        cdef int16_t exponent
         if job.epoch[cell] != epoch:
             # Last used by another run of the job (its ranks started their slots at version
             # 0 again): that state is not this run's, the cell is idle.
@@ -897,6 +969,13 @@ cdef class Aggregator(FaultInjection):
                 # late packet cleared nothing): not this chunk's. (In sync every bit is
                 # clear by now.)
                 job.seen[cell] = 0
+        if (predicted and job.count[cell] == 0 and job.marks[cell] & MARK_OVERFLOW
+                and not job.seen[cell] & bit and job.call[cell] == call
+                and job.offset[cell] == offset):
+            # A predicted chunk that overflowed: the worker has moved on to its second try
+            # (the slot's other cell), and this is a late copy of its first.
+            self.drops[<int>DROP_STALE] += 1
+            return
         if job.seen[cell] & bit:  # done, and this worker missed the result; or waiting
             self.answer_again(job, cell, worker)
             return
@@ -915,6 +994,8 @@ cdef class Aggregator(FaultInjection):
             return
         if job.count[cell] == 0:
             job.opened[cell] = 0
+            job.marks[cell] = MARK_PREDICTED if predicted else 0
+            job.ident[cell] = get64(pkt + OFF_CONTRIBUTORS) if predicted else 0
             job.call[cell] = call
             job.need[cell] = quorum
             job.offset[cell] = offset
@@ -927,6 +1008,35 @@ cdef class Aggregator(FaultInjection):
                 ina_load_be32(<uint32_t *>acc, <const uint32_t *>values, elements)
             else:
                 ina_load_be16(<uint16_t *>acc, <const uint16_t *>values, elements)
+        elif predicted or job.marks[cell] & MARK_PREDICTED:
+            # A predicted chunk's use, or a predicted packet meeting another kind of use
+            # (docs/protocol.md, One round trip): a packet that differs marks the cell
+            # and is counted, adding nothing, so that the result tells every worker.
+            if (not predicted or not job.marks[cell] & MARK_PREDICTED
+                    or offset != job.offset[cell] or elements != job.elements[cell]
+                    or bits != job.cell_bits[cell] or call != job.call[cell]
+                    or get64(pkt + OFF_CONTRIBUTORS) != job.ident[cell]):
+                if job.opened[cell] & 1:
+                    job.opened[cell] |= 2
+                else:
+                    job.marks[cell] |= MARK_MISMATCH
+            else:
+                marked = False
+                for j in range(blocks):
+                    exponent = <int16_t>get16(pairs + PAIR * j)
+                    if exponent != exponents[j]:
+                        marked = True
+                        if exponent > exponents[j]:
+                            exponents[j] = exponent
+                if marked:
+                    job.marks[cell] |= MARK_OVERFLOW
+                elif not job.marks[cell] & (MARK_MISMATCH | MARK_OVERFLOW):
+                    if vb == 4:
+                        ina_accumulate_be32(<uint32_t *>acc, <const uint32_t *>values, elements)
+                    else:
+                        ina_accumulate_be16(<uint16_t *>acc, <const uint16_t *>values,
+                                            elements)
+                keep_max(proposals, pairs, blocks)
         else:
             if (offset != job.offset[cell] or elements != job.elements[cell]
                     or bits != job.cell_bits[cell] or call != job.call[cell]
@@ -942,15 +1052,6 @@ cdef class Aggregator(FaultInjection):
             else:
                 ina_accumulate_be16(<uint16_t *>acc, <const uint16_t *>values, elements)
             keep_max(proposals, pairs, blocks)
-        if count_in(job, cell, other, bit) < (quorum if quorum else job.n):
+        if count_in(job, cell, other, bit) < (job.need[cell] if job.need[cell] else job.n):
             return
-        result = self.result_header(job, cell, pkt, blocks, FLAG_RESULT)
-        if vb == 4:
-            ina_store_be32(<uint32_t *>(result + HEADER + PAIR * blocks),
-                           <const uint32_t *>acc, elements)
-        else:
-            ina_store_be16(<uint16_t *>(result + HEADER + PAIR * blocks),
-                           <const uint16_t *>acc, elements)
-        self.results += 1
-        job.results += 1
-        self.multicast(job, cell, HEADER + PAIR * blocks + vb * elements)
+        self.finish(job, cell, pkt)

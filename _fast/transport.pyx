@@ -116,6 +116,7 @@ cdef struct Slot:  # one slot of the window: its packet in flight
     uint8_t tries          # its timeouts (quorum: given up at QUORUM_TRIES)
     uint8_t version        # the slot's next version: kept across calls
     uint8_t first_version  # the version the call's first use of the slot had (use_version)
+    uint8_t predicted      # its packet in flight is a predicted first try (FLAG_PREDICTED)
 
 
 cdef struct Lazy:  # chunks whose exponents the stream computes as it reaches them
@@ -159,6 +160,12 @@ cdef struct Call:  # one stream's or opening's progress, bounds and counts
     Lazy lazy
     int16_t exponent_ceiling
     bint nonfinite_seen
+    # a predicted call (docs/protocol.md, One round trip): its identity (0: none), what
+    # the first window teaches (2 x slots x g; NULL: not kept), its chunks sent again
+    uint64_t ident
+    int16_t *learn
+    Py_ssize_t overflows
+    int stop_status        # why ``stop`` ended a stream (OPEN_MISMATCH)
     uint64_t counted_all, counted_any, me
     int64_t mode
     # an opening's identity and proposals (slots x g, replaced by the max)
@@ -226,9 +233,11 @@ STATUS = ("done", "no result within the silence bound (the aggregator or a peer 
           "done but for chunks whose results the switch no longer holds (quorum: the "
           "others had moved their cells on)")
 COMPLETE = (DONE, LOST)  # what ended without a failure (LOST: ``missing`` says what)
-# An opening's status besides STATUS's when a result said the workers' identities differ
-# (a MISMATCH is complete: every worker learns it).
-OPEN_MISMATCH = 100
+# An opening's (or a predicted stream's) status besides STATUS's when a result said the
+# workers' identities differ (a MISMATCH is complete: every worker learns it).
+cdef enum:
+    MISMATCHED = 100
+OPEN_MISMATCH = MISMATCHED
 
 # The system call whose errno an unfinished call reports (Result.error and
 # Result.failed_call, one of CALLS). A send's ends the call (SEND_FAILED); a receive
@@ -303,6 +312,7 @@ cdef class Link:
     cdef uint8_t *rows           # the packet in flight per slot: slots x row_width
     cdef uint8_t *rx             # the receive buffers: BATCH x RX_BYTES
     cdef int16_t *flagged        # G x NONFINITE_MARK
+    cdef int16_t *scratch        # 2 G: a predicted packet's exponents and proposals
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]
     cdef char controls[BATCH * 64]            # INA_GRO_CONTROL bytes per message
@@ -334,8 +344,9 @@ cdef class Link:
         self.pfd.fd = fd
         self.pfd.events = POLLIN
         self.flagged = <int16_t *>calloc(self.groups, sizeof(int16_t))
+        self.scratch = <int16_t *>calloc(2 * self.groups, sizeof(int16_t))
         self.rx = <uint8_t *>calloc(BATCH, RX_BYTES)
-        if self.flagged == NULL or self.rx == NULL:
+        if self.flagged == NULL or self.rx == NULL or self.scratch == NULL:
             raise MemoryError("no memory for the link's buffers")
         for j in range(self.groups):
             self.flagged[j] = NONFINITE_MARK
@@ -346,6 +357,7 @@ cdef class Link:
         free(self.rows)
         free(self.rx)
         free(self.flagged)
+        free(self.scratch)
 
     def resize(self, Py_ssize_t slots):
         """S slots from now on (the aggregator granted fewer than asked), each from
@@ -410,7 +422,8 @@ cdef class Link:
 
     def stream(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
                double deadline, int value_bits=0, const uint8_t[::1] cancel=None,
-               int call=0, int quorum=0, Py_ssize_t ready=-1):
+               int call=0, int quorum=0, Py_ssize_t ready=-1, uint64_t ident=0,
+               int16_t[::1] learn=None):
         """Allreduce x (1-D float32/float64) into out through the aggregator, within
         ``deadline`` seconds.
 
@@ -433,9 +446,20 @@ cdef class Link:
         they pass (they were multicast to it), sending nothing for them; a chunk whose result
         it lost after the others moved its cell on cannot be had from the switch any more:
         the stream ends LOST with those chunks missing (the engine takes them from a peer).
+        ident: nonzero, a predicted call (docs/protocol.md, One round trip; sync only):
+        the first window goes without an opening, its packets flagged PREDICTED with this
+        identity, ``agreed``'s first window holding the predicted exponents (a worker whose
+        own are larger sends its own); a result marked OVERFLOW sends its chunk again with
+        the result's exponents, one marked MISMATCH ends the stream (status OPEN_MISMATCH).
+        learn: 2 x S x G int16, or None: what the next prediction is made from. Row 0
+        receives the exponents each slot's first chunk was summed with (its result's);
+        row 1, the max over the workers of that chunk's own exponents, which the slot's
+        last chunk of the call proposes (it has no next chunk to propose for; a last chunk
+        shorter than the first proposes its sub-blocks only: PROPOSAL_NONE stays in the
+        others).
         Returns a Result. Its counters include "left_out" (results that did not count this
-        worker) and "skipped" (chunks whose values did not fit the exponents agreed without
-        it: a header sent alone).
+        worker), "skipped" (chunks whose values did not fit the exponents agreed without
+        it: a header sent alone) and "overflows" (predicted chunks sent again).
         """
         if x.dtype not in (np.float32, np.float64) or out.dtype != x.dtype:
             raise TypeError(f"the stream reduces float32 or float64 into the same dtype, "
@@ -451,6 +475,11 @@ cdef class Link:
                              f"{local.shape[0]} local and {agreed.shape[0]} agreed")
         if nb == 0:
             return Result(DONE, {}, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
+        if learn is not None and learn.shape[0] < 2 * slots * g:
+            raise ValueError(f"learn holds {learn.shape[0]} exponents, not 2 x {slots} x "
+                             f"{g}")
+        if ident and quorum:
+            raise ValueError("a predicted call is sync only (quorum 0)")
         cdef Call c
         self._begin(&c, timers, deadline, &self.stream_est, slots, nb, call)
         if c.est.srtt > 0:
@@ -458,6 +487,8 @@ cdef class Link:
         c.retransmit = FLAG_RETRANSMIT
         c.asks = True
         c.quorum = quorum
+        c.ident = ident
+        c.learn = &learn[0] if learn is not None else NULL
         c.x, c.out, c.size, c.nb, c.g = <const char *>&xin[0], <char *>&xout[0], size, nb, g
         c.kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
         c.bits, c.average = bits, average
@@ -480,11 +511,11 @@ cdef class Link:
         for s in range(slots):
             w = &self.window[s]
             w.chunk, w.latest, w.first_version = -1, -1, w.version
-            w.resent = w.asked = w.tries = 0
+            w.resent = w.asked = w.tries = w.predicted = 0
             w.overtaken = 0
         with nogil:
             for s in range(min(slots, nb)):
-                self._queue(self._write_chunk(&c, s))
+                self._queue(self._write_chunk(&c, s, ident != 0))
                 c.sent += 1
                 if self.npend == INA_BATCH_MAX or s == min(slots, nb) - 1:
                     if self._flush(&c) < 0:
@@ -505,8 +536,10 @@ cdef class Link:
                     "seconds": monotonic() - c.start,
                     "left_out": c.left_out, "skipped": c.skipped, "lost": c.lost,
                     "nonfinite": int(c.lazy.nonfinite),
-                    "nonfinite_seen": int(c.nonfinite_seen)}
-        return self._result(&c, c.status, counters, missing)
+                    "nonfinite_seen": int(c.nonfinite_seen),
+                    "predicted": int(ident != 0), "overflows": c.overflows}
+        status = c.stop_status if c.status == DONE and c.stop else c.status
+        return self._result(&c, status, counters, missing)
 
     def opening(self, int16_t[:, ::1] proposals, uint32_t ident_offset, int16_t ident_word,
                 timers, double deadline, int call):
@@ -722,7 +755,7 @@ cdef class Link:
                     w.chunk = -1
                     if nxt < c.nb:
                         w.version = use_version(w.first_version, nxt, slots)
-                        self._queue(self._write_chunk(c, nxt))
+                        self._queue(self._write_chunk(c, nxt, False))
                         c.sent += 1
                     continue
                 w.tries += 1
@@ -761,7 +794,7 @@ cdef class Link:
         """Send slot s's packet again, marked as a retransmission; -1 (the call
         SEND_FAILED) if sendto failed."""
         cdef uint8_t *row = self.rows + s * self.row_width
-        row[OFF_FLAGS] = c.retransmit
+        row[OFF_FLAGS] = c.retransmit | (FLAG_PREDICTED if self.window[s].predicted else 0)
         if sendto(self.fd, row, self.window[s].length, 0, <const sockaddr *>&self.to,
                   sizeof(sockaddr_in)) < 0:
             c.status, c.failure = SEND_FAILED, errno
@@ -794,12 +827,16 @@ cdef class Link:
 
     # -- a stream ---------------------------------------------------------------------
 
-    cdef Py_ssize_t _write_chunk(self, Call *c, Py_ssize_t chunk) noexcept nogil:
+    cdef Py_ssize_t _write_chunk(self, Call *c, Py_ssize_t chunk, bint predicted
+                                 ) noexcept nogil:
         """Write chunk ``chunk``'s packet into its slot's row and start its clocks; the
         slot. The caller sends it, with the others of its batch (``_queue``). In a
         quorum call, a chunk whose values need larger exponents than those agreed
         becomes a result request, its header alone: clipped values would spoil the
-        sum."""
+        sum. ``predicted``: a predicted call's first try of a first-window chunk (its
+        exponents, per sub-block, the larger of the prediction and its own; flagged
+        PREDICTED, the identity in contributors). A first-window chunk of a call that
+        learns, if it is its slot's last, proposes its slot's first chunk's exponents."""
         cdef Py_ssize_t slots = self.slots, k = self.k, g = c.g, nb = c.nb, j
         cdef Py_ssize_t s = chunk % slots, size = c.size
         cdef Py_ssize_t blocks = (min(k, size - chunk * k) + self.block - 1) // self.block
@@ -818,13 +855,27 @@ cdef class Link:
                 if c.local[chunk * g + j] > c.agreed[chunk * g + j]:
                     fits = False
                     break
+        cdef const int16_t *exponents = &c.agreed[chunk * g] if fits else &c.local[chunk * g]
+        cdef const int16_t *proposals = (
+            lazy.flagged if lazy.nonfinite and not c.quorum else
+            &c.local[(chunk + slots) * g] if chunk + slots < nb else NULL)
+        cdef int16_t *mine
+        if c.learn != NULL and chunk + slots >= nb and proposals != lazy.flagged:
+            # (what the next call with this identity predicts from: see ``learn``)
+            proposals = &c.local[(chunk % slots) * g]
+        if predicted:
+            mine = self.scratch
+            for j in range(blocks):
+                mine[j] = max(c.agreed[chunk * g + j], c.local[chunk * g + j])
+            exponents = mine
         self.window[s].length = <int32_t>write_packet(
             row, c.x, size, c.kind, chunk, k, self.block, c.bits, self.n,
-            &c.agreed[chunk * g] if fits else &c.local[chunk * g],
-            lazy.flagged if lazy.nonfinite and not c.quorum else
-            &c.local[(chunk + slots) * g] if chunk + slots < nb else NULL,
-            <uint32_t>s, self.window[s].version, self.job, self.worker, 0, self._epoch,
-            c.number, c.quorum)
+            exponents, proposals, <uint32_t>s, self.window[s].version, self.job,
+            self.worker, FLAG_PREDICTED if predicted else 0, self._epoch, c.number,
+            c.quorum)
+        if predicted:
+            put64(row + OFF_CONTRIBUTORS, c.ident)
+        self.window[s].predicted = predicted
         if not fits:
             row[OFF_FLAGS] = FLAG_RETRANSMIT
             put16(row + OFF_COUNT, 0)
@@ -850,12 +901,41 @@ cdef class Link:
         cdef int64_t announced
         cdef double sent_last
         cdef Slot *w
+        cdef int flags = pkt[OFF_FLAGS]
+        if (flags & FLAG_MISMATCH and not c.quorum and s < slots
+                and self.window[s].chunk >= 0 and ver == self.window[s].version
+                and not flags & FLAG_CONTROL):
+            # The ranks called differently (a marked cell may name another worker's call,
+            # offset or count: the slot and version are what say it is this packet's).
+            c.stop, c.stop_status = True, MISMATCHED
+            c.last_result = now
+            return
         if (s >= slots or chunk >= nb or c.done[chunk] or chunk % slots != s
                 or get16(pkt + OFF_CALL) != <uint16_t>c.number
-                or pkt[OFF_FLAGS] & FLAG_CONTROL):
+                or flags & FLAG_CONTROL):
             c.stale += 1
             return
         w = &self.window[s]
+        if flags & FLAG_OVERFLOW:
+            if not (w.predicted and w.chunk == chunk and ver == w.version
+                    and get16(pkt + OFF_BLOCKS) == (min(k, c.size - chunk * k)
+                                                    + self.block - 1) // self.block):
+                c.stale += 1
+                return
+            # Some worker's values did not fit the prediction: the chunk again, as an
+            # ordinary one in the slot's other version, with the max exponents.
+            for j in range(get16(pkt + OFF_BLOCKS)):
+                c.agreed[chunk * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j)
+            c.overflows += 1
+            c.last_result = now
+            w.chunk = -1
+            w.asked = 0
+            w.version ^= 1
+            self._queue(self._write_chunk(c, chunk, False))
+            c.sent += 1
+            if self.npend == INA_BATCH_MAX:
+                self._flush(c)
+            return
         if not ((w.chunk == chunk and ver == w.version)
                 or (c.quorum and chunk > w.chunk and chunk > w.latest
                     and ver == use_version(w.first_version, chunk, slots))):
@@ -867,6 +947,13 @@ cdef class Link:
             return
         c.done[chunk] = 1
         c.completed += 1
+        if c.learn != NULL:
+            if chunk < slots:
+                for j in range(get16(pkt + OFF_BLOCKS)):
+                    c.learn[chunk * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j)
+            if chunk + slots >= nb:
+                for j in range(get16(pkt + OFF_BLOCKS)):
+                    c.learn[(slots + s) * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
         if chunk + 1 < nb:  # where the next result goes, fetched meanwhile
             ina_prefetch(c.out + (chunk + 1) * k * kind_itemsize(c.kind),
                          min(k, c.size - (chunk + 1) * k) * kind_itemsize(c.kind), 1)
@@ -924,7 +1011,7 @@ cdef class Link:
                     c.agreed[nxt * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
                     if c.agreed[nxt * g + j] == NONFINITE_MARK:
                         c.agreed[nxt * g + j] = c.exponent_ceiling
-            self._queue(self._write_chunk(c, nxt))
+            self._queue(self._write_chunk(c, nxt, False))
             c.sent += 1
             if self.npend == INA_BATCH_MAX:
                 self._flush(c)
@@ -970,11 +1057,18 @@ cdef class Link:
         cdef int flags = pkt[OFF_FLAGS]
         cdef bint mismatch = False
         cdef Slot *w
-        if (not (flags & FLAG_RESULT) or not (flags & FLAG_OPEN) or flags & FLAG_CONTROL
+        if (not (flags & FLAG_RESULT) or flags & FLAG_CONTROL
                 or s >= c.slots or self.window[s].chunk < 0
-                or pkt[OFF_SLOT_VERSION] != self.window[s].version
-                or (get16(pkt + OFF_CALL) != <uint16_t>c.number
-                    and not flags & FLAG_MISMATCH)
+                or pkt[OFF_SLOT_VERSION] != self.window[s].version):
+            c.stale += 1
+            return
+        if flags & FLAG_MISMATCH:  # (whatever its shape: a predicted use may have met it)
+            self.window[s].chunk = -1
+            c.completed += 1
+            c.last_result = now
+            c.stop = True
+            return
+        if (not (flags & FLAG_OPEN) or get16(pkt + OFF_CALL) != <uint16_t>c.number
                 or length != c.width or get16(pkt + OFF_BLOCKS) != g):
             # (a marked result may name another worker's call number: the first packet's)
             c.stale += 1

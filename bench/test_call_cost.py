@@ -6,9 +6,11 @@
 Rows (microseconds per call, the median of fixed rounds; bench.mpi starts the switch):
 
 * ``ina``: the array API's allreduce through the switch (switch_min_bytes 0), everything
-  a call does: its opening through the switch (which agrees on the call and on the first
-  window's exponents), the stream, no vote (its outcome is in the results), and the
-  Python around them; no host collective;
+  a call does: one switch round trip (the call repeats the last, so its first window
+  goes predicted, with no opening: docs/protocol.md, One round trip), no vote (its
+  outcome is in the results), and the Python around them; no host collective;
+* ``ina-opened``: the same with every call opened through the switch first (which agrees
+  on the call and on the first window's exponents: INA_SWITCH_PREDICT=0);
 * ``ina-gate``: the same with the opening's agreement made by MPI instead (the gate:
   INA_SWITCH_OPENING=0, as with a switch that takes no openings);
 * ``opening``: the opening alone, with the first window's exponents as the engine
@@ -55,6 +57,8 @@ _unchecked = Collectives(COMM, Settings.load({"switch_min_bytes": 0,
                                               "check_agreement": False}), InaEngine)
 _gated = Collectives(COMM, Settings.load({"switch_min_bytes": 0, "switch_opening": False}),
                      InaEngine)
+_opened = Collectives(COMM, Settings.load({"switch_min_bytes": 0, "switch_predict": False}),
+                      InaEngine)
 _peers = COMM.Dup()
 
 
@@ -83,7 +87,8 @@ def _gloo():
     return lambda: dist.all_reduce(tensor)
 
 
-@pytest.mark.parametrize("system", ["ina", "ina-gate", "ina-unchecked", "opening", "gate",
+@pytest.mark.parametrize("system", ["ina", "ina-opened", "ina-gate", "ina-unchecked",
+                                    "opening", "gate",
                                     "agreement", "exponent-round", "outcome-vote", "mpi",
                                     "gloo"])
 def test_call_cost(benchmark, system):
@@ -110,6 +115,7 @@ def test_call_cost(benchmark, system):
 
     run = {
         "ina": lambda: _ina.allreduce(send, out=recv),
+        "ina-opened": lambda: _opened.allreduce(send, out=recv),
         "ina-gate": lambda: _gated.allreduce(send, out=recv),
         "opening": opening,
         "ina-unchecked": lambda: _unchecked.allreduce(send, out=recv),
@@ -122,13 +128,16 @@ def test_call_cost(benchmark, system):
     benchmark.group = f"call-cost-{n}-ranks"
     COMM.Barrier()
     benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
-    if system in ("ina", "ina-gate", "ina-unchecked", "mpi"):
+    if system in ("ina", "ina-opened", "ina-gate", "ina-unchecked", "mpi"):
         assert recv[0] == n and recv[-1] == n
     if system.startswith("ina"):
-        done = {"ina": _ina, "ina-gate": _gated, "ina-unchecked": _unchecked}[system].stats.last
+        done = {"ina": _ina, "ina-opened": _opened, "ina-gate": _gated,
+                "ina-unchecked": _unchecked}[system].stats.last
         assert done["engine"] == "ina", done
-    if system == "ina":  # every call opened through the switch, and ended without a vote
+    if system == "ina":  # every call but the first predicted, none with a vote
         assert _ina.switch_engine.vote_free_calls >= ROUNDS, _ina.switch_engine.switch_state()
-        assert _ina.switch_engine.opened_calls >= ROUNDS, _ina.switch_engine.switch_state()
+        assert _ina.switch_engine.predicted_calls >= ROUNDS, _ina.switch_engine.switch_state()
+    if system == "ina-opened":  # every call opened through the switch
+        assert _opened.switch_engine.opened_calls >= ROUNDS, _opened.switch_engine.switch_state()
     benchmark.extra_info.update(ranks=n, bytes=NBYTES, exponent_values=exponents,
                                 vote_values=votes, protocol=P.PROTOCOL_VERSION)

@@ -114,6 +114,21 @@ class Settings:
         "with no host collective (docs/protocol.md, A call's opening). False: the "
         "agreement and the exponents go by MPI, as they do with a P4 switch.",
     )
+    switch_predict: bool = _setting(
+        True,
+        "Send the first window of a call that repeats an earlier one (same length, dtype, "
+        "op and width) at once, its exponents predicted from the last such call, when the "
+        "aggregator takes that (both aggregators do): one switch round trip a call, no "
+        "opening (docs/protocol.md, One round trip). False: every call opens first.",
+    )
+    switch_predict_headroom: int = _setting(
+        2,
+        "The most bits a predicted exponent (switch_predict) adds to the one learned: "
+        "each call identity starts at 0 (exact), a call of it that overflowed (a "
+        "sub-block's largest value grew, its chunk sent again) adds one, 16 calls in a "
+        "row without take one back. With h bits, the first window's quantization error "
+        "is within 2^h times the bound of exact exponents (docs/quantization.md).",
+    )
     switch_join_timeout: float = _setting(
         3.0, "Seconds each rank waits for the aggregator to accept the job at init.")
     switch_silence: float = _setting(
@@ -268,6 +283,9 @@ class Settings:
                              f"{self.switch_block}), got {self.switch_elements}")
         if not 0 <= self.quorum <= P.MAX_WORKERS:
             raise ValueError(f"quorum must be 0 (sync) .. {P.MAX_WORKERS}, got {self.quorum}")
+        if not 0 <= self.switch_predict_headroom <= 8:
+            raise ValueError(f"switch_predict_headroom must be 0..8 bits, got "
+                             f"{self.switch_predict_headroom}")
         if self.quorum_max_skips < 0:
             raise ValueError(f"quorum_max_skips must be >= 0, got {self.quorum_max_skips}")
         if self.switch_retry_calls < 0:

@@ -15,7 +15,7 @@ from .. import protocol as P
 from ..errors import AggregatorUnavailable, AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import Agreed, CallSignature, agree, columns, disagree, identity
-from .engine import AllreduceCall, Engine, Opened, was_refused
+from .engine import AllreduceCall, Engine, HandOver, Opened, was_refused
 from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_quorum, check_supported, dtype_code
 from .peers import TorchPeers
@@ -151,6 +151,8 @@ class Collectives:
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
             lambda: f"{recv.size} x {recv.dtype} {op.name}")
         self._seq += 1
+        ran = False  # (a predicted call runs in the loop: it may have to start over)
+        started_over: list[str] = []
         while True:
             if not self.settings.check_agreement:
                 prepared = agreed = None
@@ -161,8 +163,27 @@ class Collectives:
             opener = self._opener()
             if opener is not None:
                 # The gate through the switch: the call's opening agrees on the call and
-                # on a switch call's first window, with no host collective.
+                # on a switch call's first window, with no host collective; a call that
+                # repeats one the switch served needs no opening: its own packets carry
+                # its identity and predicted exponents (docs/protocol.md, One round trip).
                 prepared = engine.prepare(call)
+                if engine is opener and opener.predicts(
+                        identity(signature, call.value_bits), prepared):
+                    layout = self._layout()
+                    self._at_call_boundary(0)
+                    if self._layout() != layout:
+                        continue
+                    agreed, ran = None, True
+                    handover = self._run(engine, call, deadline, prepared, None)
+                    if handover is not None and handover.mismatch:
+                        disagree(self.comm, signature, self._seq, deadline,
+                                 self._window_size())
+                    if handover is not None and handover.rechoose:
+                        # No rank finished it and nothing of it moved: every rank starts
+                        # the call over, its gate included (the switch is lost).
+                        started_over.append(handover.reason)
+                        continue
+                    break
                 opened = self._open(opener, signature, call.value_bits, deadline, prepared)
                 if opened is None:
                     continue  # an opening failed and nothing was lost: choose again
@@ -188,7 +209,12 @@ class Collectives:
         first = (agreed.window[:prepared.proposal.size]
                  if prepared is not None and agreed is not None else None)
         try:
-            handover = engine.run(call, deadline, prepared, first)
+            passed_over = started_over + passed_over
+            if not ran:
+                handover = self._run(engine, call, deadline, prepared, first)
+                if handover is not None and handover.mismatch:
+                    disagree(self.comm, signature, self._seq, deadline,
+                             self._window_size())
             if handover is not None and handover.rechoose:  # its opening failed
                 passed_over.append(handover.reason)
                 engine, more = self._choose(call)
@@ -212,6 +238,18 @@ class Collectives:
                                 f"{exc!r}")
             raise
         self.stats.record(engine.name, recv.nbytes, passed_over)
+
+    def _run(self, engine: Engine, call: AllreduceCall, deadline: Deadline,
+             prepared: Any, first: np.ndarray | None) -> HandOver | None:
+        """``engine.run``; an exception leaves the communicator broken (part of the call
+        may be in flight), unless MPI refused the call's arguments before it started."""
+        try:
+            return engine.run(call, deadline, prepared, first)
+        except BaseException as exc:
+            if not was_refused(exc):
+                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
+                                f"{exc!r}")
+            raise
 
     # -- the engines' hooks, asked of every engine alike --------------------------------
 

@@ -45,12 +45,14 @@ class HandOver:
     the element ranges [start, stop) left to do, the rest of ``recv`` being done (one
     of several aggregators failed); None: all of it. ``rechoose``: nothing of the call
     moved (its opening failed): the chooser picks its engine again, as the other ranks
-    do for it."""
+    do for it. ``mismatch``: nothing moved because the ranks called differently (every
+    rank learned it): the chooser names what differs."""
 
     reason: str
     intact: np.ndarray
     ranges: list[tuple[int, int]] | None = None
     rechoose: bool = False
+    mismatch: bool = False
 
 
 @dataclass
@@ -126,6 +128,13 @@ class Engine:
     def open(self, ident: int, prepared: Any, deadline: Deadline) -> Opened:
         """Collective through the aggregator: the call's opening (see ``Opened``)."""
         raise NotImplementedError(f"engine {self.name} has no openings")
+
+    def predicts(self, ident: int, prepared: Any) -> bool:
+        """Whether this call (``ident``: its identity; ``prepared``: as ``prepare`` made
+        it) needs no opening: its own packets carry what one would (then ``run`` gets
+        ``prepared`` without ``agreed_first``). Alike on every rank while ``opens()``
+        holds."""
+        return False
 
     # -- the error path (recovery.py) and the quorum ------------------------------------
 

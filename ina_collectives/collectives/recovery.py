@@ -23,6 +23,12 @@ next one. It gives its window to a rank that lacks it, stands in for a rank stil
 the call it was opening (every rank then takes that call to the ring), or, where no rank
 lacks anything, every rank starts its call again (``restart``).
 
+A rank whose *predicted* call failed (docs/protocol.md, One round trip: the call went
+without an opening) takes the role ``PREDICTED``: like ``OPENING`` it finished its last
+call and keeps that window, but another rank may have finished this one. Every rank
+reads the rows alike: where a rank finished the predicted call, the ranks that failed it
+lack part of it (``FAILED``); where none did, they hold nothing of it (``OPENING``).
+
 Both steps are bounded and say what they wait for. ``ErrorPath`` holds a communicator's
 part of it: whether its owner's next collective is a gate, and the kept window; it is the
 only writer of both, and the engines reach them through its methods.
@@ -47,6 +53,7 @@ CLEAN = 0       # it finished its last call (and keeps its last window, if it wa
 FAILED = 1      # its stream failed: it lacks results of the call
 NAN_OR_INF = 2   # it holds every result, one of which said an input held a NaN or an Inf
 OPENING = 3     # it finished its last call (keeps its window, if any), could not open the next
+PREDICTED = 4   # as OPENING, but the call it could not finish went without an opening
 
 
 @dataclass
@@ -87,7 +94,7 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
     ``seq``: the chooser's call number this rank is at. ``seconds`` bounds each wait;
     ``what`` names the call in a timeout's message."""
     n, me = comm.Get_size(), comm.Get_rank()
-    have = kept if role in (CLEAN, OPENING) else None
+    have = kept if role in (CLEAN, OPENING, PREDICTED) else None
     # (the last column: the kept window's dtype, as its character code, so that every
     # rank receives the window in the type the root sends it in)
     mine = np.array([role, call if have is None and role != CLEAN else
@@ -98,6 +105,13 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
     wait(comm.Iallgather(mine, rows), Deadline(seconds),
          lambda: f"every rank to say what it holds of {what}, which a rank could not "
                  f"finish alone (this rank: {_ROLES[role]})")
+    told = rows.copy()
+    role = _read_predicted(told, me) if role == PREDICTED else role
+    for r in range(n):
+        if told[r, 0] == PREDICTED:
+            rows[r, 0] = _read_predicted(told, r)
+            if rows[r, 0] == FAILED:  # it lacks part of that call, kept no window of it
+                rows[r, 1] = rows[r, 4]
     failed = [r for r in range(n) if rows[r, 0] in (FAILED, OPENING)]
     stuck = [r for r in range(n) if rows[r, 0] in (FAILED, NAN_OR_INF)]
     seq = int(rows[:, 5].max())
@@ -127,9 +141,21 @@ def rescue(comm: MPI.Intracomm, role: int, call: int, kept: Kept | None,
                   restart=role == OPENING, seq=seq)
 
 
+def _read_predicted(rows: np.ndarray, r: int) -> int:
+    """What rank r, whose predicted call (its number in column 4) failed, is to the
+    rescue: FAILED if some rank finished that call and keeps its window (one at its next
+    call's gate, or in its next call itself), else OPENING."""
+    call = rows[r, 4]
+    if any(rows[q, 0] in (CLEAN, OPENING, PREDICTED) and rows[q, 1] == call
+           for q in range(rows.shape[0])):
+        return FAILED
+    return OPENING
+
+
 _ROLES = {CLEAN: "finished it", FAILED: "its stream failed",
           NAN_OR_INF: "a result said an input held a NaN or an Inf",
-          OPENING: "it finished its last call and could not open the next"}
+          OPENING: "it finished its last call and could not open the next",
+          PREDICTED: "it finished its last call and could not finish the next"}
 
 
 def trouble(comm: MPI.Intracomm, columns: int, seconds: float, what: str,

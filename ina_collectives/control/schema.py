@@ -113,7 +113,8 @@ class Register:
     id: int
     bits: int
     # The software switch's name of the cell field (Aggregator.get_cell/set_cell):
-    # "bitmap", "count", "chunk", "epoch", "call", "contributors", ("exponent", g),
+    # "bitmap", "count", "chunk", "epoch", "call", "contributors", "ident", "marks",
+    # ("exponent", g),
     # ("proposal", g), or the element index i of a value register.
     state: str | tuple[str, int] | int = ""
 
@@ -127,8 +128,15 @@ CALL = Register(f"{INGRESS}.slot_call", _id(_REGISTER, 6), 24,  # call ++ quorum
                 "call")
 CONTRIBUTORS = Register(f"{INGRESS}.slot_contributors", _id(_REGISTER, 7), P.MAX_WORKERS,
                         "contributors")  # the workers its result counted
+# A predicted use (docs/protocol.md, One round trip): the call's identity its first
+# packet carried, and the use's marks (MARK_*).
+IDENT = Register(f"{INGRESS}.slot_ident", _id(_REGISTER, 8), 64, "ident")
+MARKS = Register(f"{INGRESS}.slot_marks", _id(_REGISTER, 9), 8, "marks")
+MARK_PREDICTED = 1   # the use is a predicted chunk's
+MARK_MISMATCH = 2    # a packet of it differed in call, offset, count, width, identity or kind
+MARK_OVERFLOW = 4    # only the exponents differed: the cell keeps their max
 # Per cell; with the pairs', what a job reset zeroes.
-STATE_REGISTERS = (BITMAP, COUNT, CHUNK, EPOCH, CALL, CONTRIBUTORS)
+STATE_REGISTERS = (BITMAP, COUNT, CHUNK, EPOCH, CALL, CONTRIBUTORS, IDENT, MARKS)
 EXPONENT_PREFIX = f"{INGRESS}.exponent_"
 PROPOSAL_PREFIX = f"{INGRESS}.proposal_"
 VALUE_PREFIX = f"{INGRESS}.value_"

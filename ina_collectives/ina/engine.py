@@ -6,7 +6,9 @@ call's opening through the switch, or in a round of its own) and, where the resu
 cannot tell, on the outcome last. This module only orders the steps; its pieces, one
 job each: ``aggregators`` (the links: joining, losing and regaining them),
 ``preparing`` (a call made ready: its shares and its first window's proposal),
-``opening`` (the call's identity and first exponents agreed in-band), ``striping`` (how
+``opening`` (the call's identity and first exponents agreed in-band), ``prediction``
+(a call that repeats one goes without an opening: its first window's exponents
+predicted), ``striping`` (how
 a call is split across several aggregators, and the shares streamed at once),
 ``outcome`` (the vote), ``recovery`` (a call that ended without one, or an opening that
 failed: the kept window and the rescue), ``repair`` (quorum chunks a rank lost) and
@@ -26,7 +28,7 @@ from .. import protocol as P
 from ..collectives.agreement import CallSignature, identity
 from ..collectives.engine import AllreduceCall, Engine, HandOver, Opened
 from ..collectives.ops import FLOAT_DTYPES, Op, dtype_code
-from ..collectives.recovery import FAILED, NAN_OR_INF, OPENING, ErrorPath, Kept
+from ..collectives.recovery import FAILED, NAN_OR_INF, OPENING, PREDICTED, ErrorPath, Kept
 from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
@@ -34,6 +36,7 @@ from .aggregators import Aggregators
 from .link import WorkerLink
 from .opening import open_call
 from .outcome import vote
+from .prediction import Predictions
 from .preparing import Prepared, Share, prepare, window_size
 from .quorum import Quorum
 from .repair import repair_share
@@ -76,6 +79,12 @@ class InaEngine(Engine):
         self.errors = errors
         self.vote_free_calls = self.rescued_calls = 0
         self.opened_calls = self.failed_openings = 0
+        # Calls that repeat one made before go without an opening (docs/protocol.md, One
+        # round trip); ``_identified``: the prepared call whose identity the chooser gave
+        # (``open``, ``predicts``), for ``run`` to learn from or predict with.
+        self.predictions = Predictions(headroom=settings.switch_predict_headroom)
+        self.predicted_calls = self.mismatched_predictions = 0
+        self._identified: tuple[Prepared, int] | None = None
 
     # -- the aggregators, as the chooser and stats see them ---------------------------------
 
@@ -146,6 +155,10 @@ class InaEngine(Engine):
                 # openings that failed (docs/protocol.md, A call's opening)
                 "opened_calls": self.opened_calls,
                 "failed_openings": self.failed_openings,
+                # calls whose first window went predicted, with no opening (docs/protocol.md,
+                # One round trip), and those the switch said the ranks called differently
+                "predicted_calls": self.predicted_calls,
+                "mismatched_predictions": self.mismatched_predictions,
                 "rescued_calls": self.rescued_calls,
                 "partial_handovers": self.partial_handovers,
                 # failed shares a surviving aggregator streamed again (switch_standby)
@@ -238,15 +251,21 @@ class InaEngine(Engine):
         outcome, window, result = open_call(link, ident, prepared,
                                             self.quorum.calls + 1, s, deadline)
         self._account(link, result)
+        self._identified = None
         if outcome == "mismatch":
             # The ranks may have opened different slots, some of which wait for packets
             # that never come: a new epoch leaves every cell idle (docs/protocol.md).
             self.aggregators.new_epoch()
+            self.predictions.clear()
             return Opened("mismatch")
         if outcome == "done":
             self.opened_calls += 1
             self.errors.forget()  # every rank is past its last call
+            if prepared is not None and window is not None and self._learns(prepared):
+                self._identified = (prepared, ident)
+                self.predictions.learn(ident, self._shape(), window[1:])
             return Opened("agreed", window)
+        self.predictions.clear()
         self.failed_openings += 1
         agg = self.aggregators
         here = f"{agg.where(0)}: {outcome}"
@@ -260,14 +279,55 @@ class InaEngine(Engine):
         agg.lost([0], reason, got.seq)
         return Opened("to_ring" if got.to_ring else "restart", reason=reason)
 
+    # -- predicted first windows (prediction.py) ---------------------------------------
+
+    def _shape(self) -> tuple:
+        """What a prediction is valid for besides the call: the links' layout, K, S and
+        the epoch (a change of any is alike on every rank)."""
+        link = self.aggregators.link
+        return (self.layout(), link.k, link.slots, link.epoch)
+
+    def _learns(self, prepared: Prepared) -> bool:
+        """A sync call of one share through an aggregator that takes predicted windows,
+        ended without a vote: its results say what the next such call predicts."""
+        link = self.aggregators.link
+        return (self.can_open() and link is not None and link.predicts
+                and len(prepared.shares) == 1 and not prepared.quorum)
+
+    def predicts(self, ident: int, prepared: Prepared | None) -> bool:
+        """Whether this call (``ident``: its identity, the opening's) goes without an
+        opening, its first window predicted: alike on every rank (``opens()`` holds)."""
+        if (prepared is None or not prepared.shares or not self._learns(prepared)
+                or not self.settings.switch_predict):
+            return False
+        if self.predictions.predict(ident, self._shape(), self._span(prepared),
+                                    prepared.wide) is None:
+            return False
+        self._identified = (prepared, ident)
+        return True
+
+    @staticmethod
+    def _span(prepared: Prepared) -> int:
+        a, b = prepared.shares[0].window
+        return b - a
+
     def run(self, call: AllreduceCall, deadline: Deadline, prepared: Prepared | None = None,
             agreed_first: np.ndarray | None = None) -> HandOver | None:
         """One call through the switch: its first window agreed, the stream, its outcome.
         ``prepared`` and ``agreed_first`` (the max of every rank's proposal): the caller
         agreed on the first window's exponents already (the chooser's gate or opening);
+        ``prepared`` alone, after ``predicts`` said yes: the first window goes predicted;
         else this opens the call through the switch (``opens``) or makes the exponent
         round by MPI itself."""
-        if prepared is None or agreed_first is None:
+        identified, self._identified = self._identified, None
+        ident = identified[1] if identified and identified[0] is prepared else 0
+        predicted = bool(ident) and agreed_first is None
+        if predicted:
+            span = self._span(prepared)
+            agreed_first = np.zeros(1 + span, np.int16)
+            agreed_first[1:] = self.predictions.predict(ident, self._shape(), span,
+                                                        prepared.wide)
+        elif prepared is None or agreed_first is None:
             first = self._first_window(call, deadline)
             if isinstance(first, HandOver):
                 return first
@@ -276,7 +336,12 @@ class InaEngine(Engine):
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (recovery.py): its outcome is in the results.
         vote_free = self.errors.gated and not quorum and len(prepared.shares) == 1
-        self.errors.forget()
+        if not predicted:  # (a predicted call is its own gate: kept until it ends)
+            self.errors.forget()
+        learn = None
+        if ident and vote_free and not quorum:
+            link = self.aggregators.links[prepared.shares[0].aggregator]
+            learn = np.full(2 * link.slots * prepared.g, P.PROPOSAL_NONE, np.int16)
         if agreed_first[0]:
             return HandOver(NONFINITE, prepared.x)
         links, shares = self.aggregators.links, prepared.shares
@@ -289,12 +354,30 @@ class InaEngine(Engine):
         self.striped_calls += len(shares) > 1
         results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
                                    call.op is Op.AVERAGE, bits, deadline, call_number,
-                                   quorum)
+                                   quorum, ident if predicted else 0, learn)
         for share, result in zip(shares, results):
             self._account(links[share.aggregator], result)
+        self.predicted_calls += predicted
+        if vote_free and results[0].reason == "mismatch":
+            # Every rank got the mark; some ranks' packets may wait in cells the others
+            # never use: a new epoch leaves every cell idle (as after a marked opening).
+            self.mismatched_predictions += 1
+            self.aggregators.new_epoch()
+            self.predictions.clear()
+            return HandOver(f"ina: the switch saw the ranks' calls differ at a "
+                            f"{call.nbytes}-byte allreduce", prepared.x, rechoose=True,
+                            mismatch=True)
         if vote_free:
-            return self._finish_alone(call, shares[0], results[0], prepared.x, out,
-                                      prepared.k)
+            handover = self._finish_alone(call, shares[0], results[0], prepared.x, out,
+                                          prepared.k, predicted)
+            if (learn is not None and handover is None and results[0].ok
+                    and self.aggregators.link is not None):
+                span, half = self._span(prepared), learn.size // 2
+                self.predictions.learn(ident, self._shape(), learn[half:half + span],
+                                       learn[:span], results[0].counters["overflows"] > 0)
+            elif learn is not None:
+                self.predictions.clear()
+            return handover
         return self._finish_by_vote(call, prepared, out, results, bits, deadline)
 
     def _first_window(self, call: AllreduceCall, deadline: Deadline
@@ -456,9 +539,13 @@ class InaEngine(Engine):
     # -- a call without a vote (recovery.py) ------------------------------------------
 
     def _finish_alone(self, call: AllreduceCall, share: Share, result: Result,
-                      x: np.ndarray, out: np.ndarray, k: int) -> HandOver | None:
+                      x: np.ndarray, out: np.ndarray, k: int, predicted: bool = False
+                      ) -> HandOver | None:
         """End a vote-free call: on this rank's own results when it holds them all and
-        none said NaN or Inf (keeping the last window), else through the rescue."""
+        none said NaN or Inf (keeping the last window), else through the rescue. A
+        ``predicted`` call that failed may have failed on every rank before any moved
+        (then every rank chooses its engine again) or after one finished it
+        (recovery.py, PREDICTED)."""
         i, c0, c1 = share.aggregator, share.first, share.end
         agg = self.aggregators
         nonfinite = bool(result.counters.get("nonfinite_seen", 0))
@@ -474,17 +561,21 @@ class InaEngine(Engine):
             self.vote_free_calls += 1
             return None
         what = f"switch call #{self.quorum.calls} ({call.nbytes} bytes)"
-        role = FAILED if not result.ok else NAN_OR_INF
+        role = (NAN_OR_INF if result.ok else PREDICTED if predicted else FAILED)
         here = (f"{agg.where(i)}: {result.reason}, {result.missing.size} chunks never "
                 f"completed (first {result.missing[:8].tolist()})" if not result.ok
                 else "a result said an input held a NaN or an Inf")
         self.errors.report(f"{what}: {here}")
-        got = self.errors.rescue(role, self.quorum.calls, what, seq=agg.seq)
+        got = self.errors.rescue(role, self.quorum.calls, what, opening=self.quorum.calls,
+                                 seq=agg.seq)
+        self.predictions.clear()
         self.quorum.after_call(-1, -1, 0, 0, 0)
         if got.failed:
             self.shares.forget(i)
             agg.lost([i], f"ina: the aggregator failed mid-operation on rank(s) "
                           f"{got.failed}; here: {here}", got.seq)
+        if got.restart:  # (a predicted call no rank finished: nothing of it moved)
+            return HandOver(f"ina: aggregator failed; here: {here}", x, rechoose=True)
         if got.to_ring:
             return HandOver(NONFINITE if nonfinite and not got.failed else
                             f"ina: aggregator failed mid-operation; here: {here}", x)
@@ -509,6 +600,7 @@ class InaEngine(Engine):
         this rank finished it, and sends or stands by with its kept window; then marks
         the aggregator lost as they do when a stream failed."""
         got, kept = self.errors.help(what, self.aggregators.seq)
+        self.predictions.clear()
         if got.failed and kept is not None and self.aggregators.links[kept.aggregator]:
             self.shares.forget(kept.aggregator)
             self.aggregators.lost([kept.aggregator],

@@ -158,6 +158,13 @@ class WorkerLink:
         on a call's identity and first exponents through it, with no host collective."""
         return bool(self.capabilities & P.CAP_OPEN)
 
+    @property
+    def predicts(self) -> bool:
+        """Whether the aggregator takes predicted first windows (CAP_PREDICT): a call that
+        repeats one made before then needs no opening (docs/protocol.md, One round
+        trip)."""
+        return bool(self.capabilities & P.CAP_PREDICT)
+
     def opening(self, identity: int, proposals: np.ndarray, call: int, timers: Timers,
                 deadline: float) -> Result:
         """A call's opening through the aggregator (docs/protocol.md): ``identity`` (48
@@ -177,7 +184,8 @@ class WorkerLink:
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
                cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-               ready: int = -1) -> Result:
+               ready: int = -1, ident: int = 0, learn: np.ndarray | None = None
+               ) -> Result:
         """Allreduce x (float32/64, 1-D) into out through the aggregator, within
         ``deadline`` seconds: ``local``, this worker's exponents, and ``agreed``, the
         agreed ones (G per chunk); ``timers``, its waits. value_bits: this call's width
@@ -188,12 +196,20 @@ class WorkerLink:
         all n, sync). ready: the chunks whose exponents ``local`` holds (-1: all); the
         stream computes the others' as it goes, and counters["nonfinite"] says whether
         it met a NaN or an Inf there (then the result is not the sum).
+        ident: nonzero, a predicted call (its identity; ``agreed``'s first window holds the
+        prediction); learn: S x G int16 that receives the first window's proposals (the
+        next prediction), or None (transport.Link.stream).
         Returns the Result (``ok``: done, or LOST in a quorum call: done but for the
         chunks ``missing`` names, whose results the switch no longer holds; the engine
-        takes them from a peer), with its ``reason``."""
+        takes them from a peer), with its ``reason`` ("mismatch": a predicted call's
+        result said the ranks called differently)."""
+        from .._fast import transport
+
         result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
-                                  value_bits, cancel, call & 0xFFFF, quorum, ready)
-        result.reason = self._reason(result)
+                                  value_bits, cancel, call & 0xFFFF, quorum, ready, ident,
+                                  learn)
+        result.reason = ("mismatch" if result.status == transport.OPEN_MISMATCH
+                         else self._reason(result))
         return result
 
     def _reason(self, result: Result) -> str:

@@ -83,10 +83,12 @@ class Streams:
 
     def run(self, links: list[WorkerLink | None], prepared: Prepared, out: np.ndarray,
             agreed: np.ndarray, average: bool, bits: int, deadline: Deadline,
-            call_number: int = 0, quorum: int = 0) -> list[Result]:
+            call_number: int = 0, quorum: int = 0, ident: int = 0,
+            learn: np.ndarray | None = None) -> list[Result]:
         """Stream each of ``prepared``'s shares through its aggregator's link: the input's
         chunks into ``out``, with this rank's exponents and the agreed ones ``agreed`` (G
-        per chunk); ``bits``, the call's value width."""
+        per chunk); ``bits``, the call's value width. ``ident`` and ``learn``: a call of
+        one share that is predicted or learns (WorkerLink.stream)."""
         s = self.settings
         remaining = max(0.0, deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
@@ -96,7 +98,8 @@ class Streams:
             x, into, local, theirs = prepared.arrays(share, out, agreed)
             return links[share.aggregator].stream(
                 x, into, local, theirs, average, self.timers, remaining, value_bits=bits,
-                cancel=cancel, call=call_number, quorum=quorum, ready=share.ready)
+                cancel=cancel, call=call_number, quorum=quorum, ready=share.ready,
+                ident=ident, learn=learn)
 
         if not shares:  # an empty call
             return []

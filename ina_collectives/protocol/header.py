@@ -26,8 +26,14 @@ FLAG_RETRANSMIT = 0x02   # worker -> aggregator: a resend after a timeout
 FLAG_CONTROL = 0x04      # join / leave / probe, no payload aggregation
 FLAG_NACK = 0x08         # aggregator -> one worker: your packet for this chunk never came
 FLAG_OPEN = 0x10         # a call's opening: its identity and first exponents, no values
-FLAG_MISMATCH = 0x20     # an opening's result: the workers' identities differed
-FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL", "NACK", "OPEN", "MISMATCH")  # bit 0 .. 5
+FLAG_MISMATCH = 0x20     # a result: the workers' identities differed (an opening's, a
+                         # predicted chunk's)
+FLAG_PREDICTED = 0x40    # a chunk of a call's first window sent without an opening: its
+                         # exponents predicted, the call's identity in ``contributors``
+FLAG_OVERFLOW = 0x80     # a predicted chunk's result: the workers' exponents differed, the
+                         # pairs hold their max, the values are no sum (send it again)
+FLAG_NAMES = ("RESULT", "RETRANSMIT", "CONTROL", "NACK", "OPEN", "MISMATCH", "PREDICTED",
+              "OVERFLOW")  # bit 0 .. 7
 
 # Exponent proposals: a worker with nothing more for a slot proposes this, which
 # loses every max; block exponents themselves never go below the dtype's floor.
@@ -64,8 +70,11 @@ FIELDS: tuple[Field, ...] = (
           "worker, header only: its packets numbered seq .. seq + count - 1 never came), "
           "`0x10` OPEN (a call's opening: count 0, no values; the offset and the pairs' "
           "exponents carry the call's identity, the proposals its first exponents; "
-          "docs/protocol.md, A call's opening), `0x20` MISMATCH (an opening's result: "
-          "the workers' identities differed)"),
+          "docs/protocol.md, A call's opening), `0x20` MISMATCH (a result: the workers' "
+          "identities differed), `0x40` PREDICTED (a chunk of a call's first window sent "
+          "without an opening: predicted exponents, the identity in contributors; "
+          "docs/protocol.md, One round trip), `0x80` OVERFLOW (a predicted chunk's result: "
+          "the workers' exponents differed, the pairs hold their max; send it again)"),
     Field("job", "job_id", 16, False, "job id", "the job this packet belongs to"),
     Field("worker", "worker_id", 16, False, "worker id", "0 .. n-1 within the job"),
     Field("slot_version", "slot_version", 8, False, "slot version",
@@ -103,7 +112,7 @@ FIELDS: tuple[Field, ...] = (
           "results: the number of the job's latest mode change (workers send 0)"),
     Field("contributors", "contributors", 64, False, "contributors",
           "results: bit w set if worker w was counted in the sum (their number divides "
-          "an AVERAGE; workers send 0)"),
+          "an AVERAGE); workers: the call's identity in a PREDICTED packet, else 0"),
 )
 RESERVED: tuple[str, ...] = ()  # fields that must be 0 (none now)
 

@@ -187,7 +187,7 @@ class SoftwareSwitch:
                  else (_mtu_towards(addr_be, port_be) or 0)
                  if op == P.CTRL_JOIN and status == P.JOIN_MTU
                  else self.free_slots() if op == P.CTRL_PROBE and head["job"] == 0 else 0)
-        caps = (P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN
+        caps = (P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN | P.CAP_PREDICT
                 | (P.CAP_SHARDS if self.shard_ports else 0))
         try:
             self.aggregator.reply(P.control_packet(head["job"], head["worker"],

@@ -137,16 +137,20 @@ def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[
     never arrive (its socket takes datagrams from a dead address only, from the second
     call's stream on). Rank 1 must return the bits rank 0 returned, from rank 0's kept window,
     when rank 0 reaches its next gate: p["then"] "call" (a third allreduce) or
-    "finalize"."""
+    "finalize". p["predicted"]: the first call's input is the second's, so that the
+    second goes predicted (no opening: rank 1 hears nothing of it) and its prediction
+    holds; else every call opens (switch_predict off)."""
     import signal
-    ina.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30)
+    ina.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30,
+             switch_predict=bool(p.get("predicted")))
     count = p["count"]
-    first = ina.allreduce(np.full(count, 1.0 + comm.rank, np.float32))
+    x = np.arange(count, dtype=np.float32) * (comm.rank + 1)
+    first = ina.allreduce(x.copy() if p.get("predicted")
+                          else np.full(count, 1.0 + comm.rank, np.float32))
     served_first = ina.stats()["last_call"]["engine"]
     if comm.rank == 1:
         deaf_from_the_stream(ina._state.switch_engine.link)
     comm.barrier()
-    x = np.arange(count, dtype=np.float32) * (comm.rank + 1)
     start = time.monotonic()
     second = ina.allreduce(x)
     seconds = time.monotonic() - start

@@ -244,7 +244,10 @@ def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
     case = ("float32", "sum", 100_000)
     outage = 30
     params = {"case": case, "after": 6, "outage": outage, "pause": 0.02, "dir": str(tmp_path),
-              "settings": {"switch_min_bytes": 0, "switch_silence": 0.5}}
+              # (every call opened: the bound of exact exponents holds for each of these
+              # calls, whose inputs differ; a predicted one's is test_predicted's)
+              "settings": {"switch_min_bytes": 0, "switch_silence": 0.5,
+                           "switch_predict": False}}
     env = {"INA_SWITCH": f"127.0.0.1:{port}"}
     outcome: dict = {}
 
@@ -398,17 +401,23 @@ def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("predicted", [False, True], ids=["opened", "predicted"])
 @pytest.mark.parametrize("then", ["call", "finalize"])
-def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_bits(then):
+def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_bits(
+        then, predicted):
     """All or nothing without a vote (docs/protocol.md): rank 0 holds every result of a
     sync call, returns and kills the switch; rank 1 lost those results. Rank 1 reaches
     its error path by the silence bound, rank 0 at its next gate (the next call's
     agreement, or finalize), and rank 1 completes the call from rank 0's kept window:
-    both return the same bits, the exact sum, and the next call takes an exact engine."""
+    both return the same bits, the exact sum, and the next call takes an exact engine.
+    Predicted (docs/protocol.md, One round trip): rank 1's call went without an opening
+    and it heard nothing of it; it takes the role PREDICTED, read as FAILED since rank 0
+    finished that call."""
     count = 3 * K + 100  # 4 chunks: with S 8, all of them are the last window
     with embedded_switch() as sw:
         results = mpirun.run(2, "ina_switch_dies_after_the_last_result",
-                             {"count": count, "then": then, "switch_pid": sw.process.pid},
+                             {"count": count, "then": then, "switch_pid": sw.process.pid,
+                              "predicted": predicted},
                              env={"INA_SWITCH": sw.address_text}, timeout=120)
     expected = np.arange(count, dtype=np.float32) * 3
     for r in results:

@@ -1,0 +1,101 @@
+"""Predicted first windows (docs/protocol.md, One round trip): what a call that repeats
+an earlier one sends its first window with, instead of opening it through the switch.
+
+Every rank sees the same results, and updates and clears its table at the same calls, so
+every rank predicts the same exponents for the same call: the switch sums only packets
+whose exponents agree, and marks the others OVERFLOW (then the chunk is sent again).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
+
+from .. import protocol as P
+from .reference import blockfp as ref_blockfp
+
+# The identities a rank keeps predictions for (the least recently used leave first).
+PREDICTIONS = 256
+# The most bits a prediction adds to the exponents it learned (settings:
+# switch_predict_headroom): an identity starts at 0 (exact), each call of it that
+# overflowed adds one, each CLEAN_CALLS calls in a row without one take one back.
+PREDICT_HEADROOM = 2
+CLEAN_CALLS = 16
+
+
+@dataclass
+class _Entry:
+    needs: np.ndarray      # the max of every worker's own exponents (PROPOSAL_NONE: unknown)
+    used: np.ndarray | None  # the exponents the last call was summed with
+    headroom: int = 0
+    clean: int = 0         # calls in a row without an overflow
+
+
+class Predictions:
+    """Per call identity (and the link's shape: K, S, epoch), what the first window of
+    its next call goes with, per sub-block: the max over every worker of the last
+    call's own exponents there, plus the identity's headroom; where that max is not
+    known (a slot's last chunk shorter than its first proposes fewer), the exponent the
+    last call was summed with."""
+
+    def __init__(self, size: int = PREDICTIONS, headroom: int = PREDICT_HEADROOM):
+        self.size, self.most = size, headroom
+        self._table: OrderedDict[tuple[int, Hashable], _Entry] = OrderedDict()
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def headroom(self, ident: int, shape: Hashable) -> int | None:
+        entry = self._table.get((ident, shape))
+        return None if entry is None else entry.headroom
+
+    def predict(self, ident: int, shape: Hashable, span: int, dtype: np.dtype
+                ) -> np.ndarray | None:
+        """The first window's predicted exponents (``span`` int16 values, the layout of
+        ``Prepared.local``'s window), or None where nothing was learned for this call."""
+        entry = self._table.get((ident, shape))
+        if entry is None or entry.needs.size < span:
+            return None
+        self._table.move_to_end((ident, shape))
+        self.hits += 1
+        needs = entry.needs[:span]
+        known = needs != P.PROPOSAL_NONE
+        predicted = needs.astype(np.int32) + entry.headroom
+        if entry.used is not None:
+            predicted = np.where(known, predicted, entry.used[:span])
+        floor = ref_blockfp.EXPONENT_MIN[np.dtype(dtype)]
+        ceiling = 2 - floor  # (the dtype's largest exponent: transport's ceiling too)
+        return np.clip(predicted, floor, ceiling).astype(np.int16)
+
+    def learn(self, ident: int, shape: Hashable, needs: np.ndarray,
+              used: np.ndarray | None = None, overflowed: bool = False) -> None:
+        """What a call with this identity taught of its first window: ``needs``, the max
+        of every worker's own exponents (PROPOSAL_NONE where not known), ``used``, the
+        exponents it was summed with; ``overflowed``: some chunk of it was sent again (a
+        prediction too small). Nothing is kept of a window that held a NaN or an Inf,
+        nor where neither says an exponent."""
+        key = (ident, shape)
+        old = self._table.pop(key, None)
+        known = needs != P.PROPOSAL_NONE
+        if (needs == P.NONFINITE_MARK).any() or not (known.all() or used is not None):
+            return
+        entry = _Entry(needs.copy(), None if used is None else used.copy())
+        if old is not None:
+            entry.headroom, entry.clean = old.headroom, old.clean + 1
+        if overflowed:
+            entry.headroom, entry.clean = min(entry.headroom + 1, self.most), 0
+        elif entry.clean >= CLEAN_CALLS and entry.headroom:
+            entry.headroom, entry.clean = entry.headroom - 1, 0
+        self._table[key] = entry
+        while len(self._table) > self.size:
+            self._table.popitem(last=False)
+
+    def forget(self, ident: int, shape: Hashable) -> None:
+        self._table.pop((ident, shape), None)
+
+    def clear(self) -> None:
+        """Every rank forgets alike: a new epoch, an aggregator lost, a rescue."""
+        self._table.clear()
