@@ -423,7 +423,7 @@ cdef class Link:
     def stream(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
                double deadline, int value_bits=0, const uint8_t[::1] cancel=None,
                int call=0, int quorum=0, Py_ssize_t ready=-1, uint64_t ident=0,
-               int16_t[::1] learn=None):
+               int16_t[::1] learn=None, bint nonfinite=False):
         """Allreduce x (1-D float32/float64) into out through the aggregator, within
         ``deadline`` seconds.
 
@@ -451,6 +451,9 @@ cdef class Link:
         identity, ``agreed``'s first window holding the predicted exponents (a worker whose
         own are larger sends its own); a result marked OVERFLOW sends its chunk again with
         the result's exponents, one marked MISMATCH ends the stream (status OPEN_MISMATCH).
+        nonfinite: the chunks ``local`` holds already (``ready``) have a NaN or an Inf:
+        every packet proposes NONFINITE_MARK from the first on (a predicted call, whose
+        first window no agreement saw).
         learn: 2 x S x G int16, or None: what the next prediction is made from. Row 0
         receives the exponents each slot's first chunk was summed with (its result's);
         row 1, the max over the workers of that chunk's own exponents, which the slot's
@@ -498,7 +501,7 @@ cdef class Link:
         c.done = &done[0]
         c.lazy.have = nb if ready < 0 else min(ready, nb)
         c.lazy.floor = ref_blockfp.EXPONENT_MIN[x.dtype]
-        c.lazy.nonfinite = False
+        c.lazy.nonfinite = nonfinite
         c.lazy.flagged = self.flagged
         # A result proposing NONFINITE_MARK: some worker met a NaN or an Inf; its slot's
         # next chunk then goes with the dtype's largest exponent (every worker alike), its

@@ -3,9 +3,12 @@
     python -m bench.call_breakdown                    # loopback, n = 2, 4 KiB 64 KiB 1 MiB
     python -m bench.call_breakdown -n 4 --runs 3      # three jobs: medians and their spread
     python -m bench.call_breakdown --netsim           # n = 4 on emulated 1 Gbit/s links (root)
+    python -m bench.call_breakdown --open             # every call opened first, as before
 
 Each rank calls the array API (``ina_collectives.allreduce``, switch_min_bytes 0) back to
-back, as a training loop does, and times every call and the parts inside it. The parts
+back, as a training loop does, and times every call and the parts inside it. Each call
+repeats the last of its size, so that it goes predicted, in one switch round trip
+(docs/protocol.md, One round trip); ``--open`` opens every call first. The parts
 are measured in the ranks without changing the library: the benchmark replaces a few
 methods with timing wrappers (time.perf_counter_ns) in its own processes:
 
@@ -174,10 +177,12 @@ def round_trips(address: tuple[str, int], packet: bytes, samples: int) -> list[i
 
 
 def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
-             echo: tuple[str, int], echo_core: int) -> None:
+             echo: tuple[str, int], echo_core: int, opened: bool = False) -> None:
     """What each rank runs: the calls of every size, timed whole without the wrappers,
     then whole and by parts with them; rank 0 writes every rank's times to ``out``, and
-    the bare round trips it timed (``echo``: the echo's address, on core ``echo_core``)."""
+    the bare round trips it timed (``echo``: the echo's address, on core ``echo_core``).
+    ``opened``: every call opens through the switch (switch_predict off); else each call
+    repeats the last of its size and goes predicted, with no opening."""
     from mpi4py import MPI
 
     import ina_collectives as ina
@@ -195,7 +200,7 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
 
     InaEngine.__init__ = remembered  # type: ignore[method-assign]
     try:
-        ina.init(switch_min_bytes=0)
+        ina.init(switch_min_bytes=0, switch_predict=not opened)
     finally:
         InaEngine.__init__ = init  # type: ignore[method-assign]
     comm, n = MPI.COMM_WORLD, MPI.COMM_WORLD.Get_size()
@@ -208,7 +213,8 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
     setting = {"n": n, "k": switch["elements"], "block": switch["block"],
                "value_bits": switch["value_bits"],
                "slots": switch["aggregators"][0]["slots"], "kernels": kernels.name,
-               "send_path": switch["send_path"], "receive_path": switch["receive_path"]}
+               "send_path": switch["send_path"], "receive_path": switch["receive_path"],
+               "opened": opened}
     # Rank 0 times the bare round trips while the others sleep (MPI's waits spin): to
     # the echo from its own core and from another (a wake-up across cores costs more,
     # in a virtual machine most), and to the switch's PROBE from where it runs.
@@ -341,7 +347,7 @@ def rank_command(args: argparse.Namespace, out: Path, echo: tuple[str, int, int]
     return [sys.executable, "-m", "bench.call_breakdown", "--rank-job", str(out),
             "--sizes", *map(str, args.sizes), "--calls", str(args.calls), "--warmup",
             str(args.warmup), "--echo", f"{echo[0]}:{echo[1]}", "--echo-core",
-            str(echo[2])]
+            str(echo[2]), *(["--open"] if args.open else [])]
 
 
 def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -415,17 +421,19 @@ def _tail(text: str, lines: int = 40) -> str:
 
 # -- the arithmetic and the report -----------------------------------------------------
 
-def wire(nbytes: int, k: int, block: int, value_bits: int, slots: int) -> dict[str, int]:
+def wire(nbytes: int, k: int, block: int, value_bits: int, slots: int,
+         opened: bool = True) -> dict[str, int]:
     """One call's packets and bytes on a link each way (a worker's uplink carries its
-    packets, its downlink their results, the same sizes): the opening's (one packet per
-    slot of the first window: a header and G pairs) and the data's (a chunk of K values
-    per packet, the last one short), each with FRAME_BYTES."""
+    packets, its downlink their results, the same sizes): the opening's, if ``opened``
+    (one packet per slot of the first window: a header and G pairs; a predicted call has
+    none), and the data's (a chunk of K values per packet, the last one short), each
+    with FRAME_BYTES."""
     elements = nbytes // 4
     chunks = -(-elements // k)
     full, last = divmod(elements, k)
     data = full * P.packet_bytes(k, block, value_bits) + (
         P.packet_bytes(last, block, value_bits) if last else 0)
-    opening = min(slots, chunks)
+    opening = min(slots, chunks) if opened else 0
     g = P.sub_blocks(k, block)
     return {"data_packets": chunks, "opening_packets": opening,
             "bytes": data + chunks * FRAME_BYTES
@@ -519,7 +527,7 @@ def report(setting: dict[str, Any], summaries: list[dict[str, Any]],
     for label, key in ROWS:
         row(label, lambda s, i, key=key: s["sizes"][i]["median_us"][key])
     arithmetic = [wire(b, setting["k"], setting["block"], setting["value_bits"],
-                       setting["slots"]) for b in sizes]
+                       setting["slots"], setting.get("opened", True)) for b in sizes]
     lines.append("| packets each way (opening + data) | " + " | ".join(
         f"{a['opening_packets']} + {a['data_packets']}" for a in arithmetic) + " |")
     lines.append("| bytes each way | " + " | ".join(f"{a['bytes']:,}" for a in arithmetic)
@@ -581,6 +589,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="--netsim: the links' rate in Mbit/s (default 1000)")
     parser.add_argument("--mtu", type=int, default=9000,
                         help="--netsim: the links' MTU; K follows from it (default 9000)")
+    parser.add_argument("--open", action="store_true",
+                        help="every call opens through the switch first (switch_predict "
+                             "off); by default each call repeats the last of its size and "
+                             "goes predicted, in one round trip")
     parser.add_argument("--json", type=Path,
                         help="the output (default bench/results/call_breakdown.json, "
                              "call_breakdown-netsim.json with --netsim)")
@@ -618,9 +630,10 @@ def main(argv: list[str] | None = None) -> int:
         job.add_argument("--warmup", type=int, required=True)
         job.add_argument("--echo", type=P.parse_address, required=True)
         job.add_argument("--echo-core", type=int, required=True)
+        job.add_argument("--open", action="store_true")
         given = job.parse_args(argv[1:])
         rank_job(given.out, given.sizes, given.calls, given.warmup, given.echo,
-                 given.echo_core)
+                 given.echo_core, given.open)
         return 0
     args = parse_args(argv)
     harness = os.getpid()
@@ -641,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps({
         "setting": setting, "parts": list(PARTS), "summaries": summaries,
         "wire": {str(b): wire(b, setting["k"], setting["block"], setting["value_bits"],
-                              setting["slots"]) for b in args.sizes},
+                              setting["slots"], args.open) for b in args.sizes},
         "table": table, "jobs": jobs}))
     print(table)
     print(f"\n{args.runs} run(s) in {time.monotonic() - started:.0f} s: {args.json}")

@@ -72,7 +72,11 @@ SIZE_CLASSES: tuple[tuple[str, int, int, float], ...] = (
 )
 FAULT_DEFAULTS = {"loss": 0.05, "duplicate": 0.05, "reorder": 0.05, "jitter_ms": 2.0,
                   "jitter_period_ms": 10.0}
-RANK_SETTINGS = {"switch_min_bytes": 0, "ring_min_bytes": 0, "timeout": 60.0}
+# (Every call opened: its exponents are what its inputs need, so that the sums are exact.
+# A call that repeats an earlier one's length, dtype and op would go predicted, its first
+# window summed with exponents up to the earlier inputs' scale, 2^20 here: docs/quantization.md.)
+RANK_SETTINGS = {"switch_min_bytes": 0, "ring_min_bytes": 0, "timeout": 60.0,
+                 "switch_predict": False}
 
 
 class SoakFailed(RuntimeError):

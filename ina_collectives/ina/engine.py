@@ -319,6 +319,13 @@ class InaEngine(Engine):
         ``prepared`` alone, after ``predicts`` said yes: the first window goes predicted;
         else this opens the call through the switch (``opens``) or makes the exponent
         round by MPI itself."""
+        identified = self._identified
+        if prepared is None or (agreed_first is None
+                                and not (identified and identified[0] is prepared)):
+            first = self._first_window(call, deadline)
+            if isinstance(first, HandOver):
+                return first
+            prepared, agreed_first = first
         identified, self._identified = self._identified, None
         ident = identified[1] if identified and identified[0] is prepared else 0
         predicted = bool(ident) and agreed_first is None
@@ -327,11 +334,6 @@ class InaEngine(Engine):
             agreed_first = np.zeros(1 + span, np.int16)
             agreed_first[1:] = self.predictions.predict(ident, self._shape(), span,
                                                         prepared.wide)
-        elif prepared is None or agreed_first is None:
-            first = self._first_window(call, deadline)
-            if isinstance(first, HandOver):
-                return first
-            prepared, agreed_first = first
         call_number, quorum = self.quorum.next_call()
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (recovery.py): its outcome is in the results.
@@ -354,7 +356,8 @@ class InaEngine(Engine):
         self.striped_calls += len(shares) > 1
         results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
                                    call.op is Op.AVERAGE, bits, deadline, call_number,
-                                   quorum, ident if predicted else 0, learn)
+                                   quorum, ident if predicted else 0, learn,
+                                   predicted and bool(prepared.proposal[0]))
         for share, result in zip(shares, results):
             self._account(links[share.aggregator], result)
         self.predicted_calls += predicted
@@ -381,15 +384,19 @@ class InaEngine(Engine):
         return self._finish_by_vote(call, prepared, out, results, bits, deadline)
 
     def _first_window(self, call: AllreduceCall, deadline: Deadline
-                      ) -> tuple[Prepared, np.ndarray] | HandOver:
+                      ) -> tuple[Prepared, np.ndarray | None] | HandOver:
         """The call made ready and its first window's exponents agreed by every rank:
-        through an opening of its own where the switch takes them, else with one MPI
-        reduction; a HandOver where the opening failed (nothing moved)."""
+        none where it repeats a call the switch served (predicted: None), through an
+        opening of its own where the switch takes them, else with one MPI reduction; a
+        HandOver where the opening failed (nothing moved)."""
         prepared = self.prepare(call)
         if self.opens():
-            opened = self.open(identity(CallSignature(
+            ident = identity(CallSignature(
                 CallSignature.ARRAYS, call.recv.size, dtype_code(call.dtype),
-                list(Op).index(call.op), ""), call.value_bits), prepared, deadline)
+                list(Op).index(call.op), ""), call.value_bits)
+            if self.predicts(ident, prepared):
+                return prepared, None
+            opened = self.open(ident, prepared, deadline)
             if opened.outcome == "mismatch":  # (the runtime's negotiation compared them)
                 raise AgreementError(f"the switch saw the ranks' calls differ at a "
                                      f"{call.nbytes}-byte allreduce")

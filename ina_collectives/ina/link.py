@@ -184,8 +184,8 @@ class WorkerLink:
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
                cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-               ready: int = -1, ident: int = 0, learn: np.ndarray | None = None
-               ) -> Result:
+               ready: int = -1, ident: int = 0, learn: np.ndarray | None = None,
+               nonfinite: bool = False) -> Result:
         """Allreduce x (float32/64, 1-D) into out through the aggregator, within
         ``deadline`` seconds: ``local``, this worker's exponents, and ``agreed``, the
         agreed ones (G per chunk); ``timers``, its waits. value_bits: this call's width
@@ -198,7 +198,8 @@ class WorkerLink:
         it met a NaN or an Inf there (then the result is not the sum).
         ident: nonzero, a predicted call (its identity; ``agreed``'s first window holds the
         prediction); learn: S x G int16 that receives the first window's proposals (the
-        next prediction), or None (transport.Link.stream).
+        next prediction), or None; nonfinite: the ready chunks hold a NaN or an Inf
+        (every packet then says so: transport.Link.stream).
         Returns the Result (``ok``: done, or LOST in a quorum call: done but for the
         chunks ``missing`` names, whose results the switch no longer holds; the engine
         takes them from a peer), with its ``reason`` ("mismatch": a predicted call's
@@ -207,7 +208,7 @@ class WorkerLink:
 
         result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
                                   value_bits, cancel, call & 0xFFFF, quorum, ready, ident,
-                                  learn)
+                                  learn, nonfinite)
         result.reason = ("mismatch" if result.status == transport.OPEN_MISMATCH
                          else self._reason(result))
         return result

@@ -43,7 +43,7 @@ def own(x: np.ndarray) -> np.ndarray:
     return FAST.block_exponents(x, K, P.DEFAULT_BLOCK)[0]
 
 
-def stream_all(links, xs, first, idents=None, call=1, silence=5.0):
+def stream_all(links, xs, first, idents=None, call=1, silence=5.0, nonfinite=None):
     """Every worker's predicted stream at once: ``first``, the first window's predicted
     exponents (alike on every worker); [(result, out, learned)] by worker."""
     got: list = [None] * len(links)
@@ -57,7 +57,8 @@ def stream_all(links, xs, first, idents=None, call=1, silence=5.0):
         learn = np.full(2 * S * G, P.PROPOSAL_NONE, np.int16)
         timers = Timers(TIMERS.first, TIMERS.least, TIMERS.most, silence)
         result = links[w].stream(x, out, local, agreed, False, timers, 30.0, call=call,
-                                 ident=(idents or [IDENT] * len(links))[w], learn=learn)
+                                 ident=(idents or [IDENT] * len(links))[w], learn=learn,
+                                 nonfinite=bool(nonfinite and nonfinite[w]))
         got[w] = result, out, learn
     threads = [threading.Thread(target=one, args=(w,)) for w in range(len(links))]
     for t in threads:
@@ -113,6 +114,21 @@ def test_a_prediction_a_worker_overflows_sends_that_chunk_again(job):
     got = stream_all(links, xs, window_max(xs, 3) + PREDICT_HEADROOM, call=2)
     check_sum(xs, got)
     assert [g[0].counters["overflows"] for g in got] == [0] * N
+
+
+@pytest.mark.parametrize("where", [1, 2 * K + 3])
+def test_a_nan_in_one_workers_first_window_reaches_every_worker(job, where):
+    """No agreement saw the first window: the worker whose input holds a NaN proposes
+    NONFINITE_MARK in every packet, so every worker's results say so (the engine then
+    takes the call to the exact path on every rank alike)."""
+    sw, links = job
+    xs = inputs(3)
+    xs[1][where] = np.nan
+    got = stream_all(links, xs, window_max(inputs(3), 3) + PREDICT_HEADROOM,
+                     nonfinite=[False, True, False])
+    for result, _, learned in got:
+        assert result.ok and result.counters["nonfinite_seen"] == 1, result.counters
+        assert (learned[S * G:S * G + 3 * G] == P.NONFINITE_MARK).any()
 
 
 @pytest.mark.parametrize("how", ["identity", "length"])

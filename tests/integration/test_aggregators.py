@@ -282,8 +282,11 @@ def test_a_served_call_opens_through_the_switch_and_makes_no_mpi_call(fabric, ag
         assert switch["opened_calls"] + switch["predicted_calls"] == 6, switch
     for r in gated:
         assert r["engines"] == ["ina"] * 5 and all(r["mpi"]), r["mpi"]
-    for a, b in zip(opened, gated):  # the same bits either way
-        assert [x.tobytes() for x in a["results"]] == [x.tobytes() for x in b["results"]]
+    for a, b in zip(opened, gated):
+        # The predicted calls' first windows are summed with exponents learned from the
+        # call before (docs/quantization.md): a few quanta from the gated calls' sums.
+        for x, y in zip(a["results"], b["results"]):
+            np.testing.assert_allclose(x, y, rtol=0, atol=np.abs(y).max() * 2**-16)
 
 
 # -- what the switch does not take ---------------------------------------------------------

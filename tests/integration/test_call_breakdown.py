@@ -31,8 +31,10 @@ def test_a_toy_run_records_every_part_and_the_parts_add_up(tmp_path):
     for rank in job["ranks"]:
         assert [r["bytes"] for r in rank["records"]] == [4096, 65536]
         for size in rank["records"]:
-            # One opening, one stream and the first window's exponents in every call.
-            assert size["per_call"]["opening"] == size["per_call"]["stream"] == 1, size
+            # Each call repeats the last of its size: no opening (predicted), one stream
+            # and the first window's exponents in every call.
+            assert size["per_call"]["opening"] == 0, size
+            assert size["per_call"]["stream"] == 1, size
             assert size["kernel_calls"] == {"block_exponents": 1}, size
             assert size["not_served"] == 0, size["why_not"]
             rows = size["rows"]
@@ -58,6 +60,9 @@ def test_the_wire_arithmetic():
     assert got == {"data_packets": 1, "opening_packets": 1,
                    "bytes": head + 32 * pair + 4096 + frame + head + 68 * pair + frame}
     assert call_breakdown.wire(1 << 20, 2165, 32, 32, 8)["data_packets"] == 122
+    predicted = call_breakdown.wire(4096, 2165, 32, 32, 8, opened=False)
+    assert predicted == {"data_packets": 1, "opening_packets": 0,
+                         "bytes": head + 32 * pair + 4096 + frame}
     assert call_breakdown.wire(1 << 20, 2165, 32, 32, 8)["opening_packets"] == 8
 
 

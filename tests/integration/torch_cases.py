@@ -787,11 +787,14 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     hvd.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30)
     r = hvd.rank()
     n = p["count"]
-    first = hvd.allreduce(torch.full((n,), 1.0 + r), op=hvd.Sum, name="first")
-    if r == 1:  # from the stream on (the call's opening still gets through)
+    x = torch.arange(n, dtype=torch.float32) * (r + 1)
+    # The first call's input is the second's: the second repeats it, so it goes
+    # predicted (docs/protocol.md, One round trip) and its prediction holds, with no
+    # opening, of which rank 1 hears nothing either.
+    first = hvd.allreduce(x.clone(), op=hvd.Sum, name="first")
+    if r == 1:  # from the stream on
         deaf_from_the_stream(world.require().runtime.collectives.switch_engine.link)
     hvd.barrier()
-    x = torch.arange(n, dtype=torch.float32) * (r + 1)
     start = time.monotonic()
     second = hvd.allreduce(x, op=hvd.Sum, name="second")
     seconds = time.monotonic() - start
@@ -812,11 +815,12 @@ def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
     end with no vote. Then the same with rank 1 deaf from the first call's stream on:
     rank 0 holds every result of it and opens the second, which rank 1 never reaches;
     both take the error path when their waits end, rank 1 completes the first call from
-    rank 0's kept window, and the second takes the ring on both."""
+    rank 0's kept window, and the second takes the ring on both. (Every call opens:
+    switch_predict off; the predicted calls' rescue is torch_switch_dies_after_the_last_result's.)"""
 
     import ina_collectives.torch as hvd
     from ina_collectives.runtime import world
-    hvd.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30)
+    hvd.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30, switch_predict=False)
     r = hvd.rank()
     n = p["count"]
     ina = world.require().runtime.collectives.switch_engine
