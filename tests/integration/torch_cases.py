@@ -816,7 +816,7 @@ def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
     rank 0 holds every result of it and opens the second, which rank 1 never reaches;
     both take the error path when their waits end, rank 1 completes the first call from
     rank 0's kept window, and the second takes the ring on both. (Every call opens:
-    switch_predict off; the predicted calls' rescue is torch_switch_dies_after_the_last_result's.)"""
+    switch_predict off; torch_switch_dies_after_the_last_result has a predicted one.)"""
 
     import ina_collectives.torch as hvd
     from ina_collectives.runtime import world
