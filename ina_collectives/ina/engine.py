@@ -84,7 +84,7 @@ class InaEngine(Engine):
         # (``open``, ``predicts``), for ``run`` to learn from or predict with.
         self.predictions = Predictions(headroom=settings.switch_predict_headroom)
         self.predicted_calls = self.mismatched_predictions = 0
-        self._identified: tuple[Prepared, int] | None = None
+        self._identified: tuple[Prepared, int, Any] | None = None
 
     # -- the aggregators, as the chooser and stats see them ---------------------------------
 
@@ -262,8 +262,9 @@ class InaEngine(Engine):
             self.opened_calls += 1
             self.errors.forget()  # every rank is past its last call
             if prepared is not None and window is not None and self._learns(prepared):
-                self._identified = (prepared, ident)
-                self.predictions.learn(ident, self._shape(), window[1:])
+                shape = self._shape()
+                self._identified = (prepared, ident, shape)
+                self.predictions.learn(ident, shape, window[1:])
             return Opened("agreed", window)
         self.predictions.clear()
         self.failed_openings += 1
@@ -300,10 +301,12 @@ class InaEngine(Engine):
         if (prepared is None or not prepared.shares or not self._learns(prepared)
                 or not self.settings.switch_predict):
             return False
-        if self.predictions.predict(ident, self._shape(), self._span(prepared),
-                                    prepared.wide) is None:
+        shape = self._shape()
+        predicted = self.predictions.predict(ident, shape, self._span(prepared),
+                                             prepared.wide)
+        if predicted is None:
             return False
-        self._identified = (prepared, ident)
+        self._identified = (prepared, ident, shape, predicted)
         return True
 
     @staticmethod
@@ -327,13 +330,13 @@ class InaEngine(Engine):
                 return first
             prepared, agreed_first = first
         identified, self._identified = self._identified, None
-        ident = identified[1] if identified and identified[0] is prepared else 0
+        if not (identified and identified[0] is prepared):
+            identified = None
+        ident, shape = (identified[1], identified[2]) if identified else (0, None)
         predicted = bool(ident) and agreed_first is None
         if predicted:
-            span = self._span(prepared)
-            agreed_first = np.zeros(1 + span, np.int16)
-            agreed_first[1:] = self.predictions.predict(ident, self._shape(), span,
-                                                        prepared.wide)
+            agreed_first = np.zeros(1 + self._span(prepared), np.int16)
+            agreed_first[1:] = identified[3]
         call_number, quorum = self.quorum.next_call()
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (recovery.py): its outcome is in the results.
@@ -376,7 +379,7 @@ class InaEngine(Engine):
             if (learn is not None and handover is None and results[0].ok
                     and self.aggregators.link is not None):
                 span, half = self._span(prepared), learn.size // 2
-                self.predictions.learn(ident, self._shape(), learn[half:half + span],
+                self.predictions.learn(ident, shape, learn[half:half + span],
                                        learn[:span], results[0].counters["overflows"] > 0)
             elif learn is not None:
                 self.predictions.clear()

@@ -31,6 +31,7 @@ class _Entry:
     used: np.ndarray | None  # the exponents the last call was summed with
     headroom: int = 0
     clean: int = 0         # calls in a row without an overflow
+    predicted: np.ndarray | None = None  # what the next call goes with (made at learn)
 
 
 class Predictions:
@@ -61,14 +62,17 @@ class Predictions:
             return None
         self._table.move_to_end((ident, shape))
         self.hits += 1
-        needs = entry.needs[:span]
-        known = needs != P.PROPOSAL_NONE
-        predicted = needs.astype(np.int32) + entry.headroom
-        if entry.used is not None:
-            predicted = np.where(known, predicted, entry.used[:span])
-        floor = ref_blockfp.EXPONENT_MIN[np.dtype(dtype)]
-        ceiling = 2 - floor  # (the dtype's largest exponent: transport's ceiling too)
-        return np.clip(predicted, floor, ceiling).astype(np.int16)
+        if entry.predicted is None:  # (made once: calls of one identity share a dtype)
+            needs = entry.needs
+            predicted = needs + np.int16(entry.headroom)  # (needs <= 1024: no overflow)
+            if entry.used is not None:
+                unknown = needs == P.PROPOSAL_NONE
+                predicted[unknown] = entry.used[unknown]
+            # (at most the dtype's largest exponent, transport's ceiling; never below its
+            # floor: what a worker proposes never is)
+            ceiling = 2 - ref_blockfp.EXPONENT_MIN[np.dtype(dtype)]
+            entry.predicted = np.minimum(predicted, ceiling, out=predicted)
+        return entry.predicted[:span]
 
     def learn(self, ident: int, shape: Hashable, needs: np.ndarray,
               used: np.ndarray | None = None, overflowed: bool = False) -> None:
