@@ -37,6 +37,16 @@ def joined(address: tuple[str, int], job_id: int, n: int, k: int, slots: int,
             link.close()
 
 
+def per_worker(count: int, one) -> None:
+    """``one(w)`` for w in 0 .. count - 1, each in a thread of its own, as the ranks run
+    in processes; returns when every one did (or after 60 s each)."""
+    threads = [threading.Thread(target=one, args=(w,)) for w in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 @pytest.fixture
 def job():
     """Two joined workers of a fresh job on a switch of its own (its counters are the

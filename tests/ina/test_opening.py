@@ -12,7 +12,7 @@ import pytest
 from ina_collectives import protocol as P
 from ina_collectives.ina.link import Timers
 from ina_collectives.switch.faults import send_faults
-from tests.ina.test_link import joined
+from tests.ina.test_link import joined, per_worker
 from tests.switch.test_server import switch_thread
 
 K, S, N = 64, 4, 3
@@ -34,11 +34,7 @@ def open_all(links, identities, proposals, call=1, silence=5.0):
         result = links[w].opening(identities[w], proposals[w], call,
                                   Timers(0.02, 0.001, 1.0, silence), 30.0)
         out[w] = result.reason, result.counters
-    threads = [threading.Thread(target=one, args=(w,)) for w in range(len(links))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    per_worker(len(links), one)
     return out
 
 

@@ -16,7 +16,7 @@ from ina_collectives.ina import kernels
 from ina_collectives.ina.link import Timers
 from ina_collectives.ina.prediction import CLEAN_CALLS, PREDICT_HEADROOM, Predictions
 from ina_collectives.switch.faults import send_faults
-from tests.ina.test_link import joined
+from tests.ina.test_link import joined, per_worker
 from tests.switch.test_server import switch_thread
 
 K, S, N = 64, 4, 3
@@ -60,11 +60,7 @@ def stream_all(links, xs, first, idents=None, call=1, silence=5.0, nonfinite=Non
                                  ident=(idents or [IDENT] * len(links))[w], learn=learn,
                                  nonfinite=bool(nonfinite and nonfinite[w]))
         got[w] = result, out, learn
-    threads = [threading.Thread(target=one, args=(w,)) for w in range(len(links))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    per_worker(len(links), one)
     return got
 
 
