@@ -368,6 +368,7 @@ class InaEngine(Engine):
             # Every rank got the mark; some ranks' packets may wait in cells the others
             # never use: a new epoch leaves every cell idle (as after a marked opening).
             self.mismatched_predictions += 1
+            self.quorum.call_not_made()
             self.aggregators.new_epoch()
             self.predictions.clear()
             return HandOver(f"ina: the switch saw the ranks' calls differ at a "

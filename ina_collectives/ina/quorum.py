@@ -54,6 +54,12 @@ class Quorum:
         self._stamp = stamp
         return self.calls & 0xFFFF, stamp
 
+    def call_not_made(self) -> None:
+        """The call ``next_call`` numbered did not happen (the switch said the ranks called
+        differently): its number is the next call's, as on a rank whose opening of it
+        failed alike (an opening numbers its call without taking the number)."""
+        self.calls -= 1
+
     def after_call(self, counted_all: int, counted_any: int, announced: int, left_out: int,
                    skipped: int) -> None:
         """A call's outcome. counted_all, counted_any: the workers every result of the

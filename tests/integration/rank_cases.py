@@ -502,8 +502,13 @@ def intracomm_forms(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
 @case
 def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """The last rank passes a different length, dtype or op; then a good call follows, which
-    must still work (an agreement error leaves the communicator usable)."""
+    must still work (an agreement error leaves the communicator usable). p["known"]: the
+    lengths every rank reduces first (float32 SUM), so that a call of such a length goes
+    predicted (docs/protocol.md, One round trip): a rank's predicted packets then meet
+    another's opening, or its predicted packets of another identity."""
     ina.init(comm, **{"ring_min_bytes": 0, "timeout": 30, **p.get("settings", {})})
+    for known in p.get("known", []):
+        ina.allreduce(np.ones(known, np.float32))
     last = comm.rank == comm.size - 1
     count, dtype, op = 100, "float32", "sum"
     if last:
@@ -519,6 +524,7 @@ def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     out["second"] = ina.allreduce(np.ones(10, np.float32))
     out["second_engine"] = ina.stats()["last_call"]["engine"]
     out["switch"] = ina.stats().get("switch")
+    out["transport"] = ina.stats().get("transport")
     ina.finalize()
     return out
 

@@ -303,9 +303,16 @@ def test_nan_and_inf_take_the_exact_path(fabric, aggregator, new_job):
         assert r["after_engine"] == "ina"
 
 
-def test_ranks_that_disagree_get_an_agreement_error_and_go_on(fabric, aggregator, new_job):
+@pytest.mark.parametrize("known", [[], [100], [100, 101]],
+                         ids=["opening", "predicted-meets-opening", "predicted-both"])
+def test_ranks_that_disagree_get_an_agreement_error_and_go_on(fabric, aggregator, new_job,
+                                                              known):
+    """The last rank's call is one element longer: every rank gets AgreementError naming
+    the lengths, at once (not by the silence bound), and the next call goes through the
+    switch. The calls' openings meet (none known), or the others' predicted packets meet
+    its opening (100 known), or predicted packets of two identities meet (both known)."""
     job = new_job(fabric, [0, 1, 2])
-    results = fabric.run(job, "disagree", {"what": "length", "settings": {
+    results = fabric.run(job, "disagree", {"what": "length", "known": known, "settings": {
         "switch_min_bytes": 0, "switch_silence": 20.0}})
     for r in results:
         first = r["first"]
@@ -313,7 +320,10 @@ def test_ranks_that_disagree_get_an_agreement_error_and_go_on(fabric, aggregator
         assert "length" in first["message"] and "rank 2:" in first["message"], first
         np.testing.assert_array_equal(r["second"], np.full(10, 3, np.float32))
         assert r["second_engine"] == "ina", r
-        assert r["switch"]["outages"] == 0, r["switch"]
+        assert r["switch"]["outages"] == 0, r["switch"]  # (no wait for the silence bound)
+    # The ranks whose call was known went predicted, and the switch told them MISMATCH.
+    predicted = [r["switch"]["mismatched_predictions"] for r in results]
+    assert predicted == {0: [0, 0, 0], 1: [1, 1, 0], 2: [1, 1, 1]}[len(known)], predicted
 
 
 # -- failures ------------------------------------------------------------------------------
