@@ -174,10 +174,7 @@ class Collectives:
                     if self._layout() != layout:
                         continue
                     agreed, ran = None, True
-                    handover = self._run(engine, call, deadline, prepared, None)
-                    if handover is not None and handover.mismatch:
-                        disagree(self.comm, signature, self._seq, deadline,
-                                 self._window_size())
+                    handover = self._run(engine, call, deadline, prepared, None, signature)
                     if handover is not None and handover.rechoose:
                         # No rank finished it and nothing of it moved: every rank starts
                         # the call over, its gate included (the switch is lost).
@@ -211,10 +208,7 @@ class Collectives:
         try:
             passed_over = started_over + passed_over
             if not ran:
-                handover = self._run(engine, call, deadline, prepared, first)
-                if handover is not None and handover.mismatch:
-                    disagree(self.comm, signature, self._seq, deadline,
-                             self._window_size())
+                handover = self._run(engine, call, deadline, prepared, first, signature)
             if handover is not None and handover.rechoose:  # its opening failed
                 passed_over.append(handover.reason)
                 engine, more = self._choose(call)
@@ -229,6 +223,8 @@ class Collectives:
                     part = call.recv[start:stop]
                     np.copyto(part, handover.intact[start:stop], casting="unsafe")
                     engine.run(AllreduceCall(None, part, op), restart)
+        except AgreementError:
+            raise  # every rank raised together (``_run``): the communicator stays usable
         except BaseException as exc:
             # Part of the operation may still be in flight: nothing later is safe. (Not
             # when MPI refused the call's arguments before it started: mpi4py's caller
@@ -240,11 +236,19 @@ class Collectives:
         self.stats.record(engine.name, recv.nbytes, passed_over)
 
     def _run(self, engine: Engine, call: AllreduceCall, deadline: Deadline,
-             prepared: Any, first: np.ndarray | None) -> HandOver | None:
+             prepared: Any, first: np.ndarray | None, signature: CallSignature
+             ) -> HandOver | None:
         """``engine.run``; an exception leaves the communicator broken (part of the call
-        may be in flight), unless MPI refused the call's arguments before it started."""
+        may be in flight), unless MPI refused the call's arguments before it started. A
+        call the switch saw the ranks make differently (``HandOver.mismatch``) raises
+        AgreementError on every rank, naming what differs (``disagree``)."""
         try:
-            return engine.run(call, deadline, prepared, first)
+            handover = engine.run(call, deadline, prepared, first)
+            if handover is not None and handover.mismatch:
+                disagree(self.comm, signature, self._seq, deadline, self._window_size())
+            return handover
+        except AgreementError:
+            raise  # every rank raised together: the communicator stays usable
         except BaseException as exc:
             if not was_refused(exc):
                 self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "

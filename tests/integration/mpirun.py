@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.mpi import run_group
 from ina_collectives.launch.ranks import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,18 +48,10 @@ def run(n: int, case: str, params: dict[str, Any] | None = None, *,
         full_env.update(env or {})
         full_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p)
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+        # (in a session of its own, the whole group killed past the bound or on Ctrl-C)
+        returncode, output = run_group(cmd, full_env, timeout, ROOT)
+        if returncode is None:
             raise JobFailed(f"{case} on {n} ranks did not finish in {timeout:g} s:\n{output}")
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
         results = []
         for rank in range(n):
             path = Path(out, f"rank{rank}.pkl")
@@ -68,10 +59,10 @@ def run(n: int, case: str, params: dict[str, Any] | None = None, *,
                 if survive_dead_ranks:
                     results.append({"dead": True, "output": output})
                     continue
-                raise JobFailed(f"{case}: rank {rank} left no result (exit {proc.returncode}):"
+                raise JobFailed(f"{case}: rank {rank} left no result (exit {returncode}):"
                                 f"\n{output}")
             results.append(pickle.loads(path.read_bytes()))
-        if proc.returncode != 0 and not survive_dead_ranks and not any(
+        if returncode != 0 and not survive_dead_ranks and not any(
                 isinstance(r, dict) and r.get("abandoned") for r in results):
-            raise JobFailed(f"{case}: mpiexec exited {proc.returncode}:\n{output}")
+            raise JobFailed(f"{case}: mpiexec exited {returncode}:\n{output}")
         return results
