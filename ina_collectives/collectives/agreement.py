@@ -5,6 +5,7 @@ silently mix unrelated data; here every rank raises AgreementError with all rank
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Callable
@@ -90,7 +91,12 @@ def identity(call: CallSignature, value_bits: int = 0) -> int:
     """What a call's opening carries through the switch for it to compare (docs/protocol.md,
     A call's opening): 48 bits of a hash of what every rank must call alike, the
     signature's compared fields and the width the call asks for."""
-    fields = np.array([call.kind, call.count, call.dtype, call.op, value_bits], "<i8")
+    return _identity(call.kind, call.count, call.dtype, call.op, value_bits)
+
+
+@functools.lru_cache(maxsize=1024)  # (every training step repeats its calls' identities)
+def _identity(kind: int, count: int, dtype: int, op: int, value_bits: int) -> int:
+    fields = np.array([kind, count, dtype, op, value_bits], "<i8")
     return int.from_bytes(hashlib.blake2b(fields.tobytes(), digest_size=6).digest(), "little")
 
 

@@ -17,7 +17,7 @@ from ..settings import Settings
 from .agreement import Agreed, CallSignature, agree, columns, disagree, identity
 from .engine import AllreduceCall, Engine, HandOver, Opened, was_refused
 from .mpi_engine import MpiEngine
-from .ops import Op, as_op, check_quorum, check_supported, dtype_code
+from .ops import Op, as_op, check_quorum, check_supported, dtype_code, op_code
 from .peers import TorchPeers
 from .recovery import ErrorPath
 from .ring import RingEngine
@@ -122,7 +122,9 @@ class Collectives:
         staged = recv is None
         if staged:
             recv = np.empty(out.size, dtype=out.dtype)
-        same_memory = (out.ctypes.data == src.ctypes.data and out.strides == src.strides)
+        same_memory = out is src or (  # (ctypes only where the memory may be shared)
+            np.may_share_memory(out, src) and out.ctypes.data == src.ctypes.data
+            and out.strides == src.strides)
         if staged or same_memory:
             if staged:
                 recv[...] = src.reshape(-1)
@@ -148,7 +150,7 @@ class Collectives:
         call = AllreduceCall(send, recv, op, value_bits)
         deadline = Deadline(self.settings.timeout)
         signature = CallSignature(
-            CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), list(Op).index(op),
+            CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), op_code(op),
             lambda: f"{recv.size} x {recv.dtype} {op.name}")
         self._seq += 1
         ran = False  # (a predicted call runs in the loop: it may have to start over)

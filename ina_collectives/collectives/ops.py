@@ -90,6 +90,14 @@ def check_supported(dtype: np.dtype, op: Op) -> None:
                     f"{supported}")
 
 
+_OP_CODES = {op: i for i, op in enumerate(Op)}
+
+
+def op_code(op: Op) -> int:
+    """A small integer naming ``op``, equal on every rank of a job (its place in Op)."""
+    return _OP_CODES[op]
+
+
 def dtype_code(dtype: np.dtype) -> int:
     """A small integer naming dtype, equal on every rank of a job."""
     known = RING_DTYPES + MPI_ONLY_DTYPES

@@ -27,7 +27,7 @@ from mpi4py import MPI
 from .. import protocol as P
 from ..collectives.agreement import CallSignature, identity
 from ..collectives.engine import AllreduceCall, Engine, HandOver, Opened
-from ..collectives.ops import FLOAT_DTYPES, Op, dtype_code
+from ..collectives.ops import FLOAT_DTYPES, Op, dtype_code, op_code
 from ..collectives.recovery import FAILED, NAN_OR_INF, OPENING, PREDICTED, ErrorPath, Kept
 from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
@@ -85,6 +85,7 @@ class InaEngine(Engine):
         self.predictions = Predictions(headroom=settings.switch_predict_headroom)
         self.predicted_calls = self.mismatched_predictions = 0
         self._identified: tuple[Prepared, int, Any] | None = None
+        self._learn = np.empty(0, np.int16)
 
     # -- the aggregators, as the chooser and stats see them ---------------------------------
 
@@ -346,15 +347,18 @@ class InaEngine(Engine):
         learn = None
         if ident and vote_free and not quorum:
             link = self.aggregators.links[prepared.shares[0].aggregator]
-            learn = np.full(2 * link.slots * prepared.g, P.PROPOSAL_NONE, np.int16)
+            learn = self._learn_buffer(2 * link.slots * prepared.g)
         if agreed_first[0]:
             return HandOver(NONFINITE, prepared.x)
         links, shares = self.aggregators.links, prepared.shares
         out = (call.recv if prepared.wide == call.dtype
                else np.empty(call.recv.size, prepared.wide))
-        widths = {links[share.aggregator].value_bits_for(call.value_bits)
-                  for share in shares}
-        bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
+        if len(shares) == 1:
+            bits = links[shares[0].aggregator].value_bits_for(call.value_bits)
+        else:
+            widths = {links[share.aggregator].value_bits_for(call.value_bits)
+                      for share in shares}
+            bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.striped_calls += len(shares) > 1
         results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
@@ -387,6 +391,15 @@ class InaEngine(Engine):
             return handover
         return self._finish_by_vote(call, prepared, out, results, bits, deadline)
 
+    def _learn_buffer(self, size: int) -> np.ndarray:
+        """``size`` int16 PROPOSAL_NONE for a stream to fill in what its call teaches
+        (one buffer, reused: ``Predictions.learn`` keeps copies)."""
+        buffer = self._learn
+        if buffer.size != size:
+            buffer = self._learn = np.empty(size, np.int16)
+        buffer.fill(P.PROPOSAL_NONE)
+        return buffer
+
     def _first_window(self, call: AllreduceCall, deadline: Deadline
                       ) -> tuple[Prepared, np.ndarray | None] | HandOver:
         """The call made ready and its first window's exponents agreed by every rank:
@@ -397,7 +410,7 @@ class InaEngine(Engine):
         if self.opens():
             ident = identity(CallSignature(
                 CallSignature.ARRAYS, call.recv.size, dtype_code(call.dtype),
-                list(Op).index(call.op), ""), call.value_bits)
+                op_code(call.op), ""), call.value_bits)
             if self.predicts(ident, prepared):
                 return prepared, None
             opened = self.open(ident, prepared, deadline)

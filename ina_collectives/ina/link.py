@@ -71,6 +71,7 @@ class WorkerLink:
         # UDP_SEGMENT (``wire.gso``: cleared for good if the kernel refuses the offload,
         # then sendmmsg), the window and its buffers.
         addr_be, port_be = sockaddr_be(switch)
+        self._transport = transport
         self.wire = transport.Link(self.sock.fileno(), addr_be, port_be, job, worker, n, k,
                                    slots, block, value_bits, epoch, gso)
 
@@ -172,13 +173,10 @@ class WorkerLink:
         exponents of each slot's first chunk, PROPOSAL_NONE for none), replaced by the
         max over the workers. Returns the Result, its ``reason`` "done", "mismatch" or
         why it failed."""
-        from .._fast import transport
-
         result = self.wire.opening(proposals, identity & 0xFFFFFFFF,
                                    _int16((identity >> 32) & 0xFFFF), timers, deadline,
                                    call & 0xFFFF)
-        result.reason = ("mismatch" if result.status == transport.OPEN_MISMATCH
-                         else self._reason(result))
+        result.reason = self._reason(result)
         return result
 
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
@@ -204,23 +202,25 @@ class WorkerLink:
         chunks ``missing`` names, whose results the switch no longer holds; the engine
         takes them from a peer), with its ``reason`` ("mismatch": a predicted call's
         result said the ranks called differently)."""
-        from .._fast import transport
-
         result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
                                   value_bits, cancel, call & 0xFFFF, quorum, ready, ident,
                                   learn, nonfinite)
-        result.reason = ("mismatch" if result.status == transport.OPEN_MISMATCH
-                         else self._reason(result))
+        result.reason = self._reason(result)
         return result
 
     def _reason(self, result: Result) -> str:
-        """How a stream or an opening ended (transport.STATUS), with the failed system
-        call's own words, as OSError would say them: "a send failed: [Errno 111]
-        Connection refused: to 127.0.0.1:47474", or a receive failure beside a silence."""
-        from .._fast import transport
-
+        """How a stream or an opening ended (transport.STATUS; "mismatch": a result said
+        the ranks called differently), with the failed system call's own words, as
+        OSError would say them: "a send failed: [Errno 111] Connection refused: to
+        127.0.0.1:47474", or a receive failure beside a silence."""
+        status = result.status
+        if status == 0:  # (done: the common case, without a lookup)
+            return "done"
+        transport = self._transport
+        if status == transport.OPEN_MISMATCH:
+            return "mismatch"
         failure, call = result.error, result.failed_call
-        reason = transport.STATUS[result.status]
+        reason = transport.STATUS[status]
         switch = f"{self.switch[0]}:{self.switch[1]}"
         if failure and call == "send":
             reason = f"{reason}: {SystemCallError(failure, f'to {switch}')}"

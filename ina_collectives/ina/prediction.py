@@ -82,7 +82,18 @@ class Predictions:
         prediction too small). Nothing is kept of a window that held a NaN or an Inf,
         nor where neither says an exponent."""
         key = (ident, shape)
-        old = self._table.pop(key, None)
+        old = self._table.get(key)
+        if (old is not None and not overflowed and _same(old.needs, needs)
+                and (_same(old.used, used) if used is not None else old.used is None)):
+            # The window the last call taught again (every step of a steady job): the
+            # entry stands, its prediction made once, unless the headroom shrinks.
+            self._table.move_to_end(key)
+            old.clean += 1
+            if old.clean >= CLEAN_CALLS and old.headroom:
+                old.headroom, old.clean, old.predicted = old.headroom - 1, 0, None
+            return
+        if old is not None:
+            del self._table[key]
         known = needs != P.PROPOSAL_NONE
         if (needs == P.NONFINITE_MARK).any() or not (known.all() or used is not None):
             return
@@ -103,3 +114,8 @@ class Predictions:
     def clear(self) -> None:
         """Every rank forgets alike: a new epoch, an aggregator lost, a rescue."""
         self._table.clear()
+
+
+def _same(a: np.ndarray | None, b: np.ndarray) -> bool:
+    """Whether two int16 windows hold the same values (small: compared as bytes)."""
+    return a is not None and a.size == b.size and a.tobytes() == b.tobytes()

@@ -91,7 +91,7 @@ def prepare(call: AllreduceCall, links: list[WorkerLink | None], serving: list[i
     x = source.astype(wide) if (call.send is None or wide != call.dtype) else source
     g = -(-k // block)
     chunks = -(-x.size // k)
-    bounds = edges(chunks)
+    bounds = (0, chunks) if len(serving) == 1 else edges(chunks)
     shares = []
     for j, i in enumerate(serving):
         c0, c1 = int(bounds[j]), int(bounds[j + 1])
@@ -113,7 +113,12 @@ def prepare(call: AllreduceCall, links: list[WorkerLink | None], serving: list[i
         local[c0 * g:(c0 + r) * g], bad = kernels.block_exponents(
             x[c0 * k:min((c0 + r) * k, x.size)], k, block)
         nonfinite |= bad
-    proposal = np.concatenate([[nonfinite], *(local[a:b] for a, b in
-                                               (share.window for share in shares))]
-                              ).astype(np.int16)
+    proposal = np.empty(1 + sum(b - a for a, b in (share.window for share in shares)),
+                        np.int16)
+    proposal[0] = nonfinite
+    at = 1
+    for share in shares:
+        a, b = share.window
+        proposal[at:at + b - a] = local[a:b]
+        at += b - a
     return Prepared(x, wide, k, g, shares, local, proposal, quorum)

@@ -69,13 +69,16 @@ class Quorum:
         left_out, skipped: this rank's chunks not counted, and those it sent no values for
         (they did not fit the exponents agreed without it)."""
         stamp = self._stamp
-        out = [r for r in range(self.n) if not (counted_all >> r) & 1] if stamp else []
-        never = [r for r in out if not (counted_any >> r) & 1]
-        for r in range(self.n):
-            self.skips[r] = self.skips[r] + 1 if r in out else 0
         if stamp:
+            out = [r for r in range(self.n) if not (counted_all >> r) & 1]
+            never = [r for r in out if not (counted_any >> r) & 1]
+            for r in range(self.n):
+                self.skips[r] = self.skips[r] + 1 if r in out else 0
             self.quorum_calls += 1
             self.calls_left_out += self.rank in out
+        else:  # a sync call counts every rank
+            out, never = [], []
+            self.skips.fill(0)
         self.last = {"quorum": stamp, "counted": self.rank not in out,
                      "ranks_left_out": out, "ranks_never_counted": never,
                      "chunks_left_out": left_out,
