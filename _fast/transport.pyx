@@ -232,7 +232,9 @@ STATUS = ("done", "no result within the silence bound (the aggregator or a peer 
           "cancelled (another part of the call was interrupted)",
           "done but for chunks whose results the switch no longer holds (quorum: the "
           "others had moved their cells on)")
-COMPLETE = (DONE, LOST)  # what ended without a failure (LOST: ``missing`` says what)
+COMPLETE = (DONE, LOST)
+_NONE_MISSING = np.zeros(0, np.intp)  # (read-only: every complete stream's ``missing``)
+_NONE_MISSING.flags.writeable = False  # what ended without a failure (LOST: ``missing`` says what)
 # An opening's (or a predicted stream's) status besides STATUS's when a result said the
 # workers' identities differ (a MISMATCH is complete: every worker learns it).
 cdef enum:
@@ -524,7 +526,8 @@ cdef class Link:
                     if self._flush(&c) < 0:
                         break
             self._run(&c)
-        missing = np.flatnonzero(done_arr == 0)
+        missing = (_NONE_MISSING if c.completed == nb
+                   else np.flatnonzero(done_arr == 0))
         if quorum:  # every use of each slot passed at the switch, whoever sent it
             for s in range(min(slots, nb)):
                 w = &self.window[s]

@@ -116,7 +116,10 @@ class Aggregators:
     @property
     def link(self) -> WorkerLink | None:
         """The first serving link (None: no aggregator serves)."""
-        return next((link for link in self.links if link is not None), None)
+        for link in self.links:
+            if link is not None:
+                return link
+        return None
 
     def serving(self) -> list[int]:
         return [i for i, link in enumerate(self.links) if link is not None]
