@@ -1,7 +1,7 @@
 # The README's two commands: `make demo` (the main job: 4 ranks train through the embedded
 # switch) and `make test` (the whole suite). `make check`: lint (ruff, cython-lint) and the
-# unit tests that need no launcher (pytest -m "not mpi and not slow"), in about a minute;
-# `make lint` the linters alone (CI runs them before the suite).
+# unit tests that need no launcher (pytest -m "not mpi and not slow"), in about a minute
+# (CI, .ci/run, runs it before the suite); `make lint` the linters alone.
 # `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/;
 # `make netsim` the emulated-network benchmark (quick mode).
 # Each sets up .venv on first use (and again when the package's metadata changes).
