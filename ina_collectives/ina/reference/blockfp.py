@@ -26,8 +26,6 @@ overflow the switch's int32 sum: quantizing it raises OverflowError instead of w
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ... import protocol as P
@@ -60,11 +58,6 @@ def shift_for(exponent: int, n: int, dtype: np.dtype, bits: int = 32) -> int:
     if np.dtype(dtype).kind == "i":
         return 0
     return bits - 2 - int(exponent) - (n.bit_length() - 1)
-
-
-def int32_headroom_ok(exponent: int, n: int) -> bool:
-    """Whether n int32 values below 2**exponent in magnitude always sum within int32."""
-    return exponent + (n - 1).bit_length() <= 31
 
 
 def check_int32_headroom(exps: np.ndarray, n: int, first: int = 0) -> None:
@@ -200,8 +193,3 @@ def check_exps(exps: np.ndarray, count: int, k: int, b: int) -> None:
     want = nexponents(count, k, b)
     if exps.shape != (want,):
         raise ValueError(f"expected {want} sub-block exponents, got {exps.shape}")
-
-
-def max_exponent_for(values: float) -> int:
-    """The exponent e with |values| < 2**e (for tests and docs)."""
-    return math.frexp(values)[1]
