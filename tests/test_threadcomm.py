@@ -73,3 +73,46 @@ def test_a_bcast_into_a_buffer_of_another_type_is_refused_as_mpi_refuses_it():
     assert str(refused.value.__cause__) == (
         "rank 1's bcast buffer is 4 x float64, root 0's 4 x float32: MPI's type "
         "signatures differ")
+
+
+def test_split_and_create_group_make_communicators_of_some_ranks_as_mpi_does():
+    """Split by color, ordered by key; Split_type(COMM_TYPE_SHARED) keeps every rank (one
+    process is one node); Create_group is collective over its members alone, and a second
+    one of the same ranks and tag is another communicator."""
+    def rank(comm):
+        r = comm.Get_rank()
+        halves = comm.Split(r % 2, key=-r)  # (key -r: the highest rank first)
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=r)
+        out = {"half": (halves.Get_rank(), halves.Get_size(), halves.allgather(r)),
+               "node": (node.Get_rank(), node.Get_size())}
+        group = comm.Get_group().Incl([1, 3])
+        if r in (1, 3):
+            first = comm.Create_group(group, tag=5)
+            second = comm.Create_group(group, tag=5)
+            out["group"] = (first.Get_rank(), first.Get_size(), first.allgather(r),
+                            second.allreduce(r))
+        return out
+
+    results = run_ranks(4, rank)
+    assert [got["half"] for got in results] == [
+        (1, 2, [2, 0]), (1, 2, [3, 1]), (0, 2, [2, 0]), (0, 2, [3, 1])]
+    assert [got["node"] for got in results] == [(r, 4) for r in range(4)]
+    assert [got.get("group") for got in results] == [
+        None, (0, 2, [1, 3], 4), None, (1, 2, [1, 3], 4)]
+
+
+def test_a_rank_that_stops_leaves_the_others_calls_open_on_every_communicator():
+    """After stop(), rank 1's calls reach nobody, on its communicator and on one it made
+    before: the others' requests stay open (their bounded waits end them), and rank 1's
+    own never complete."""
+    def rank(comm):
+        dup = comm.Dup()
+        if comm.Get_rank() == 1:
+            comm.stop()
+        request = dup.Ibarrier()
+        seen = [request.Test() for _ in range(3)]
+        with pytest.raises(RuntimeError, match="waited 0.2 s"):
+            request.Wait(0.2)
+        return seen
+
+    assert run_ranks(2, rank, timeout=10) == [[False] * 3, [False] * 3]
