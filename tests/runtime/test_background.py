@@ -1,0 +1,191 @@
+"""runtime/background.py at 2-3 ranks in one process (tests/threadcomm.py: ThreadPeers,
+the ranks' peers as the library takes a job's without MPI): the background thread's
+cycles, fusion, a name reused, the host collectives, join, a stalled tensor named with
+the ranks that never submitted it, a rank that stops (the others' pending operations
+fail within the bound, and the runtime says it stopped), a call the switch serves, and
+the refusal of an MPI communicator without MPI_THREAD_MULTIPLE."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ina_collectives.collectives.ops import Op
+from ina_collectives.errors import CollectiveTimeout, OperationError
+from ina_collectives.runtime.background import BackgroundRuntime
+from ina_collectives.runtime.negotiation import OpRequest
+from ina_collectives.settings import Settings
+from tests.switch.test_server import switch_thread
+from tests.threadcomm import ThreadPeers, run_ranks
+
+BASE = {"switch": "", "timeout": 5.0, "cycle_time": 0.001}
+
+
+def on_runtimes(n: int, body, **settings):
+    """``body(runtime, rank)`` on n ranks, each with its BackgroundRuntime (shut down
+    after, on every rank); the results by rank."""
+    def rank(comm):
+        runtime = BackgroundRuntime(comm, Settings(**{**BASE, **settings}))
+        try:
+            return body(runtime, comm.Get_rank())
+        finally:
+            runtime.shutdown(10)
+    return run_ranks(n, rank, timeout=60, kind=ThreadPeers)
+
+
+def allreduce_request(name: str, x: np.ndarray, op: Op = Op.SUM) -> OpRequest:
+    return OpRequest("allreduce", name, str(x.dtype), x.dtype, x.shape, op)
+
+
+def submit(runtime, name: str, x: np.ndarray, op: Op = Op.SUM):
+    return runtime.submit(allreduce_request(name, x, op), send=x, recv=np.empty_like(x))
+
+
+def allreduce(runtime, name: str, x: np.ndarray, op: Op = Op.SUM) -> np.ndarray:
+    return submit(runtime, name, x, op).wait(runtime.wait_seconds(), name)
+
+
+def test_allreduces_submitted_together_are_fused_into_one_call_on_every_rank():
+    def body(runtime, r):
+        with runtime.together():
+            handles = [submit(runtime, f"t{i}", np.full(5 + i, float(r + i), np.float32))
+                       for i in range(3)]
+        out = [h.wait(runtime.wait_seconds(), "t") for h in handles]
+        alone = allreduce(runtime, "alone", np.full(4, r + 1, np.int32), Op.MAX)
+        average = allreduce(runtime, "average", np.full(2, 3.0 * r, np.float64),
+                            Op.AVERAGE)
+        return out, alone, average, runtime.stats()
+
+    for out, alone, average, stats in on_runtimes(3, body):
+        for i, got in enumerate(out):
+            assert got.tolist() == [float(3 * i + 3)] * (5 + i), i
+        assert alone.tolist() == [3] * 4 and average.tolist() == [3.0, 3.0]
+        assert (stats["fused calls"], stats["tensors fused"]) == (1, 3), stats
+        assert stats["last_call"]["engine"] == "gloo", stats["last_call"]
+
+
+def test_a_name_reused_at_once_is_refused_and_free_after_another_submission():
+    """A finished operation's name stays taken until the next submission (so that a
+    reuse fails alike however fast the first ran), then it is free."""
+    def body(runtime, r):
+        first = submit(runtime, "again", np.ones(3, np.float32))
+        deadline = time.monotonic() + 10
+        while not first.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with pytest.raises(ValueError, match="'again' is already in flight"):
+            submit(runtime, "again", np.ones(3, np.float32))
+        allreduce(runtime, "another", np.ones(1, np.float32))
+        return allreduce(runtime, "again", np.ones(3, np.float32)).tolist()
+
+    assert on_runtimes(2, body) == [[2.0] * 3] * 2
+
+
+def test_allgather_and_broadcast_go_by_the_host_collectives():
+    def body(runtime, r):
+        gathered = runtime.submit(
+            OpRequest("allgather", "rows", "int64", "int64", (r + 1, 2)),
+            send=np.full((r + 1, 2), r, np.int64)).wait(runtime.wait_seconds(), "rows")
+        buf = np.full(3, r, np.float32)
+        runtime.submit(OpRequest("broadcast", "b", "float32", "float32", (3,), root=1),
+                       buf=buf).wait(runtime.wait_seconds(), "b")
+        return gathered, buf
+
+    for (out, rows), buf in on_runtimes(2, body):
+        assert rows == [1, 2] and out.tolist() == [[0, 0], [1, 1], [1, 1]]
+        assert buf.tolist() == [1.0] * 3
+
+
+def test_join_lets_ranks_with_fewer_batches_finish():
+    """Rank r has r + 1 batches: a joined rank adds zeros to the others' allreduces, and
+    join's result is the rank that joined last. (Moved here from the Horovod API's
+    mpiexec job: hvd.join is this runtime's join.)"""
+    n = 3
+
+    def body(runtime, r):
+        sums = [allreduce(runtime, f"grad.{step}", np.full(5, float(r + 1), np.float32))
+                for step in range(r + 1)]
+        last = runtime.join().wait(runtime.wait_seconds(), "every rank to join")
+        return sums, last, allreduce(runtime, "after", np.ones(2, np.float32))
+
+    for sums, last, after in on_runtimes(n, body):
+        assert last == n - 1
+        for step, got in enumerate(sums):
+            assert got.tolist() == [float(sum(q + 1 for q in range(step, n)))] * 5, step
+        assert after.tolist() == [float(n)] * 2
+
+
+def test_a_tensor_some_ranks_never_submit_fails_naming_them_and_the_runtime_goes_on():
+    """Rank 2 never submits 'lonely': ranks 0 and 1 fail within stall_shutdown_time,
+    naming the tensor and the rank; every rank then reduces the next one. (Moved here
+    from the Horovod API's mpiexec job.)"""
+    stall = 1.0
+
+    def body(runtime, r):
+        error = None
+        if r != 2:
+            with pytest.raises(OperationError) as failed:
+                allreduce(runtime, "lonely", np.ones(4, np.float32))
+            error = str(failed.value)
+        else:
+            time.sleep(stall + 0.5)
+        return error, allreduce(runtime, "after", np.ones(4, np.float32))
+
+    results = on_runtimes(3, body, stall_warning_time=0.5, stall_shutdown_time=stall)
+    for r, (error, after) in enumerate(results):
+        if r != 2:
+            assert "allreduce 'lonely' float32[4] sum" in error, error
+            assert "rank(s) [2] never submitted it" in error, error
+        assert after.tolist() == [3.0] * 4
+
+
+def test_a_rank_that_stops_fails_the_others_pending_operations_within_the_bound():
+    """Rank 2 freezes after one allreduce: the others' next one fails with
+    CollectiveTimeout naming the negotiation it waited for, within the timeout, and a
+    later submission says the runtime stopped, and why. (The Horovod API's mpiexec job
+    freezes a process with SIGSTOP and checks the error types it maps this to.)"""
+    timeout = 1.0
+
+    def body(runtime, r):
+        allreduce(runtime, "first", np.ones(4, np.float32))
+        if r == 2:
+            runtime.comm.stop()
+            return None
+        start = time.monotonic()
+        with pytest.raises(CollectiveTimeout) as failed:
+            allreduce(runtime, "second", np.ones(4, np.float32))
+        seconds = time.monotonic() - start
+        with pytest.raises(OperationError) as later:
+            submit(runtime, "third", np.ones(4, np.float32))
+        return str(failed.value), seconds, str(later.value)
+
+    results = on_runtimes(3, body, timeout=timeout)
+    for error, seconds, later in results[:2]:
+        # (the cycle's first allgather, or its second where rank 2's thread had made
+        # the first before it stopped)
+        assert error.startswith("waited 1 s for ") and "negotiation cycle" in error, error
+        assert seconds < timeout + 2.0, seconds
+        assert "the background runtime has stopped: CollectiveTimeout" in later, later
+
+
+def test_a_fused_call_goes_through_the_switch():
+    """At 2 ranks with a software switch: the runtime's engines are the chooser's, with
+    InaEngine first, and its allreduce is served by the switch."""
+    with switch_thread() as sw:
+        def body(runtime, r):
+            got = allreduce(runtime, "x", np.full(10_000, r + 1.0, np.float32))
+            return got, runtime.stats()
+
+        results = on_runtimes(2, body, switch="%s:%d" % sw.address, switch_min_bytes=0,
+                              timeout=10.0)
+    for got, stats in results:
+        assert got.tolist() == [3.0] * 10_000
+        assert stats["last_call"]["engine"] == "ina", stats["last_call"]
+        assert stats["kernels"] == "fast", stats
+
+
+def test_an_mpi_communicator_without_thread_multiple_is_refused(monkeypatch):
+    monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
+    with pytest.raises(RuntimeError, match="needs MPI_THREAD_MULTIPLE"):
+        BackgroundRuntime(MPI.COMM_SELF, Settings(**BASE))
