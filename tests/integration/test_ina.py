@@ -402,9 +402,8 @@ def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("predicted", [False, True], ids=["opened", "predicted"])
-@pytest.mark.parametrize("then", ["call", "finalize"])
 def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_bits(
-        then, predicted):
+        predicted):
     """All or nothing without a vote (docs/protocol.md): rank 0 holds every result of a
     sync call, returns and kills the switch; rank 1 lost those results. Rank 1 reaches
     its error path by the silence bound, rank 0 at its next gate (the next call's
@@ -412,11 +411,12 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
     both return the same bits, the exact sum, and the next call takes an exact engine.
     Predicted (docs/protocol.md, One round trip): rank 1's call went without an opening
     and it heard nothing of it; it takes the role PREDICTED, read as FAILED since rank 0
-    finished that call."""
+    finished that call. Here rank 0's next gate is finalize; the next call's agreement as
+    that gate runs in one process: tests/ina/test_engine_faults.py."""
     count = 3 * K + 100  # 4 chunks: with S 8, all of them are the last window
     with embedded_switch() as sw:
         results = mpirun.run(2, "ina_switch_dies_after_the_last_result",
-                             {"count": count, "then": then, "switch_pid": sw.process.pid,
+                             {"count": count, "then": "finalize", "switch_pid": sw.process.pid,
                               "predicted": predicted},
                              env={"INA_SWITCH": sw.address_text}, timeout=120)
     expected = np.arange(count, dtype=np.float32) * 3
@@ -431,11 +431,6 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
     # Finalize makes a gate again after the rescue, and both ranks meet in it (a rank
     # left waiting there would give up after its bound, 1.5 + 5 s, with a warning).
     assert all(r["finalize_seconds"] < 3 for r in results), results
-    if then == "call":
-        for r in results:
-            assert r["third_engine"] in ("ring", "mpi"), r  # an exact engine
-            np.testing.assert_array_equal(r["third"], 4.0)
-            assert r["switch"]["outages"] == 1
 
 
 @pytest.mark.mpi
