@@ -2,8 +2,11 @@
 # switch) and `make test` (the whole suite). `make check`: lint (ruff, cython-lint) and the
 # unit tests that need no launcher (pytest -m "not mpi and not slow"), in about a minute
 # (CI, .ci/run, runs it before the suite); `make lint` the linters alone.
-# `make bench` runs every benchmark under bench/ and saves their JSON in bench/results/;
-# `make netsim` the emulated-network benchmark (quick mode).
+# `make bench` runs the benchmarks bench/ holds (bench/__init__.py: by kind) and saves
+# their JSON in bench/results/: every microbenchmark of bench/micro/ at the ranks it
+# declares, then every command of bench/ceilings/ and bench/loopback/ (a module with a
+# main(); a *_ranks module is what a job's ranks run). `make netsim` the emulated
+# cluster's benchmark (bench/cluster/, quick mode; needs root).
 # Each sets up .venv on first use (and again when the package's metadata changes).
 PYTHON ?= python3
 VENV   := .venv
@@ -50,31 +53,24 @@ lint: $(STAMP)
 check: lint
 	$(PY) -m pytest -m "not mpi and not slow"
 
+BENCH_COMMANDS = $(subst /,.,$(basename $(filter-out %_ranks.py,\
+	$(shell grep -lE '^def main\b' bench/ceilings/*.py bench/loopback/*.py))))
+
 bench: $(STAMP)
 	mkdir -p bench/results
-	$(PY) -m pytest -p no:cacheprovider bench/test_fast_path.py --benchmark-json=bench/results/fast_path.json
-	$(PY) -m bench.mpi -n 4
-	$(PY) -m bench.mpi -n 4 bench/test_horovod.py --benchmark-json=bench/results/horovod-4.json
-	$(PY) -m bench.mpi -n 2 bench/test_call_cost.py --benchmark-json=bench/results/call_cost-2.json
-	$(PY) -m bench.mpi -n 4 bench/test_call_cost.py --benchmark-json=bench/results/call_cost-4.json
-	$(PY) -m bench.call_breakdown
-	$(PY) -m bench.loadgen_build
-	$(PY) -m bench.switch_ceiling
-	$(PY) -m bench.udp_ceiling
-	$(PY) -m bench.host_path
-	$(PY) -m bench.striping
-	$(PY) -m bench.quantization_error
+	$(PY) -m bench.micro
+	set -e; for command in $(BENCH_COMMANDS); do echo "== $$command"; $(PY) -m $$command; done
 
 # INA against the ring, MPI and gloo on emulated shaped links (namespaces; needs root).
 netsim: $(STAMP) $(NFT_STAMP)
-	$(PY) -m bench.netsim --quick
+	$(PY) -m bench.cluster.netsim --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info
 
 # Everything only a GPU runs, for the first machine with one: the CUDA tests (any skip
-# fails it) and the staging benchmark, then a summary (bench/gpu_check.py). Without a
+# fails it) and the staging benchmark, then a summary (bench/gpu/gpu_check.py). Without a
 # GPU, or with torch's CPU build, it says so and fails.
 .PHONY: gpu-check
 gpu-check: $(STAMP)
-	$(PY) -m bench.gpu_check
+	$(PY) -m bench.gpu.gpu_check

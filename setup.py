@@ -4,7 +4,7 @@ Flags are portable (-O3, no -march=native) so a wheel built here runs on any x86
 INA_BUILD_OPT replaces -O3 (INA_BUILD_OPT=-O0: a build four times quicker, for a build
 that is only checked, as tests/test_packaging.py does, or debugged).
 -fno-math-errno lets gcc vectorize the libm calls of the kernels (no libm errno is read;
-the socket calls' errno is unaffected). loadgen.pyx is bench/'s: bench/loadgen_build.py.
+the socket calls' errno is unaffected). loadgen.pyx is bench/'s: bench/ceilings/loadgen_build.py.
 """
 import os
 from pathlib import Path
@@ -27,7 +27,7 @@ extensions = [
         extra_compile_args=[os.environ.get("INA_BUILD_OPT", "-O3"), "-fno-math-errno"],
     )
     for src in sorted(FAST.glob("*.pyx"))
-    if src.stem != "loadgen"  # the benchmarks' tool: bench/loadgen_build.py builds it
+    if src.stem != "loadgen"  # the benchmarks' tool: bench/ceilings/loadgen_build.py builds it
 ]
 
 setup(

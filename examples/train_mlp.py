@@ -211,7 +211,7 @@ def why_one_machine(ranks: int, ring_faster: bool) -> str:
     return (f"{verdict}: this host's {cores} core(s) run the software switch and all "
             f"{ranks} ranks, so the switch's work competes with theirs, while the ring's "
             f"doubled bytes are nearly free on loopback. To see INA pay: python -m "
-            f"bench.netsim --quick, as root (emulated, shaped links put the cores out of "
+            f"bench.cluster.netsim --quick, as root (emulated, shaped links put the cores out of "
             f"the way).")
 
 

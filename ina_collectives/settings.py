@@ -40,7 +40,7 @@ class Settings:
     ring_min_bytes: int = _setting(
         4 * MiB,
         "Arrays smaller than this go to MPI's own Allreduce, whose latency beats a ring's "
-        "2(n-1) steps below a few MiB (bench/test_allreduce.py measures the crossover). "
+        "2(n-1) steps below a few MiB (bench/micro/test_allreduce.py measures the crossover). "
         "0 sends every size to the ring.",
     )
     timeout: float = _setting(
@@ -102,7 +102,7 @@ class Settings:
     switch_min_bytes: int = _setting(
         128 * 1024,
         "Arrays smaller than this skip the aggregator: below it MPI's allreduce was faster "
-        "(the crossover measured on bench/netsim.py, n = 4 at 1 Gbit/s: docs/netsim.md). "
+        "(the crossover measured on bench/cluster/netsim.py, n = 4 at 1 Gbit/s: docs/netsim.md). "
         "The Horovod DistributedOptimizer holds smaller gradients back and sends them "
         "with the next.",
     )
@@ -390,9 +390,8 @@ def env_name(name: str) -> str:
 # INA_* variables that are not settings: read by the launchers, the tests and benchmarks.
 OTHER_VARIABLES = frozenset({
     "INA_SWITCH_GSO",          # the ranks' send path (transport)
-    "INA_P4_CACHE",            # bench/bmv2.py: compiled P4 builds
-    "INA_BENCH_STRAGGLER_MS", "INA_BENCH_SPARSE", "INA_BENCH_WIDTH", "INA_BENCH_LAYERS",
-    "INA_BENCH_BATCH",
+    "INA_P4_CACHE",            # ina_collectives/testing/bmv2.py: compiled P4 builds
+    "INA_BENCH_STRAGGLER_MS", "INA_BENCH_SPARSE",
 })
 _warned: set[str] = set()
 

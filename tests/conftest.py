@@ -23,6 +23,7 @@ import pytest
 from ina_collectives.ina import kernels as kernel_module
 from ina_collectives.switch import send_faults
 from ina_collectives.switch.embedded import EmbeddedSwitch, embedded_switch
+from ina_collectives.testing.jobs import child_env
 from tests.integration import mpirun
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
@@ -131,14 +132,6 @@ def closed_tcp_port() -> int:
     return _closed_port(socket.SOCK_STREAM)
 
 
-def _child_env(env: dict[str, str] | None) -> dict[str, str]:
-    """This environment without INA_* settings, with this checkout importable."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
-    full["PYTHONPATH"] = str(ROOT)
-    full.update(env or {})
-    return full
-
-
 @pytest.fixture
 def ina_run(request: pytest.FixtureRequest) -> Callable[..., subprocess.CompletedProcess]:
     """``ina_run(*args, env=None, timeout=120)``: ``python -m ina_collectives.launch
@@ -150,7 +143,7 @@ def ina_run(request: pytest.FixtureRequest) -> Callable[..., subprocess.Complete
             raise AssertionError(f"{request.node.nodeid} runs ina-run: mark it "
                                  f"@pytest.mark.mpi")
         return subprocess.run([sys.executable, "-m", "ina_collectives.launch", *args],
-                              cwd=ROOT, env=_child_env(env), capture_output=True, text=True,
+                              cwd=ROOT, env=child_env(env), capture_output=True, text=True,
                               timeout=timeout)
     return run
 
@@ -174,6 +167,6 @@ def run_python() -> Callable[..., subprocess.CompletedProcess]:
             ) -> subprocess.CompletedProcess:
         prelude = _BLOCKER.format(block=tuple(block)) if block else ""
         return subprocess.run([sys.executable, "-c", prelude + code, *args], cwd=ROOT,
-                              env=_child_env(env), capture_output=True, text=True,
+                              env=child_env(env), capture_output=True, text=True,
                               timeout=timeout)
     return run

@@ -1,4 +1,4 @@
-"""``make gpu-check`` (bench/gpu_check.py) where no GPU is: it says so in one line and
+"""``make gpu-check`` (bench/gpu/gpu_check.py) where no GPU is: it says so in one line and
 fails; its reading of pytest's report, its verdict (a skip fails it) and its summary of
 the staging benchmark, run here on the CPU."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from bench import gpu_check, staging
+from bench.gpu import gpu_check, staging
 from tests.conftest import ROOT
 
 
@@ -63,7 +63,7 @@ def test_the_cuda_tests_it_runs_exist():
 
 
 def test_the_staging_benchmark_runs_and_the_summary_shows_its_figures(tmp_path, capsys):
-    """bench.staging on the CPU (its code, not the CUDA path's figures) into the summary."""
+    """bench.gpu.staging on the CPU (its code, not the CUDA path's figures) into the summary."""
     path = tmp_path / "staging.json"
     assert staging.main(["--device", "cpu", "--sizes", "64K", "--repeats", "1",
                          "--json", str(path)]) == 0

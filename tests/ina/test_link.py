@@ -187,7 +187,7 @@ def test_a_late_retransmission_is_stale_not_summed_into_a_later_call():
     call 2 (the slot's other version, which cleared a's bit in call 1's cell). Taken for
     new data, it would open call 1's cell again and be summed into call 3, which uses
     that cell with the same offset: older than a's latest packet to the slot, it is
-    dropped as stale (found by bench/soak.py)."""
+    dropped as stale (found by bench/loopback/soak.py)."""
     with embedded_switch() as sw:
         links = [WorkerLink((sw.host, sw.port), 902, w, 2, K, 1, epoch=EPOCH)
                  for w in range(2)]

@@ -1,19 +1,16 @@
 """Run a case of tests/integration/rank_cases.py as a real mpiexec job and collect every
-rank's result."""
+rank's result (the job launched by ina_collectives/testing/jobs.py)."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.mpi import run_group
 from ina_collectives.launch.ranks import find_mpiexec
-
-ROOT = Path(__file__).resolve().parents[2]
+from ina_collectives.testing.jobs import ROOT, child_env, mpiexec_line, run_group
 
 
 def mpiexec() -> str:
@@ -33,23 +30,16 @@ def run(n: int, case: str, params: dict[str, Any] | None = None, *,
     None. ``survive_dead_ranks`` keeps Hydra from killing the job when a rank dies.
     ``module`` holds the case (tests.integration.torch_cases registers its cases beside
     these). ``namespaces``: rank r runs in network namespace ``namespaces[r]``
-    (tests/integration/fabric.py); the ranks still reach each other over shared memory."""
+    (tests/integration/fabric.py); the ranks still reach each other over shared memory.
+    The caller's INA_* settings stay out: a test's job gets the settings it names."""
+    if namespaces is not None and len(namespaces) != n:
+        raise ValueError(f"{n} ranks need {n} namespaces, got {list(namespaces)}")
     with tempfile.TemporaryDirectory(prefix="ina-test-") as out:
         rank = [sys.executable, "-m", module, case, json.dumps(params or {}), out]
-        cmd = [mpiexec(), *(["-disable-auto-cleanup"] if survive_dead_ranks else [])]
-        if namespaces is None:
-            cmd += ["-n", str(n), *rank]
-        else:
-            assert len(namespaces) == n, (namespaces, n)
-            for r, ns in enumerate(namespaces):
-                cmd += [*([":"] if r else []), "-n", "1", "ip", "netns", "exec", ns, *rank]
-        # The caller's INA_* settings stay out: a test's job gets the settings it names.
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
-        full_env.update(env or {})
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(ROOT), full_env.get("PYTHONPATH", "")) if p)
-        # (in a session of its own, the whole group killed past the bound or on Ctrl-C)
-        returncode, output = run_group(cmd, full_env, timeout, ROOT)
+        cmd = mpiexec_line(mpiexec(), rank, n=n if namespaces is None else None,
+                           namespaces=namespaces,
+                           options=["-disable-auto-cleanup"] if survive_dead_ranks else [])
+        returncode, output = run_group(cmd, child_env(env), timeout, ROOT)
         if returncode is None:
             raise JobFailed(f"{case} on {n} ranks did not finish in {timeout:g} s:\n{output}")
         results = []

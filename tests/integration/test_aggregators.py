@@ -4,8 +4,9 @@ namespace with the workers in namespaces of their own, each configured by the pr
 controller over P4Runtime (tests/integration/fabric.py).
 
 The BMv2 cases carry the ``bmv2`` marker and skip, with one reason, where p4c and BMv2
-are not found (bench/bmv2.py: PATH, then $P4TOOLS_DIR or /opt/p4tools). Every case needs
-root (namespaces). BMv2 forwards a few thousand packets a second: tensors stay small.
+are not found (ina_collectives/testing/bmv2.py: PATH, then $P4TOOLS_DIR or
+/opt/p4tools). Every case needs root (namespaces). BMv2 forwards a few thousand packets
+a second: tensors stay small.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from bench import bmv2
 from ina_collectives import protocol as P
+from ina_collectives.testing import bmv2
 from tests.conftest import needs_p4_extra, needs_root
 from tests.inputs import check_within_bound
 
@@ -475,8 +476,8 @@ def test_replayed_copies_of_earlier_packets_are_dropped_as_stale(fabric, aggrega
 @pytest.mark.bmv2
 @needs_bmv2
 def test_netsim_runs_ina_through_bmv2_beside_the_ring(tmp_path):
-    """bench.netsim --aggregator bmv2: BMv2 on the emulated cluster's bridge in place of
-    the software switch; INA's calls are all served by it, checked correct on every rank
+    """bench.cluster.netsim --aggregator bmv2: BMv2 on the emulated cluster's bridge in
+    place of the software switch; INA's calls are all served by it, checked correct on every rank
     (netsim_ranks writes a record only then), and its counters are printed."""
     import json
     import subprocess
@@ -485,7 +486,7 @@ def test_netsim_runs_ina_through_bmv2_beside_the_ring(tmp_path):
     from tests.conftest import ROOT
     out = tmp_path / "b.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.netsim", "--aggregator", "bmv2", "--n", "2",
+        [sys.executable, "-m", "bench.cluster.netsim", "--aggregator", "bmv2", "--n", "2",
          "--rates", "200", "--sizes", "64K", "--reps", "2", "--loss", "0", "--systems",
          "ina", "ring", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=400)

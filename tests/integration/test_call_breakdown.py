@@ -1,26 +1,25 @@
-"""bench.call_breakdown: a toy run (n = 2, two sizes, a few calls through the embedded
-switch) writes a record of every size and part whose parts add up to at most each call
+"""bench.loopback.call_breakdown: a toy run (n = 2, two sizes, a few calls through the
+embedded switch) writes a record of every size and part whose parts add up to at most each call
 (never a timing); its bad options fail, naming the problem."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from bench import call_breakdown
+from bench.loopback import call_breakdown
+from ina_collectives.testing.jobs import child_env
 from tests.conftest import ROOT
 
 
 @pytest.mark.mpi  # the benchmark runs its ranks under mpiexec
 def test_a_toy_run_records_every_part_and_the_parts_add_up(tmp_path):
     out = tmp_path / "breakdown.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
-    proc = subprocess.run([sys.executable, "-m", "bench.call_breakdown", "-n", "2", "--sizes",
-                           "4K", "64K", "--calls", "12", "--warmup", "3", "--json",
-                           str(out)], cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)),
+    proc = subprocess.run([sys.executable, "-m", "bench.loopback.call_breakdown", "-n", "2",
+                           "--sizes", "4K", "64K", "--calls", "12", "--warmup", "3", "--json",
+                           str(out)], cwd=ROOT, env=child_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads(out.read_text())

@@ -643,7 +643,7 @@ def test_training_demo_through_ina_run_matches_the_ring_and_says_why():
     assert re.search(r"Waiting for the gradients, per step: [0-9.]+ ms through the "
                      r"switch, [0-9.]+ ms on the ring\.$", last[1]), output
     assert "core(s) run the software switch and all 2 ranks" in last[2], output
-    assert last[2].endswith("To see INA pay: python -m bench.netsim --quick, as root "
+    assert last[2].endswith("To see INA pay: python -m bench.cluster.netsim --quick, as root "
                             "(emulated, shaped links put the cores out of the way)."), output
     assert proc.stdout.count("Summary of the switch's run") == 1, output
 

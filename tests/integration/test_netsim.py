@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("pyroute2", reason="the netsim harness needs the bench extra")
 torch = pytest.importorskip("torch", reason="the gloo rows need torch")
 
-from bench import netsim_report  # noqa: E402
-from bench.netsim_topology import EmulatedCluster  # noqa: E402
+from bench.cluster import netsim_report  # noqa: E402
+from ina_collectives.testing.fabric import PREFIX, Fabric  # noqa: E402
 from tests.conftest import ROOT, needs_nft, needs_root  # noqa: E402
 
 
@@ -36,17 +36,17 @@ def run_bench(module: str, *args: str) -> str:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, output
-    left = {ns for ns in namespaces() if ns.startswith(f"inasim{proc.pid}-")}
+    left = {ns for ns in namespaces() if ns.startswith(f"{PREFIX}{proc.pid}-")}
     assert not left, f"the harness left namespaces behind: {left}"
     return output
 
 
-@pytest.mark.mpi  # bench.netsim runs the ranks under mpiexec
+@pytest.mark.mpi  # bench.cluster.netsim runs the ranks under mpiexec
 @needs_root
 @needs_nft
 def test_small_run_measures_every_system_on_lossy_links_and_cleans_up(tmp_path):
     out = tmp_path / "r.json"
-    run_bench("bench.netsim", "--n", "2", "--rates", "400", "--sizes", "256K", "--reps",
+    run_bench("bench.cluster.netsim", "--n", "2", "--rates", "400", "--sizes", "256K", "--reps",
               "2", "--loss", "0.05", "--json", str(out))
     records = json.loads(out.read_text())
     # Each record exists only if that system's result was checked correct on every rank.
@@ -79,11 +79,11 @@ def test_two_jobs_striped_across_two_aggregators_in_namespaces(tmp_path):
     alone and then both jobs at once, each striping across both aggregators; the jobs
     table with Jain's index, and nothing left behind."""
     out = tmp_path / "j.json"
-    run_bench("bench.netsim", "--n", "2", "--rates", "400", "--sizes", "1M", "--reps", "2",
+    run_bench("bench.cluster.netsim", "--n", "2", "--rates", "400", "--sizes", "1M", "--reps", "2",
               "--loss", "0", "--systems", "ina", "--switches", "2", "--jobs", "2",
               "--json", str(out))
-    assert not {ns for ns in namespaces() if ns.startswith("inasim")
-                and not os.path.exists(f"/proc/{ns[6:].split('-')[0]}")}
+    assert not {ns for ns in namespaces() if ns.startswith(PREFIX)
+                and not os.path.exists(f"/proc/{ns[len(PREFIX):].split('-')[0]}")}
     records = json.loads(out.read_text())
     assert sorted(str(r["job"]) for r in records) == ["0", "1", "alone"], records
     assert all(r["switches"] == 2 and r["engines"] == {"ina": 3} for r in records), records
@@ -97,7 +97,7 @@ def test_two_jobs_striped_across_two_aggregators_in_namespaces(tmp_path):
 @needs_nft
 def test_cluster_is_removed_after_an_error():
     with pytest.raises(RuntimeError, match="on purpose"):
-        with EmulatedCluster(2, 100.0, prefix="inatestcluster") as cluster:
+        with Fabric(2, link_mbit=100.0, prefix="inatestcluster") as cluster:
             made = set(cluster.worker_ns) | {cluster.switch_ns}
             assert made <= namespaces()
             cluster.set_loss(0.5)
@@ -109,7 +109,7 @@ def test_bad_arguments_are_refused_before_anything_is_built():
     for args, words in [(["--n", "1"], "at least 2 workers"), (["--sizes", "3"], "multiples"),
                         (["--loss", "1.5", "--n", "2"], "loss must be in"),
                         (["--straggler-ms", "-5"], "--straggler-ms must be")]:
-        proc = subprocess.run([sys.executable, "-m", "bench.netsim", *args, "--json",
+        proc = subprocess.run([sys.executable, "-m", "bench.cluster.netsim", *args, "--json",
                                "/dev/null/x.json"], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode != 0 and words in proc.stderr, (args, proc.stderr)
@@ -127,15 +127,15 @@ def test_report_speedups_and_fractions():
     assert "| 4 | 100 | 0 | 16 MiB | ring | 2100.0 |" in table and "1.50x" in table
 
 
-@pytest.mark.mpi  # bench.training runs the ranks under mpiexec
+@pytest.mark.mpi  # bench.cluster.training runs the ranks under mpiexec
 @needs_root
 def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path):
-    """bench.training, small (2 ranks, a 64-wide model, 3 steps): every run trains on
+    """bench.cluster.training, small (2 ranks, a 64-wide model, 3 steps): every run trains on
     the same data to the same loss as one process, each system's calls are served
     as it says, the records, table and plots are written, the closing lines come last
     in their order, and no namespace is left behind. No speed is asserted."""
     out = tmp_path / "t"
-    output = run_bench("bench.training", "--n", "2", "--rate", "400", "--layers", "2",
+    output = run_bench("bench.cluster.training", "--n", "2", "--rate", "400", "--layers", "2",
                        "--width", "64", "--batch", "8", "--device-ms", "20", "--steps", "3",
                        "--eval-every", "1", "--systems", "ina", "hook", "--stragglers",
                        "--out", str(out))
@@ -164,10 +164,10 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
 
 
 def test_the_training_arithmetic_of_a_step():
-    """bench.training's ideal: a layer's gradient leaves once its backward is done; with
+    """bench.cluster.training's ideal: a layer's gradient leaves once its backward is done; with
     many layers a step is forward + max(backward, allreduce), or max(device, allreduce)
     with priority and overlap; with one layer nothing overlaps."""
-    from bench.training import allreduce_seconds, step_seconds, straggler_wait
+    from bench.cluster.training import allreduce_seconds, step_seconds, straggler_wait
     many = [0.01] * 100
     assert step_seconds([1.0], 0.3, 0.6, False) == pytest.approx(0.9)
     assert step_seconds(many, 0.3, 0.6, False) == pytest.approx(0.1 + 0.6, rel=0.02)
@@ -183,13 +183,35 @@ def test_the_training_arithmetic_of_a_step():
 
 def test_the_straggler_ideal_counts_the_draws_made():
     """The transient scenario's ideal from the late steps the ranks drew (the same
-    generator as bench.training_ranks): with the defaults' seed 7, 23 of 40 timed steps
+    generator as bench.cluster.training_ranks): with the defaults' seed 7, 23 of 40 timed steps
     have a late rank (the expected share is 34%) and 3 have two or more."""
-    from bench.training import Lateness
-    from bench.training_ranks import late_steps
+    from bench.cluster.training import Lateness
+    from bench.cluster.training_ranks import late_steps
     drawn = Lateness.drawn(4, 7, 40, 0.1)
     assert (drawn.any_late, drawn.several_late) == (23, 3)
     assert sum(any(r) for r in zip(*(late_steps(7, q, 40, 0.1) for q in range(4)))) == 23
     # sync waits D on 23 steps, the quorum on 3: (40 s + 23 D) / (40 s + 3 D)
     assert drawn.ideal(1.0, 2.0) == pytest.approx((40 + 46) / (40 + 6))
     assert Lateness.drawn(4, 7, 40, 0.0).ideal(1.0, 2.0) == 1.0
+
+
+def test_the_training_plan_runs_priority_per_system_and_every_straggler_scenario(
+        monkeypatch):
+    """bench.cluster.training's runs: each --overlap system first-in-first-out and with
+    priority and overlap, and ina sync against quorum n - 1 per scenario (the switch's
+    late packets among them); an --overlap system that --systems does not run is refused."""
+    from bench.cluster import training
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    args = training.parse_args(["--systems", "ina", "ring", "--overlap", "ina", "ring",
+                                "--stragglers", "late-packets", "slow",
+                                "--packet-delay-ms", "12", "--delay-ms", "40"])
+    runs = {(r["system"], r["mode"], r["quorum"], r["scenario"]): r["delay_ms"]
+            for r in training.plan(args)}
+    assert runs == {("ina", "fifo", 0, "none"): 0.0, ("ring", "fifo", 0, "none"): 0.0,
+                    ("ina", "priority", 0, "none"): 0.0, ("ring", "priority", 0, "none"): 0.0,
+                    ("ina", "fifo", 0, "late-packets"): 12.0,
+                    ("ina", "fifo", 3, "late-packets"): 12.0,
+                    ("ina", "fifo", 0, "slow"): 10.0, ("ina", "fifo", 3, "slow"): 10.0}
+    assert training.parse_args(["--systems", "ring"]).overlap == []
+    with pytest.raises(SystemExit):
+        training.parse_args(["--systems", "ina", "--overlap", "ring"])

@@ -1,14 +1,15 @@
 """The soak of issue 19 (item 5), shortened: consecutive allreduces of mixed sizes through
 the software switch under 5% loss, duplication and reordering in both directions and delay
 jitter; every result exact (bit for bit against the exact sum and the ring's result),
-identical on every rank, most calls served by the switch, and no hang (bench/soak.py)."""
+identical on every rank, most calls served by the switch, and no hang
+(bench/loopback/soak.py)."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from bench import soak
+from bench.loopback import soak
 
 
 @pytest.mark.mpi

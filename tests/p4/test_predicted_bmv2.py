@@ -5,9 +5,10 @@ resend is answered with the same flags, a late predicted copy from a worker that
 is stale, the ordinary second try sums); MISMATCH where the identities differ, or where a
 predicted use meets an ordinary chunk or an opening; CAP_PREDICT in the probe's answer.
 
-The BMv2 fabric of tests/integration/fabric.py (the program compiled by bench/bmv2.py,
-configured by the project's controller); needs root and pyroute2, and skips where p4c
-and BMv2 are not found. One fabric for the module, each case in slots of its own.
+The BMv2 fabric of tests/integration/fabric.py (the program compiled by
+ina_collectives/testing/bmv2.py, configured by the project's controller); needs root and
+pyroute2, and skips where p4c and BMv2 are not found. One fabric for the module, each
+case in slots of its own.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from bench import bmv2
 from ina_collectives import protocol as P
+from ina_collectives.testing import bmv2
 from tests.conftest import needs_p4_extra, needs_root
 
 pytest.importorskip("pyroute2", reason="the namespaces need pyroute2 (the bench extra)")

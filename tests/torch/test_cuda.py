@@ -1,7 +1,7 @@
 """The CUDA path on a GPU: tensors staged through pinned host memory a window at a time
 (torch/windows.py), behind the producer's stream and ahead of the consumer's, through the
 runtime, and each API in a 2-rank job through the switch. Every test here skips without
-a GPU; ``make gpu-check`` (bench/gpu_check.py) runs them on one and fails if any skips."""
+a GPU; ``make gpu-check`` (bench/gpu/gpu_check.py) runs them on one and fails if any skips."""
 from __future__ import annotations
 
 import numpy as np
