@@ -2,11 +2,12 @@
 
 ``chooser``: Collectives, which checks a call, agrees on it with the other ranks
 (``agreement``), offers it to the engines in order and keeps the ``stats``; ``engine``:
-the Engine protocol (every hook the chooser calls) and the call an engine is offered;
-``recovery``: the error path of a call that ended without a vote (ErrorPath: the gate and
-the kept window); the exact engines: ``ring`` (pipelined ring over mpi4py, the fallback)
-and ``mpi_engine`` (MPI's own Allreduce); the switch engine is ina/'s, given to the
-chooser by the layer above; ``ops``: reduction ops, their names and dtype rules;
+the Engine protocol, the OffloadEngine protocol (the hooks only an engine that serves
+calls out of the hosts has) and the call an engine is offered; ``recovery``: the gate of
+the error path of a call that ended without a host collective (ErrorPath: the gate and
+what a rank keeps of its last call); the exact engines: ``ring`` (pipelined ring over
+mpi4py, the fallback) and ``mpi_engine`` (MPI's own Allreduce); the offload is ina/'s,
+given to the chooser by the layer above; ``ops``: reduction ops, their names and dtype rules;
 ``waiting``: bounded, interruptible waits on MPI requests; ``buffers``: mpi4py buffer
 specs as NumPy views (for ina_collectives.mpi); ``peers``: the peers without an MPI job.
 """

@@ -1,8 +1,16 @@
 """The chooser: one communicator's collectives. It checks a call, picks its engine, hands
 a call an engine gave up to the fallback, and keeps the stats. The only place that
 decides which engine serves a call, and the owner of the communicator's error path
-(recovery.py). It knows engines only by the protocol of engine.py: a switch engine is
-given to it (``switch_engine``), so this layer never imports one."""
+(recovery.py). It knows engines only by the protocols of engine.py: the offload is given
+to it (``offload``), so this layer never imports one.
+
+An allreduce goes in steps (``allreduce_flat``): its engine chosen (``_choose``); its
+gate, through the offload (``_through_offload``; none for a call the offload predicts)
+or through the agreement (``_through_agreement``), or none where the caller compared
+the calls (``_unchecked``); the run (``_run``); and a call given up midway finished
+alike on every rank (``_finish``). A gate that ended in a rescue, or at a call boundary
+that changed the offload's layout, starts the call over.
+"""
 from __future__ import annotations
 
 import logging
@@ -15,7 +23,7 @@ from .. import protocol as P
 from ..errors import AggregatorUnavailable, AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import Agreed, CallSignature, agree, columns, disagree, identity
-from .engine import AllreduceCall, Engine, HandOver, Opened, was_refused
+from .engine import AllreduceCall, Engine, Gated, GateOutcome, HandOver, OffloadEngine, was_refused
 from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_quorum, check_supported, dtype_code, op_code
 from .peers import TorchPeers
@@ -26,15 +34,17 @@ from .waiting import Deadline, wait, watch_run
 
 log = logging.getLogger("ina_collectives")
 
+_VALUE_BITS = (0, *P.VALUE_BITS)  # a call's value widths (0: the job's)
+
 
 class Collectives:
     """The library's state for one communicator (what Horovod calls its global state)."""
 
     def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings,
-                 switch_engine: Callable[[Any, Settings, ErrorPath], Engine] | None = None):
-        """``switch_engine(comm, settings, error_path)`` makes the engine that serves
-        calls through the aggregators INA_SWITCH names (ina.InaEngine; collective),
-        tried first; needed where ``settings.switch`` is set."""
+                 offload: Callable[[Any, Settings, ErrorPath], OffloadEngine] | None = None):
+        """``offload(comm, settings, error_path)`` makes the engine tried first, which
+        serves calls out of the hosts (ina.InaEngine, through the aggregators INA_SWITCH
+        names; collective); needed where ``settings.switch`` is set."""
         # The peers: an MPI communicator, or (no MPI job: torchrun) a torch one.
         if not isinstance(comm, (MPI.Intracomm, TorchPeers)) or comm == MPI.COMM_NULL:
             raise TypeError(f"expected an mpi4py intracommunicator, got {comm!r}")
@@ -42,14 +52,14 @@ class Collectives:
         if log.level == logging.NOTSET or getattr(log, "_ina_level", None) == log.level:
             log.setLevel(settings.log_level.upper())
             log._ina_level = log.level  # type: ignore[attr-defined]
-        # Our own copy of the communicator: the ring's messages never match the user's.
         if settings.require_switch and not settings.switch:
             raise AggregatorUnavailable("INA_REQUIRE_SWITCH is set but no switch is "
                                         "configured: set INA_SWITCH=host:port")
-        if settings.switch and switch_engine is None:
-            raise ValueError("INA_SWITCH is set, and this communicator was given no switch "
-                             "engine (pass switch_engine=ina_collectives.ina.InaEngine)")
+        if settings.switch and offload is None:
+            raise ValueError("INA_SWITCH is set, and this communicator was given no engine "
+                             "to serve it (pass offload=ina_collectives.ina.InaEngine)")
         watch_run(settings.run_dir)  # (ina-run's mark of a failed rank ends every wait)
+        # Our own copy of the communicator: the ring's messages never match the user's.
         self.comm = comm.Dup()
         self.settings = settings
         self.stats = Stats()
@@ -58,16 +68,17 @@ class Collectives:
         # or where it cannot run (gloo's peers, no MPI job) the peers' own allreduce.
         self.ring = RingEngine(self.comm, settings)
         self.fallback: Engine = self.ring if self.ring.usable else MpiEngine(self.comm)
-        # Without INA_SWITCH there is no switch engine at all (no fallback reason to count).
+        # Without INA_SWITCH there is no offload at all (no fallback reason to count).
         try:
-            self.switch_engine = (switch_engine(self.comm, settings, self.errors)
-                                  if settings.switch else None)
+            self.offload: OffloadEngine | None = (
+                offload(self.comm, settings, self.errors) if settings.switch else None)
         except BaseException:
             self.comm.Free()  # init failed: nothing of it stays
             raise
+        self.switch_engine = self.offload  # (the name the APIs and the runtime read)
         if settings.check_agreement:  # every call starts with the agreement: a gate
-            self.errors.set_gate(lambda: columns(self._window_size()))
-        self.engines: list[Engine] = ([self.switch_engine] if self.switch_engine else []) + [
+            self.errors.set_gate(lambda: columns(self._width()))
+        self.engines: list[Engine] = ([self.offload] if self.offload else []) + [
             self.ring, MpiEngine(self.comm)]
         self.stats.reports = [engine.report for engine in self.engines]
         self._seq = 0
@@ -141,11 +152,11 @@ class Collectives:
     def allreduce_flat(self, send: np.ndarray | None, recv: np.ndarray, op: Op,
                        value_bits: int = 0) -> None:
         """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place).
-        ``value_bits``: 16 asks the switch for 16-bit values for this call (the caller
+        ``value_bits``: 16 asks the offload for 16-bit values for this call (the caller
         has made sure every rank asks alike: the runtime's negotiation does). The caller
         checked that an engine takes the dtype and op (ops.check_supported)."""
         self._check_usable()
-        if value_bits not in (0, *P.VALUE_BITS):
+        if value_bits not in _VALUE_BITS:
             raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
         call = AllreduceCall(send, recv, op, value_bits)
         deadline = Deadline(self.settings.timeout)
@@ -153,169 +164,20 @@ class Collectives:
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), op_code(op),
             lambda: f"{recv.size} x {recv.dtype} {op.name}")
         self._seq += 1
-        ran = False  # (a predicted call runs in the loop: it may have to start over)
-        started_over: list[str] = []
-        while True:
+        passed_over: list[str] = []  # why the engines before the one that served did not
+        served = None
+        while served is None:  # (None: the gate ended in a rescue or a new layout)
+            offload = self.offload
             if not self.settings.check_agreement:
-                prepared = agreed = None
-                self._at_call_boundary(None)
-                engine, passed_over = self._choose(call)
-                break
-            engine, passed_over = self._choose(call)
-            opener = self._opener()
-            if opener is not None:
-                # The gate through the switch: the call's opening agrees on the call and
-                # on a switch call's first window, with no host collective; a call that
-                # repeats one the switch served needs no opening: its own packets carry
-                # its identity and predicted exponents (docs/protocol.md, One round trip).
-                prepared = engine.prepare(call)
-                if engine is opener and opener.predicts(
-                        identity(signature, call.value_bits), prepared):
-                    layout = self._layout()
-                    self._at_call_boundary(0)
-                    if self._layout() != layout:
-                        continue
-                    agreed, ran = None, True
-                    handover = self._run(engine, call, deadline, prepared, None, signature)
-                    if handover is not None and handover.rechoose:
-                        # No rank finished it and nothing of it moved: every rank starts
-                        # the call over, its gate included (the switch is lost).
-                        started_over.append(handover.reason)
-                        continue
-                    break
-                opened = self._open(opener, signature, call.value_bits, deadline, prepared)
-                if opened is None:
-                    continue  # an opening failed and nothing was lost: choose again
-                agreed = Agreed(0, opened.window)
-                if opened.outcome == "to_ring":  # a rank was streaming it: all take the ring
-                    passed_over.append(opened.reason)
-                    engine, prepared, agreed = self.fallback, None, None
-                break
-            # One gate per call: the agreement also agrees on a switch call's first
-            # window of exponents, as long as every rank's window (window_size).
-            width = self._window_size()
-            prepared = engine.prepare(call, width)
-            agreed = self._agree(signature, deadline, self._answers_again(),
-                                 prepared.proposal if prepared is not None else None, width)
-            if agreed is None:
-                continue  # a rescue ran (the aggregator may be gone): choose again
-            layout = self._layout()  # a call boundary, the same on every rank
-            self._at_call_boundary(agreed.news)
-            if self._layout() != layout:  # joined again, or grown: choose again
-                engine, passed_over = self._choose(call)
-                prepared = None
-            break
-        first = (agreed.window[:prepared.proposal.size]
-                 if prepared is not None and agreed is not None else None)
-        try:
-            passed_over = started_over + passed_over
-            if not ran:
-                handover = self._run(engine, call, deadline, prepared, first, signature)
-            if handover is not None and handover.rechoose:  # its opening failed
-                passed_over.append(handover.reason)
-                engine, more = self._choose(call)
-                passed_over += more
-                engine.run(call, Deadline(self.settings.timeout))
-            elif handover is not None:  # given up midway, alike on every rank: start again
-                engine = self.fallback
-                passed_over.append(handover.reason)
-                # The bound restarts: the engine that gave up may have used it all.
-                restart = Deadline(self.settings.timeout)
-                for start, stop in handover.ranges or [(0, call.recv.size)]:
-                    part = call.recv[start:stop]
-                    np.copyto(part, handover.intact[start:stop], casting="unsafe")
-                    engine.run(AllreduceCall(None, part, op), restart)
-        except AgreementError:
-            raise  # every rank raised together (``_run``): the communicator stays usable
-        except BaseException as exc:
-            # Part of the operation may still be in flight: nothing later is safe. (Not
-            # when MPI refused the call's arguments before it started: mpi4py's caller
-            # gets MPI's exception and goes on.)
-            if not was_refused(exc):
-                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
-                                f"{exc!r}")
-            raise
-        self.stats.record(engine.name, recv.nbytes, passed_over)
+                served = self._unchecked(call, signature, deadline, passed_over)
+            elif offload is not None and offload.gates():
+                served = self._through_offload(offload, call, signature, deadline,
+                                               passed_over)
+            else:
+                served = self._through_agreement(call, signature, deadline, passed_over)
+        self.stats.record(served.name, recv.nbytes, passed_over)
 
-    def _run(self, engine: Engine, call: AllreduceCall, deadline: Deadline,
-             prepared: Any, first: np.ndarray | None, signature: CallSignature
-             ) -> HandOver | None:
-        """``engine.run``; an exception leaves the communicator broken (part of the call
-        may be in flight), unless MPI refused the call's arguments before it started. A
-        call the switch saw the ranks make differently (``HandOver.mismatch``) raises
-        AgreementError on every rank, naming what differs (``disagree``)."""
-        try:
-            handover = engine.run(call, deadline, prepared, first)
-            if handover is not None and handover.mismatch:
-                disagree(self.comm, signature, self._seq, deadline, self._window_size())
-            return handover
-        except AgreementError:
-            raise  # every rank raised together: the communicator stays usable
-        except BaseException as exc:
-            if not was_refused(exc):
-                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
-                                f"{exc!r}")
-            raise
-
-    # -- the engines' hooks, asked of every engine alike --------------------------------
-
-    def _opener(self) -> Engine | None:
-        """The engine through which the next call's gate opens, if any does."""
-        return next((engine for engine in self.engines if engine.opens()), None)
-
-    def _window_size(self) -> int:
-        return max(engine.window_size() for engine in self.engines)
-
-    def _answers_again(self) -> int:
-        return max(engine.answers_again() for engine in self.engines)
-
-    def _layout(self) -> tuple:
-        return tuple(engine.layout() for engine in self.engines)
-
-    def _at_call_boundary(self, news: int | None) -> None:
-        for engine in self.engines:
-            engine.at_call_boundary(self._seq, news)
-
-    def help_rescue(self, what: str) -> None:
-        """Collective, when a gate (this communicator's, or its owner's) showed TROUBLE:
-        this rank takes part in the rescue (recovery.py) through the engine whose calls
-        end without a vote."""
-        if not any(engine.help_rescue(what) for engine in self.engines):
-            raise CommunicatorBroken(f"a rank could not finish {what}, and this "
-                                     "communicator has no switch engine")
-
-    def next_collective_is_gate(self, columns: int | None) -> None:
-        """The owner of this communicator's next collective (the runtime: its negotiation,
-        or the next call's opening) says whether it is a gate, whose rows are
-        ``columns`` int64 values, or (None) not one: a switch call then ends with a vote
-        (recovery.py)."""
-        self.errors.set_gate(None if columns is None else (lambda: columns),
-                             background=True)
-
-    def past_gate(self) -> None:
-        """The owner's gate passed without TROUBLE: every rank is past its last call."""
-        self.errors.forget()
-
-    def _open(self, opener: Engine, signature: CallSignature, value_bits: int,
-              deadline: Deadline, prepared: Any = None) -> Opened | None:
-        """The gate while the switch serves and takes openings: the call's opening
-        (``opener.open``), this call's number a call boundary first. None when the ranks
-        must choose again (an opening failed, or the aggregators changed); raises
-        AgreementError on every rank when the switch saw their calls differ."""
-        layout = self._layout()
-        self._at_call_boundary(0)
-        if self._layout() != layout:
-            return None
-        try:
-            opened = opener.open(identity(signature, value_bits), prepared, deadline)
-            if opened.outcome == "mismatch":
-                disagree(self.comm, signature, self._seq, deadline, self._window_size())
-        except AgreementError:
-            raise  # every rank raised together: the communicator stays usable
-        except BaseException as exc:
-            self._broken = f"the opening of allreduce #{self._seq} failed: {exc!r}"
-            raise
-        return None if opened.outcome == "restart" else opened
+    # -- the steps of a call ------------------------------------------------------------
 
     def _choose(self, call: AllreduceCall) -> tuple[Engine, list[str]]:
         """The first engine that takes ``call``, and why the ones before it did not."""
@@ -328,14 +190,189 @@ class Collectives:
         raise TypeError(f"no engine can reduce dtype {call.dtype} with op {call.op.name}: "
                         f"{'; '.join(passed_over)}")
 
+    def _unchecked(self, call: AllreduceCall, signature: CallSignature,
+                   deadline: Deadline, passed_over: list[str]) -> Engine:
+        """No gate (the caller compared the ranks' calls: the runtime's negotiation): a
+        call boundary, the choice, the run. Returns the engine that served the call."""
+        if self.offload is not None:
+            self.offload.at_call_boundary(self._seq, None)
+        engine, declined = self._choose(call)
+        passed_over += declined
+        handover = self._run(engine, call, deadline, None, None, signature)
+        return engine if handover is None else self._finish(call, handover, passed_over)
+
+    def _through_offload(self, offload: OffloadEngine, call: AllreduceCall,
+                         signature: CallSignature, deadline: Deadline,
+                         passed_over: list[str]) -> Engine | None:
+        """The gate through the offload, which agrees on the call and on an offload
+        call's first window with no host collective; none for a call that repeats one
+        the offload served, whose own traffic carries what the gate would (docs/protocol.md,
+        One round trip). Returns the engine that served the call; None: start over."""
+        engine, declined = self._choose(call)
+        ident = identity(signature, call.value_bits)
+        prepared = offload.prepare(call) if engine is offload else None
+        if prepared is not None and offload.predicts(ident, prepared):
+            if not self._call_boundary(0):
+                return None
+            handover = self._run(offload, call, deadline, prepared, None, signature)
+            if handover is not None and handover.rechoose:
+                # No rank finished it and nothing of it moved: every rank starts the call
+                # over, its gate included (the offload lost what served it).
+                passed_over.append(handover.reason)
+                return None
+            passed_over += declined
+            return offload if handover is None else self._finish(call, handover,
+                                                                 passed_over)
+        gated = self._offload_gate(offload, ident, signature, deadline, prepared)
+        if gated is None:
+            return None  # the gate failed and nothing was lost: choose again
+        passed_over += declined
+        if gated.outcome is GateOutcome.TO_FALLBACK:  # a rank was running it: all take
+            passed_over.append(gated.reason)          # the fallback
+            engine, prepared = self.fallback, None
+        handover = self._run(engine, call, deadline, prepared, gated.window, signature)
+        return engine if handover is None else self._finish(call, handover, passed_over)
+
+    def _through_agreement(self, call: AllreduceCall, signature: CallSignature,
+                           deadline: Deadline, passed_over: list[str]) -> Engine | None:
+        """The gate by MPI (agreement.py), one per call: it also agrees on an offload
+        call's first window, as long as every rank's (``window_size``). Returns the
+        engine that served the call; None: start over (a rescue ran)."""
+        engine, declined = self._choose(call)
+        offload = self.offload
+        width = self._width()
+        prepared = offload.prepare(call, width) if engine is offload else None
+        agreed = self._agree(signature, deadline,
+                             offload.news() if offload is not None else 0,
+                             prepared.proposal if prepared is not None else None, width)
+        if agreed is None:
+            return None
+        if not self._call_boundary(agreed.news):  # (the same on every rank)
+            engine, declined = self._choose(call)  # joined again, or grown: choose again
+            prepared = None
+        passed_over += declined
+        handover = self._run(engine, call, deadline, prepared, agreed.window, signature)
+        return engine if handover is None else self._finish(call, handover, passed_over)
+
+    def _run(self, engine: Engine, call: AllreduceCall, deadline: Deadline,
+             prepared: Any, first: np.ndarray | None, signature: CallSignature
+             ) -> HandOver | None:
+        """``engine.run`` (``prepared`` and ``first``: the offload's call, made ready and
+        its first window agreed); an exception leaves the communicator broken (part of
+        the call may be in flight), unless MPI refused the call's arguments before it
+        started. A call the offload saw the ranks make differently
+        (``HandOver.mismatch``) raises AgreementError on every rank, naming what differs
+        (``disagree``)."""
+        try:
+            handover = (engine.run(call, deadline) if prepared is None else
+                        engine.run(call, deadline, prepared, first))  # type: ignore[call-arg]
+            if handover is not None and handover.mismatch:
+                disagree(self.comm, signature, self._seq, deadline, self._width())
+            return handover
+        except AgreementError:
+            raise  # every rank raised together: the communicator stays usable
+        except BaseException as exc:
+            if not was_refused(exc):
+                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
+                                f"{exc!r}")
+            raise
+
+    def _finish(self, call: AllreduceCall, handover: HandOver, passed_over: list[str]
+                ) -> Engine:
+        """A call given up midway, alike on every rank: chosen again where nothing of it
+        moved (``rechoose``: its gate failed), else finished on the fallback from its
+        intact input (all of it, or the ranges left). Returns the engine that did."""
+        passed_over.append(handover.reason)
+        engine = self.fallback
+        try:
+            if handover.rechoose:
+                engine, declined = self._choose(call)
+                passed_over += declined
+                engine.run(call, Deadline(self.settings.timeout))
+                return engine
+            # The bound restarts: the engine that gave up may have used it all.
+            restart = Deadline(self.settings.timeout)
+            for start, stop in handover.ranges or [(0, call.recv.size)]:
+                part = call.recv[start:stop]
+                np.copyto(part, handover.intact[start:stop], casting="unsafe")
+                engine.run(AllreduceCall(None, part, call.op), restart)
+            return engine
+        except AgreementError:
+            raise  # every rank raised together: the communicator stays usable
+        except BaseException as exc:
+            # Part of the operation may still be in flight: nothing later is safe. (Not
+            # when MPI refused the call's arguments before it started: mpi4py's caller
+            # gets MPI's exception and goes on.)
+            if not was_refused(exc):
+                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
+                                f"{exc!r}")
+            raise
+
+    # -- the gates and the offload's hooks ----------------------------------------------
+
+    def _width(self) -> int:
+        """The int16 window values every rank passes in the agreement (the offload's)."""
+        return self.offload.window_size() if self.offload is not None else 0
+
+    def _call_boundary(self, news: int | None) -> bool:
+        """Call ``self._seq`` starts, alike on every rank, with rank 0's ``news``; False
+        when the offload's layout changed (a prepared call must be chosen again)."""
+        offload = self.offload
+        if offload is None:
+            return True
+        layout = offload.layout()
+        offload.at_call_boundary(self._seq, news)
+        return offload.layout() == layout
+
+    def _offload_gate(self, offload: OffloadEngine, ident: int, signature: CallSignature,
+                      deadline: Deadline, prepared: Any = None) -> Gated | None:
+        """The gate through the offload (``offload.gate``), this call's number a call
+        boundary first. None when the ranks must choose again (the gate failed, or the
+        layout changed); raises AgreementError on every rank when the offload saw their
+        calls differ."""
+        if not self._call_boundary(0):
+            return None
+        try:
+            gated = offload.gate(ident, prepared, deadline)
+            if gated.outcome is GateOutcome.MISMATCH:
+                disagree(self.comm, signature, self._seq, deadline, self._width())
+        except AgreementError:
+            raise  # every rank raised together: the communicator stays usable
+        except BaseException as exc:
+            self._broken = f"the gate of allreduce #{self._seq} failed: {exc!r}"
+            raise
+        return None if gated.outcome is GateOutcome.RESTART else gated
+
+    def help_rescue(self, what: str) -> None:
+        """Collective, when a gate (this communicator's, or its owner's) showed TROUBLE:
+        this rank takes part in the offload's rescue of the call a rank could not finish
+        alone (recovery.py)."""
+        if self.offload is None:
+            raise CommunicatorBroken(f"a rank could not finish {what}, and this "
+                                     "communicator has no engine that ends calls "
+                                     "without a host collective")
+        self.offload.help_rescue(what)
+
+    def next_collective_is_gate(self, columns: int | None) -> None:
+        """The owner of this communicator's next collective (the runtime: its negotiation,
+        or the next call's gate through the offload) says whether it is a gate, whose
+        rows are ``columns`` int64 values, or (None) not one: an offload's call then ends
+        with a host collective of its own (recovery.py)."""
+        self.errors.set_gate(None if columns is None else (lambda: columns),
+                             background=True)
+
+    def past_gate(self) -> None:
+        """The owner's gate passed without TROUBLE: every rank is past its last call."""
+        self.errors.forget()
+
     def _agree(self, signature: CallSignature, deadline: Deadline, news: int = 0,
                window: np.ndarray | None = None, width: int = 0) -> Agreed | None:
-        """The gate: agree, or (a rank could not finish its last switch call) run the
-        rescue and return None."""
+        """The gate by MPI: agree, or (a rank could not finish its last call alone) run
+        the rescue and return None."""
         try:
             agreed = agree(self.comm, signature, self._seq, deadline, news, window, width)
             if agreed.trouble:
-                self.help_rescue(f"the switch call before allreduce #{self._seq}")
+                self.help_rescue(f"the call before allreduce #{self._seq}")
                 return None
             self.errors.forget()  # every rank is past its last call: nothing to keep
             return agreed
@@ -350,30 +387,32 @@ class Collectives:
         """Reduce the 1-D contiguous ``buf`` over all ranks into this rank's part,
         ``buf[bounds[rank][0]:bounds[rank][1]]`` (``bounds``: every rank's part, the same
         on every rank; the caller has made sure every rank called alike: the runtime's
-        negotiation does; and that an engine takes the dtype and op). On the ring: by
-        arithmetic the switch gives a reduce-scatter no bandwidth (it moves all of buf
-        each way per worker, the ring (n-1)/n of it), and measured on netsim an FSDP2
-        step with it was 0.85x gloo's."""
+        negotiation does; and that an engine takes the dtype and op). On the fallback's
+        own reduce-scatter (the ring's): by arithmetic an offload that moves all of buf
+        each way per rank gives it no bandwidth (the ring moves (n-1)/n of it), and
+        measured on netsim an FSDP2 step through the switch was 0.85x gloo's."""
         self._check_usable()
         if len(bounds) != self.size or bounds[0][0] != 0 or bounds[-1][1] != buf.size or any(
                 a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
             raise ValueError(f"bounds {bounds} must cover the {buf.size} elements in order, "
                              f"one part per rank ({self.size})")
-        if not self.ring.usable:  # (gloo's peers: their allreduce, all of it)
+        engine = self.fallback
+        if engine is not self.ring:  # (gloo's peers: an allreduce, all of it, chosen)
             self.allreduce_flat(None, buf, op)
             return
         self._seq += 1
-        deadline = Deadline(self.settings.timeout)
         try:
-            self.ring.ring.reduce_scatter(buf, op, bounds, deadline)
+            engine.reduce_scatter(AllreduceCall(None, buf, op), bounds,
+                                  Deadline(self.settings.timeout))
         except BaseException as exc:
-            self._broken = f"reduce-scatter #{self._seq} failed on the ring: {exc!r}"
+            self._broken = (f"reduce-scatter #{self._seq} failed in engine {engine.name}: "
+                            f"{exc!r}")
             raise
-        self.stats.record(self.ring.name, buf.nbytes, [])
+        self.stats.record(engine.name, buf.nbytes, [])
 
     def set_quorum(self, k: int, checked: bool = False) -> None:
-        """Collective: the switch-served calls from the next one on complete each chunk
-        when k workers contributed (0: sync; docs/quorum.md). Every rank must ask the
+        """Collective: the offload's calls from the next one on complete each chunk when
+        k ranks contributed (0: every rank; docs/quorum.md). Every rank must ask the
         same k: AgreementError on every rank otherwise (``checked``: the caller compared
         the ranks' k already, as the Horovod runtime's negotiation does)."""
         self._check_usable()
@@ -387,61 +426,61 @@ class Collectives:
                 raise AgreementError(f"the ranks asked for different quorums (from "
                                      f"{-extremes[1]} to {extremes[0]}); every rank must "
                                      "call set_quorum with the same k")
-        for engine in self.engines:
-            engine.set_quorum(k)
+        if self.offload is not None:
+            self.offload.set_quorum(k)
 
     def opens_served(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
-        """Whether an allreduce of this dtype, op and size, made next, would open through
-        the switch and be served by it (the runtime's gate for the call before it:
-        a rank in trouble meets the others when their opening fails, recovery.py)."""
-        return any(engine.opens_served(np.dtype(dtype), op, nbytes)
-                   for engine in self.engines)
+        """Whether an allreduce of this dtype, op and size, made next, would pass its
+        gate through the offload and be served by it (the runtime's gate for the call
+        before it: a rank in trouble meets the others when their gate fails,
+        recovery.py)."""
+        return self.offload is not None and self.offload.gates_and_serves(
+            np.dtype(dtype), op, nbytes)
 
     def quorum_active(self) -> bool:
-        """Whether switch-served calls now complete with fewer than every worker (an
-        AVERAGE then divides each chunk by the workers it counted; docs/quorum.md)."""
-        return any(engine.quorum_active() for engine in self.engines)
+        """Whether the offload's calls now complete with fewer than every rank (an
+        AVERAGE then divides each chunk by the ranks it counted; docs/quorum.md)."""
+        return self.offload is not None and self.offload.quorum_active()
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None,
                         news: int = 0) -> int | None:
-        """Count the call and, if enabled, check that all ranks made it alike; rank 0's
-        ``news`` (see agree), or None when the check is off."""
+        """Count the call and, if enabled, check that all ranks made it alike (through
+        the offload's gate where it takes them); rank 0's ``news`` (see agree), or None
+        when the check is off."""
         self._check_usable()
         self._seq += 1
         if not self.settings.check_agreement:
             return None
-        while True:
-            opener = self._opener()
-            if opener is not None:
-                if self._open(opener, signature, 0,
-                              deadline or Deadline(self.settings.timeout)):
-                    return 0  # (news is for a missing aggregator: none is)
+        deadline = deadline or Deadline(self.settings.timeout)
+        while True:  # (again after a gate that ended in a rescue: each one bounded)
+            offload = self.offload
+            if offload is not None and offload.gates():
+                if self._offload_gate(offload, identity(signature), signature, deadline):
+                    return 0  # (news is for what the offload lost: nothing is)
                 continue
-            width = self._window_size()
-            agreed = self._agree(signature, deadline or Deadline(self.settings.timeout),
-                                 news, None, width)
+            agreed = self._agree(signature, deadline, news, None, self._width())
             if agreed is not None:
                 return agreed.news
 
     def finish_calls(self) -> None:
         """Collective, before the communicator goes: a rank that could not finish the
-        last switch call alone may still need this rank's kept window (recovery.py). A
-        gate of its own, bounded by the silence bound (the time a stream takes to give
-        up) plus a margin; no answer only logs."""
+        last call alone may still need what this rank kept of it (recovery.py). A gate
+        of its own, bounded by the silence bound (the time a stream takes to give up)
+        plus a margin; no answer only logs."""
         if self.errors.kept is None or not self.errors.gated:
             return
         signature = CallSignature(CallSignature.FINISH, -1, -1, -1, "finalize")
         bound = Deadline(self.settings.switch_silence + 5.0)
         try:
-            while True:
-                width = self._window_size()
-                agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None, width)
-                if not agreed.trouble:
-                    break
-                self.help_rescue("the last switch call")
+            agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None,
+                           self._width())
+            while agreed.trouble:  # (each gate bounded by what is left of ``bound``)
+                self.help_rescue("the last call before finalize")
+                agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None,
+                               self._width())
         except Exception as exc:  # (the ranks may free at different times: log only)
-            log.warning("at finalize, the ranks did not all confirm the last switch "
-                        "call: %s", exc)
+            log.warning("at finalize, the ranks did not all confirm the last call: %s",
+                        exc)
         self.errors.forget()
 
     def _check_usable(self) -> None:

@@ -1,15 +1,22 @@
-"""What an engine is: the call it is offered and the protocol it implements.
+"""What an engine is: the call it is offered and the protocols it implements.
 
 The chooser (chooser.py) offers each call to its engines in order and runs the first
 that takes it; it alone decides, including the hand-over to the fallback when an engine
-gives a call up midway. Adding an engine means subclassing ``Engine`` and placing it in
-``Collectives.engines`` (a switch engine: the chooser's ``switch_engine`` argument).
-Every hook the chooser calls is declared here; those that only an engine with an
-aggregator has (a first window to agree on, openings, the quorum) default to "none", so
-the chooser treats every engine alike and never asks which one it holds.
+gives a call up midway. An engine is ``Engine``: a name, ``declines`` (Horovod's
+``Enabled``), ``run`` (its ``Execute``), ``reduce_scatter``, ``close`` and ``report``.
+
+One engine may be more than that: an ``OffloadEngine`` moves the reduction out of the
+hosts, and with it state that outlives a call (calls numbered alike on every rank, a
+layout that changes at call boundaries). It may agree on a call by its own traffic
+instead of a host collective (``gate``), predict a call that needs no gate at all, end
+a call with no host collective (its error path: recovery.py) and complete calls with
+fewer than every rank (a quorum). The chooser holds one, or none, beside its engines,
+and asks those hooks of it alone; the layer above gives it (``Collectives``'s
+``offload``), so this layer never imports one.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +33,7 @@ class AllreduceCall:
     send: np.ndarray | None  # None: in place, the input is already in recv
     recv: np.ndarray
     op: Op
-    value_bits: int = 0      # the switch's value width this call asks for (0: the job's)
+    value_bits: int = 0      # the value width this call asks the offload for (0: the job's)
 
     @property
     def dtype(self) -> np.dtype:
@@ -39,14 +46,14 @@ class AllreduceCall:
 
 @dataclass
 class HandOver:
-    """An engine gave a call up midway (NaN/Inf found, the aggregator failed): the
-    chooser finishes it on the fallback, starting again from ``intact``, the call's
-    input as it was (widened to the dtype the engine reduced in, exactly). ``ranges``:
-    the element ranges [start, stop) left to do, the rest of ``recv`` being done (one
-    of several aggregators failed); None: all of it. ``rechoose``: nothing of the call
-    moved (its opening failed): the chooser picks its engine again, as the other ranks
-    do for it. ``mismatch``: nothing moved because the ranks called differently (every
-    rank learned it): the chooser names what differs."""
+    """An engine gave a call up midway (NaN/Inf found, its hardware failed): the chooser
+    finishes it on the fallback, starting again from ``intact``, the call's input as it
+    was (widened to the dtype the engine reduced in, exactly). ``ranges``: the element
+    ranges [start, stop) left to do, the rest of ``recv`` being done (one of the
+    engine's several paths failed); None: all of it. ``rechoose``: nothing of the call
+    moved (its gate failed): the chooser picks its engine again, as the other ranks do
+    for it. ``mismatch``: nothing moved because the ranks called differently (every rank
+    learned it): the chooser names what differs."""
 
     reason: str
     intact: np.ndarray
@@ -55,21 +62,29 @@ class HandOver:
     mismatch: bool = False
 
 
-@dataclass
-class Opened:
-    """How a call's opening ended (``Engine.open``), alike on every rank: "agreed" (with
-    ``window``, the max of every rank's proposal, for a call the opener serves),
-    "mismatch" (the ranks called differently), "restart" (an opening failed and nothing
-    is lost: every rank chooses the call's engine again) or "to_ring" (an opening failed
-    while a rank was already streaming the call: every rank takes it to the ring)."""
+class GateOutcome(enum.StrEnum):
+    """How an offload's gate ended (``OffloadEngine.gate``), alike on every rank."""
 
-    outcome: str
+    AGREED = "agreed"            # the ranks made the same call (``Gated.window``: agreed)
+    MISMATCH = "mismatch"        # the ranks called differently: the chooser names how
+    RESTART = "restart"          # the gate failed and nothing is lost: choose again
+    TO_FALLBACK = "to_fallback"  # the gate failed while a rank was already running the
+    #                              call: every rank takes it to the fallback
+
+
+@dataclass
+class Gated:
+    """What an offload's gate gave every rank: its ``outcome``; when AGREED, ``window``,
+    the max of every rank's proposal (for a call the offload serves); when it failed,
+    the ``reason``."""
+
+    outcome: GateOutcome
     window: np.ndarray | None = None
     reason: str = ""
 
 
 class Engine:
-    """The protocol of an engine, with the defaults of one that has no aggregator."""
+    """An engine: what the chooser asks of every engine it holds."""
 
     name: str = "engine"
 
@@ -77,82 +92,110 @@ class Engine:
         """Why this engine does not take ``call`` (for stats), or None if it does."""
         raise NotImplementedError
 
-    def run(self, call: AllreduceCall, deadline: Deadline, prepared: Any = None,
-            agreed_first: np.ndarray | None = None) -> HandOver | None:
+    def run(self, call: AllreduceCall, deadline: Deadline) -> HandOver | None:
         """Reduce the call into ``call.recv`` on every rank, collectively; or give it up
-        (on every rank alike) with a HandOver. ``prepared``: what ``prepare`` made of
-        the call, and ``agreed_first`` the ranks' max of its ``proposal``, where the
-        chooser's gate agreed on it."""
+        (on every rank alike) with a HandOver."""
         raise NotImplementedError
 
+    def reduce_scatter(self, call: AllreduceCall, bounds: list[tuple[int, int]],
+                       deadline: Deadline) -> None:
+        """Reduce ``call.recv`` (in place: ``call.send`` is None) over every rank into
+        this rank's part, ``bounds[rank]`` ([start, stop), every rank's, alike on every
+        rank); the rest of ``recv`` is scratch. An engine without one of its own runs the
+        whole allreduce, which leaves every part reduced."""
+        handover = self.run(call, deadline)
+        if handover is not None:
+            raise RuntimeError(f"engine {self.name} gave a reduce-scatter up: "
+                               f"{handover.reason}")
+
     def close(self) -> None:
-        """Release what the engine holds (sockets, jobs at the aggregator)."""
+        """Release what the engine holds (sockets, state held elsewhere)."""
+
+    def report(self) -> dict[str, Any]:
+        """What ``stats()`` shows of this engine, beside its calls (none: {})."""
+        return {}
+
+
+class OffloadEngine(Engine):
+    """An engine that moves the reduction out of the hosts, with state of its own between
+    calls: the hooks the chooser asks of its offload alone (module docstring)."""
+
+    def run(self, call: AllreduceCall, deadline: Deadline, prepared: Any = None,
+            agreed_first: np.ndarray | None = None) -> HandOver | None:
+        """``Engine.run``; ``prepared``: what ``prepare`` made of the call, and
+        ``agreed_first`` the ranks' max of its ``proposal``, where the chooser's gate
+        agreed on it (``prepared`` alone: after ``predicts`` said yes)."""
+        raise NotImplementedError
 
     # -- a first window agreed in the chooser's gate --------------------------------------
 
     def prepare(self, call: AllreduceCall, width: int | None = None) -> Any:
         """The call made ready, with ``proposal`` (int16) for the gate to take the max of
-        over the ranks; None where there is nothing to agree on (or, with ``width``, it
-        does not fit a gate of that many values)."""
-        return None
+        over the ranks; None where it declines the call (or, with ``width``, it does not
+        fit a gate of that many values)."""
+        raise NotImplementedError
 
     def window_size(self) -> int:
         """The int16 values every rank passes in the gate (the same on every rank
         between call boundaries)."""
-        return 0
+        raise NotImplementedError
 
-    def answers_again(self) -> int:
-        """This rank's news for the gate (rank 0's reaches every rank): non-zero when an
-        aggregator the engine lost answers again."""
-        return 0
+    # -- call boundaries ------------------------------------------------------------------
+
+    def news(self) -> int:
+        """This rank's news for the gate (rank 0's reaches every rank): non-zero when
+        what the offload lost answers again."""
+        raise NotImplementedError
 
     def at_call_boundary(self, seq: int, news: int | None) -> None:
-        """Call ``seq`` starts, the same on every rank, with rank 0's ``news``."""
+        """Call ``seq`` starts, the same on every rank, with rank 0's ``news`` (None:
+        no gate carried it)."""
+        raise NotImplementedError
 
     def layout(self) -> tuple:
         """What a prepared call depends on: it changes at a call boundary when the call
         must be chosen again."""
-        return ()
+        raise NotImplementedError
 
-    # -- openings: the gate through the aggregator -------------------------------------
+    # -- the offload's own gate -----------------------------------------------------------
 
-    def opens(self) -> bool:
-        """Whether the next call's gate is an opening through this engine (``open``)."""
-        return False
+    def gates(self) -> bool:
+        """Whether the next call's gate goes through the offload (``gate``) rather than
+        the chooser's agreement."""
+        raise NotImplementedError
 
-    def opens_served(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
-        """Whether such a call, made next, would open through this engine and be
-        served by it."""
-        return False
+    def gates_and_serves(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
+        """Whether such a call, made next, would pass its gate through the offload and
+        be served by it."""
+        raise NotImplementedError
 
-    def open(self, ident: int, prepared: Any, deadline: Deadline) -> Opened:
-        """Collective through the aggregator: the call's opening (see ``Opened``)."""
-        raise NotImplementedError(f"engine {self.name} has no openings")
+    def gate(self, ident: int, prepared: Any, deadline: Deadline) -> Gated:
+        """Collective through the offload (``gates()`` holds, alike on every rank): the
+        gate of the call whose identity is ``ident`` (agreement.identity), agreeing on
+        ``prepared``'s first window where the offload serves it (None: another engine
+        does)."""
+        raise NotImplementedError
 
     def predicts(self, ident: int, prepared: Any) -> bool:
-        """Whether this call (``ident``: its identity; ``prepared``: as ``prepare`` made
-        it) needs no opening: its own packets carry what one would (then ``run`` gets
-        ``prepared`` without ``agreed_first``). Alike on every rank while ``opens()``
-        holds."""
-        return False
+        """Whether this call needs no gate: its own traffic carries what a gate would
+        (then ``run`` gets ``prepared`` without ``agreed_first``). Alike on every rank
+        while ``gates()`` holds."""
+        raise NotImplementedError
 
-    # -- the error path (recovery.py) and the quorum ------------------------------------
+    # -- the error path (recovery.py) and the quorum --------------------------------------
 
-    def help_rescue(self, what: str) -> bool:
-        """Collective, when a gate showed TROUBLE: take part in the rescue; False where
-        this engine has no vote-free calls (another engine does it)."""
-        return False
+    def help_rescue(self, what: str) -> None:
+        """Collective, when a gate showed TROUBLE: take part in the rescue of the call a
+        rank could not finish alone (``what`` names it)."""
+        raise NotImplementedError
 
     def set_quorum(self, k: int) -> None:
-        """Switch-served calls from the next one complete at k workers (0: sync)."""
+        """Calls it serves from the next one complete at k ranks (0: every rank)."""
+        raise NotImplementedError
 
     def quorum_active(self) -> bool:
-        """Whether calls now complete with fewer than every worker."""
-        return False
-
-    def report(self) -> dict[str, Any]:
-        """What ``stats()`` shows of this engine, beside its calls (none: {})."""
-        return {}
+        """Whether calls now complete with fewer than every rank."""
+        raise NotImplementedError
 
 
 def mpi_reduces(dtype: np.dtype) -> bool:

@@ -28,8 +28,7 @@ class MpiEngine(Engine):
             return None
         return f"{self.name}: no {self._library} reduction for {call.dtype}"
 
-    def run(self, call: AllreduceCall, deadline: Deadline, prepared: object = None,
-            agreed_first: np.ndarray | None = None) -> None:
+    def run(self, call: AllreduceCall, deadline: Deadline) -> None:
         send = MPI.IN_PLACE if call.send is None else call.send
         try:
             request = self.comm.Iallreduce(send, call.recv, mpi_op(call.op))

@@ -60,7 +60,7 @@ class Ring:
         ``bounds[r]`` ([start, stop) of buf, the same list on every rank, covering buf
         in order) is what rank r ends with reduced; the rest of buf is left partial.
         The ring's first half: (n-1)/n of buf sent and received, where an allreduce
-        through the switch moves all of it each way. AVERAGE divides the part by n."""
+        through an offload moves all of it each way. AVERAGE divides the part by n."""
         n, rank = self.comm.Get_size(), self.comm.Get_rank()
         if n == 1 or buf.size == 0:
             return
@@ -157,11 +157,16 @@ class RingEngine(Engine):
             return f"ring: below ring_min_bytes ({self.min_bytes})"
         return None
 
-    def run(self, call: AllreduceCall, deadline: Deadline, prepared: object = None,
-            agreed_first: np.ndarray | None = None) -> None:
+    def run(self, call: AllreduceCall, deadline: Deadline) -> None:
         if call.send is not None:
             np.copyto(call.recv, call.send)
         self.ring.allreduce(call.recv, call.op, deadline)
+
+    def reduce_scatter(self, call: AllreduceCall, bounds: list[tuple[int, int]],
+                       deadline: Deadline) -> None:
+        if call.send is not None:
+            raise ValueError("the ring's reduce-scatter is in place (call.send: None)")
+        self.ring.reduce_scatter(call.recv, call.op, bounds, deadline)
 
     def close(self) -> None:
         pass

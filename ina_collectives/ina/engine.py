@@ -10,7 +10,7 @@ job each: ``aggregators`` (the links: joining, losing and regaining them),
 (a call that repeats one goes without an opening: its first window's exponents
 predicted), ``striping`` (how
 a call is split across several aggregators, and the shares streamed at once),
-``outcome`` (the vote), ``recovery`` (a call that ended without one, or an opening that
+``outcome`` (the vote), ``rescue`` (a call that ended without one, or an opening that
 failed: the kept window and the rescue), ``repair`` (quorum chunks a rank lost) and
 ``quorum`` (the mode). It never runs another engine itself:
 NaN/Inf in the input or a failed aggregator give the call back to the chooser
@@ -26,9 +26,9 @@ from mpi4py import MPI
 
 from .. import protocol as P
 from ..collectives.agreement import CallSignature, identity
-from ..collectives.engine import AllreduceCall, Engine, HandOver, Opened
+from ..collectives.engine import AllreduceCall, Gated, GateOutcome, HandOver, OffloadEngine
 from ..collectives.ops import FLOAT_DTYPES, Op, dtype_code, op_code
-from ..collectives.recovery import FAILED, NAN_OR_INF, OPENING, PREDICTED, ErrorPath, Kept
+from ..collectives.recovery import ErrorPath
 from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
@@ -40,6 +40,7 @@ from .prediction import Predictions
 from .preparing import Prepared, Share, prepare, window_size
 from .quorum import Quorum
 from .repair import repair_share
+from .rescue import Kept, Role, stand_by, take_part
 from .striping import Shares, Streams
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 NONFINITE = "ina: NaN or Inf in the input (exact path)"
 
 
-class InaEngine(Engine):
+class InaEngine(OffloadEngine):
     """Allreduce computed by the aggregator ("the switch"), or by several (INA_SWITCH
     names them comma-separated): each call is then striped across the serving ones in
     contiguous shares of chunks that follow each one's measured throughput, each share
@@ -74,8 +75,9 @@ class InaEngine(Engine):
         self.shares = Shares(len(self.aggregators.addresses))
         self.streams = Streams(len(self.aggregators.addresses), settings,
                                self.aggregators.where)
-        # The communicator's error path (recovery.py), the chooser's: whether the next
-        # collective is a gate, and the last window of the last vote-free call.
+        # The communicator's error path (collectives/recovery.py), the chooser's: whether
+        # the next collective is a gate, and the last window of the last vote-free call
+        # (rescue.py: Kept).
         self.errors = errors
         self.vote_free_calls = self.rescued_calls = 0
         self.opened_calls = self.failed_openings = 0
@@ -101,7 +103,8 @@ class InaEngine(Engine):
     def serving(self) -> list[int]:
         return self.aggregators.serving()
 
-    def answers_again(self) -> int:
+    def news(self) -> int:
+        """Non-zero when an aggregator this rank lost answers again."""
         return self.aggregators.answers_again()
 
     def at_call_boundary(self, seq: int, news: int | None = None) -> None:
@@ -150,7 +153,7 @@ class InaEngine(Engine):
                     for i in range(len(agg.addresses))],
                 "striped_calls": self.striped_calls,
                 # sync calls through one aggregator that ended with no vote, and those
-                # of them that a rank finished from a peer's kept window (recovery.py)
+                # of them that a rank finished from a peer's kept window (rescue.py)
                 "vote_free_calls": self.vote_free_calls,
                 # calls (of any engine) the ranks agreed on through the switch, and
                 # openings that failed (docs/protocol.md, A call's opening)
@@ -216,9 +219,9 @@ class InaEngine(Engine):
 
     # -- a call's opening (docs/protocol.md) ------------------------------------------
 
-    def opens(self) -> bool:
+    def gates(self) -> bool:
         """Whether the next call opens through the aggregator: it can (``can_open``),
-        and there is a gate to report trouble in (recovery.py)."""
+        and there is a gate to report trouble in (collectives/recovery.py)."""
         return self.errors.gated and self.can_open()
 
     def can_open(self) -> bool:
@@ -229,7 +232,9 @@ class InaEngine(Engine):
                 and link is not None and link.opens
                 and not 0 < self.quorum.k < self.quorum.n)
 
-    def opens_served(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
+    def gates_and_serves(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
+        """Whether such a call, made next, would open through the aggregator and be
+        served by it."""
         return self.can_open() and self.declines_kind(dtype, op, nbytes) is None
 
     def set_quorum(self, k: int) -> None:
@@ -238,13 +243,13 @@ class InaEngine(Engine):
     def quorum_active(self) -> bool:
         return 0 < self.quorum.k < self.quorum.n
 
-    def open(self, ident: int, prepared: Prepared | None, deadline: Deadline) -> Opened:
-        """Collective through the switch (``opens()`` must hold, alike on every rank): the
+    def gate(self, ident: int, prepared: Prepared | None, deadline: Deadline) -> Gated:
+        """Collective through the switch (``gates()`` must hold, alike on every rank): the
         call's opening, numbered as the next switch call. ``ident``: the call's
         identity (agreement.identity); ``prepared``: a switch call's, whose first window
         of exponents (and whether it holds a NaN or an Inf) the opening agrees on; None
         for a call another engine serves. A rank whose opening fails takes the error path
-        with the others (recovery.py) and marks the aggregator lost, as they do."""
+        with the others (rescue.py) and marks the aggregator lost, as they do."""
         link = self.aggregators.link
         s = self.settings
         # Numbered as the next switch call will be: the switch orders a cell's uses by
@@ -258,7 +263,7 @@ class InaEngine(Engine):
             # that never come: a new epoch leaves every cell idle (docs/protocol.md).
             self.aggregators.new_epoch()
             self.predictions.clear()
-            return Opened("mismatch")
+            return Gated(GateOutcome.MISMATCH)
         if outcome == "done":
             self.opened_calls += 1
             self.errors.forget()  # every rank is past its last call
@@ -266,20 +271,21 @@ class InaEngine(Engine):
                 shape = self._shape()
                 self._identified = (prepared, ident, shape)
                 self.predictions.learn(ident, shape, window[1:])
-            return Opened("agreed", window)
+            return Gated(GateOutcome.AGREED, window)
         self.predictions.clear()
         self.failed_openings += 1
         agg = self.aggregators
         here = f"{agg.where(0)}: {outcome}"
         what = f"the opening of call #{self.aggregators.seq}"
         self.errors.report(f"{what}: {here}")
-        got = self.errors.rescue(OPENING, -1, what, opening=self.quorum.calls + 1,
-                                 seq=agg.seq)
+        got = take_part(self.errors, Role.OPENING, -1, what,
+                        opening=self.quorum.calls + 1, seq=agg.seq)
         reason = (f"ina: the aggregator failed at the opening of a call on rank(s) "
                   f"{got.failed}; here: {here}")
         self.shares.forget(0)
         agg.lost([0], reason, got.seq)
-        return Opened("to_ring" if got.to_ring else "restart", reason=reason)
+        return Gated(GateOutcome.TO_FALLBACK if got.to_ring else GateOutcome.RESTART,
+                     reason=reason)
 
     # -- predicted first windows (prediction.py) ---------------------------------------
 
@@ -298,7 +304,7 @@ class InaEngine(Engine):
 
     def predicts(self, ident: int, prepared: Prepared | None) -> bool:
         """Whether this call (``ident``: its identity, the opening's) goes without an
-        opening, its first window predicted: alike on every rank (``opens()`` holds)."""
+        opening, its first window predicted: alike on every rank (``gates()`` holds)."""
         if (prepared is None or not prepared.shares or not self._learns(prepared)
                 or not self.settings.switch_predict):
             return False
@@ -321,7 +327,7 @@ class InaEngine(Engine):
         ``prepared`` and ``agreed_first`` (the max of every rank's proposal): the caller
         agreed on the first window's exponents already (the chooser's gate or opening);
         ``prepared`` alone, after ``predicts`` said yes: the first window goes predicted;
-        else this opens the call through the switch (``opens``) or makes the exponent
+        else this opens the call through the switch (``gates``) or makes the exponent
         round by MPI itself."""
         identified = self._identified
         if prepared is None or (agreed_first is None
@@ -340,7 +346,7 @@ class InaEngine(Engine):
             agreed_first[1:] = identified[3]
         call_number, quorum = self.quorum.next_call()
         # A sync call through one aggregator needs no vote when the caller's next
-        # collective is a gate (recovery.py): its outcome is in the results.
+        # collective is a gate (collectives/recovery.py): its outcome is in the results.
         vote_free = self.errors.gated and not quorum and len(prepared.shares) == 1
         if not predicted:  # (a predicted call is its own gate: kept until it ends)
             self.errors.forget()
@@ -407,19 +413,19 @@ class InaEngine(Engine):
         opening of its own where the switch takes them, else with one MPI reduction; a
         HandOver where the opening failed (nothing moved)."""
         prepared = self.prepare(call)
-        if self.opens():
+        if self.gates():
             ident = identity(CallSignature(
                 CallSignature.ARRAYS, call.recv.size, dtype_code(call.dtype),
                 op_code(call.op), ""), call.value_bits)
             if self.predicts(ident, prepared):
                 return prepared, None
-            opened = self.open(ident, prepared, deadline)
-            if opened.outcome == "mismatch":  # (the runtime's negotiation compared them)
+            opened = self.gate(ident, prepared, deadline)
+            if opened.outcome is GateOutcome.MISMATCH:  # (the runtime's negotiation compared)
                 raise AgreementError(f"the switch saw the ranks' calls differ at a "
                                      f"{call.nbytes}-byte allreduce")
-            if opened.outcome != "agreed":  # nothing moved: chosen again, or to the ring
-                return HandOver(opened.reason, prepared.x,
-                                rechoose=opened.outcome == "restart")
+            if opened.outcome is not GateOutcome.AGREED:  # nothing moved: chosen again,
+                return HandOver(opened.reason, prepared.x,  # or to the ring
+                                rechoose=opened.outcome is GateOutcome.RESTART)
             return prepared, opened.window
         agreed_first = np.empty_like(prepared.proposal)
         wait(self.comm.Iallreduce(prepared.proposal, agreed_first, MPI.MAX), deadline,
@@ -560,7 +566,7 @@ class InaEngine(Engine):
         srtt, _, rto = link.wire.stream_rtt
         self.totals["srtt"], self.totals["rto"] = float(srtt), float(rto)
 
-    # -- a call without a vote (recovery.py) ------------------------------------------
+    # -- a call without a vote (rescue.py) --------------------------------------------
 
     def _finish_alone(self, call: AllreduceCall, share: Share, result: Result,
                       x: np.ndarray, out: np.ndarray, k: int, predicted: bool = False
@@ -569,7 +575,7 @@ class InaEngine(Engine):
         none said NaN or Inf (keeping the last window), else through the rescue. A
         ``predicted`` call that failed may have failed on every rank before any moved
         (then every rank chooses its engine again) or after one finished it
-        (recovery.py, PREDICTED)."""
+        (rescue.py, PREDICTED)."""
         i, c0, c1 = share.aggregator, share.first, share.end
         agg = self.aggregators
         nonfinite = bool(result.counters.get("nonfinite_seen", 0))
@@ -585,13 +591,14 @@ class InaEngine(Engine):
             self.vote_free_calls += 1
             return None
         what = f"switch call #{self.quorum.calls} ({call.nbytes} bytes)"
-        role = (NAN_OR_INF if result.ok else PREDICTED if predicted else FAILED)
+        role = (Role.NAN_OR_INF if result.ok else Role.PREDICTED if predicted
+                else Role.FAILED)
         here = (f"{agg.where(i)}: {result.reason}, {result.missing.size} chunks never "
                 f"completed (first {result.missing[:8].tolist()})" if not result.ok
                 else "a result said an input held a NaN or an Inf")
         self.errors.report(f"{what}: {here}")
-        got = self.errors.rescue(role, self.quorum.calls, what, opening=self.quorum.calls,
-                                 seq=agg.seq)
+        got = take_part(self.errors, role, self.quorum.calls, what,
+                        opening=self.quorum.calls, seq=agg.seq)
         self.predictions.clear()
         self.quorum.after_call(-1, -1, 0, 0, 0)
         if got.failed:
@@ -619,15 +626,14 @@ class InaEngine(Engine):
         self.errors.keep(Kept(self.quorum.calls, i, got.start, got.values))
         return None
 
-    def help_rescue(self, what: str) -> bool:
+    def help_rescue(self, what: str) -> None:
         """Collective with ranks that could not finish a call (a gate showed TROUBLE):
         this rank finished it, and sends or stands by with its kept window; then marks
         the aggregator lost as they do when a stream failed."""
-        got, kept = self.errors.help(what, self.aggregators.seq)
+        got, kept = stand_by(self.errors, what, self.aggregators.seq)
         self.predictions.clear()
         if got.failed and kept is not None and self.aggregators.links[kept.aggregator]:
             self.shares.forget(kept.aggregator)
             self.aggregators.lost([kept.aggregator],
                                   f"ina: the aggregator failed mid-operation on rank(s) "
                                   f"{got.failed}", got.seq)
-        return True

@@ -2,7 +2,7 @@
 call's identity and its first window's exponents agreed in-band, in one round trip.
 
 This module makes the packets' contents from a prepared call and reads the agreement
-back; the engine decides what the outcome means for the call (recovery.py when it
+back; the engine decides what the outcome means for the call (rescue.py when it
 failed).
 """
 from __future__ import annotations
