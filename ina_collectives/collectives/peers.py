@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import pickle
 import warnings
 from typing import Any, Callable
 
@@ -151,6 +152,19 @@ class TorchPeers:
         dst, _, _ = _buffer(recv)
         parts = list(_tensor(_bytes(dst)).view(self._size, -1).unbind(0))
         return Request(self._pg.allgather([parts], [_tensor(_bytes(src), source=True)]))
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """mpi4py's allgather of a picklable object (the agreement names every rank's
+        call with it when they differ), bounded by the peers' timeout."""
+        payload = np.frombuffer(pickle.dumps(obj), np.uint8)
+        sizes = np.empty(self._size, np.int64)
+        seconds = self._timeout.total_seconds()
+        self.Iallgather(np.array([payload.size], np.int64), sizes).Wait(seconds)
+        displs = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        gathered = np.empty(int(sizes.sum()), np.uint8)
+        self.Iallgatherv(payload, [gathered, sizes.tolist(), displs.tolist(), MPI.BYTE]
+                         ).Wait(seconds)
+        return [pickle.loads(gathered[d:d + n].tobytes()) for d, n in zip(displs, sizes)]
 
     def Iallgatherv(self, send: Any, recv: Any) -> Request:  # noqa: N802
         # gloo gathers equal sizes: pad each rank's part to the largest, then place.

@@ -10,6 +10,16 @@ it applies) with Horovod's ``scaling``; the other kinds by ``HostCollectives``.
 Every wait is bounded: a peer that stops negotiating fails every pending handle with
 CollectiveTimeout, a tensor some ranks never submit fails after
 ``stall_shutdown_time`` naming them.
+
+In program order (``ordered``: torch.distributed's backend, whose callers make every
+collective in the same order on every rank, as NCCL and gloo require) there is no
+negotiation: the thread runs each operation as it was submitted, as soon as it was, and
+each one is checked at its own gate, as the array API's calls are (chooser.py): an
+allreduce by its switch identity (a predicted first window, an opening) or the
+agreement; any other operation by ``Collectives.check_agreement``, then one allgather of
+every rank's request (the ReadinessTable compares what the gate does not: shapes, roots,
+scale factors). An idle runtime makes no collective at all. A rank that never makes a
+call leaves the others waiting up to the timeout, which names the call they waited in.
 """
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from mpi4py import MPI
 
+from ..collectives.agreement import CallSignature
 from ..collectives.chooser import Collectives
 from ..collectives.peers import TorchPeers
 from ..collectives.waiting import Deadline
@@ -115,15 +126,19 @@ class _Local:
 
 
 class BackgroundRuntime:
-    def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings):
+    def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings, *,
+                 ordered: bool = False):
         if isinstance(comm, MPI.Intracomm) and MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise RuntimeError("the Horovod API needs MPI_THREAD_MULTIPLE (its background "
                                "thread communicates while the caller's may too); MPI gave "
                                f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level")
         self.settings = settings
+        self.ordered = ordered
         # The negotiation already compared every rank's call: skip the per-call check.
+        # In program order each call is checked at its own gate, as the array API's are.
         self.collectives = Collectives(
-            comm, dataclasses.replace(settings, check_agreement=False), InaEngine)
+            comm, dataclasses.replace(settings, check_agreement=(
+                ordered and settings.check_agreement)), InaEngine)
         switch = self.collectives.switch_engine
         if switch is not None:  # (ina's engine: the kernels it runs, for stats)
             self.collectives.stats.kernels = switch.kernels.name
@@ -147,6 +162,7 @@ class BackgroundRuntime:
         self._shutdown = False
         self._stopped: str | None = None   # why the loop ended, once it has
         self._stalled: tuple[str, ...] = ()
+        self._wake = threading.Event()  # (program order: set by a submission, a shutdown)
         self._thread = threading.Thread(target=self._run, name="ina-background", daemon=True)
         self._thread.start()
 
@@ -174,6 +190,7 @@ class BackgroundRuntime:
             self._names_taken[request.name] = self._latest = handle
             handle.on_claim = lambda: self._release(handle)
             self._local.queue.append(handle)
+            self._wake.set()
         return handle
 
     @contextlib.contextmanager
@@ -194,6 +211,9 @@ class BackgroundRuntime:
         every rank has joined; the handle's result is the last rank to join."""
         with self._lock:
             self._check_running()
+            if self.ordered:
+                raise ValueError("join() needs the negotiation (the Horovod API); this "
+                                 "runtime runs calls in program order")
             if self._local.join is not None:
                 raise ValueError("join() is already in progress on this rank")
             self._local.join = Handle(None, {})
@@ -204,6 +224,7 @@ class BackgroundRuntime:
         communicator. Pending handles fail. Idempotent."""
         with self._lock:
             self._shutdown = True
+            self._wake.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("the background thread did not stop within %g s", timeout)
@@ -229,6 +250,10 @@ class BackgroundRuntime:
         reason = "shut down"
         try:
             while True:
+                if self.ordered:
+                    if self._in_order():
+                        break
+                    continue
                 started = time.monotonic()
                 if self._cycle():
                     break
@@ -278,6 +303,74 @@ class BackgroundRuntime:
                                                self.settings.stall_warning_time,
                                                self.settings.stall_shutdown_time)
         return False
+
+    # -- program order (``ordered``) -------------------------------------------------------
+
+    # Seconds an idle thread waits for a submission before it looks again (a submission
+    # or a shutdown wakes it at once).
+    IDLE_WAIT = 0.05
+
+    def _in_order(self) -> bool:
+        """Run what this rank submitted, in its order; True when the runtime must stop
+        (shut down with nothing left to run)."""
+        with self._lock:
+            new, self._local.queue = self._local.queue, []
+            for handle in new:
+                self._local.inflight[handle.request.name] = handle
+            stop = self._shutdown
+            if not new:
+                self._wake.clear()  # (under the lock: a submission after this sets it)
+        if not new:
+            if stop:
+                return True
+            self._wake.wait(self.IDLE_WAIT)
+            return False
+        for handle in new:
+            self.fusion["cycles"] += 1
+            request = handle.request
+            if request.kind != "allreduce":
+                self._host_in_order(handle)
+                continue
+            # Cut as the negotiated path cuts (a partition's results go back as it
+            # completes), each piece one call, in order: nothing is fused, since what is
+            # queued together differs from rank to rank.
+            pieces, counts = scheduling.cut([Ready(request.name, {self.rank: request})],
+                                            self.settings.partition_bytes,
+                                            self.settings.switch_block, self._ready_count)
+            self._ready_count += 1
+            self._parts_left.update(counts)
+            for piece in pieces:
+                if request.name in self._local.inflight:  # (no piece failed)
+                    self._allreduce_group([piece])
+        return False
+
+    def _host_in_order(self, handle: Handle) -> None:
+        """An operation other than allreduce, in program order: its gate (the call
+        checked as the array API checks a call it hands to MPI), every rank's request
+        (one allgather, compared by the table), then the operation."""
+        request = handle.request
+        deadline = Deadline(self.settings.timeout)
+        try:
+            self.collectives.check_agreement(CallSignature(
+                CallSignature.MPI_DIRECT, -1, -1, -1, request.describe()), deadline)
+            messages = exchange(self.comm, Message([request]), deadline,
+                                self.table.cycle + 1)
+            outcome = self.table.absorb(messages, time.monotonic())
+            for failed in outcome.failed:
+                self._finish(failed.name, error=OperationError(failed.message))
+            # Every rank saw the same messages: an operation left pending is one that
+            # other ranks did not make at this point of the program's order.
+            for name, entry in list(self.table.pending.items()):
+                del self.table.pending[name]
+                self._finish(name, error=OperationError(
+                    self.table.out_of_order(name, entry, messages)))
+            for ready in outcome.ready:
+                self._finish(ready.name, self.host.run(ready.any_request().kind,
+                                                       ready.requests, handle.data))
+        except InaError as exc:
+            self._finish(request.name, error=exc)
+            if isinstance(exc, CollectiveTimeout):
+                raise
 
     def _finish(self, name: str, result: Any = None, error: BaseException | None = None
                 ) -> None:

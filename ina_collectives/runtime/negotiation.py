@@ -197,6 +197,19 @@ class ReadinessTable:
         return (f"stalled: {what} was submitted by rank(s) {sorted(entry.requests)}, but "
                 f"rank(s) {missing} {verb} it")
 
+    def out_of_order(self, name: str, entry: _Entry, messages: list[Message]) -> str:
+        """Why ``name``, pending after a program-order exchange (each rank's message holds
+        the one operation it made at this point), cannot run: the ranks that made
+        another operation there, and which."""
+        what = next(iter(entry.requests.values())).describe()
+        others = {r: ", ".join(q.describe() for q in m.requests) or "nothing"
+                  for r, m in enumerate(messages) if r not in entry.requests}
+        listed = "; ".join(f"rank {r}: {d}" for r, d in others.items())
+        return (f"{what} was submitted by rank(s) {sorted(entry.requests)}, but rank(s) "
+                f"{sorted(others)} never submitted it at this point of the program's "
+                f"order (every rank must make the same collectives in the same order): "
+                f"{listed}")
+
     def stalled(self, now: float, warn_after: float, fail_after: float) -> tuple[str, ...]:
         """Names pending for longer than ``fail_after`` (rank 0 publishes them); warns
         once about those pending for longer than ``warn_after``."""

@@ -6,11 +6,12 @@
     model = torch.nn.parallel.DistributedDataParallel(model)
 
 Each process group is one communicator of the job's MPI ranks with its own background
-runtime (ina_collectives.runtime), as a Horovod process set is: collectives are named in
-the order the group issues them, so every rank's call is compared with the others'
-before any data moves (a different shape, dtype or op fails on every rank, naming each
-rank's), reduced through the switch where it serves (floats, SUM and AVG) and exactly
-elsewhere, and bounded by the group's timeout. Every call returns a Work whose future
+runtime (ina_collectives.runtime) that runs the group's collectives in the order the
+program issues them, as NCCL and gloo do, with no negotiation: each call is compared
+with the others' at its own gate before its data moves (an allreduce the switch serves:
+by its identity in the switch; a different shape, dtype or op fails on every rank,
+naming each rank's), reduced through the switch where it serves (floats, SUM and AVG)
+and exactly elsewhere, and bounded by the group's timeout. Every call returns a Work whose future
 completes from the runtime's thread, as DDP's communication hooks need.
 
 The ranks' peer communicator (agreements, exponent exchange, outcome votes, the exact
@@ -89,7 +90,10 @@ class ProcessGroupIna(dist.ProcessGroup):
         if not settings.switch and rank == 0 and not subgroup:
             log.warning("backend 'ina': INA_SWITCH names no aggregator: every call takes "
                         "the exact path")
-        self._runtime = BackgroundRuntime(comm, settings)
+        # torch.distributed's callers make every collective in the same order on every
+        # rank: the runtime keeps that order and negotiates nothing (each call is checked
+        # at its own gate; runtime/background.py).
+        self._runtime = BackgroundRuntime(comm, settings, ordered=True)
         self._comm = comm
         self._calls = itertools.count()
         # Point-to-point goes straight over the group's own communicator (the runtime
