@@ -1,20 +1,32 @@
 """The engine choice (ina_collectives.collectives) on one rank: why each engine declines
-a call, which engine serves it, the reasons recorded, and the chooser's argument checks."""
+a call, which engine serves it, the reasons recorded, and the chooser's argument checks;
+the steps of a call with a scripted offload (``Scripted``): a predicted call, the
+offload's gate and its outcomes, a call started over, one given up midway, the unchecked
+path, the offload's hooks asked of it alone, and the reduce-scatter through the
+protocol."""
 from __future__ import annotations
 
 import socket
 import time
+import types
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from ina_collectives.collectives import Collectives
-from ina_collectives.collectives.engine import AllreduceCall
+from ina_collectives.collectives.engine import (
+    AllreduceCall,
+    Gated,
+    GateOutcome,
+    HandOver,
+    OffloadEngine,
+)
 from ina_collectives.collectives.mpi_engine import MpiEngine
 from ina_collectives.collectives.ops import Op
 from ina_collectives.collectives.recovery import ErrorPath
 from ina_collectives.collectives.ring import RingEngine
+from ina_collectives.errors import CommunicatorBroken
 from ina_collectives.ina.engine import InaEngine
 from ina_collectives.settings import Settings
 
@@ -335,3 +347,214 @@ def test_a_job_granted_fewer_slots_runs_with_them_and_grows_when_they_free_up():
             coll.free()
         sw.stop()
     assert any("S 2 of 8 asked" in line for line in sw.lines), sw.lines
+
+
+# -- the chooser's steps with an offload, scripted (collectives/engine.py: OffloadEngine) --
+
+
+class Scripted(OffloadEngine):
+    """An offload that takes float32 calls, 'reduces' by doubling (unlike one rank's
+    exact engines, which leave the input as it is) and answers each hook as scripted;
+    ``log`` records what the chooser asked of it."""
+
+    name = "offload"
+
+    def __init__(self, gates: bool = True, predicts: bool = False,
+                 outcomes: tuple = (), handovers: tuple = ()):
+        self.gating, self.predicting = gates, predicts
+        self.outcomes, self.handovers = list(outcomes), list(handovers)
+        self.log: list[tuple] = []
+        self.k = 0
+
+    def declines(self, call):
+        return None if call.dtype == np.float32 else "offload: not float32"
+
+    def run(self, call, deadline, prepared=None, agreed_first=None):
+        self.log.append(("run", prepared is not None,
+                         None if agreed_first is None else agreed_first.tolist()))
+        if self.handovers:
+            handover = self.handovers.pop(0)(call)
+            if handover is not None:
+                return handover
+        source = call.recv if call.send is None else call.send
+        np.multiply(source, 2, out=call.recv)
+        return None
+
+    def prepare(self, call, width=None):
+        self.log.append(("prepare", width))
+        return types.SimpleNamespace(proposal=np.array([0, 3, 5], np.int16))
+
+    def window_size(self):
+        return 3
+
+    def news(self):
+        return 0
+
+    def at_call_boundary(self, seq, news):
+        self.log.append(("boundary", seq, news))
+
+    def layout(self):
+        return ()
+
+    def gates(self):
+        return self.gating
+
+    def gates_and_serves(self, dtype, op, nbytes):
+        return self.gating and dtype == np.float32
+
+    def gate(self, ident, prepared, deadline):
+        outcome = self.outcomes.pop(0) if self.outcomes else GateOutcome.AGREED
+        self.log.append(("gate", prepared is not None, outcome))
+        window = (prepared.proposal + 1 if outcome is GateOutcome.AGREED
+                  and prepared is not None else None)
+        return Gated(outcome, window, "" if outcome is GateOutcome.AGREED
+                     else f"offload: gate {outcome}")
+
+    def predicts(self, ident, prepared):
+        return self.predicting
+
+    def help_rescue(self, what):
+        self.log.append(("help", what))
+
+    def set_quorum(self, k):
+        self.k = k
+
+    def quorum_active(self):
+        return self.k > 0
+
+
+def scripted(offload: Scripted, **more) -> Collectives:
+    settings = Settings(switch="127.0.0.1:9", ring_min_bytes=0, **more)
+    return Collectives(MPI.COMM_SELF, settings, lambda comm, s, errors: offload)
+
+
+def served(coll: Collectives, x: np.ndarray) -> tuple[list, str, list]:
+    out = coll.allreduce(x)
+    return out.tolist(), coll.stats.last["engine"], coll.stats.last["passed_over"]
+
+
+def test_a_predicted_call_goes_with_no_gate_and_runs_with_its_prepared_call_alone():
+    offload = Scripted(predicts=True)
+    coll = scripted(offload)
+    try:
+        assert coll.offload is coll.switch_engine is offload
+        assert served(coll, np.ones(4, np.float32)) == ([2.0] * 4, "offload", [])
+        assert offload.log == [("prepare", None), ("boundary", 1, 0), ("run", True, None)]
+    finally:
+        coll.free()
+
+
+def test_a_gate_through_the_offload_gives_its_window_to_the_run_or_the_call_to_the_ring():
+    """Agreed: the run gets the gate's window. RESTART: nothing was lost, the call
+    starts over (a new gate). TO_FALLBACK: a rank was running it, every rank takes the
+    ring and the reason is counted. A call the offload declines opens through it all
+    the same, with nothing prepared."""
+    offload = Scripted(outcomes=(GateOutcome.AGREED, GateOutcome.RESTART,
+                                 GateOutcome.AGREED, GateOutcome.TO_FALLBACK))
+    coll = scripted(offload)
+    try:
+        x = np.ones(4, np.float32)
+        assert served(coll, x) == ([2.0] * 4, "offload", [])
+        assert offload.log[-2:] == [("gate", True, GateOutcome.AGREED),
+                                    ("run", True, [1, 4, 6])]
+        offload.log.clear()
+        assert served(coll, x) == ([2.0] * 4, "offload", [])
+        assert [entry[0] for entry in offload.log] == [
+            "prepare", "boundary", "gate", "prepare", "boundary", "gate", "run"]
+        assert served(coll, x) == ([1.0] * 4, "ring", ["offload: gate to_fallback"])
+        offload.log.clear()
+        assert served(coll, np.ones(4, np.float64)) == (
+            [1.0] * 4, "ring", ["offload: not float32"])
+        assert offload.log == [("boundary", 4, 0), ("gate", False, GateOutcome.AGREED)]
+    finally:
+        coll.free()
+
+
+def test_a_predicted_call_no_rank_finished_starts_over_with_its_gate():
+    def lost(call):
+        offload.predicting = False  # (what served the prediction is lost)
+        return HandOver("offload: lost", call.send.copy(), rechoose=True)
+
+    offload = Scripted(predicts=True, handovers=(lost,))
+    coll = scripted(offload)
+    try:
+        assert served(coll, np.ones(4, np.float32)) == ([2.0] * 4, "offload",
+                                                        ["offload: lost"])
+        assert [entry[0] for entry in offload.log] == [
+            "prepare", "boundary", "run", "prepare", "boundary", "gate", "run"]
+    finally:
+        coll.free()
+
+
+def test_a_call_given_up_midway_is_finished_on_the_fallback_from_its_intact_input():
+    """The offload did the first half (doubled) and hands the second over: the ring
+    finishes those elements from the intact input; the reason is counted."""
+    def half(call):
+        intact = call.send.copy()
+        call.recv[:2] = intact[:2] * 2
+        return HandOver("offload: failed midway", intact, [(2, 4)])
+
+    offload = Scripted(gates=False, handovers=(half,))
+    coll = scripted(offload)
+    try:
+        assert served(coll, np.ones(4, np.float32)) == (
+            [2.0, 2.0, 1.0, 1.0], "ring", ["offload: failed midway"])
+        # through the agreement: the offload prepared the call for a gate of its width
+        assert offload.log == [("prepare", 3), ("boundary", 1, 0), ("run", True, [0, 3, 5])]
+    finally:
+        coll.free()
+
+
+def test_unchecked_calls_have_a_boundary_before_the_choice_and_no_gate():
+    offload = Scripted(outcomes=(GateOutcome.MISMATCH,))
+    coll = scripted(offload, check_agreement=False)
+    try:
+        assert served(coll, np.ones(4, np.float32)) == ([2.0] * 4, "offload", [])
+        assert offload.log == [("boundary", 1, None), ("run", False, None)]
+    finally:
+        coll.free()
+
+
+def test_the_offloads_own_hooks_are_asked_of_it_alone():
+    offload = Scripted()
+    coll = scripted(offload)
+    try:
+        assert coll.opens_served(np.float32, Op.SUM, 64)
+        assert not coll.opens_served(np.float64, Op.SUM, 64)
+        assert not coll.quorum_active()
+        coll.set_quorum(1, checked=True)
+        assert coll.quorum_active() and offload.k == 1
+        coll.help_rescue("call #3")
+        assert offload.log[-1] == ("help", "call #3")
+    finally:
+        coll.free()
+    ring_only = Collectives(MPI.COMM_SELF, Settings(switch=""))
+    try:
+        assert ring_only.offload is None
+        assert not ring_only.opens_served(np.float32, Op.SUM, 64)
+        assert not ring_only.quorum_active()
+        with pytest.raises(CommunicatorBroken, match="could not finish call #3, and this "
+                                                     "communicator has no engine"):
+            ring_only.help_rescue("call #3")
+    finally:
+        ring_only.free()
+
+
+def test_a_reduce_scatter_goes_through_the_fallbacks_own_and_an_engine_without_one_reduces_all():
+    coll = Collectives(MPI.COMM_SELF, Settings(switch=""))
+    try:
+        buf = np.arange(6, dtype=np.float32)
+        coll.reduce_scatter_flat(buf, Op.SUM, [(0, 6)])
+        assert buf.tolist() == list(range(6))
+        assert coll.stats.last["engine"] == "ring"
+        with pytest.raises(ValueError, match="must cover the 6 elements"):
+            coll.reduce_scatter_flat(buf, Op.SUM, [(0, 5)])
+    finally:
+        coll.free()
+    mpi = MpiEngine(MPI.COMM_SELF)
+    x = np.arange(4, dtype=np.float64)
+    mpi.reduce_scatter(AllreduceCall(None, x, Op.AVERAGE), [(0, 4)], None)
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+    ring = RingEngine(MPI.COMM_SELF, Settings())
+    with pytest.raises(ValueError, match="in place"):
+        ring.reduce_scatter(AllreduceCall(x, x.copy(), Op.SUM), [(0, 4)], None)
