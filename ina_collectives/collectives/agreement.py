@@ -45,7 +45,7 @@ class CallSignature:
 class Agreed:
     """What the agreement gave every rank: rank 0's ``news``, and the element-wise max of
     the ranks' ``window``s (int16; None if the call passed none). ``trouble``: a rank
-    could not finish its last switch call: nothing was agreed, the caller runs the
+    could not finish its last call alone: nothing was agreed, the caller runs the
     rescue (recovery.py) and starts the call again."""
 
     news: int = 0
@@ -57,8 +57,9 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
           news: int = 0, window: np.ndarray | None = None, width: int = 0) -> Agreed:
     """Raise AgreementError on every rank unless all ranks passed the same signature.
     ``news``: a value that rides along, not compared (rank 0's tells every rank whether
-    the aggregator answers again). ``window``: up to ``width`` int16 values to take the
-    max of over the ranks (the first window's exponent proposals of a switch call);
+    what the offload lost answers again). ``window``: up to ``width`` int16 values to
+    take the max of over the ranks (the first window's exponent proposals of an offload's
+    call);
     ``width`` must be the same on every rank, whatever each one's call. One allgather:
     this is the chooser's gate (recovery.py), where a rank that could not finish its
     last call posts TROUBLE instead (recovery.trouble)."""
@@ -88,7 +89,7 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
 
 
 def identity(call: CallSignature, value_bits: int = 0) -> int:
-    """What a call's opening carries through the switch for it to compare (docs/protocol.md,
+    """What an offload's gate carries for it to compare (the switch's: docs/protocol.md,
     A call's opening): 48 bits of a hash of what every rank must call alike, the
     signature's compared fields and the width the call asks for."""
     return _identity(call.kind, call.count, call.dtype, call.op, value_bits)
@@ -102,12 +103,12 @@ def _identity(kind: int, count: int, dtype: int, op: int, value_bits: int) -> in
 
 def disagree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline,
              width: int) -> None:
-    """The error path of an opening the switch marked MISMATCH (every rank got the mark):
+    """The error path of a gate the offload marked MISMATCH (every rank got the mark):
     one gate by MPI, which names what differs (AgreementError on every rank); if the
     signatures agree, what differed is the width the calls asked for."""
     agree(comm, call, seq, deadline, 0, None, width)
     raise AgreementError(f"ranks disagree on the value width of allreduce #{seq} (the "
-                         f"switch saw their calls differ; this rank: {call.describe()})")
+                         f"offload saw their calls differ; this rank: {call.describe()})")
 
 
 SIGNATURE = 5  # the int64 columns of a row before the window: 4 compared, then news
