@@ -414,25 +414,6 @@ def torch_errors(comm: Any, p: dict) -> dict[str, Any]:
 
 
 @case
-def torch_stall(comm: Any, p: dict) -> dict[str, Any]:
-    """The last rank never submits 'lonely': the others fail within stall_shutdown_time,
-    naming the tensor and the missing rank; the job then goes on."""
-    import ina_collectives.torch as hvd
-    hvd.init(stall_warning_time=0.5, stall_shutdown_time=p["stall"])
-    r, n = hvd.rank(), hvd.size()
-    out: dict[str, Any] = {}
-    if r != n - 1:
-        start = time.monotonic()
-        out["lonely"] = _attempt(lambda: hvd.allreduce(torch.ones(4), name="lonely"))
-        out["seconds"] = time.monotonic() - start
-    else:
-        time.sleep(p["stall"] + 1.0)
-    out["after"] = _np(hvd.allreduce(torch.ones(4), name="after", op=hvd.Sum))
-    hvd.shutdown()
-    return out
-
-
-@case
 def torch_dead_peer(comm: Any, p: dict) -> dict[str, Any]:
     """The last rank freezes (SIGSTOP): the others' pending operation fails within the
     timeout, naming what it waited for. Rank 0 then kills it."""
