@@ -112,7 +112,7 @@ def test_call_cost(benchmark, system):
     ident = identity(signature)
 
     def opening():
-        opened = _ina.switch_engine.open(ident, _ina.switch_engine.prepare(call), Deadline(60))
+        opened = _ina.switch_engine.gate(ident, _ina.switch_engine.prepare(call), Deadline(60))
         assert opened.outcome == "agreed", opened
 
     run = {
