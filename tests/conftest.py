@@ -132,6 +132,10 @@ def closed_tcp_port() -> int:
     return _closed_port(socket.SOCK_STREAM)
 
 
+# The name test modules import (tests/launch, tests/integration): the shared helper.
+_child_env = child_env
+
+
 @pytest.fixture
 def ina_run(request: pytest.FixtureRequest) -> Callable[..., subprocess.CompletedProcess]:
     """``ina_run(*args, env=None, timeout=120)``: ``python -m ina_collectives.launch
