@@ -54,7 +54,7 @@ from typing import Any
 from bench import RESULTS
 from ina_collectives import protocol as P
 from ina_collectives.launch.ranks import find_mpiexec
-from ina_collectives.testing.fabric import Fabric, in_namespace
+from ina_collectives.testing.fabric import Fabric, aggregator_ip, in_namespace
 from ina_collectives.testing.jobs import child_env
 
 from .netsim_report import timeline_panel
@@ -211,8 +211,9 @@ def run(cluster: Fabric, switch: str, cfg: dict[str, Any],
 
 
 def switch_faults(cluster: Fabric, switch: str, **faults: float) -> None:
-    """Set the fault injection of the switch at ``switch`` (in the fabric's switch
-    namespace, where its address is); faults not named are cleared."""
+    """Set the fault injection of the switch at ``switch`` from the fabric's switch
+    namespace (the switch takes them from its own address there); faults not named are
+    cleared."""
     from ina_collectives.switch import send_faults
 
     host, port = switch.rsplit(":", 1)
@@ -505,7 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     records = []
     with Fabric(args.n, link_mbit=args.rate, mtu=args.mtu) as cluster, ExitStack() as stack:
-        switch = stack.enter_context(cluster.switch_at(0, "--idle", "60")).address_text
+        # (fault settings from its own address: the late-packets runs set them from its
+        # namespace, the workers cannot)
+        switch = stack.enter_context(cluster.switch_at(
+            0, "--idle", "60", "--faults-from", aggregator_ip(0))).address_text
         if args.tcp_rto_min is not None:
             cluster.set_tcp_rto_min(args.tcp_rto_min)
         for cfg in plan(args):

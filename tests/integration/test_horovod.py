@@ -891,7 +891,7 @@ def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitio
 
 @pytest.mark.mpi
 def test_fifo_ordering_keeps_the_agreed_order():
-    """INA_ORDERING=fifo (Horovod's order, bench.overlap's baseline): tensors ready in
+    """INA_ORDERING=fifo (Horovod's order, bench.cluster.training's baseline): tensors ready in
     one round run in the order the ranks agreed on (that of the rank whose submissions
     the negotiation saw first), not by priority, alike on every rank; the sums are
     right."""
