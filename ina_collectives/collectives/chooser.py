@@ -353,18 +353,6 @@ class Collectives:
                                      "without a host collective")
         self.offload.help_rescue(what)
 
-    def next_collective_is_gate(self, columns: int | None) -> None:
-        """The owner of this communicator's next collective (the runtime: its negotiation,
-        or the next call's gate through the offload) says whether it is a gate, whose
-        rows are ``columns`` int64 values, or (None) not one: an offload's call then ends
-        with a host collective of its own (recovery.py)."""
-        self.errors.set_gate(None if columns is None else (lambda: columns),
-                             background=True)
-
-    def past_gate(self) -> None:
-        """The owner's gate passed without TROUBLE: every rank is past its last call."""
-        self.errors.forget()
-
     def _agree(self, signature: CallSignature, deadline: Deadline, news: int = 0,
                window: np.ndarray | None = None, width: int = 0) -> Agreed | None:
         """The gate by MPI: agree, or (a rank could not finish its last call alone) run
@@ -429,24 +417,17 @@ class Collectives:
         if self.offload is not None:
             self.offload.set_quorum(k)
 
-    def opens_served(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
-        """Whether an allreduce of this dtype, op and size, made next, would pass its
-        gate through the offload and be served by it (the runtime's gate for the call
-        before it: a rank in trouble meets the others when their gate fails,
-        recovery.py)."""
-        return self.offload is not None and self.offload.gates_and_serves(
-            np.dtype(dtype), op, nbytes)
-
     def quorum_active(self) -> bool:
         """Whether the offload's calls now complete with fewer than every rank (an
         AVERAGE then divides each chunk by the ranks it counted; docs/quorum.md)."""
         return self.offload is not None and self.offload.quorum_active()
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None,
-                        news: int = 0) -> int | None:
+                        news: int = 0, through_offload: bool = True) -> int | None:
         """Count the call and, if enabled, check that all ranks made it alike (through
-        the offload's gate where it takes them); rank 0's ``news`` (see agree), or None
-        when the check is off."""
+        the offload's gate where it takes them, unless not ``through_offload``: a call
+        that changes the offload's mode, whose next call must not meet its gate there);
+        rank 0's ``news`` (see agree), or None when the check is off."""
         self._check_usable()
         self._seq += 1
         if not self.settings.check_agreement:
@@ -454,13 +435,26 @@ class Collectives:
         deadline = deadline or Deadline(self.settings.timeout)
         while True:  # (again after a gate that ended in a rescue: each one bounded)
             offload = self.offload
-            if offload is not None and offload.gates():
+            if through_offload and offload is not None and offload.gates():
                 if self._offload_gate(offload, identity(signature), signature, deadline):
                     return 0  # (news is for what the offload lost: nothing is)
                 continue
             agreed = self._agree(signature, deadline, news, None, self._width())
             if agreed is not None:
                 return agreed.news
+
+    def meet_trouble(self, what: str) -> None:
+        """Collective with a rank that posts TROUBLE for the call this rank kept
+        (``errors.kept_call``) while no gate of this communicator's owner comes of itself
+        (the runtime, between negotiated rounds): one gate now, that rank's rescue
+        through the offload, and nothing more (the others go on to their next call, whose
+        gate that rank makes too)."""
+        agreed = agree(self.comm, CallSignature(CallSignature.FINISH, -1, -1, -1, what),
+                       self._seq + 1, Deadline(self.settings.timeout), 0, None,
+                       self._width())
+        if agreed.trouble:
+            self.help_rescue(what)
+        self.errors.forget()
 
     def finish_calls(self) -> None:
         """Collective, before the communicator goes: a rank that could not finish the

@@ -164,11 +164,6 @@ class OffloadEngine(Engine):
         the chooser's agreement."""
         raise NotImplementedError
 
-    def gates_and_serves(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
-        """Whether such a call, made next, would pass its gate through the offload and
-        be served by it."""
-        raise NotImplementedError
-
     def gate(self, ident: int, prepared: Any, deadline: Deadline) -> Gated:
         """Collective through the offload (``gates()`` holds, alike on every rank): the
         gate of the call whose identity is ``ident`` (agreement.identity), agreeing on

@@ -3,7 +3,9 @@ call without host collectives: all or nothing"): its neutral part, the gate.
 
 An offload (engine.py: OffloadEngine) may end a call with no host collective of its own
 when the call's owner makes one next: a *gate*, the collective every rank makes before
-anything else on the communicator (the chooser's agreement, the runtime's negotiation).
+anything else on the communicator (the chooser's agreement, an offload's own gate, or
+``Collectives.meet_trouble``, which an owner makes when ranks say they are in trouble
+while no gate comes of itself: the runtime, between negotiated rounds).
 A rank that cannot finish such a call alone says so in that gate, with ``TROUBLE`` in
 the first column of its row (``trouble``); every rank that reads it then takes part in
 the offload's rescue (``Collectives.help_rescue``), which may need what a rank kept of
@@ -44,7 +46,7 @@ def trouble(comm: MPI.Intracomm, columns: int, seconds: float, what: str,
 
 class ErrorPath:
     """One communicator's error path: whether its owner's next collective is a gate (the
-    chooser's agreement, the runtime's negotiation) and what this rank kept of its last
+    chooser's agreement, an offload's own) and what this rank kept of its last
     call that ended without a host collective. The chooser owns it and the owner of the
     next collective says whether it is a gate (``set_gate``); an engine posts TROUBLE
     (``report``), keeps what the others may need (``keep``) and runs its rescue over
@@ -54,6 +56,12 @@ class ErrorPath:
         self.comm, self.seconds = comm, seconds
         self._gate: tuple[Callable[[], int], bool] | None = None
         self._kept: Any = None
+        # The offload's number of the call kept (``keep``), and of the call this rank is
+        # posting TROUBLE for while it waits in the gate (``report``; None: it is not):
+        # an owner whose gate may not come of itself (the runtime, between negotiated
+        # rounds) tells the other ranks, which make one (runtime/background.py).
+        self.kept_call: int | None = None
+        self.reporting: int | None = None
 
     # -- the gate -----------------------------------------------------------------------
 
@@ -68,13 +76,18 @@ class ErrorPath:
     def gated(self) -> bool:
         return self._gate is not None
 
-    def report(self, what: str) -> None:
-        """Post TROUBLE in the gate: this rank could not finish ``what`` alone."""
+    def report(self, what: str, call: int | None = None) -> None:
+        """Post TROUBLE in the gate: this rank could not finish ``what`` (the offload's
+        call ``call``, if it kept one) alone."""
         if self._gate is None:
             raise CommunicatorBroken(f"{what} needs the error path, and the next "
                                      "collective is not a gate")
         columns, background = self._gate
-        trouble(self.comm, columns(), self.seconds, what, background)
+        self.reporting = call
+        try:
+            trouble(self.comm, columns(), self.seconds, what, background)
+        finally:
+            self.reporting = None
 
     # -- what a rank keeps of its last call ---------------------------------------------
 
@@ -83,9 +96,9 @@ class ErrorPath:
         """What this rank keeps of its last call for the others (None: nothing)."""
         return self._kept
 
-    def keep(self, kept: Any) -> None:
-        self._kept = kept
+    def keep(self, kept: Any, call: int | None = None) -> None:
+        self._kept, self.kept_call = kept, call
 
     def forget(self) -> None:
         """Every rank is past the last call (a gate passed without TROUBLE)."""
-        self._kept = None
+        self._kept = self.kept_call = None

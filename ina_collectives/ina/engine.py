@@ -232,11 +232,6 @@ class InaEngine(OffloadEngine):
                 and link is not None and link.opens
                 and not 0 < self.quorum.k < self.quorum.n)
 
-    def gates_and_serves(self, dtype: np.dtype, op: Op, nbytes: int) -> bool:
-        """Whether such a call, made next, would open through the aggregator and be
-        served by it."""
-        return self.can_open() and self.declines_kind(dtype, op, nbytes) is None
-
     def set_quorum(self, k: int) -> None:
         self.quorum.set(k)
 
@@ -587,7 +582,8 @@ class InaEngine(OffloadEngine):
             if out is not call.recv:
                 np.copyto(call.recv, out, casting="unsafe")
             start = max(c0, c1 - agg.links[i].slots) * k
-            self.errors.keep(Kept(self.quorum.calls, i, start, call.recv[start:].copy()))
+            self.errors.keep(Kept(self.quorum.calls, i, start, call.recv[start:].copy()),
+                             self.quorum.calls)
             self.vote_free_calls += 1
             return None
         what = f"switch call #{self.quorum.calls} ({call.nbytes} bytes)"
@@ -596,7 +592,7 @@ class InaEngine(OffloadEngine):
         here = (f"{agg.where(i)}: {result.reason}, {result.missing.size} chunks never "
                 f"completed (first {result.missing[:8].tolist()})" if not result.ok
                 else "a result said an input held a NaN or an Inf")
-        self.errors.report(f"{what}: {here}")
+        self.errors.report(f"{what}: {here}", self.quorum.calls)
         got = take_part(self.errors, role, self.quorum.calls, what,
                         opening=self.quorum.calls, seq=agg.seq)
         self.predictions.clear()
@@ -623,7 +619,8 @@ class InaEngine(OffloadEngine):
         self.rescued_calls += 1
         # Kept like any vote-free call's: if the others were at finalize, this rank's
         # finalize must make the gate they make again (Collectives.finish_calls).
-        self.errors.keep(Kept(self.quorum.calls, i, got.start, got.values))
+        self.errors.keep(Kept(self.quorum.calls, i, got.start, got.values),
+                         self.quorum.calls)
         return None
 
     def help_rescue(self, what: str) -> None:

@@ -1,12 +1,19 @@
 """The background runtime behind the Horovod-style API, framework-neutral (NumPy arrays):
 the thread's cycle and the handles.
 
-One thread per process owns all communication of the runtime's communicator: callers
-``submit`` a named operation and get a ``Handle``; every ``cycle_time`` the thread
-negotiates with the other ranks which operations are ready (negotiation.py), then runs
-them: the ready allreduces as ``scheduling`` orders, cuts and fuses them (docs/ordering.md),
-each fusion buffer reduced with one call through ``Collectives`` (so INA serves them when
-it applies) with Horovod's ``scaling``; the other kinds by ``HostCollectives``.
+Two threads per process own all communication of the runtime: callers ``submit`` a
+named operation and get a ``Handle``; every ``cycle_time`` the negotiation thread agrees
+with the other ranks, on a communicator of its own, which operations are ready
+(negotiation.py) and hands each cycle's outcome, the same on every rank, to the runtime's
+thread, which runs them in that order: the ready allreduces as ``scheduling`` orders, cuts
+and fuses them (docs/ordering.md), each fusion buffer reduced with one call through
+``Collectives`` (so INA serves them when it applies) with Horovod's ``scaling``; the other
+kinds by ``HostCollectives``. The negotiation runs ahead of the data: while one round's
+calls stream, the next rounds are agreed, so that a call the switch serves waits for no
+host collective at all. Each call is therefore checked at its own gate, as the array
+API's calls are (chooser.py): an allreduce by its identity in the switch (a predicted
+first window, an opening) or the agreement; any other operation by
+``Collectives.check_agreement``.
 Every wait is bounded: a peer that stops negotiating fails every pending handle with
 CollectiveTimeout, a tensor some ranks never submit fails after
 ``stall_shutdown_time`` naming them.
@@ -26,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,7 +51,7 @@ from ..ina.engine import InaEngine
 from ..settings import Settings
 from . import scaling, scheduling
 from .host_collectives import HostCollectives
-from .negotiation import GATE_COLUMNS, Message, OpRequest, ReadinessTable, Ready, exchange
+from .negotiation import Message, OpRequest, Outcome, ReadinessTable, Ready, exchange
 from .scheduling import Piece
 
 log = logging.getLogger("ina_collectives")
@@ -134,11 +142,13 @@ class BackgroundRuntime:
                                f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level")
         self.settings = settings
         self.ordered = ordered
-        # The negotiation already compared every rank's call: skip the per-call check.
-        # In program order each call is checked at its own gate, as the array API's are.
+        # Each call is checked at its own gate, as the array API's are: in program order
+        # nothing else compares it, and the negotiation, which runs ahead of the calls on
+        # a communicator of its own, is no gate (a vote-free call needs the next
+        # collective to be one: collectives/recovery.py).
         self.collectives = Collectives(
             comm, dataclasses.replace(settings, check_agreement=(
-                ordered and settings.check_agreement)), InaEngine)
+                settings.check_agreement or not ordered)), InaEngine)
         switch = self.collectives.switch_engine
         if switch is not None:  # (ina's engine: the kernels it runs, for stats)
             self.collectives.stats.kernels = switch.kernels.name
@@ -163,8 +173,17 @@ class BackgroundRuntime:
         self._stopped: str | None = None   # why the loop ended, once it has
         self._stalled: tuple[str, ...] = ()
         self._wake = threading.Event()  # (program order: set by a submission, a shutdown)
+        # The negotiation's outcomes, in cycle order, for the runtime's thread (or the
+        # exception that ended the negotiation); ``_halt``: the runtime's thread ended.
+        self._outcomes: queue.SimpleQueue[Outcome | BaseException] = queue.SimpleQueue()
+        self._halt = False
+        self._negotiation_comm = None if ordered else self.comm.Dup()
+        self._negotiator = None if ordered else threading.Thread(
+            target=self._negotiate, name="ina-negotiation", daemon=True)
         self._thread = threading.Thread(target=self._run, name="ina-background", daemon=True)
         self._thread.start()
+        if self._negotiator is not None:
+            self._negotiator.start()
 
     # -- the caller's side ------------------------------------------------------------
 
@@ -225,10 +244,15 @@ class BackgroundRuntime:
         with self._lock:
             self._shutdown = True
             self._wake.set()
+        started = time.monotonic()
         self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("the background thread did not stop within %g s", timeout)
+        if self._negotiator is not None:
+            self._negotiator.join(max(0.0, timeout - (time.monotonic() - started)))
+        if self._thread.is_alive() or (self._negotiator and self._negotiator.is_alive()):
+            log.warning("the background threads did not stop within %g s", timeout)
         else:
+            if self._negotiation_comm is not None:
+                self._negotiation_comm.Free()
             self.collectives.free()
 
     def wait_seconds(self) -> float:
@@ -250,58 +274,102 @@ class BackgroundRuntime:
         reason = "shut down"
         try:
             while True:
-                if self.ordered:
-                    if self._in_order():
-                        break
-                    continue
-                started = time.monotonic()
-                if self._cycle():
+                if self._in_order() if self.ordered else self._cycle():
                     break
-                spare = self.settings.cycle_time - (time.monotonic() - started)
-                if spare > 0:
-                    time.sleep(spare)
         except BaseException as exc:  # noqa: BLE001 - every handle must hear of it
             reason = f"{type(exc).__name__}: {exc}"
             log.error("background thread stopped: %s", reason)
             self._fail_all(exc if isinstance(exc, InaError) else OperationError(reason))
         finally:
             self._stopped = reason
+            self._halt = True
             self._fail_all(OperationError(f"the background runtime has stopped: {reason}"))
 
+    def _meet_trouble(self, trouble: dict[int, int]) -> None:
+        """Ranks wait in the gate of a switch call they could not finish alone (their
+        number of it in ``trouble``): a call that ended with no vote waits for the next
+        collective to be a gate, and the next call's gate comes only once every rank has
+        submitted it, which those ranks cannot. A rank that kept that call and has made
+        no gate since makes one now, as every such rank does at the same outcome, and
+        takes part in the rescue (collectives/recovery.py); one that made a gate since
+        met them there."""
+        errors = self.collectives.errors
+        calls = {call for rank, call in trouble.items() if rank != self.rank}
+        if errors.kept is not None and errors.kept_call in calls:
+            self.collectives.meet_trouble(
+                f"switch call #{errors.kept_call}, which rank(s) "
+                f"{sorted(r for r, c in trouble.items() if c == errors.kept_call)} "
+                f"could not finish")
+
+    def _negotiate(self) -> None:
+        """The negotiation thread: a round every ``cycle_time``, each round's outcome
+        handed to the runtime's thread, until a rank shuts the runtime down, the
+        runtime's thread ends, or a round fails (its exception is handed on)."""
+        try:
+            while not self._halt:
+                started = time.monotonic()
+                with self._lock:
+                    new, self._local.queue = self._local.queue, []
+                    for handle in new:
+                        self._local.inflight[handle.request.name] = handle
+                    send_join = self._local.join is not None and not self._local.join_sent
+                    self._local.join_sent |= send_join
+                    # (A rank waiting in the gate of a call it could not finish says so:
+                    # the others make one if none comes of itself: _meet_trouble.)
+                    reporting = self.collectives.errors.reporting
+                    message = Message([h.request for h in new], send_join, self._shutdown,
+                                      self._stalled,
+                                      -1 if reporting is None else reporting)
+                messages = exchange(self._negotiation_comm, message,
+                                    Deadline(self.settings.timeout), self.table.cycle + 1)
+                outcome = self.table.absorb(messages, time.monotonic())
+                self.fusion["cycles"] += 1
+                if self.rank == 0:
+                    self._stalled = self.table.stalled(time.monotonic(),
+                                                       self.settings.stall_warning_time,
+                                                       self.settings.stall_shutdown_time)
+                self._outcomes.put(outcome)
+                if outcome.shutdown_by is not None:
+                    return
+                spare = self.settings.cycle_time - (time.monotonic() - started)
+                if spare > 0:
+                    time.sleep(spare)
+        except BaseException as exc:  # noqa: BLE001 - the runtime's thread reports it
+            self._outcomes.put(exc)
+
     def _cycle(self) -> bool:
-        """One negotiation round and its work; True when the runtime must stop."""
-        with self._lock:
-            new, self._local.queue = self._local.queue, []
-            for handle in new:
-                self._local.inflight[handle.request.name] = handle
-            send_join = self._local.join is not None and not self._local.join_sent
-            self._local.join_sent |= send_join
-            message = Message([h.request for h in new], send_join, self._shutdown,
-                              self._stalled)
-        deadline = Deadline(self.settings.timeout)
-        messages = exchange(self.comm, message, deadline, self.table.cycle + 1,
-                            self.collectives.help_rescue)
-        self.collectives.past_gate()  # every rank is past its last call: nothing to keep
-        self.fusion["cycles"] += 1
-        outcome = self.table.absorb(messages, time.monotonic())
+        """One negotiated round's work, in the negotiation's order; True when the runtime
+        must stop."""
+        # (The negotiation hands on a round every cycle_time, or its failure within its
+        # bound: this wait only backs that up.)
+        bound = self.settings.timeout + self.settings.cycle_time + 5.0
+        try:
+            outcome = self._outcomes.get(timeout=bound)
+        except queue.Empty:
+            raise CollectiveTimeout(f"the negotiation thread gave no round for {bound:g} s"
+                                    ) from None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome.trouble:
+            self._meet_trouble(outcome.trouble)
         for failed in outcome.failed:
             self._finish(failed.name, error=OperationError(failed.message))
         self._execute(outcome.ready)
         if outcome.join_done is not None:
             self._join_done = outcome.join_done
         # (A joined rank adds zeros to what others carry over: it stays joined till then.)
-        if self._join_done is not None and not self._carry and self._local.join is not None:
-            handle, self._local.join, self._local.join_sent = self._local.join, None, False
+        with self._lock:
+            handle = None
+            if (self._join_done is not None and not self._carry
+                    and self._local.join is not None):
+                handle, self._local.join, self._local.join_sent = self._local.join, None, False
+        if handle is not None:
             handle.finish(self._join_done)
             self._join_done = None
         if outcome.shutdown_by is not None:
             self._fail_all(OperationError(f"rank {outcome.shutdown_by} shut the runtime down "
                                           f"before this operation could run"))
             return True
-        if self.rank == 0:
-            self._stalled = self.table.stalled(time.monotonic(),
-                                               self.settings.stall_warning_time,
-                                               self.settings.stall_shutdown_time)
         return False
 
     # -- program order (``ordered``) -------------------------------------------------------
@@ -351,8 +419,7 @@ class BackgroundRuntime:
         request = handle.request
         deadline = Deadline(self.settings.timeout)
         try:
-            self.collectives.check_agreement(CallSignature(
-                CallSignature.MPI_DIRECT, -1, -1, -1, request.describe()), deadline)
+            self._gate(request)
             messages = exchange(self.comm, Message([request]), deadline,
                                 self.table.cycle + 1)
             outcome = self.table.absorb(messages, time.monotonic())
@@ -403,20 +470,15 @@ class BackgroundRuntime:
         pieces = scheduling.order(self._carry + pieces, s.ordering == "fifo")
         groups = scheduling.fusion_groups(pieces, s.fusion_threshold, s.partition_bytes)
         run, self._carry = scheduling.take(groups, s.partition_bytes, s.switch_block)
-        for j, group in enumerate(run):
-            # A call followed by a gate may be served without a vote (recovery.py): the
-            # round's last call, with nothing after it, is followed by the next
-            # negotiation; another, by the next call's opening through the switch (where a
-            # rank in trouble meets the others when their opening fails).
-            gated = (not others if j == len(run) - 1 else self._opens(run[j + 1]))
-            self.collectives.next_collective_is_gate(GATE_COLUMNS if gated else None)
+        for group in run:  # (each call checked at its own gate: Collectives)
             self._allreduce_group(group)
-        self.collectives.next_collective_is_gate(None)
         for item in others:
-            kind = item.any_request().kind
+            request = item.any_request()
             handle = self._local.inflight.get(item.name)
             try:
-                result = self.host.run(kind, item.requests, handle.data if handle else {})
+                self._gate(request)
+                result = self.host.run(request.kind, item.requests,
+                                       handle.data if handle else {})
             except InaError as exc:
                 self._finish(item.name, error=exc)
                 if isinstance(exc, CollectiveTimeout):
@@ -424,13 +486,16 @@ class BackgroundRuntime:
                 continue
             self._finish(item.name, result)
 
-    def _opens(self, group: list[Piece]) -> bool:
-        """Whether this group's call will open through the switch (the chooser's answer
-        for the call ``_allreduce_group`` makes of it)."""
-        req = group[0].request
-        nbytes = scheduling.layout(group, self.settings.switch_block)[1] * req.wire.itemsize
-        op = scaling.collective_op(req, req.wire, self.collectives.quorum_active())
-        return self.collectives.opens_served(req.wire, op, nbytes)
+    def _gate(self, request: OpRequest) -> None:
+        """The gate of an operation other than allreduce: the call checked as the array
+        API checks a call it hands to MPI (an opening through the switch, or the
+        agreement), where a rank that could not finish the switch call before it meets
+        the others (collectives/recovery.py)."""
+        # (A quorum's setting is gated by the agreement: the next switch call, in the new
+        # mode, would meet an opening of its number in the cells it uses.)
+        self.collectives.check_agreement(CallSignature(
+            CallSignature.MPI_DIRECT, -1, -1, -1, request.describe()),
+            Deadline(self.settings.timeout), through_offload=request.kind != "quorum")
 
     def _allreduce_group(self, group: list[Piece]) -> None:
         req = group[0].request

@@ -19,9 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives.ops import Op, as_op
-from ..collectives.recovery import TROUBLE
 from ..collectives.waiting import Deadline, wait
-from ..errors import CommunicatorBroken
 
 log = logging.getLogger("ina_collectives")
 
@@ -71,6 +69,7 @@ class Message:
     join: bool = False
     shutdown: bool = False
     stalled: tuple[str, ...] = ()   # rank 0 only: names to fail as stalled
+    trouble: int = -1               # the switch call this rank posts TROUBLE for (-1: none)
 
 
 @dataclass
@@ -96,6 +95,7 @@ class Outcome:
     failed: list[Failed] = field(default_factory=list)
     join_done: int | None = None     # the last rank to join, once every rank has
     shutdown_by: int | None = None   # a rank that asked to shut down
+    trouble: dict[int, int] = field(default_factory=dict)  # rank -> its Message.trouble
 
 
 @dataclass
@@ -130,6 +130,8 @@ class ReadinessTable:
                 self.joined[rank] = self.cycle
             if msg.shutdown and out.shutdown_by is None:
                 out.shutdown_by = rank
+            if msg.trouble >= 0:
+                out.trouble[rank] = msg.trouble
         for name in messages[0].stalled:
             entry = self.pending.pop(name, None)
             if entry is not None:
@@ -225,32 +227,17 @@ class ReadinessTable:
         return tuple(failing)
 
 
-# The int64 columns of a rank's row in the negotiation's first allgather, the runtime's
-# gate (a rank in trouble posts a row as long: recovery.trouble).
-GATE_COLUMNS = 1
-
-
-def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: int,
-             on_trouble: Callable[[str], None] | None = None) -> list[Message]:
-    """Every rank's message of this cycle, in rank order (one or two allgathers).
-
-    An idle cycle costs one allgather of one int64 per rank. That allgather is the
-    runtime's gate (collectives/recovery.py): a rank that could not finish its last
-    switch call posts TROUBLE instead; every rank then runs ``on_trouble`` (the
-    rescue) and makes the allgather again."""
+def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: int
+             ) -> list[Message]:
+    """Every rank's message of this cycle, in rank order (one or two allgathers; an idle
+    cycle costs one allgather of one int64 per rank). It is no gate (runtime/background.py:
+    the negotiation runs on a communicator of its own, ahead of the calls)."""
     payload = b"" if message == Message() else pickle.dumps(message, protocol=5)
     n = comm.Get_size()
     sizes = np.empty(n, np.int64)
-    while True:
-        wait(comm.Iallgather(np.array([len(payload)], np.int64), sizes), deadline,
-             lambda: f"all {n} ranks to reach negotiation cycle {cycle} of the background "
-                     f"thread", background=True)
-        if not (sizes == TROUBLE).any():
-            break
-        if on_trouble is None:
-            raise CommunicatorBroken(f"rank(s) {np.flatnonzero(sizes == TROUBLE).tolist()} "
-                                     "could not finish their last switch call")
-        on_trouble(f"the switch call before negotiation cycle {cycle}")
+    wait(comm.Iallgather(np.array([len(payload)], np.int64), sizes), deadline,
+         lambda: f"all {n} ranks to reach negotiation cycle {cycle} of the background "
+                 f"thread", background=True)
     if not sizes.any():
         return [Message() for _ in range(n)]
     displs = np.zeros(n, np.int64)

@@ -399,9 +399,6 @@ class Scripted(OffloadEngine):
     def gates(self):
         return self.gating
 
-    def gates_and_serves(self, dtype, op, nbytes):
-        return self.gating and dtype == np.float32
-
     def gate(self, ident, prepared, deadline):
         outcome = self.outcomes.pop(0) if self.outcomes else GateOutcome.AGREED
         self.log.append(("gate", prepared is not None, outcome))
@@ -519,8 +516,6 @@ def test_the_offloads_own_hooks_are_asked_of_it_alone():
     offload = Scripted()
     coll = scripted(offload)
     try:
-        assert coll.opens_served(np.float32, Op.SUM, 64)
-        assert not coll.opens_served(np.float64, Op.SUM, 64)
         assert not coll.quorum_active()
         coll.set_quorum(1, checked=True)
         assert coll.quorum_active() and offload.k == 1
@@ -531,7 +526,6 @@ def test_the_offloads_own_hooks_are_asked_of_it_alone():
     ring_only = Collectives(MPI.COMM_SELF, Settings(switch=""))
     try:
         assert ring_only.offload is None
-        assert not ring_only.opens_served(np.float32, Op.SUM, 64)
         assert not ring_only.quorum_active()
         with pytest.raises(CommunicatorBroken, match="could not finish call #3, and this "
                                                      "communicator has no engine"):

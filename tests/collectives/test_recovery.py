@@ -61,3 +61,30 @@ def test_the_error_path_keeps_what_it_is_given_until_a_gate_passes():
         return held, path.kept
 
     assert run_ranks(2, rank) == [(("call", 7), None)] * 2
+
+
+def test_the_error_path_says_which_call_it_kept_and_which_it_reports(monkeypatch):
+    """What the runtime's negotiation reads (runtime/background.py: _meet_trouble): the
+    offload's number of the call kept, and of the call whose TROUBLE this rank posts,
+    set only while it waits in the gate."""
+    from ina_collectives.collectives import recovery
+
+    seen = []
+    path = ErrorPath(comm=None, seconds=1.0)
+    monkeypatch.setattr(recovery, "trouble",
+                        lambda *args, **kwargs: seen.append(path.reporting))
+    path.keep("window", 4)
+    assert (path.kept, path.kept_call, path.reporting) == ("window", 4, None)
+    path.forget()
+    assert (path.kept, path.kept_call) == (None, None)
+    path.set_gate(lambda: 3)
+    path.report("switch call #5", 5)
+    path.report("an opening")
+    assert seen == [5, None] and path.reporting is None
+
+    def failing(*args, **kwargs):
+        raise TimeoutError("nobody came")
+    monkeypatch.setattr(recovery, "trouble", failing)
+    with pytest.raises(TimeoutError):
+        path.report("switch call #6", 6)
+    assert path.reporting is None

@@ -189,3 +189,35 @@ def test_an_mpi_communicator_without_thread_multiple_is_refused(monkeypatch):
     monkeypatch.setattr(MPI, "Query_thread", lambda: MPI.THREAD_SERIALIZED)
     with pytest.raises(RuntimeError, match="needs MPI_THREAD_MULTIPLE"):
         BackgroundRuntime(MPI.COMM_SELF, Settings(**BASE))
+
+
+def test_a_rank_that_lost_a_call_while_the_others_idle_is_rescued_through_the_negotiation():
+    """The negotiation runs ahead on a communicator of its own and is no gate. Rank 1
+    loses the results of a call without a vote that rank 0 finished; rank 0 then kills
+    the switch and submits its next call, which waits for rank 1's submission, which
+    waits for the rescue. Rank 1 says in the negotiation that it is in trouble; rank 0,
+    which kept that call, makes a gate of its own (Collectives.meet_trouble) and sends
+    its window: both get the exact sum bit for bit, and the next call takes the exact
+    engine on both."""
+    from tests.ina.test_engine_faults import COUNT, deaf_from_the_next_stream, mortal_switch
+
+    with mortal_switch() as sw:
+        def body(runtime, r):
+            x = np.arange(COUNT, dtype=np.float32) * (r + 1)
+            allreduce(runtime, "first", x)
+            if r == 1:
+                deaf_from_the_next_stream(runtime.collectives.switch_engine)
+            second = allreduce(runtime, "second", x)
+            if r == 0:
+                sw.kill()
+            third = allreduce(runtime, "third", np.full(COUNT, 2.0, np.float32))
+            return second, third, runtime.stats()
+
+        results = on_runtimes(2, body, switch="%s:%d" % sw.address, switch_min_bytes=0,
+                              switch_silence=0.5, timeout=10.0)
+    (second0, third0, stats0), (second1, third1, stats1) = results
+    assert second0.tolist() == (np.arange(COUNT, dtype=np.float32) * 3).tolist()
+    assert second1.tobytes() == second0.tobytes()
+    assert third0.tolist() == third1.tolist() == [4.0] * COUNT
+    assert [s["switch"]["rescued_calls"] for s in (stats0, stats1)] == [0, 1]
+    assert stats0["last_call"]["engine"] == stats1["last_call"]["engine"] == "gloo"

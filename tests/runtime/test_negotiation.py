@@ -187,3 +187,23 @@ def test_average_divides_exactly_as_horovods_tests_expect(dtype, n):
     else:
         want = np.trunc(values.astype(np.float64) / n).astype(dtype)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_rank_in_trouble_is_named_with_its_call_and_nothing_else_changes():
+    table = ReadinessTable(3)
+    out = table.absorb([Message([req("a")]), Message(trouble=7), Message([req("a")])],
+                       now=0.0)
+    assert out.trouble == {1: 7} and not out.ready and not out.failed
+    assert Message(trouble=-1) == Message()  # (an idle cycle's message stays empty)
+    later = table.absorb([Message(), Message([req("a")]), Message()], now=1.0)
+    assert later.trouble == {} and [r.name for r in later.ready] == ["a"]
+
+
+def test_an_operation_out_of_program_order_names_what_each_rank_made_there():
+    table = ReadinessTable(2)
+    messages = [Message([req("x")]), Message([req("y", "broadcast", root=0)])]
+    table.absorb(messages, now=0.0)
+    entry = table.pending["x"]
+    text = table.out_of_order("x", entry, messages)
+    assert "allreduce 'x'" in text and "rank(s) [0]" in text, text
+    assert "rank(s) [1] never submitted it" in text and "rank 1: broadcast 'y'" in text, text
