@@ -176,6 +176,7 @@ class BackgroundRuntime:
         # The negotiation's outcomes, in cycle order, for the runtime's thread (or the
         # exception that ended the negotiation); ``_halt``: the runtime's thread ended.
         self._outcomes: queue.SimpleQueue[Outcome | BaseException] = queue.SimpleQueue()
+        self._taken = threading.Event()  # the runtime's thread took the last outcome
         self._halt = False
         self._negotiation_comm = None if ordered else self.comm.Dup()
         self._negotiator = None if ordered else threading.Thread(
@@ -328,9 +329,20 @@ class BackgroundRuntime:
                     self._stalled = self.table.stalled(time.monotonic(),
                                                        self.settings.stall_warning_time,
                                                        self.settings.stall_shutdown_time)
+                self._taken.clear()
                 self._outcomes.put(outcome)
                 if outcome.shutdown_by is not None:
                     return
+                # One round ahead, no more: the next round is agreed while this one's
+                # calls run, and holds what was submitted until it starts (a backlog of
+                # rounds would hold a piece that priority moves ahead behind them all).
+                # While the runtime's thread waits in a gate in trouble, the rounds go on:
+                # they tell the others (_meet_trouble).
+                while not self._taken.wait(0.02):
+                    if self._halt:
+                        return
+                    if self.collectives.errors.reporting is not None:
+                        break
                 spare = self.settings.cycle_time - (time.monotonic() - started)
                 if spare > 0:
                     time.sleep(spare)
@@ -345,6 +357,7 @@ class BackgroundRuntime:
         bound = self.settings.timeout + self.settings.cycle_time + 5.0
         try:
             outcome = self._outcomes.get(timeout=bound)
+            self._taken.set()
         except queue.Empty:
             raise CollectiveTimeout(f"the negotiation thread gave no round for {bound:g} s"
                                     ) from None
