@@ -146,11 +146,14 @@ class Settings:
         "ina_collectives.set_quorum or the control plane (python -m "
         "ina_collectives.control mode).",
     )
-    quorum_max_skips: int = _setting(
-        4,
-        "The staleness bound of quorum mode: a worker left out of this many calls in a row "
-        "is waited for in the next (that call runs in sync), so every worker's gradient "
-        "counts at least once in every max_skips + 1 calls. 0: no bound.",
+    quorum_max_steps: int = _setting(
+        3,
+        "The staleness bound of quorum mode, in training steps (Serene's window): a worker "
+        "left out of some chunk of every call for this many steps in a row is waited for "
+        "in the next call (it runs in sync), so every worker's gradient counts at least "
+        "once every max_steps steps and a call. A step ends where a call repeats one of "
+        "the step (every step repeats its tensors' calls), or after 64 calls. The default "
+        "absorbs a worker late by twice the step time. 0: no bound.",
     )
     switch_standby: bool = _setting(
         True,
@@ -286,8 +289,8 @@ class Settings:
         if not 0 <= self.switch_predict_headroom <= 8:
             raise ValueError(f"switch_predict_headroom must be 0..8 bits, got "
                              f"{self.switch_predict_headroom}")
-        if self.quorum_max_skips < 0:
-            raise ValueError(f"quorum_max_skips must be >= 0, got {self.quorum_max_skips}")
+        if self.quorum_max_steps < 0:
+            raise ValueError(f"quorum_max_steps must be >= 0, got {self.quorum_max_steps}")
         if self.switch_retry_calls < 0:
             raise ValueError(f"switch_retry_calls must be >= 0, got {self.switch_retry_calls}")
         if not 0 <= self.job < 65536:

@@ -69,7 +69,7 @@ class InaEngine(OffloadEngine):
         self.calls_by_width: dict[int, int] = {}  # calls served, by value bits
         self.striped_calls = self.partial_handovers = self.standby_takeovers = 0
         self.quorum = Quorum(comm.Get_size(), comm.Get_rank(), settings.quorum,
-                             settings.quorum_max_skips)
+                             settings.quorum_max_steps)
         self.aggregators = (aggregators if aggregators is not None
                             else Aggregators(comm, settings, self.kernels))
         self.shares = Shares(len(self.aggregators.addresses))
@@ -339,7 +339,8 @@ class InaEngine(OffloadEngine):
         if predicted:
             agreed_first = np.zeros(1 + self._span(prepared), np.int16)
             agreed_first[1:] = identified[3]
-        call_number, quorum = self.quorum.next_call()
+        call_number, quorum = self.quorum.next_call(
+            (call.recv.size, call.dtype.str, call.op, call.value_bits))
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (collectives/recovery.py): its outcome is in the results.
         vote_free = self.errors.gated and not quorum and len(prepared.shares) == 1

@@ -18,18 +18,26 @@ from ..collectives.ops import check_quorum
 
 log = logging.getLogger("ina_collectives")
 
+# A training step, as the staleness bound counts it, ends where a call repeats one the
+# rank was left out of since its step began (every step repeats its tensors' calls), or
+# after this many calls with none repeated (a job whose calls never repeat still counts).
+STEP_CALLS = 64
+
 
 class Quorum:
-    """One job's quorum mode, on one rank: ``k`` (0: sync), the staleness bound, and the
-    counts ``report`` gives."""
+    """One job's quorum mode, on one rank: ``k`` (0: sync), the staleness bound (in
+    training steps, Serene's window: ``max_steps``), and the counts ``report`` gives."""
 
-    def __init__(self, n: int, rank: int, k: int, max_skips: int):
+    def __init__(self, n: int, rank: int, k: int, max_steps: int):
         self.n, self.rank = n, rank
         self.k = check_quorum(k)
-        self.max_skips = max_skips
+        self.max_steps = max_steps
         self.generation = 0  # the control plane's mode last adopted (0: none yet)
-        # calls in a row each rank was left out of a chunk: the staleness bound's count
-        self.skips = np.zeros(n, np.int64)
+        # The staleness bound's count: the training steps in a row each rank was left out
+        # of some chunk of every call, and the calls of its current such step.
+        self.steps = np.zeros(n, np.int64)
+        self._step_calls: list[set] = [set() for _ in range(n)]
+        self._key: object = None
         self.calls = 0  # switch-served calls started: the call number (mod 65536)
         self._stamp = 0  # the quorum stamped in the packets of the call under way
         self.quorum_calls = self.waited_calls = self.changes = 0
@@ -42,13 +50,16 @@ class Quorum:
         asks the same k at the same point."""
         self.k = check_quorum(k)
 
-    def next_call(self) -> tuple[int, int]:
-        """(call number, quorum stamp) of the switch-served call about to start. The
+    def next_call(self, key: object = None) -> tuple[int, int]:
+        """(call number, quorum stamp) of the switch-served call about to start; ``key``:
+        what the call repeats from step to step (its length, dtype, op and width). The
         stamp is 0 (sync) when k is 0 or covers all n, and for one call when a worker
-        has been left out of ``max_skips`` calls in a row (the staleness bound)."""
+        has been left out of every call of ``max_steps`` training steps (the staleness
+        bound: a step ends where a call repeats, see STEP_CALLS)."""
         self.calls += 1
+        self._key = key
         stamp = self.k if 0 < self.k < self.n else 0
-        if stamp and self.max_skips and bool((self.skips >= self.max_skips).any()):
+        if stamp and self.max_steps and bool((self.steps >= self.max_steps).any()):
             stamp = 0
             self.waited_calls += 1
         self._stamp = stamp
@@ -73,12 +84,15 @@ class Quorum:
             out = [r for r in range(self.n) if not (counted_all >> r) & 1]
             never = [r for r in out if not (counted_any >> r) & 1]
             for r in range(self.n):
-                self.skips[r] = self.skips[r] + 1 if r in out else 0
+                self._count_step(r, r in out)
             self.quorum_calls += 1
             self.calls_left_out += self.rank in out
         else:  # a sync call counts every rank
             out, never = [], []
-            self.skips.fill(0)
+            if self.steps.any() or any(self._step_calls):
+                self.steps.fill(0)
+                for calls in self._step_calls:
+                    calls.clear()
         self.last = {"quorum": stamp, "counted": self.rank not in out,
                      "ranks_left_out": out, "ranks_never_counted": never,
                      "chunks_left_out": left_out,
@@ -93,13 +107,25 @@ class Quorum:
                             "from the next call", f"quorum {k}" if k else "sync", generation)
             self.k = k
 
+    def _count_step(self, r: int, left_out: bool) -> None:
+        """Rank r's staleness count after a quorum call that left it out or counted it."""
+        calls = self._step_calls[r]
+        if not left_out:
+            self.steps[r] = 0
+            calls.clear()
+            return
+        if self._key in calls or len(calls) >= STEP_CALLS:  # a new step begins
+            self.steps[r] += 1
+            calls.clear()
+        calls.add(self._key)
+
     def report(self) -> dict[str, Any]:
         """stats()["quorum"]: the mode in force, the counts, and the last call's flags
         (``last_call["counted"]`` is False when this rank's values were left out of some
         chunk of it)."""
         return {"mode": f"quorum {self.k}" if 0 < self.k < self.n else "sync", "k": self.k,
                 "generation": self.generation, "mode_changes": self.changes,
-                "max_skips": self.max_skips, "quorum_calls": self.quorum_calls,
+                "max_steps": self.max_steps, "quorum_calls": self.quorum_calls,
                 "waited_calls": self.waited_calls, "calls_left_out": self.calls_left_out,
                 "chunks_repaired": self.repaired,
                 "last_call": dict(self.last)}

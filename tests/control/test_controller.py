@@ -866,7 +866,7 @@ def test_a_mode_asked_while_the_job_runs_takes_effect_at_one_call_boundary(contr
             running = pool.submit(mpirun.run, n, "quorum_calls", {
                 "steps": [(None, "float32", "sum", count, 1)], "until_quorum": 5,
                 "max_calls": 400, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
-                                               "quorum_max_skips": 0}},
+                                               "quorum_max_steps": 0}},
                 env=env, timeout=180)
             deadline = time.monotonic() + 60
             while controller.read_job_results(job.job_id) < 10 * -(-count // K):

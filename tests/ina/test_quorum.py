@@ -1,9 +1,9 @@
 """ina/quorum.py: ``Quorum``, one job's mode on one rank. The k checked; each call's
 number and stamp (sync where k is 0 or covers every rank, and for one call once a rank
-was left out ``max_skips`` calls in a row); what a call's counted workers tell (who was
-left out, who never counted, the counts); a mode the control plane announced adopted at
-the next call; and, at 3 ranks in one process, every rank changing mode at the same call
-when the mode comes through the outcome vote."""
+was left out of every call of ``max_steps`` training steps); what a call's counted
+workers tell (who was left out, who never counted, the counts); a mode the control
+plane announced adopted at the next call; and, at 3 ranks in one process, every rank
+changing mode at the same call when the mode comes through the outcome vote."""
 from __future__ import annotations
 
 import logging
@@ -42,27 +42,52 @@ def test_calls_are_numbered_mod_65536_and_stamped_with_k_only_where_it_leaves_on
     assert (q.report()["mode"], q.report()["k"]) == ("sync", 4)  # k = n is sync
 
 
-def test_a_rank_left_out_max_skips_calls_in_a_row_makes_the_next_call_wait_for_it():
-    """k 2 of 3, max_skips 2: rank 2 is left out of two calls; the third is sync (it
-    counts every rank), which resets its count, and quorum calls follow again."""
+def call(q: Quorum, key: object, left_out_rank_2: bool = True) -> int:
+    """One call of ``key``: its stamp; rank 2 left out of it when it is a quorum call."""
+    _, stamp = q.next_call(key)
+    counted = 0b011 if stamp and left_out_rank_2 else 0b111
+    q.after_call(counted, counted, 0, 4 if counted != 0b111 else 0, 0)
+    return stamp
+
+
+def test_a_rank_left_out_of_every_call_of_max_steps_steps_is_waited_for():
+    """k 2 of 3, max_steps 2, three tensors a step (keys a, b, c): rank 2 is left out of
+    every call. A step ends where a key repeats: the first step's calls count none, the
+    second step's a ends the first (1), the third's a the second (2), so the call after
+    it is sync; it counts every rank and quorum calls follow again."""
     q = Quorum(3, 2, 2, 2)
-    stamps = []
-    for _ in range(6):
-        _, stamp = q.next_call()
-        stamps.append(stamp)
-        q.after_call(0b011 if stamp else 0b111, 0b011 if stamp else 0b111, 0, 4, 0)
-    assert stamps == [2, 2, 0, 2, 2, 0]
+    stamps = [call(q, key) for key in "abcabcabcabcabc"]
+    assert stamps == [2, 2, 2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 2, 2], stamps
     got = q.report()
-    assert (got["quorum_calls"], got["waited_calls"], got["calls_left_out"]) == (4, 2, 4)
-    assert q.skips.tolist() == [0, 0, 0]
+    assert (got["quorum_calls"], got["waited_calls"], got["max_steps"]) == (14, 1, 2)
+    assert q.steps.tolist() == [0, 0, 2]  # (the next call waits again)
 
 
-def test_max_skips_0_never_waits():
+def test_a_late_step_is_absorbed_and_a_counted_call_starts_the_count_again():
+    """The default bound (3) absorbs a rank late for two steps: it is left out of every
+    call of two steps and counted in the third; nothing waits for it."""
+    q = Quorum(3, 0, 2, 3)
+    stamps = [call(q, key) for key in "abab"]
+    stamps += [call(q, key, left_out_rank_2=False) for key in "ab"]
+    stamps += [call(q, key) for key in "abab"]
+    assert stamps == [2] * 10 and q.waited_calls == 0
+    assert q.steps.tolist() == [0, 0, 1]
+
+
+def test_calls_that_never_repeat_still_end_a_step_every_step_calls():
+    """A job whose calls never repeat: a step ends after STEP_CALLS calls, so a rank left
+    out of all of them is still waited for once the bound is reached."""
+    from ina_collectives.ina.quorum import STEP_CALLS
+
+    q = Quorum(3, 0, 2, 1)
+    stamps = [call(q, i) for i in range(STEP_CALLS + 2)]
+    assert stamps[:STEP_CALLS + 1] == [2] * (STEP_CALLS + 1) and stamps[-1] == 0
+
+
+def test_max_steps_0_never_waits():
     q = Quorum(3, 0, 2, 0)
-    for _ in range(5):
-        assert q.next_call()[1] == 2
-        q.after_call(0b011, 0b011, 0, 0, 0)
-    assert q.skips.tolist() == [0, 0, 5] and q.waited_calls == 0
+    assert [call(q, "a") for _ in range(5)] == [2] * 5
+    assert q.steps.tolist() == [0, 0, 4] and q.waited_calls == 0
 
 
 def test_a_call_tells_who_was_left_out_and_who_never_counted():
@@ -74,7 +99,7 @@ def test_a_call_tells_who_was_left_out_and_who_never_counted():
     assert q.last == {"quorum": 2, "counted": False, "ranks_left_out": [1, 3],
                       "ranks_never_counted": [3], "chunks_left_out": 3,
                       "chunks_skipped": 1}
-    assert q.skips.tolist() == [0, 1, 0, 1]
+    assert q.steps.tolist() == [0, 0, 0, 0]  # (one step begun, none ended)
     report = q.report()
     assert (report["quorum_calls"], report["calls_left_out"]) == (1, 1)
     assert report["last_call"] == q.last and report["last_call"] is not q.last
@@ -84,11 +109,11 @@ def test_a_sync_call_leaves_nobody_out_whatever_its_bitmaps_say():
     """A sync call's failed share is the ring's (all count): even bitmaps lacking ranks
     name nobody, and every rank's count of calls left out starts again."""
     q = Quorum(3, 0, 0, 2)
-    q.skips[:] = [1, 1, 1]
+    q.steps[:] = [1, 1, 1]
     q.next_call()
     q.after_call(0, 0, 0, 0, 0)
     assert q.last["ranks_left_out"] == [] and q.last["counted"]
-    assert q.skips.tolist() == [0, 0, 0] and q.quorum_calls == 0
+    assert q.steps.tolist() == [0, 0, 0] and q.quorum_calls == 0
 
 
 def test_a_mode_the_control_plane_announced_is_adopted_once_per_generation(caplog):

@@ -207,7 +207,7 @@ def test_quorum_set_and_changed_through_p4runtime_mid_run(fabric, aggregator, ne
     call gives every rank the same bits."""
     job = new_job(fabric, [0, 1, 2, 3], slots=4)
     running, wait, go = _paced(fabric, job, tmp_path, 16, {"3": "two", "9": "three"},
-                               {"quorum_max_skips": 0})
+                               {"quorum_max_steps": 0})
     with fabric.controller() as c:
         wait("two")
         c.set_mode(job.job_id, 2)

@@ -143,8 +143,9 @@ def test_quorum_calls_do_not_wait_for_a_straggler_and_the_bound_waits_for_it():
     """Three ranks; the switch holds rank 2's packets back 150 ms (a slow path). In
     quorum 2 every chunk completes without it: the result is the sum (or average) over
     ranks 0 and 1 exactly as reported, on every rank, and rank 2 learns it was left out.
-    With quorum_max_skips 2, the third call in a row waits for it (sync: the sum of all
-    three); then quorum again. Back in sync, the sum of all three."""
+    With quorum_max_steps 1, a step ends where a call repeats one rank 2 was left out of
+    (the third, which repeats the first): the fourth waits for it (sync: the sum of all
+    three). Back in sync, the sum of all three."""
     count = 200_000
     steps = [(2, "float32", "sum", count, 1), (None, "float32", "average", count, 2),
              (None, "float32", "sum", count, 3), (None, "float64", "sum", count, 4),
@@ -153,11 +154,11 @@ def test_quorum_calls_do_not_wait_for_a_straggler_and_the_bound_waits_for_it():
         send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
         results = mpirun.run(N, "quorum_calls", {
             "steps": steps,
-            "settings": {"switch_min_bytes": 0, "quorum_max_skips": 2}},
+            "settings": {"switch_min_bytes": 0, "quorum_max_steps": 1}},
             env={"INA_SWITCH": sw.address_text}, timeout=180)
         sw.stop()
     stamps = [c["quorum"] for c in results[0]["calls"]]
-    assert stamps == [2, 2, 0, 2, 0], results[0]["calls"]
+    assert stamps == [2, 2, 2, 0, 0], results[0]["calls"]
     for i, (_, dtype, op, n_, seed) in enumerate(steps):
         per_rank = [r["results"][i] for r in results]
         assert len({x.tobytes() for x in per_rank}) == 1, f"call {i}: ranks differ"
