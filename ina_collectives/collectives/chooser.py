@@ -272,10 +272,15 @@ class Collectives:
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable
         except BaseException as exc:
-            if not was_refused(exc):
-                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
-                                f"{exc!r}")
+            self._failed_in(engine, exc)
             raise
+
+    def _failed_in(self, engine: Engine, exc: BaseException) -> None:
+        """A call failed in ``engine``: part of it may still be in flight, and nothing
+        later is safe (not when MPI refused the call's arguments before it started:
+        mpi4py's caller gets MPI's exception and goes on)."""
+        if not was_refused(exc):
+            self._broken = f"allreduce #{self._seq} failed in engine {engine.name}: {exc!r}"
 
     def _finish(self, call: AllreduceCall, handover: HandOver, passed_over: list[str]
                 ) -> Engine:
@@ -300,12 +305,7 @@ class Collectives:
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable
         except BaseException as exc:
-            # Part of the operation may still be in flight: nothing later is safe. (Not
-            # when MPI refused the call's arguments before it started: mpi4py's caller
-            # gets MPI's exception and goes on.)
-            if not was_refused(exc):
-                self._broken = (f"allreduce #{self._seq} failed in engine {engine.name}: "
-                                f"{exc!r}")
+            self._failed_in(engine, exc)
             raise
 
     # -- the gates and the offload's hooks ----------------------------------------------
