@@ -406,6 +406,12 @@ class Collectives:
         self._check_usable()
         check_quorum(k)
         if not checked:
+            # Its gate first, by the agreement: the call before may have ended without a
+            # host collective, and a rank that could not finish it posts TROUBLE in the
+            # next gate (an opening's cells would meet the next call, in the new mode,
+            # with its own number).
+            self.check_agreement(CallSignature(CallSignature.MPI_DIRECT, -1, -1, -1,
+                                               f"set_quorum({k})"), through_offload=False)
             both = np.array([k, -k], np.int64)
             extremes = np.empty_like(both)
             wait(self.comm.Iallreduce(both, extremes, MPI.MAX),

@@ -552,3 +552,37 @@ def test_a_reduce_scatter_goes_through_the_fallbacks_own_and_an_engine_without_o
     ring = RingEngine(MPI.COMM_SELF, Settings())
     with pytest.raises(ValueError, match="in place"):
         ring.reduce_scatter(AllreduceCall(x, x.copy(), Op.SUM), [(0, 4)], None)
+
+
+def test_set_quorum_makes_its_gate_by_the_agreement_before_its_check(monkeypatch):
+    """The call before may have ended without a host collective, and a rank that could
+    not finish it posts TROUBLE in the next gate: set_quorum's first collective is the
+    agreement's gate (never the offload's), then the ranks compare k; ranks that differ
+    all raise, naming the range."""
+    from ina_collectives.collectives import chooser
+    from ina_collectives.errors import AgreementError
+    from tests.threadcomm import ThreadPeers, run_ranks
+
+    gates = []
+    plain = chooser.agree
+
+    def counting(comm, call, *args, **kwargs):
+        gates.append(call.describe())
+        return plain(comm, call, *args, **kwargs)
+    monkeypatch.setattr(chooser, "agree", counting)
+
+    def rank(comm):
+        coll = Collectives(comm, Settings(switch="", timeout=5.0))
+        try:
+            coll.set_quorum(1)
+            try:
+                coll.set_quorum(1 + comm.Get_rank())
+            except AgreementError as exc:
+                return str(exc)
+            return None
+        finally:
+            coll.free()
+
+    results = run_ranks(2, rank, timeout=30, kind=ThreadPeers)
+    assert sorted(gates) == ["set_quorum(1)"] * 3 + ["set_quorum(2)"], gates
+    assert all(r and "different quorums (from 1 to 2)" in r for r in results), results
