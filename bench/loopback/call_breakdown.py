@@ -22,7 +22,7 @@ methods with timing wrappers (time.perf_counter_ns) in its own processes:
 * kernels: the compiled kernels the call runs outside the stream (``ina.kernels``, each
   counted by name: the first window's ``block_exponents`` in the prepare step);
 * Python: the rest (the whole call less those three), and where it goes: in the prepare
-  step (``InaEngine.prepare`` less its kernels), around the opening (``InaEngine.open``
+  step (``InaEngine.prepare`` less its kernels), around the opening (``InaEngine.gate``
   less ``WorkerLink.opening``), around the stream (``InaEngine.run`` less
   ``WorkerLink.stream``) and the rest (the array API and the chooser).
 
@@ -255,7 +255,7 @@ def rank_job(out: Path, sizes: list[int], calls: int, warmup: int,
         timing.install(WorkerLink, "opening", "opening")
         timing.install(WorkerLink, "stream", "stream")
         timing.install(InaEngine, "prepare", "prepare")
-        timing.install(InaEngine, "open", "open")
+        timing.install(InaEngine, "gate", "open")
         timing.install(InaEngine, "run", "run")
         for name in KERNEL_API:  # (every kernel, whichever the call runs)
             timing.install(kernels, name, "kernels", name)
