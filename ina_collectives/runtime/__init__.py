@@ -5,7 +5,8 @@ ready, and the comparison of their metadata; ``background``: the thread that own
 communication, its cycle and the handles; ``scheduling``: the order, partitions and
 fusion of the ready allreduces (pure functions); ``scaling``: Horovod's prescale,
 postscale and AVERAGE around a reduction; ``host_collectives``: the other kinds, on the
-host by MPI; ``world``: the job as ``init`` made it, its process sets.
+host by MPI; ``world``: the job as ``init`` made it, its process sets; ``hot_rows``: which
+rows of a sparse tensor go as a dense allreduce (elected alike on every rank).
 The framework bindings (ina_collectives.torch) only convert tensors and build requests.
 """
 from .background import BackgroundRuntime, Handle

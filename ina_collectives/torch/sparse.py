@@ -6,7 +6,9 @@ and its DistributedOptimizer with sparse gradients, and the torch.distributed ba
 Hot rows (Libra): a tensor of one sparse dimension reduced again and again under one
 name (a DistributedOptimizer's embedding gradient) has its most touched rows, counted
 over every rank, summed as a dense allreduce, through the switch where it serves; the
-other rows, and every row of any other tensor, go as below (``submit_sparse``).
+other rows, and every row of any other tensor, go as below (``submit_sparse``). Which
+rows, and when, the runtime decides (``runtime/hot_rows.py``: ``HotRows``, one per name);
+this module splits the tensor by its answer and brings it what the ranks sent.
 
 Three allgathers through the group's runtime, submitted together: each rank's layout
 (its tensor's size, whether its indices lie inside it, and for hot rows which of them
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -29,6 +30,7 @@ import torch
 
 from ..collectives.ops import Op, as_op
 from ..runtime.background import BackgroundRuntime, Handle
+from ..runtime.hot_rows import HotRows, locate, no_rows
 from .staging import Sum, data_request, from_numpy, submit_allreduce, to_numpy
 
 
@@ -45,98 +47,6 @@ def check_sparse(tensor: Any, op: Op | str, what: str) -> torch.Tensor:
         raise TypeError(f"{what}: dtype {tensor.dtype}: sparse tensors are reduced in "
                         f"floating point here")
     return tensor
-
-
-@dataclass
-class Table:
-    """What the ranks know alike of one sparse tensor (by name): how often each row was
-    touched over every rank, the hot rows in use, the calls' times, and the traffic.
-
-    Every field but ``elapsed`` and the byte counts is the same on every rank: each is
-    made from what the layout gather brought (every rank's touches and last time)."""
-
-    counts: np.ndarray                   # touches per row, summed over the ranks
-    hot: np.ndarray                      # the hot rows in use, ascending (int64)
-    calls: int = 0
-    counted_calls: float = 0.0           # the calls ``counts`` stand for (they decay)
-    rows_touched: int = 0                # over the calls: distinct rows with entries
-    hot_rows_touched: int = 0            # of those, hot ones
-    bytes_through_allreduce: int = 0     # this rank's hot blocks (the switch's, if it serves)
-    bytes_gathered: int = 0              # this rank's share of the exact gather
-    elapsed: float = 0.0                 # this rank's last call: exchange and finish (s)
-    last_hot: bool = False               # whether the last call had hot rows
-    exact_times: list[float] = field(default_factory=list)  # the slowest rank's, recent
-    hot_times: list[float] = field(default_factory=list)    # the same, the last trial's
-    new_trial: bool = False              # a trial began and has no times yet
-    wait: int = 0                        # more periods to stay exact before a new trial
-    backoff: int = 1                     # the next wait after a trial that did not pay
-    declined: int = 0                    # trials measured slower than the exact gather
-
-    def record(self, slowest: float, hot: bool, keep: int) -> None:
-        """The slowest rank's time of the previous call (the layout gather brings it),
-        which had hot rows or not."""
-        times = self.hot_times if hot else self.exact_times
-        if hot and self.new_trial:  # the last trial's times are kept until now (stats)
-            times.clear()
-            self.new_trial = False
-        times.append(slowest)
-        del times[:-keep]
-
-    def choose(self, elect_now: Callable[[], np.ndarray]) -> None:
-        """At the end of a period: the hot set for the next one. A trial whose calls were
-        slower (median of the slowest rank's times) than the exact gather's recent calls
-        is set aside for 1, 2, 4 ... 32 periods; one that paid is elected again from the
-        counts; after a wait the rows are elected (by bytes: ``elect``) and tried."""
-        if self.hot.size:
-            if self.exact_times and self.hot_times and not self.new_trial and (
-                    np.median(self.hot_times) > np.median(self.exact_times)):
-                self.hot = np.zeros(0, np.int64)
-                self.declined += 1
-                self.wait, self.backoff = self.backoff - 1, min(2 * self.backoff, 32)
-                return
-            self.backoff = 1
-        elif self.wait > 0:
-            self.wait -= 1
-            return
-        trial = elect_now()
-        self.new_trial = self.new_trial or bool(trial.size and not self.hot.size)
-        self.hot = trial
-
-    def resize(self, rows: int) -> None:
-        """The tensor has ``rows`` rows now (on every rank): counts and hot rows follow."""
-        if rows != self.counts.size:
-            counts = np.zeros(rows, np.int64)
-            kept = min(rows, self.counts.size)
-            counts[:kept] = self.counts[:kept]
-            self.counts = counts
-            self.hot = self.hot[self.hot < rows]
-
-    def count(self, rows: np.ndarray) -> None:
-        """One call's touches over every rank (a row once per rank that touched it)."""
-        np.add.at(self.counts, rows, 1)
-        self.counted_calls += 1
-
-    def end_period(self, most: int, n: int, row_bytes: int) -> None:
-        """The hot set for the next period (``choose``, electing by bytes); then the
-        touches so far weigh half, so that a skew that moves moves the hot set within a
-        few periods."""
-        self.choose(lambda: elect(self.counts, self.counted_calls, most, n, row_bytes))
-        self.counts >>= 1
-        self.counted_calls /= 2
-
-    def report(self) -> dict[str, Any]:
-        touched = max(self.rows_touched, 1)
-        return {"calls": self.calls, "hot_rows": int(self.hot.size),
-                "hot_share_of_touched_rows": round(self.hot_rows_touched / touched, 4),
-                "bytes_through_allreduce": self.bytes_through_allreduce,
-                "bytes_gathered": self.bytes_gathered,
-                "trials_declined": self.declined,
-                "median_ms": {"exact": _median_ms(self.exact_times),
-                              "hot": _median_ms(self.hot_times)}}
-
-
-def _median_ms(times: list[float]) -> float | None:
-    return round(float(np.median(times)) * 1e3, 3) if times else None
 
 
 def layout_row(inside: bool, size: tuple[int, ...], sparse_dims: int, elapsed: float,
@@ -168,31 +78,14 @@ def parse_layouts(gathered: np.ndarray) -> list[dict[str, Any]]:
     return rows
 
 
-# The tables of each runtime (a process set's, a group's), by tensor name.
-_tables: weakref.WeakKeyDictionary[BackgroundRuntime, dict[str, Table]] = (
+# The hot rows of each runtime (a process set's, a group's), by tensor name.
+_tables: weakref.WeakKeyDictionary[BackgroundRuntime, dict[str, HotRows]] = (
     weakref.WeakKeyDictionary())
 
 
 def table_stats(runtime: BackgroundRuntime) -> dict[str, dict[str, Any]]:
     """stats()["sparse"]: per sparse tensor name, its hot set and traffic."""
     return {name: t.report() for name, t in _tables.get(runtime, {}).items()}
-
-
-def elect(counts: np.ndarray, calls: float, most: int, n: int, row_bytes: int
-          ) -> np.ndarray:
-    """The hot rows: the ``most`` rows touched most over the ranks in ``calls`` calls
-    (``counts``), ascending; none where they would not pay. By bytes: each hot row's
-    entries would otherwise reach every other rank by the gather ((n - 1) x its entries
-    per rank x (8 + row_bytes) received per rank), and summed densely they cost one row
-    each way through the switch; the set pays when what it saves exceeds what it costs.
-    The same counts on every rank give the same rows on every rank."""
-    if calls == 0:
-        return np.zeros(0, np.int64)
-    ranked = np.argsort(-counts, kind="stable")[:most]
-    hot = np.sort(ranked[counts[ranked] > 0])
-    entries_per_rank = counts[hot].sum() / calls / n
-    saved = (n - 1) * entries_per_rank * (8 + row_bytes)
-    return hot if saved > hot.size * row_bytes else np.zeros(0, np.int64)
 
 
 def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, op: Op | str,
@@ -208,7 +101,7 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
     ranks so far, at most ``hot_rows``, are elected where they pay by bytes and summed
     as a dense allreduce (through the switch where it serves: Libra's hot parameters);
     the other rows go by the exact gather. A period with hot rows that was slower than
-    the exact gather's is set aside (Table.choose). Every rank decides from the same
+    the exact gather's is set aside (HotRows.choose). Every rank decides from the same
     counts and times, so every rank splits alike."""
     started = time.perf_counter()
     t = tensor.detach().coalesce()
@@ -217,21 +110,19 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
     values = t.values().contiguous()                       # nnz x dense dims
     inside = bool(((indices >= 0) & (indices < torch.tensor(size[:t.sparse_dim()]))).all())
     table = None
+    hot, previous_hot = no_rows(), False
     if hot_rows > 0 and t.sparse_dim() == 1:
         # Used whatever this rank's input (bad input is named in finish): every rank
         # must submit the same operations, the hot block included.
         tables = _tables.setdefault(runtime, {})
         table = tables.get(name)
         if table is None:
-            table = tables[name] = Table(np.zeros(size[0], np.int64), np.zeros(0, np.int64))
-        if table.calls and table.calls % reelect == 0:
-            table.end_period(hot_rows, runtime.size,
-                             int(np.prod(size[1:])) * values.element_size())
-        table.calls += 1
-    hot = table.hot if table is not None else np.zeros(0, np.int64)
-    rows = indices[:, 0].numpy() if t.sparse_dim() == 1 else np.zeros(0, np.int64)
-    at = np.minimum(np.searchsorted(hot, rows), max(hot.size - 1, 0))
-    is_hot = (hot[at] == rows) if hot.size else np.zeros(rows.size, bool)
+            table = tables[name] = HotRows.of_rows(size[0])
+        hot, previous_hot = table.start_call(hot_rows, runtime.size,
+                                             int(np.prod(size[1:])) * values.element_size(),
+                                             reelect)
+    rows = indices[:, 0].numpy() if t.sparse_dim() == 1 else no_rows()
+    at, is_hot = locate(hot, rows)
     cold = torch.from_numpy(~is_hot) if hot.size else None
     touched = np.zeros(hot.size, bool)
     touched[at[is_hot]] = True
@@ -252,7 +143,6 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
         table.bytes_through_allreduce += block.numel() * block.element_size()
     if table is not None:
         table.bytes_gathered += sum(p.numel() * p.element_size() for _, p in parts[1:])
-        previous_hot, table.last_hot = table.last_hot, bool(hot.size)
         done_at = [started]
 
         def on_done(_: Handle) -> None:
@@ -278,6 +168,7 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
         gathered_indices = torch.from_numpy(all_indices.reshape(-1, t.sparse_dim()))
         gathered_values = from_numpy(all_values, values,
                                      (gathered_indices.shape[0], *values.shape[1:]))
+        counted = None
         if hot.size:
             summed = finish_block(results[3])
             counted = np.sum([row["touched"] for row in layouts], axis=0, dtype=np.int64)
@@ -286,15 +177,9 @@ def submit_sparse(runtime: BackgroundRuntime, tensor: torch.Tensor, name: str, o
                                           torch.from_numpy(hot[counted > 0]).reshape(-1, 1)])
             gathered_values = torch.cat([gathered_values, summed[present]])
         if table is not None:  # every rank counts the same touches and times
-            table.resize(size[0])  # (every rank's size is this one, checked above)
-            table.count(all_indices.reshape(-1))
-            if hot.size:
-                table.counts[hot] += counted
-                table.hot_rows_touched += int((counted > 0).sum())
-            table.rows_touched += int(np.unique(gathered_indices[:, 0].numpy()).size)
-            if table.calls > 2:  # (the first call's time is the connections' set-up)
-                table.record(max(row["elapsed"] for row in layouts), previous_hot,
-                             max(reelect, 3))
+            # (every rank's size is this one, checked above)
+            table.end_call(size[0], all_indices.reshape(-1), hot, counted,
+                           max(row["elapsed"] for row in layouts), previous_hot, reelect)
         # (Every rank's indices were checked inside the size above.)
         result = torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, size,
                                          device=tensor.device,
