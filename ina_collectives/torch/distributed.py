@@ -47,6 +47,7 @@ from ..collectives.peers import TorchPeers, started_by_mpi
 from ..errors import InaError
 from ..runtime import world
 from ..runtime.background import BackgroundRuntime, Handle
+from ..runtime.handle_group import HandleGroup
 from ..runtime.negotiation import OpRequest
 from ..settings import Settings
 from .sparse import check_sparse, submit_sparse
@@ -447,46 +448,35 @@ class ProcessGroupIna(dist.ProcessGroup):
         (``devices``: the CUDA devices its result lives on, for the future's streams)."""
         future: torch.futures.Future = (torch.futures.Future(devices=devices) if devices
                                         else torch.futures.Future())
-        left = [len(handles)]
 
-        def one_done(_: Handle) -> None:
-            left[0] -= 1  # callbacks run on the runtime's one thread: no race
-            if left[0]:
-                return
-            errors = [h.error for h in handles if h.error is not None]
-            for h in handles:
-                h.claim()  # the names are free again
-            if errors:
-                future.set_exception(_torch_error(errors[0], what))
+        def finished(group: HandleGroup) -> None:
+            error = group.error()
+            if error is not None:
+                future.set_exception(_torch_error(error, what))
                 return
             try:
-                future.set_result(complete([h.result for h in handles]))
+                future.set_result(complete(group.results()))
             except Exception as exc:  # noqa: BLE001 - reaches the waiter
                 future.set_exception(exc)
-        if not handles:
-            future.set_result(complete([]))
-        for h in handles:
-            h.add_done_callback(one_done)
-        return _Work(future, handles, what, self._runtime.wait_seconds())
+        group = HandleGroup(handles, what)
+        group.add_done_callback(finished)  # (each handle claimed first: names free again)
+        return _Work(future, group, self._runtime.wait_seconds())
 
 
 class _Work(dist._Work):
     """A collective in flight: wait() raises torch's DistBackendError if it failed."""
 
-    def __init__(self, future: torch.futures.Future, handles: list[Handle], what: str,
-                 seconds: float):
+    def __init__(self, future: torch.futures.Future, group: HandleGroup, seconds: float):
         super().__init__()
-        self._future, self._handles, self._what, self._seconds = (future, handles, what,
-                                                                   seconds)
+        self._future, self._group, self._seconds = future, group, seconds
 
     def wait(self, timeout: Any = None) -> bool:
-        for h in self._handles:  # in short slices: Ctrl-C interrupts
-            try:
-                h.wait(self._seconds, self._what)
-            except InaError:
-                if not h.done():
-                    raise dist.DistBackendError(f"backend 'ina': waited {self._seconds:g} s "
-                                                f"for {self._what}") from None
+        try:
+            self._group.wait(self._seconds)  # in short slices: Ctrl-C interrupts
+        except Exception:  # noqa: BLE001 - a failure is the future's, as torch's error
+            if not self._group.done():
+                raise dist.DistBackendError(f"backend 'ina': waited {self._seconds:g} s "
+                                            f"for {self._group.what}") from None
         self._future.wait()  # set by the runtime's thread; raises the failure
         return True
 

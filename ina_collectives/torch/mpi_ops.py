@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -22,6 +21,7 @@ from ..errors import CollectiveTimeout, InaError, OperationError, OperationTimeo
 from ..errors import OperationError as HorovodInternalError
 from ..runtime import world as _world
 from ..runtime.background import Handle
+from ..runtime.handle_group import HandleGroup
 from ..runtime.negotiation import OpRequest
 from ..runtime.world import ProcessSet, SetMember, global_process_set
 from ..settings import Settings, horovod_environment
@@ -278,19 +278,14 @@ def synchronize(handle: int) -> Any:
     except KeyError:
         raise ValueError(f"unknown handle {handle!r} (already synchronized?)") from None
     runtime = _world.require().runtime
-    results, errors = [], []
-    deadline = time.monotonic() + runtime.wait_seconds()
-    for h in pending.handles:  # every one, so that each name is free again
-        try:
-            results.append(h.wait(max(deadline - time.monotonic(), 0.0), pending.what))
-        except InaError as exc:
-            errors.append(exc)
-    if errors:
-        if isinstance(errors[0], OperationError):
-            raise errors[0]
+    try:  # every handle waited on, so that each name is free again
+        results = HandleGroup(pending.handles, pending.what).wait(runtime.wait_seconds())
+    except OperationError:
+        raise
+    except InaError as exc:
         # Horovod raises HorovodInternalError for every failure of an operation.
-        kind = OperationTimeout if isinstance(errors[0], CollectiveTimeout) else OperationError
-        raise kind(f"{pending.what} failed: {errors[0]}") from errors[0]
+        kind = OperationTimeout if isinstance(exc, CollectiveTimeout) else OperationError
+        raise kind(f"{pending.what} failed: {exc}") from exc
     return pending.complete(results)
 
 
