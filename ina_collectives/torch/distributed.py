@@ -33,7 +33,6 @@ import datetime
 import itertools
 import logging
 import threading
-import time
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -49,6 +48,7 @@ from ..runtime import world
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.handle_group import HandleGroup
 from ..runtime.negotiation import OpRequest
+from ..runtime.p2p import PointToPoint, Transfer
 from ..settings import Settings
 from .sparse import check_sparse, submit_sparse
 from .staging import (
@@ -98,8 +98,8 @@ class ProcessGroupIna(dist.ProcessGroup):
         self._comm = comm
         self._calls = itertools.count()
         # Point-to-point goes straight over the group's own communicator (the runtime
-        # works on a copy of it), completed by a thread of its own.
-        self._p2p = _PointToPoint(comm, seconds)
+        # works on a copy of it), completed by threads of its own (runtime/p2p.py).
+        self._p2p = PointToPoint(comm, seconds)
         _live_groups.add(self)
 
     # -- identity ------------------------------------------------------------------------
@@ -349,47 +349,28 @@ class ProcessGroupIna(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> Any:  # noqa: N803
         (tensor,) = tensors
         self._live()
-        _check_peer(dstRank, tag, self.size(), "send")
-        check_tensor(tensor, "send")
-        buf = to_numpy(tensor)
-        if not isinstance(self._comm, MPI.Comm):
-            # gloo tells a receiver nothing of what came: the length goes first.
-            buf = np.concatenate([np.array([buf.nbytes], np.int64).view(np.uint8),
-                                  buf.view(np.uint8)])
-        return self._p2p.start(lambda: self._comm.Isend(buf, dest=dstRank, tag=tag), buf,
-                               lambda _: [tensor], f"send to rank {dstRank} (tag {tag})")
+        data = to_numpy(check_tensor(tensor, "send"))
+        return _PeerWork(self._p2p.send(data, dstRank, tag), lambda: [tensor])
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any:  # noqa: N803
         (tensor,) = tensors
         self._live()
-        _check_peer(srcRank, tag, self.size(), "recv")
-        return self._recv(tensor, srcRank, tag, f"recv from rank {srcRank} (tag {tag})")
+        return self._recv(tensor, srcRank, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         (tensor,) = tensors
         self._live()
-        _check_peer(0, tag, self.size(), "recv from any source")
-        return self._recv(tensor, MPI.ANY_SOURCE, tag, f"recv from any rank (tag {tag})")
+        return self._recv(tensor, None, tag)
 
-    def _recv(self, tensor: torch.Tensor, source: int, tag: int, what: str) -> Any:
+    def _recv(self, tensor: torch.Tensor, source: int | None, tag: int) -> Any:
+        """A receive into ``tensor``: into its own memory where it can, else into a host
+        array copied into it once what came is in (``source`` None: from any rank)."""
         check_tensor(tensor, "recv")
-        framed = not isinstance(self._comm, MPI.Comm)  # (see send)
+        if direct(tensor):
+            return _PeerWork(self._p2p.recv(to_numpy(tensor), source, tag), lambda: [tensor])
         values = np.empty(tensor.numel(), moved_as(tensor))
-        buf = (np.empty(8 + values.nbytes, np.uint8) if framed
-               else to_numpy(tensor) if direct(tensor) else values)
-
-        def finish(_: Any) -> list[torch.Tensor]:
-            if framed:
-                came = int(buf[:8].view(np.int64)[0])
-                if came != values.nbytes:
-                    raise ValueError(f"{came} bytes came, the tensor holds "
-                                     f"{values.nbytes}: the ranks' tensors differ")
-                copy_from(tensor, buf[8:].view(values.dtype).reshape(tuple(tensor.shape)))
-            elif buf is values:
-                copy_from(tensor, values.reshape(tuple(tensor.shape)))
-            return [tensor]
-        return self._p2p.start(lambda: self._comm.Irecv(buf, source=source, tag=tag), buf,
-                               finish, what, receive=True)
+        return _PeerWork(self._p2p.recv(values, source, tag), lambda: [
+            copy_from(tensor, values.reshape(tuple(tensor.shape)))])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         # Every rank gets the result, as an allreduce: only the root is required to.
@@ -487,148 +468,45 @@ class _Work(dist._Work):
         return self._future
 
 
-class _PointToPoint:
-    """Sends and receives in flight on one group's communicator, completed by a thread
-    of their own (so that a Work's future completes without anyone waiting on it), each
-    bounded by the group's timeout and failing with what it waited for."""
-
-    def __init__(self, comm: Any, seconds: float):
-        self.comm, self.seconds = comm, seconds
-        self.pending: list[_Transfer] = []
-        self.ready = threading.Condition()
-        self.thread: threading.Thread | None = None
-        self.closed = False
-
-    def start(self, post: Callable[[], Any], buf: np.ndarray,
-              finish: Callable[[Any], Any], what: str, receive: bool = False) -> Any:
-        future: torch.futures.Future = torch.futures.Future()
-        transfer = _Transfer(post(), buf, finish, future, what, receive,
-                             time.monotonic() + self.seconds)
-        if not isinstance(transfer.request, MPI.Request):
-            # gloo (torchrun): its sends and receives end only when waited on, each in
-            # a thread of its own so that none holds up another.
-            threading.Thread(target=transfer.block, args=(self.seconds,), daemon=True,
-                             name="ina-p2p-gloo").start()
-            return _PeerWork(transfer, self.seconds)
-        with self.ready:
-            if self.closed:
-                raise RuntimeError("the process group of backend 'ina' has been shut down")
-            self.pending.append(transfer)
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, daemon=True,
-                                               name="ina-p2p")
-                self.thread.start()
-            self.ready.notify()
-        return _PeerWork(transfer, self.seconds)
-
-    def _run(self) -> None:
-        while True:
-            with self.ready:
-                while not self.pending and not self.closed:
-                    self.ready.wait()
-                if self.closed and not self.pending:
-                    return
-                pending = list(self.pending)
-            done = [t for t in pending if t.poll()]
-            if done:
-                with self.ready:
-                    self.pending = [t for t in self.pending if t not in done]
-            else:
-                time.sleep(0.0002)
-
-    def close(self) -> None:
-        with self.ready:
-            self.closed = True
-            for t in self.pending:
-                t.fail(f"the process group was shut down during {t.what}")
-            self.pending = []
-            self.ready.notify()
-
-
-@dataclasses.dataclass(eq=False)
-class _Transfer:
-    request: Any
-    buf: np.ndarray            # kept alive until the transfer ends
-    finish: Callable[[Any], Any]
-    future: torch.futures.Future
-    what: str
-    receive: bool
-    expires: float
-    source: int = -1
-
-    def poll(self) -> bool:
-        """Whether an MPI transfer has ended (its future set); the thread's only call."""
-        try:
-            status = MPI.Status()
-            if not self.request.Test(status):
-                return self._expired()
-            self.source = status.Get_source()
-            got = status.Get_count(MPI.BYTE)
-            if self.receive and got != self.buf.nbytes:
-                raise ValueError(f"{got} bytes came, the tensor holds "
-                                 f"{self.buf.nbytes}: the ranks' tensors differ")
-            self.future.set_result(self.finish(None))
-        except Exception as exc:  # noqa: BLE001 - reaches the waiter
-            self.fail(f"{self.what} failed: {exc}")
-        return True
-
-    def block(self, seconds: float) -> None:
-        """A gloo transfer: wait for it (at most ``seconds``) and set the future."""
-        try:
-            self.request.Wait(seconds)
-            if self.receive:
-                self.source = self.request.source()
-            self.future.set_result(self.finish(None))
-        except Exception as exc:  # noqa: BLE001 - reaches the waiter
-            self.fail(f"{self.what} failed: {exc}")
-
-    def _expired(self) -> bool:
-        if time.monotonic() < self.expires:
-            return False
-        self.fail(f"waited for {self.what} until the group's timeout: the peer never "
-                  f"matched it")
-        try:
-            self.request.Cancel()
-        except Exception:  # noqa: BLE001 - gloo cannot cancel; the timeout ends it
-            pass
-        return True
-
-    def fail(self, message: str) -> None:
-        if not self.future.done():
-            self.future.set_exception(dist.DistBackendError(f"backend 'ina', {message}"))
-
-
 class _PeerWork(dist._Work):
-    """A send or receive in flight: wait() returns once it ended, raising
-    DistBackendError if it failed or timed out."""
+    """A send or receive in flight (runtime/p2p.py): its future completes once the
+    transfer ends (``finish()``, its result, copies what came into place); wait()
+    raises DistBackendError if it failed or timed out."""
 
-    def __init__(self, transfer: _Transfer, seconds: float):
+    def __init__(self, transfer: Transfer, finish: Callable[[], list[torch.Tensor]]):
         super().__init__()
-        self._transfer, self._seconds = transfer, seconds
+        self._transfer, self._finish = transfer, finish
+        self._future: torch.futures.Future = torch.futures.Future()
+        transfer.add_done_callback(self._ended)
+
+    def _ended(self, transfer: Transfer) -> None:
+        if transfer.error is not None:
+            self._future.set_exception(dist.DistBackendError(f"backend 'ina', "
+                                                             f"{transfer.error}"))
+            return
+        try:
+            self._future.set_result(self._finish())
+        except Exception as exc:  # noqa: BLE001 - reaches the waiter
+            self._future.set_exception(dist.DistBackendError(
+                f"backend 'ina', {transfer.what} failed: {exc}"))
 
     def wait(self, timeout: Any = None) -> bool:
-        future = self._transfer.future
-        while not future.done():  # in short sleeps: Ctrl-C interrupts
-            time.sleep(0.0005)
-        future.wait()  # raises the failure
+        try:
+            self._transfer.wait()  # its own bound, in short slices: Ctrl-C interrupts
+        except InaError as exc:
+            if not self._transfer.done():
+                raise dist.DistBackendError(f"backend 'ina', {exc}") from None
+        self._future.wait()  # raises the failure
         return True
 
     def is_completed(self) -> bool:
-        return self._transfer.future.done()
+        return self._future.done()
 
     def get_future(self) -> torch.futures.Future:
-        return self._transfer.future
+        return self._future
 
     def _source_rank(self) -> int:
         return self._transfer.source
-
-
-def _check_peer(peer: int, tag: int, size: int, what: str) -> None:
-    if not 0 <= peer < size:
-        raise ValueError(f"{what}: rank {peer} is not in the group's 0..{size - 1}")
-    if not 0 <= tag <= MPI.COMM_WORLD.Get_attr(MPI.TAG_UB):
-        raise ValueError(f"{what}: tag {tag} must be 0 .. "
-                         f"{MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)}")
 
 
 def _check_like(tensors: Sequence[torch.Tensor], like: torch.Tensor, what: str) -> None:
