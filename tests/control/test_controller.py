@@ -23,7 +23,7 @@ from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
 from tests.conftest import ROOT, needs_p4_extra
 from tests.inputs import check_within_bound
-from tests.integration import mpirun
+from tests.integration import mpirun, rank_cases
 
 pytestmark = needs_p4_extra
 # A small build: K values per packet, S slots, B values per sub-block (G = 2 pairs a
@@ -483,7 +483,7 @@ def test_allreduce_of_a_job_configured_only_through_p4runtime(controller, switch
         cases = [("float32", "sum", 5 * K + 3, 1), ("float64", "average", 3000, 2),
                  ("float32", "sum", 20_000, 3)]
         env = job_env(switch, job)
-        results = mpirun.run(n, "ina_cases", {
+        results = mpirun.run(n, rank_cases.ina_cases, {
             "cases": cases, "rounds": 2,
             "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env, timeout=180)
         for i, case in enumerate(cases * 2):
@@ -522,7 +522,7 @@ def test_ranks_of_an_installed_job_return_to_a_switch_that_answers_only_its_work
 
     def run_job() -> None:
         try:
-            outcome["results"] = mpirun.run(2, "ina_switch_restarts", params,
+            outcome["results"] = mpirun.run(2, rank_cases.ina_switch_restarts, params,
                                             env=job_env(switch, job), timeout=120)
         except Exception as exc:  # reported by the assertions below
             outcome["error"] = exc
@@ -572,7 +572,7 @@ def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
         def run(j: int) -> list:
             job = jobs[j]
             env = job_env(switch, job)
-            return mpirun.run(2, "ina_cases", {
+            return mpirun.run(2, rank_cases.ina_cases, {
                 "cases": [("float32", "sum", 20 * K + 1, 80 + j)], "rounds": 3,
                 "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env,
                 timeout=180)
@@ -607,7 +607,7 @@ def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, 
         env = job_env(switch, job)
         for run in range(3):  # another seed each run: a stale answer is another sum
             case = ("float32", "sum", 1, 10 + run)
-            results = mpirun.run(n, "ina_cases", {
+            results = mpirun.run(n, rank_cases.ina_cases, {
                 "cases": [case], "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}},
                 env=env, timeout=120)
             assert [r["stats"]["engines"] for r in results] == [{"ina": 1}] * n
@@ -620,12 +620,13 @@ def test_runs_after_runs_of_one_installed_job_get_their_own_results(controller, 
 
 @pytest.fixture
 def ina_run_cases(ina_run):
-    """``ina_run_cases(args, outdir, cases)``: ina-run ARGS -- python -m
-    tests.integration.rank_cases ina_cases ...; (exit code, output, per-rank results)."""
+    """``ina_run_cases(args, outdir, cases)``: ina-run ARGS -- rank_cases.ina_cases on
+    each rank (tests/integration/mpirun.py); (exit code, output, per-rank results)."""
     def run(args, outdir, cases, timeout=240):
         params = {"cases": cases, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
-        proc = ina_run(*args, "--", sys.executable, "-m", "tests.integration.rank_cases",
-                       "ina_cases", json.dumps(params), str(outdir), timeout=timeout)
+        proc = ina_run(*args, "--", sys.executable,
+                       *mpirun.rank_args(rank_cases.ina_cases, params, outdir),
+                       timeout=timeout)
         results = [pickle.loads(p.read_bytes())
                    for p in sorted(Path(outdir).glob("rank*.pkl"))]
         return proc.returncode, proc.stdout + proc.stderr, results
@@ -863,7 +864,7 @@ def test_a_mode_asked_while_the_job_runs_takes_effect_at_one_call_boundary(contr
     try:
         env = job_env(switch, job)
         with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(mpirun.run, n, "quorum_calls", {
+            running = pool.submit(mpirun.run, n, rank_cases.quorum_calls, {
                 "steps": [(None, "float32", "sum", count, 1)], "until_quorum": 5,
                 "max_calls": 400, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
                                                "quorum_max_steps": 0}},
@@ -950,7 +951,7 @@ def test_ranks_at_ports_not_installed_take_the_ring_and_say_why(controller, swit
                "INA_WORKER_PORTS": ",".join(map(str, elsewhere)),
                **BUILD_ENV, "INA_SWITCH_SLOTS": "2",
                "INA_SWITCH_JOIN_TIMEOUT": "1"}
-        results = mpirun.run(2, "ina_cases", {
+        results = mpirun.run(2, rank_cases.ina_cases, {
             "cases": [("float32", "sum", 1000, 1)],
             "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}, env=env, timeout=120)
         for r in results:

@@ -1,19 +1,19 @@
-"""What each rank of a torch.distributed test job runs (backend "ina"):
-``python -m tests.integration.ddp_cases CASE ...``; cases return plain values for
+"""What each rank of a torch.distributed test job runs (backend "ina"): rank functions of
+(comm, params), under mpiexec or torchrun (``mpirun.run(3, ddp_cases.ddp_quorum, params)``,
+tests/integration/mpirun.py); they return plain values for
 tests/integration/test_torch_distributed.py to check against what it computes itself."""
 from __future__ import annotations
 
 import os
 import signal
 import socket
-import sys
 import threading
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from tests.integration.rank_cases import _error, case, main
+from tests.integration.rank_cases import case
 from tests.integration.torch_cases import _attempt, _np, torch_input
 
 DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
@@ -323,31 +323,6 @@ def fsdp2_train(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-class _TorchrunRank:
-    """What the cases use of an MPI communicator, for ranks torchrun started."""
-
-    def __init__(self) -> None:
-        self.rank, self.size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-
-
-def torchrun_main() -> None:
-    """python -m tests.integration.ddp_cases --torchrun CASE PARAMS OUTDIR, under torchrun."""
-    import json
-    import pickle
-    import traceback
-    from pathlib import Path
-
-    from tests.integration.rank_cases import CASES
-    name, params, outdir = sys.argv[2], json.loads(sys.argv[3]), Path(sys.argv[4])
-    rank = _TorchrunRank()
-    try:
-        result = CASES[name](rank, params)
-    except BaseException as exc:
-        result = _error(exc) | {"traceback": traceback.format_exc()}
-    (outdir / f".rank{rank.rank}.pkl").write_bytes(pickle.dumps(result))
-    (outdir / f".rank{rank.rank}.pkl").rename(outdir / f"rank{rank.rank}.pkl")
-
-
 @case
 def dist_overlap(comm: Any, p: dict) -> dict[str, Any]:
     """torch.distributed's DistributedOptimizer (torch/overlap.py) on backend "ina": the
@@ -451,10 +426,3 @@ def ddp_hook(comm: Any, p: dict) -> dict[str, Any]:
         out["state"] = _attempt(bad_state)
     dist.destroy_process_group()
     return out
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "--torchrun":
-        torchrun_main()
-    else:
-        main()

@@ -5,7 +5,7 @@ run the same body on both.
 
     with Fabric("bmv2", n=4, k=8, slots=64, block=4, value_bits=32) as fabric:
         job = fabric.job(7, workers=[0, 1])          # installed through P4Runtime
-        results = fabric.run(job, "ina_cases", params)
+        results = fabric.run(job, rank_cases.ina_cases, params)
 
 Worker i's interface ``ina0`` faces port ``p<i>`` in the switch's namespace: a bridge
 port under the switch's address (software) or BMv2's port i + 1 (bmv2). The MPI ranks
@@ -156,11 +156,11 @@ class Fabric(namespaces.Fabric):
     def namespaces_of(self, job: JobSpec) -> list[str]:
         return [self.worker_ns[w.switch_port - 1] for w in job.workers]
 
-    def run(self, job: JobSpec, case: str, params: dict[str, Any], *,
+    def run(self, job: JobSpec, case: mpirun.RankFunction, params: dict[str, Any], *,
             env: dict[str, str] | None = None, timeout: float = 180.0,
             **kwargs: Any) -> list[Any]:
-        """tests/integration/rank_cases.py's ``case`` on the job's ranks, each in its
-        namespace."""
+        """The rank function ``case`` (tests/integration/mpirun.py) on the job's ranks,
+        each in its namespace."""
         return mpirun.run(len(job.workers), case, params, env={**self.env(job), **(env or {})},
                           timeout=timeout, namespaces=self.namespaces_of(job), **kwargs)
 

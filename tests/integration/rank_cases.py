@@ -1,17 +1,13 @@
-"""What each rank of a test job runs: ``python -m tests.integration.rank_cases CASE PARAMS OUTDIR``.
-
-A case is a function of (comm, params) run on every rank; its return value, or the
-exception it raised, is pickled to OUTDIR/rank<r>.pkl for the test to check.
+"""What each rank of a test job of the array API and the mpi4py API runs: rank functions of
+(comm, params), each run on every rank as a test names it
+(``mpirun.run(3, rank_cases.ina_cases, params)``, tests/integration/mpirun.py); its return
+value, or the exception it raised, is pickled for the test to check.
 """
 from __future__ import annotations
 
 import array
-import json
 import os
-import pickle
-import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +17,7 @@ from mpi4py import MPI
 import ina_collectives as ina
 from ina_collectives.mpi import Intracomm
 from tests.inputs import make_input
+from tests.integration.mpirun import error
 
 CASES: dict[str, Callable[[MPI.Intracomm, dict], Any]] = {}
 
@@ -28,11 +25,6 @@ CASES: dict[str, Callable[[MPI.Intracomm, dict], Any]] = {}
 def case(fn: Callable[[MPI.Intracomm, dict], Any]) -> Callable[[MPI.Intracomm, dict], Any]:
     CASES[fn.__name__] = fn
     return fn
-
-
-def _error(exc: BaseException) -> dict[str, str]:
-    return {"error": type(exc).__name__, "message": str(exc),
-            "types": [t.__name__ for t in type(exc).__mro__]}
 
 
 @case
@@ -45,7 +37,7 @@ def allreduce_cases(comm: MPI.Intracomm, p: dict) -> list[Any]:
         try:
             results.append(ina.allreduce(x, op=op))
         except Exception as exc:  # recorded for the test to judge
-            results.append(_error(exc))
+            results.append(error(exc))
     stats = ina.stats()
     ina.finalize()
     return {"results": results, "stats": stats}
@@ -355,7 +347,7 @@ def ina_interrupted(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
         ina.allreduce(x)
         result: Any = "no error"
     except BaseException as exc:  # KeyboardInterrupt here, CollectiveTimeout on the others
-        result = _error(exc)
+        result = error(exc)
     ended = time.monotonic()
     return {"abandoned": True, "error": result, "seconds": ended - start,
             "after_signal": ended - sent["at"] if "at" in sent else None}
@@ -380,7 +372,7 @@ def ina_worker_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
             ina.allreduce(x)
         result: Any = "no error"
     except Exception as exc:
-        result = _error(exc)
+        result = error(exc)
     return {"abandoned": True, "error": result, "seconds": time.monotonic() - start,
             "ranks_alive": comm.size - 1, "kill": pids[-1] if comm.rank == 0 else None}
 
@@ -520,7 +512,7 @@ def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
         ina.allreduce(np.ones(count, dtype), op=op)
         out["first"] = "no error"
     except Exception as exc:
-        out["first"] = _error(exc)
+        out["first"] = error(exc)
     out["second"] = ina.allreduce(np.ones(10, np.float32))
     out["second_engine"] = ina.stats()["last_call"]["engine"]
     out["switch"] = ina.stats().get("switch")
@@ -538,7 +530,7 @@ def intracomm_disagree(comm: MPI.Intracomm, p: dict) -> Any:
         ic.Allreduce(np.ones(n), np.empty(n))
         return "no error"
     except Exception as exc:
-        return _error(exc)
+        return error(exc)
 
 
 @case
@@ -551,12 +543,12 @@ def rank_absent(comm: MPI.Intracomm, p: dict) -> Any:
         ina.allreduce(np.ones(1 << 16, np.float32))
         result: Any = "no error"
     except Exception as exc:
-        result = _error(exc)
+        result = error(exc)
     try:
         ina.allreduce(np.ones(4, np.float32))
         after: Any = "no error"
     except Exception as exc:
-        after = _error(exc)
+        after = error(exc)
     return {"abandoned": True, "first": result, "after": after}
 
 
@@ -567,7 +559,7 @@ def local_errors(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     try:
         ina.allreduce(np.ones(3))
     except Exception as exc:
-        out["before_init"] = _error(exc)
+        out["before_init"] = error(exc)
     ina.init(comm)
     attempts = {
         "average_int": lambda: ina.allreduce(np.ones(3, np.int32), op="average"),
@@ -587,7 +579,7 @@ def local_errors(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
             attempt()
             out[name] = "no error"
         except Exception as exc:
-            out[name] = _error(exc)
+            out[name] = error(exc)
     out["still_works"] = ina.allreduce(np.ones(2))
     ina.finalize()
     return out
@@ -654,32 +646,3 @@ def runtime_priority(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
                 "subset": in_subset, "mine": [tensors[i][0] for i in mine]}
     finally:
         runtime.shutdown(30)
-
-
-def main() -> None:
-    name, params, outdir = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
-    comm = MPI.COMM_WORLD
-    try:
-        result = CASES[name](comm, params)
-    except BaseException as exc:
-        result = _error(exc) | {"traceback": traceback.format_exc()}
-    tmp = outdir / f".rank{comm.rank}.pkl"
-    tmp.write_bytes(pickle.dumps(result))
-    tmp.rename(outdir / f"rank{comm.rank}.pkl")
-    if isinstance(result, dict) and result.get("abandoned"):
-        # Messages of the timed-out call are still posted: MPI_Finalize could wait on them
-        # forever, so leave without it, but only once every rank has left its result (the
-        # launcher kills a job whose rank exits without finalizing).
-        deadline = time.monotonic() + 60
-        expected = result.get("ranks_alive", comm.size)
-        while (time.monotonic() < deadline and
-               len(list(outdir.glob("rank*.pkl"))) < expected):
-            time.sleep(0.05)
-        sys.stdout.flush()
-        if result.get("kill"):
-            os.kill(result["kill"], 9)
-        os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -20,6 +20,7 @@ from ina_collectives import protocol as P
 from ina_collectives.testing import bmv2
 from tests.conftest import needs_p4_extra, needs_root
 from tests.inputs import check_within_bound
+from tests.integration import rank_cases
 
 pytest.importorskip("pyroute2", reason="the namespaces need pyroute2 (the bench extra)")
 from tests.integration.fabric import KINDS, Fabric  # noqa: E402
@@ -130,7 +131,7 @@ def test_sync_allreduce_is_served_within_the_bound(fabrics, aggregator, build, n
     job = new_job(fabric, list(range(n)))
     cases = [("float32", "sum", 5 * build[0] + 3, 1), ("float64", "average", 700, 2),
              ("float32", "sum", 3000, 3)]
-    results = fabric.run(job, "ina_cases", {"cases": cases, "rounds": 2,
+    results = fabric.run(job, rank_cases.ina_cases, {"cases": cases, "rounds": 2,
                                             "settings": NO_THRESHOLDS})
     assert_served_and_within_bound(results, cases, n, build, rounds=2)
     with fabric.controller() as c:
@@ -148,7 +149,7 @@ def test_results_are_bit_identical_on_both_aggregators(fabrics, new_job):
     for kind in KINDS:
         fabric = fabrics.get(kind)
         job = new_job(fabric, [0, 1, 2])
-        results = fabric.run(job, "ina_cases", {"cases": cases, "settings": NO_THRESHOLDS})
+        results = fabric.run(job, rank_cases.ina_cases, {"cases": cases, "settings": NO_THRESHOLDS})
         assert all(r["stats"]["engines"] == {"ina": 3} for r in results), kind
         outcome[kind] = [x.tobytes() for x in results[0]["results"]]
     assert outcome["software"] == outcome["bmv2"]
@@ -159,9 +160,9 @@ def test_results_are_bit_identical_on_both_aggregators(fabrics, new_job):
 def test_loss_on_the_links_both_ways_gives_the_same_results(fabric, aggregator, new_job):
     job = new_job(fabric, [0, 1, 2])
     cases = [("float32", "sum", 2000, 11), ("float32", "average", 1500, 12)]
-    clean = fabric.run(job, "ina_cases", {"cases": cases, "settings": NO_THRESHOLDS})
+    clean = fabric.run(job, rank_cases.ina_cases, {"cases": cases, "settings": NO_THRESHOLDS})
     fabric.set_loss(0.03)
-    lossy = fabric.run(job, "ina_cases", {"cases": cases, "settings": {
+    lossy = fabric.run(job, rank_cases.ina_cases, {"cases": cases, "settings": {
         **NO_THRESHOLDS, "switch_silence": 10.0}}, timeout=240)
     dropped = fabric.dropped()
     fabric.set_loss(0)
@@ -177,7 +178,8 @@ def test_runs_after_runs_reuse_the_cells_with_a_new_epoch(fabric, aggregator, ne
     job = new_job(fabric, [0, 1], slots=2)
     for run in range(3):
         case = ("float32", "sum", 40, 20 + run)  # another seed: a stale answer differs
-        results = fabric.run(job, "ina_cases", {"cases": [case], "settings": NO_THRESHOLDS})
+        results = fabric.run(job, rank_cases.ina_cases,
+                             {"cases": [case], "settings": NO_THRESHOLDS})
         assert_served_and_within_bound(results, [case], 2, BUILD32)
 
 
@@ -187,7 +189,7 @@ def test_two_jobs_side_by_side(fabric, aggregator, new_job):
     case = ("float32", "sum", 20 * 32 + 1)
 
     def run(j):
-        return fabric.run(jobs[j], "ina_cases", {"cases": [(*case, 80 + j)], "rounds": 3,
+        return fabric.run(jobs[j], rank_cases.ina_cases, {"cases": [(*case, 80 + j)], "rounds": 3,
                                                  "settings": NO_THRESHOLDS})
 
     with ThreadPoolExecutor(2) as pool:
@@ -259,7 +261,7 @@ def test_an_unconfigured_sender_is_dropped_and_counted(fabric, aggregator, new_j
             stranger.close()
         assert after["unknown worker"] - before["unknown worker"] == 2
     case = ("float32", "sum", 300, 5)
-    results = fabric.run(job, "ina_cases", {"cases": [case], "settings": NO_THRESHOLDS})
+    results = fabric.run(job, rank_cases.ina_cases, {"cases": [case], "settings": NO_THRESHOLDS})
     assert_served_and_within_bound(results, [case], 2, BUILD32)
 
 
@@ -272,8 +274,8 @@ def test_a_served_call_opens_through_the_switch_and_makes_no_mpi_call(fabric, ag
     least."""
     job = new_job(fabric, [0, 1, 2])
     params = {"calls": 5, "count": 500, "settings": {**NO_THRESHOLDS, "switch_predict": True}}
-    opened = fabric.run(job, "mpi_calls_per_call", params)
-    gated = fabric.run(job, "mpi_calls_per_call", params, env={"INA_SWITCH_OPENING": "0"})
+    opened = fabric.run(job, rank_cases.mpi_calls_per_call, params)
+    gated = fabric.run(job, rank_cases.mpi_calls_per_call, params, env={"INA_SWITCH_OPENING": "0"})
     for r in opened:
         assert "engines" in r, r.get("traceback", r)
         assert r["engines"] == ["ina"] * 5, r["engines"]
@@ -294,7 +296,7 @@ def test_a_served_call_opens_through_the_switch_and_makes_no_mpi_call(fabric, ag
 
 def test_nan_and_inf_take_the_exact_path(fabric, aggregator, new_job):
     job = new_job(fabric, [0, 1])
-    results = fabric.run(job, "ina_nan", {"size": 3000, "at": 7, "dtype": "float32"})
+    results = fabric.run(job, rank_cases.ina_nan, {"size": 3000, "at": 7, "dtype": "float32"})
     for r in results:
         assert np.isnan(r["result"][7]) and np.isinf(r["result"][9])
         np.testing.assert_array_equal(np.delete(r["result"], [7, 9]), 2.0)
@@ -313,7 +315,7 @@ def test_ranks_that_disagree_get_an_agreement_error_and_go_on(fabric, aggregator
     switch. The calls' openings meet (none known), or the others' predicted packets meet
     its opening (100 known), or predicted packets of two identities meet (both known)."""
     job = new_job(fabric, [0, 1, 2])
-    results = fabric.run(job, "disagree", {"what": "length", "known": known, "settings": {
+    results = fabric.run(job, rank_cases.disagree, {"what": "length", "known": known, "settings": {
         "switch_min_bytes": 0, "switch_silence": 20.0}})
     for r in results:
         first = r["first"]
@@ -332,7 +334,7 @@ def test_ranks_that_disagree_get_an_agreement_error_and_go_on(fabric, aggregator
 def test_a_rank_killed_mid_call_fails_every_other_rank_within_the_bound(fabric, aggregator,
                                                                         new_job):
     job = new_job(fabric, [0, 1, 2])
-    results = fabric.run(job, "ina_worker_dies", {
+    results = fabric.run(job, rank_cases.ina_worker_dies, {
         "count": 50_000, "stop_after": 0.3,
         "settings": {"switch_min_bytes": 0, "switch_silence": 1.0, "timeout": 4}},
         survive_dead_ranks=True, timeout=120)
@@ -346,7 +348,7 @@ def test_a_rank_killed_mid_call_fails_every_other_rank_within_the_bound(fabric, 
 def _paced(fabric, job, tmp_path, calls, pauses, settings=None, env=None, pause=0.0):
     """paced_calls on the job's ranks, in a thread: (future, wait(name), go(name))."""
     pool = ThreadPoolExecutor(1)
-    running = pool.submit(fabric.run, job, "paced_calls", {
+    running = pool.submit(fabric.run, job, rank_cases.paced_calls, {
         "case": ("float32", "sum", 400), "calls": calls, "pauses": pauses, "pause": pause,
         "dir": str(tmp_path), "settings": {**NO_THRESHOLDS, **(settings or {})}}, env=env)
     pool.shutdown(wait=False)
@@ -437,7 +439,7 @@ def test_replayed_copies_of_earlier_packets_are_dropped_as_stale(fabric, aggrega
     every result is the one a run without them gives."""
     job = new_job(fabric, [0, 1], slots=4)
     one_datagram_each = {"INA_SWITCH_GSO": "0"}  # frames to replay, not segmented batches
-    clean = fabric.run(job, "paced_calls", {"case": ("float32", "sum", 400), "calls": 8,
+    clean = fabric.run(job, rank_cases.paced_calls, {"case": ("float32", "sum", 400), "calls": 8,
                                             "settings": NO_THRESHOLDS}, env=one_datagram_each)
     capture = fabric.capture(0)
     try:

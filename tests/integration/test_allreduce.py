@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.inputs import FLOATS, INTS, OPS, check_result
-from tests.integration import mpirun
+from tests.integration import mpirun, rank_cases
 
 pytestmark = pytest.mark.mpi
 
@@ -46,7 +46,7 @@ def test_ring_matches_numpy_reduction(n, cases, chunk_bytes):
     """Hypothesis: random shapes, dtypes and ops against NumPy's reduction of all ranks'
     inputs, with chunk sizes down to one element so the pipeline has many stages."""
     settings_ = {"ring_min_bytes": 0, "ring_chunk_bytes": chunk_bytes}
-    results = mpirun.run(n, "allreduce_cases", {"cases": cases, "settings": settings_})
+    results = mpirun.run(n, rank_cases.allreduce_cases, {"cases": cases, "settings": settings_})
     _check_job(n, cases, results)
     for r in results:
         assert r["stats"]["engines"] == {"ring": len(cases)}
@@ -60,7 +60,7 @@ def test_lengths_around_segment_and_chunk_edges(n):
              for i, (dtype, op) in enumerate((d, o) for d in FLOATS + INTS for o in OPS
                                              if _valid(d, o))
              for length in lengths[i % 3::3] + [262_147 if i % 2 else 1]]
-    results = mpirun.run(n, "allreduce_cases",
+    results = mpirun.run(n, rank_cases.allreduce_cases,
                          {"cases": cases, "settings": {"ring_min_bytes": 0,
                                                        "ring_chunk_bytes": 64 * 1024}})
     _check_job(n, cases, results)
@@ -69,13 +69,13 @@ def test_lengths_around_segment_and_chunk_edges(n):
 def test_large_float32_sum_on_four_ranks():
     # (Many ring chunks and an odd tail; 64 MiB through the switch: test_ina.py.)
     cases = [("float32", "sum", 4 * 1024 * 1024 + 5, 1), ("float32", "average", 1_000_001, 2)]
-    results = mpirun.run(4, "allreduce_cases", {"cases": cases}, timeout=300)
+    results = mpirun.run(4, rank_cases.allreduce_cases, {"cases": cases}, timeout=300)
     _check_job(4, cases, results)
 
 
 def test_small_arrays_go_to_mpi_and_stats_say_why():
     cases = [("float32", "sum", 10, 1), ("float64", "max", 100_000, 2)]
-    results = mpirun.run(2, "allreduce_cases",
+    results = mpirun.run(2, rank_cases.allreduce_cases,
                          {"cases": cases, "settings": {"ring_min_bytes": 4096}})
     _check_job(2, cases, results)
     stats = results[0]["stats"]
@@ -91,7 +91,7 @@ def test_small_arrays_go_to_mpi_and_stats_say_why():
 
 def test_layouts_in_place_out_and_non_contiguous():
     n = 3
-    results = mpirun.run(n, "layouts")
+    results = mpirun.run(n, rank_cases.layouts)
     total = sum(r["base"] for r in results)
     for r in results:
         for key in ("new", "in_place", "fortran", "strided_in", "strided_out"):
@@ -105,7 +105,7 @@ def test_layouts_in_place_out_and_non_contiguous():
 @pytest.mark.parametrize("what", ["length", "dtype", "op"])
 def test_ranks_that_disagree_all_get_a_clear_error(what):
     n = 3
-    results = mpirun.run(n, "disagree", {"what": what})
+    results = mpirun.run(n, rank_cases.disagree, {"what": what})
     for r in results:
         first = r["first"]
         assert isinstance(first, dict) and first["error"] == "AgreementError", first
@@ -115,7 +115,7 @@ def test_ranks_that_disagree_all_get_a_clear_error(what):
 
 
 def test_rank_that_never_arrives_times_out_naming_the_wait():
-    results = mpirun.run(3, "rank_absent", {"timeout": 2.0}, timeout=60)
+    results = mpirun.run(3, rank_cases.rank_absent, {"timeout": 2.0}, timeout=60)
     for r in results[:2]:
         first = r["first"]
         assert first["error"] == "CollectiveTimeout", first
@@ -124,7 +124,7 @@ def test_rank_that_never_arrives_times_out_naming_the_wait():
 
 
 def test_bad_arguments_raise_named_errors_on_every_rank():
-    results = mpirun.run(2, "local_errors")
+    results = mpirun.run(2, rank_cases.local_errors)
     for r in results:
         def err(name):
             return r[name]["error"], r[name]["message"]
@@ -150,7 +150,7 @@ def test_bad_arguments_raise_named_errors_on_every_rank():
 def test_an_unparsable_switch_address_fails_init_on_every_rank():
     """A typo in INA_SWITCH is a mistake, not an outage: init raises, naming it, instead of
     every call quietly taking the ring."""
-    results = mpirun.run(2, "allreduce_cases", {"cases": [("float32", "sum", 10, 1)]},
+    results = mpirun.run(2, rank_cases.allreduce_cases, {"cases": [("float32", "sum", 10, 1)]},
                          env={"INA_SWITCH": "127.0.0.1:notaport"})
     for r in results:
         assert r["error"] == "ValueError", r
@@ -164,9 +164,9 @@ def test_require_switch_fails_init_on_every_rank_saying_why(closed_udp_port):
     """INA_REQUIRE_SWITCH=1: a switch that does not answer, or none configured, fails
     init() on every rank (any launcher), instead of a warning and the ring."""
     case = {"cases": [("float32", "sum", 10, 1)], "settings": {"switch_join_timeout": 1.0}}
-    silent = mpirun.run(2, "allreduce_cases", case, env={
+    silent = mpirun.run(2, rank_cases.allreduce_cases, case, env={
         "INA_REQUIRE_SWITCH": "1", "INA_SWITCH": f"127.0.0.1:{closed_udp_port}"})
-    unset = mpirun.run(2, "allreduce_cases", case, env={"INA_REQUIRE_SWITCH": "1"})
+    unset = mpirun.run(2, rank_cases.allreduce_cases, case, env={"INA_REQUIRE_SWITCH": "1"})
     for r in silent:
         assert r["error"] == "AggregatorUnavailable", r
         assert r["message"].startswith("INA_REQUIRE_SWITCH is set and the switch cannot "

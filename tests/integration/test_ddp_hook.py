@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.integration import ddp_cases
 from tests.integration.test_torch_distributed import torchrun
 
 pytestmark = pytest.mark.mpi
@@ -20,7 +21,7 @@ TOLERANCE = {"float32": (1e-4, 1e-5), "float16": (2e-2, 2e-3), "bfloat16": (5e-2
 @pytest.fixture(scope="module")
 def hooked():
     """DDP on gloo with the hook, through ina-run's switch: every rank's result."""
-    results, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": True, "nan": True,
+    results, _ = torchrun(2, ddp_cases.ddp_hook, {"backend": "gloo", "hook": True, "nan": True,
                                           "bad_state": True},
                           env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
     return results
@@ -31,7 +32,7 @@ def test_the_hook_on_gloo_matches_plain_gloo_ddp_and_the_switch_serves_the_bucke
     # (plain gloo DDP, no library code: torch's gloo may abort a rank at exit after its
     # results are written, "terminate called without an active exception", seen once in
     # CI's suite; its results are judged, not its exit code)
-    plain, _ = torchrun(2, "ddp_hook", {"backend": "gloo", "hook": False}, env=env,
+    plain, _ = torchrun(2, ddp_cases.ddp_hook, {"backend": "gloo", "hook": False}, env=env,
                         reference=True)
     for out, ref in zip(hooked, plain):
         for dtype, (rtol, atol) in TOLERANCE.items():
@@ -58,7 +59,7 @@ def test_the_hook_on_gloo_matches_plain_gloo_ddp_and_the_switch_serves_the_bucke
 
 
 def test_the_hook_gives_the_same_parameters_on_backend_ina_as_on_gloo(hooked):
-    on_ina, _ = torchrun(2, "ddp_hook", {"hook": True, "dtypes": ["float32"],
+    on_ina, _ = torchrun(2, ddp_cases.ddp_hook, {"hook": True, "dtypes": ["float32"],
                                          "backend": "ina"},
                          env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
     for a, b in zip(on_ina[0]["float32"], hooked[0]["float32"]):

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="the Horovod API needs torch: pip in
 
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.runtime.scaling import split_rows  # noqa: E402
-from tests.integration import mpirun  # noqa: E402
+from tests.integration import mpirun, rank_cases, torch_cases  # noqa: E402
 from tests.integration.torch_cases import (  # noqa: E402
     DTYPES,
     OPS,
@@ -23,8 +23,7 @@ from tests.integration.torch_cases import (  # noqa: E402
 
 
 def run(n, case, params=None, env=None, timeout=120.0, **options):
-    return mpirun.run(n, case, params, env=env, timeout=timeout,
-                      module="tests.integration.torch_cases", **options)
+    return mpirun.run(n, case, params, env=env, timeout=timeout, **options)
 
 
 def as_np(t):
@@ -55,7 +54,7 @@ def close(got, want, dtype):
 def test_every_operation_and_dtype(switch, through, tmp_path):
     n, shape = 3, (5, 7)
     env = {"INA_SWITCH": switch.address_text if through == "switch" else ""}
-    results = run(n, "torch_ops", {"shape": shape, "tmp": str(tmp_path),
+    results = run(n, torch_cases.torch_ops, {"shape": shape, "tmp": str(tmp_path),
                                    "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}},
                   env=env)
     for r, out in enumerate(results):
@@ -121,7 +120,7 @@ def test_every_operation_and_dtype(switch, through, tmp_path):
 
 @pytest.mark.mpi
 def test_async_poll_and_fusion():
-    results = run(2, "torch_async", {"settings": {"fusion_threshold": 1 << 20}})
+    results = run(2, torch_cases.torch_async, {"settings": {"fusion_threshold": 1 << 20}})
     assert results[0]["poll_before_peer"] is False
     for out in results:
         np.testing.assert_array_equal(out["late"], np.full(8, 2.0))
@@ -135,7 +134,7 @@ def test_async_poll_and_fusion():
 
 @pytest.mark.mpi
 def test_fusion_off_reduces_each_tensor_alone():
-    results = run(2, "torch_async", {"settings": {"fusion_threshold": 0}})
+    results = run(2, torch_cases.torch_async, {"settings": {"fusion_threshold": 0}})
     for out in results:
         assert out["fused_calls"] == 0 and out["reductions"] == 64, out
         for i, got in enumerate(out["small"]):
@@ -145,7 +144,7 @@ def test_fusion_off_reduces_each_tensor_alone():
 @pytest.mark.mpi
 def test_gradients_flow_through_every_collective():
     n = 3
-    results = run(n, "torch_autograd")
+    results = run(n, torch_cases.torch_autograd)
     w = lambda r, count: np.arange(count, dtype=np.float64) + 100 * r  # noqa: E731
     sum_w = lambda count: sum(w(r, count) for r in range(n))  # noqa: E731
     rows = [r + 1 for r in range(n)]
@@ -180,7 +179,7 @@ def test_switch16_compression_sums_16_bit_values_through_the_switch(switch):
     from ina_collectives.ina.reference import blockfp
 
     n = 2
-    results = run(n, "torch_switch16", env={"INA_SWITCH": switch.address_text})
+    results = run(n, torch_cases.torch_switch16, env={"INA_SWITCH": switch.address_text})
     xs = np.stack([gradient_like(r) for r in range(n)])
     exact = xs.astype(np.float64).mean(axis=0)
     for name, bits in (("plain", 32), ("switch16", 16)):
@@ -213,7 +212,7 @@ def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_coun
     n = 3
     with embedded_switch() as sw:
         send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
-        results = run(n, "torch_quorum", env={"INA_SWITCH": sw.address_text}, timeout=180)
+        results = run(n, torch_cases.torch_quorum, env={"INA_SWITCH": sw.address_text}, timeout=180)
     xs = np.stack([gradient_like(r) for r in range(n)])
     k = P.max_elements(P.MAX_DATAGRAM, P.DEFAULT_BLOCK, 32)
     agreed = np.max([blockfp.block_exponents(x, k)[0] for x in xs], axis=0)
@@ -239,7 +238,7 @@ def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_coun
 @pytest.mark.mpi
 def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter():
     n = 3
-    results = run(n, "torch_grouped_and_scaled", env={"INA_SWITCH": ""})
+    results = run(n, torch_cases.torch_grouped_and_scaled, env={"INA_SWITCH": ""})
     for r, out in enumerate(results):
         for dtype in ("int32", "float16", "float32", "float64"):
             for key in ("grouped_allgather", "grouped_allgather_async"):
@@ -263,7 +262,7 @@ def test_process_sets(switch):
     """Even and odd ranks in their own sets (each its own job at the switch), a set given
     to init, Horovod's errors, a DistributedOptimizer over one set, removal."""
     n = 3
-    results = run(n, "torch_process_sets", {"settings": {"switch_min_bytes": 0}},
+    results = run(n, torch_cases.torch_process_sets, {"settings": {"switch_min_bytes": 0}},
                   env={"INA_SWITCH": switch.address_text})
     for r, out in enumerate(results):
         assert out["static"] == (1, 2, [1, 2].index(r) if r in (1, 2) else -1)
@@ -308,7 +307,7 @@ def test_process_sets(switch):
 @pytest.mark.mpi
 def test_process_sets_given_to_init_as_communicators():
     n = 3
-    for r, out in enumerate(run(n, "torch_process_sets_from_communicators")):
+    for r, out in enumerate(run(n, torch_cases.torch_process_sets_from_communicators)):
         assert out["refused"]["error"] == "ValueError", out["refused"]
         assert "duplicate process set" in out["refused"]["message"]
         assert out["initialized_after_refusal"] is False
@@ -322,7 +321,7 @@ def test_process_sets_given_to_init_as_communicators():
 @pytest.mark.mpi
 def test_a_name_reused_at_once_is_a_duplicate_and_free_after_another_submission():
     n = 2
-    for out in run(n, "torch_name_reuse"):
+    for out in run(n, torch_cases.torch_name_reuse):
         assert out["at_once"]["error"] == "ValueError", out["at_once"]
         assert "already in flight" in out["at_once"]["message"]
         np.testing.assert_array_equal(out["after_another"], [n] * 3)
@@ -335,7 +334,7 @@ def test_a_name_reused_at_once_is_a_duplicate_and_free_after_another_submission(
 
 @pytest.mark.mpi
 def test_disagreeing_ranks_all_raise_and_the_runtime_goes_on():
-    results = run(3, "torch_errors")
+    results = run(3, torch_cases.torch_errors)
     for r, out in enumerate(results):
         assert out["before_init"]["error"] == "ValueError"
         for key, words in [("shape", "Mismatched shape"), ("dtype", "Mismatched dtype"),
@@ -362,7 +361,7 @@ def test_disagreeing_ranks_all_raise_and_the_runtime_goes_on():
 
 @pytest.mark.mpi
 def test_a_dead_peer_fails_pending_operations_within_the_timeout():
-    results = run(3, "torch_dead_peer", {"timeout": 3.0}, timeout=90,
+    results = run(3, torch_cases.torch_dead_peer, {"timeout": 3.0}, timeout=90,
                   survive_dead_ranks=True)
     assert results[2].get("dead"), "the frozen rank should have been killed"
     for r in (0, 1):
@@ -376,7 +375,7 @@ def test_a_dead_peer_fails_pending_operations_within_the_timeout():
 @pytest.mark.mpi
 def test_join_lets_ranks_with_fewer_batches_finish():
     n = 3
-    results = run(n, "torch_join")
+    results = run(n, torch_cases.torch_join)
     for r, out in enumerate(results):
         assert out["last"] == n - 1
         for step, got in enumerate(out["sums"]):
@@ -388,7 +387,7 @@ def test_join_lets_ranks_with_fewer_batches_finish():
 
 @pytest.mark.mpi
 def test_init_on_a_subset_and_again():
-    results = run(3, "torch_init")
+    results = run(3, torch_cases.torch_init)
     for r, out in enumerate(results):
         assert out["initialized_before"] is False and out["initialized_after"] is False
         assert out["bad_type"]["error"] == "TypeError"
@@ -449,7 +448,7 @@ def half_scaled(values, factor):
 @pytest.mark.mpi
 def test_float16_prescale_and_postscale_match_horovod_exactly():
     n, f, g = 2, 0.1915194503788923, 0.6221087710398319   # Horovod's test draws such f
-    results = run(n, "torch_half_scaling", {"factors": [f, g]}, env={"INA_SWITCH": ""})
+    results = run(n, torch_cases.torch_half_scaling, {"factors": [f, g]}, env={"INA_SWITCH": ""})
     x = lambda seed: [torch_input("float16", (17, 3), r, seed).numpy() for r in range(n)]  # noqa: E731,E501
 
     def want(seed, pre=1.0, post=1.0, average=False):
@@ -476,7 +475,7 @@ def test_float16_prescale_and_postscale_match_horovod_exactly():
 @pytest.mark.mpi
 def test_alltoall_without_splits_returns_the_tensor_alone():
     n = 2
-    results = run(n, "torch_alltoall_forms")
+    results = run(n, torch_cases.torch_alltoall_forms)
     x = lambda r: np.arange(2 * n) + 100 * r  # noqa: E731
     for r, out in enumerate(results):
         want = np.concatenate([x(q)[2 * r:2 * r + 2] for q in range(n)])
@@ -494,7 +493,7 @@ def test_alltoall_without_splits_returns_the_tensor_alone():
 
 @pytest.mark.mpi
 def test_distributed_optimizer_names_unnamed_parameters_as_horovod():
-    results = run(2, "torch_optimizer_unnamed")
+    results = run(2, torch_cases.torch_optimizer_unnamed)
     want = ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0",
             "allreduce.noname.1.1"]
     for out in results:
@@ -506,7 +505,7 @@ def test_distributed_optimizer_names_unnamed_parameters_as_horovod():
 
 @pytest.mark.mpi
 def test_broadcast_optimizer_state_scalars_none_and_fresh_optimizers():
-    results = run(2, "torch_optimizer_state")
+    results = run(2, torch_cases.torch_optimizer_state)
     for out in results:
         assert out["lr"] == 0.1
         assert [entry[:3] for entry in out["counting"]] == [(3, 1.5, None)] * 2
@@ -547,7 +546,7 @@ def reference_steps(n, steps, passes=1, compression=None):
                                      {"compression": "fp16"}])
 def test_distributed_optimizer_matches_one_process(options):
     n, steps = 2, 2
-    results = run(n, "torch_optimizer", {"steps": steps, **options})
+    results = run(n, torch_cases.torch_optimizer, {"steps": steps, **options})
     want = reference_steps(n, steps, options.get("passes", 1), options.get("compression"))
     tol = 1e-3 if options.get("compression") else 1e-6
     for out in results:
@@ -577,7 +576,7 @@ def test_small_gradients_wait_to_be_fused_into_calls_the_switch_serves():
     from tests.integration.torch_cases import fusion_problem, loss_of
     n, steps = 2, 3
     with embedded_switch() as sw:
-        results = run(n, "torch_optimizer_fusion", {"steps": steps, "min_bytes": 65536},
+        results = run(n, torch_cases.torch_optimizer_fusion, {"steps": steps, "min_bytes": 65536},
                       env={"INA_SWITCH": sw.address_text})
     for out in results:
         assert set(out["engines"]) == {"ina"}, out["engines"]
@@ -660,7 +659,7 @@ def test_sparse_tensors_through_the_horovod_api():
     nn.Embedding(sparse=True)'s gradients sparse and as dense, alike on every rank."""
     from tests.integration.torch_cases import sparse_input
     n = 3
-    results = run(n, "torch_sparse", env={"INA_SWITCH": ""})
+    results = run(n, torch_cases.torch_sparse, env={"INA_SWITCH": ""})
     dense = sum(sparse_input(r).to_dense() for r in range(n)).numpy()
     for r, out in enumerate(results):
         assert "error" not in out, out
@@ -693,7 +692,7 @@ def test_the_runtime_rescues_a_call_one_rank_lost_after_another_returned():
     from ina_collectives.switch.embedded import embedded_switch
     count = 5000
     with embedded_switch() as sw:
-        results = run(2, "torch_switch_dies_after_the_last_result",
+        results = run(2, torch_cases.torch_switch_dies_after_the_last_result,
                       {"count": count, "switch_pid": sw.process.pid},
                       env={"INA_SWITCH": sw.address_text})
     expected = np.arange(count, dtype=np.float32) * 3
@@ -718,7 +717,7 @@ def test_the_runtime_opens_each_call_of_a_cycle_and_rescues_across_them():
     from ina_collectives.switch.embedded import embedded_switch
     count = 5000
     with embedded_switch() as sw:
-        results = run(2, "torch_two_calls_a_cycle", {"count": count},
+        results = run(2, torch_cases.torch_two_calls_a_cycle, {"count": count},
                       env={"INA_SWITCH": sw.address_text})
     base = np.arange(count, dtype=np.float64) * 3
     for out in results:
@@ -745,7 +744,7 @@ def test_hot_rows_of_a_sparse_tensor_go_through_the_switch():
     from tests.integration.torch_cases import skewed_sparse
     n, steps = 3, 6
     with embedded_switch() as sw:
-        results = run(n, "torch_sparse_hot", {"steps": steps, "hot_rows": 6},
+        results = run(n, torch_cases.torch_sparse_hot, {"steps": steps, "hot_rows": 6},
                       env={"INA_SWITCH": sw.address_text})
     for step in range(steps):
         inputs = [skewed_sparse(r, step) for r in range(n)]
@@ -780,7 +779,7 @@ def test_bad_sparse_input_with_hot_rows_on_is_named_on_every_rank():
     from tests.integration.torch_cases import skewed_sparse
     n = 3
     with embedded_switch() as sw:
-        results = run(n, "torch_sparse_hot", {"steps": 2, "hot_rows": 6, "bad": True},
+        results = run(n, torch_cases.torch_sparse_hot, {"steps": 2, "hot_rows": 6, "bad": True},
                       env={"INA_SWITCH": sw.address_text}, timeout=120)
     for out in results:
         assert out["outside"]["error"] == "ValueError", out["outside"]
@@ -801,7 +800,7 @@ def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitio
     round, and small high-priority tensors submitted just after it finish before it
     does. Every sum is right (docs/ordering.md)."""
     n = 3
-    results = run(n, "runtime_priority",
+    results = run(n, rank_cases.runtime_priority,
                   {"big": 1 << 20, "settings": {"partition_bytes": 65536}})
     for out in results:
         assert "error" not in out, out
@@ -820,7 +819,8 @@ def test_fifo_ordering_keeps_the_agreed_order():
     one round run in the order the ranks agreed on (that of the rank whose submissions
     the negotiation saw first), not by priority, alike on every rank; the sums are
     right."""
-    results = run(2, "runtime_priority", {"big": 1 << 16, "settings": {"ordering": "fifo"}})
+    results = run(2, rank_cases.runtime_priority,
+                  {"big": 1 << 16, "settings": {"ordering": "fifo"}})
     submitted = [out["mine"] for out in results]
     assert [f"t{i}" for i in range(5, -1, -1)] not in submitted  # (else it shows nothing)
     for out in results:
@@ -844,7 +844,7 @@ def test_overlap_gives_the_parameters_of_the_plain_loop(switch, faults, optimize
     n, steps = 2, 4
     if loss:
         faults(drop_in=loss, drop_out=loss)
-    results = run(n, "torch_overlap", {"steps": steps, "optimizer": optimizer},
+    results = run(n, torch_cases.torch_overlap, {"steps": steps, "optimizer": optimizer},
                   env={"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
                        "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "16384",
                        "INA_SWITCH_PREDICT": "0"})

@@ -22,6 +22,7 @@ from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
 from tests.conftest import ROOT, needs_root
 from tests.inputs import check_within_bound, make_input
+from tests.integration import mpirun, rank_cases
 
 pytestmark = [pytest.mark.mpi, needs_root]
 
@@ -88,8 +89,8 @@ def test_a_job_on_two_hosts_is_served_by_a_switch_on_a_third(hosts, tmp_path):
             [sys.executable, "-m", "ina_collectives.launch", "-np", "4", "-H", hosts_arg,
              "--switch", sw.address_text, "--require-switch",
              "--address", f"{SUBNET}.1", "--bootstrap-exec", str(bootstrap), "--verbose",
-             "--", sys.executable, "-m", "tests.integration.rank_cases", "across_hosts",
-             json.dumps(params), str(tmp_path)],
+             "--", sys.executable,
+             *mpirun.rank_args(rank_cases.across_hosts, params, tmp_path)],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:

@@ -13,7 +13,7 @@ from ina_collectives import protocol as P
 from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
 from tests.inputs import check_result, check_within_bound
-from tests.integration import mpirun
+from tests.integration import mpirun, rank_cases
 
 K = P.MAX_ELEMENTS
 
@@ -21,7 +21,7 @@ K = P.MAX_ELEMENTS
 def run_ina(sw, n, cases, rounds=1, settings=None, timeout=240.0):
     params = {"cases": cases, "rounds": rounds,
               "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0, **(settings or {})}}
-    return mpirun.run(n, "ina_cases", params, env={"INA_SWITCH": sw.address_text},
+    return mpirun.run(n, rank_cases.ina_cases, params, env={"INA_SWITCH": sw.address_text},
                       timeout=timeout)
 
 
@@ -209,7 +209,7 @@ def test_switch_killed_mid_operation_falls_back_to_the_ring():
                  ("float32", "average", 1 << 20, 33)]
         params = {"cases": cases, "switch_pid": sw.pid, "kill_after": 0.02,
                   "settings": {"switch_min_bytes": 0, "switch_silence": 1.0}}
-        results = mpirun.run(3, "ina_switch_dies", params,
+        results = mpirun.run(3, rank_cases.ina_switch_dies, params,
                              env={"INA_SWITCH": sw.address_text}, timeout=120)
         assert sw.process.wait(5) == -9
     for i, case in enumerate(cases):
@@ -253,7 +253,7 @@ def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
 
     def run_job() -> None:
         try:
-            outcome["results"] = mpirun.run(2, "ina_switch_restarts", params, env=env,
+            outcome["results"] = mpirun.run(2, rank_cases.ina_switch_restarts, params, env=env,
                                             timeout=120)
         except Exception as exc:  # reported by the assertions below
             outcome["error"] = exc
@@ -312,8 +312,8 @@ def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch, faul
     faults(delay_ms_out=500)
     params = {"count": 2 << 20, "interrupt_after": 0.3,
               "settings": {"switch_min_bytes": 0, "switch_silence": 1.5, "timeout": 3}}
-    results = mpirun.run(2, "ina_interrupted", params, env={"INA_SWITCH": switch.address_text},
-                         timeout=120)
+    results = mpirun.run(2, rank_cases.ina_interrupted, params,
+                         env={"INA_SWITCH": switch.address_text}, timeout=120)
     interrupted, other = results
     assert interrupted["error"]["error"] == "KeyboardInterrupt", interrupted
     assert interrupted["after_signal"] < 1.0, interrupted
@@ -331,8 +331,9 @@ def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job(qu
         params = {"count": 1 << 20, "stop_after": 0.2,
                   "settings": {"switch_min_bytes": 0, "switch_silence": 1.0, "timeout": 4,
                                "quorum": quorum}}
-        results = mpirun.run(3, "ina_worker_dies", params, env={"INA_SWITCH": sw.address_text},
-                             timeout=120, survive_dead_ranks=True)
+        results = mpirun.run(3, rank_cases.ina_worker_dies, params,
+                             env={"INA_SWITCH": sw.address_text}, timeout=120,
+                             survive_dead_ranks=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not any("freed" in line for line in sw.lines):
             time.sleep(0.1)
@@ -355,7 +356,7 @@ def test_a_worker_that_stops_gives_a_clear_error_and_the_switch_frees_the_job(qu
 def test_no_switch_listening_means_the_ring_with_the_reason(closed_udp_port):
     port = closed_udp_port
     cases = [("float32", "sum", 300_000, 41)]
-    results = mpirun.run(2, "ina_cases", {"cases": cases, "settings": {
+    results = mpirun.run(2, rank_cases.ina_cases, {"cases": cases, "settings": {
         "switch_min_bytes": 0, "ring_min_bytes": 0, "switch_join_timeout": 1.0}},
         env={"INA_SWITCH": f"127.0.0.1:{port}"})
     check_job(results, cases, 2, engine="ring")
@@ -389,7 +390,7 @@ def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
     # exact path's all the same, and the next call is the switch's again.
     size = 2_000_000
     at = 7 if where == "first window" else size - 5
-    nan = mpirun.run(2, "ina_nan", {"size": size, "at": at, "dtype": dtype},
+    nan = mpirun.run(2, rank_cases.ina_nan, {"size": size, "at": at, "dtype": dtype},
                      env={"INA_SWITCH": switch.address_text})
     for r in nan:
         assert np.isnan(r["result"][at]) and np.isinf(r["result"][at + 2])
@@ -415,7 +416,7 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
     that gate runs in one process: tests/ina/test_engine_faults.py."""
     count = 3 * K + 100  # 4 chunks: with S 8, all of them are the last window
     with embedded_switch() as sw:
-        results = mpirun.run(2, "ina_switch_dies_after_the_last_result",
+        results = mpirun.run(2, rank_cases.ina_switch_dies_after_the_last_result,
                              {"count": count, "then": "finalize", "switch_pid": sw.process.pid,
                               "predicted": predicted},
                              env={"INA_SWITCH": sw.address_text}, timeout=120)
@@ -496,7 +497,7 @@ def test_ranks_that_disagree_learn_it_from_the_switch_and_go_on(switch, what):
     (one gate by MPI, on the error path), no opening failed (nothing waited for the
     silence bound) and the next call goes through the switch."""
     n = 3
-    results = mpirun.run(n, "disagree", {"what": what, "settings": {
+    results = mpirun.run(n, rank_cases.disagree, {"what": what, "settings": {
         "switch_min_bytes": 0, "switch_silence": 20.0}},
         env={"INA_SWITCH": switch.address_text})
     field = {"int": "dtype"}.get(what, what)
@@ -517,7 +518,7 @@ def test_a_rank_that_never_comes_fails_the_others_openings_and_is_named():
     bound; they take the error path, whose gate by MPI times out naming what it waited
     for."""
     with embedded_switch() as sw:
-        results = mpirun.run(3, "rank_absent", {"timeout": 2.0, "settings": {
+        results = mpirun.run(3, rank_cases.rank_absent, {"timeout": 2.0, "settings": {
             "switch_min_bytes": 0, "switch_silence": 1.0}},
             env={"INA_SWITCH": sw.address_text}, timeout=60)
     for r in results[:2]:

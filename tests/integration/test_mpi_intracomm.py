@@ -6,13 +6,13 @@ import pytest
 from mpi4py import MPI
 
 from ina_collectives.mpi import Intracomm
-from tests.integration import mpirun
+from tests.integration import mpirun, rank_cases
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 3, 4])
 def test_every_buffer_form_matches_mpi(n):
-    (first, *others) = results = mpirun.run(n, "intracomm_forms")
+    (first, *others) = results = mpirun.run(n, rank_cases.intracomm_forms)
     for r in results:
         for name in ("plain", "typed_max", "counted", "displaced", "in_place_prod",
                      "bytearray", "array.array", "complex", "longdouble", "maxloc_objects",
@@ -43,7 +43,7 @@ def test_every_buffer_form_matches_mpi(n):
 
 @pytest.mark.mpi
 def test_disagreeing_buffers_raise_on_every_rank():
-    results = mpirun.run(2, "intracomm_disagree")
+    results = mpirun.run(2, rank_cases.intracomm_disagree)
     for r in results:
         assert r["error"] == "AgreementError", r
         assert "rank 0: 65 x float64" in r["message"] and "rank 1: 64 x float64" in r["message"]

@@ -14,7 +14,7 @@ from ina_collectives.ina.reference import blockfp
 from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
 from tests.inputs import inputs_of_all_ranks
-from tests.integration import mpirun
+from tests.integration import mpirun, rank_cases
 from tests.switch.test_server import _join, switch_thread
 
 N, K, SLOTS, JOB = 3, 8, 2, 515
@@ -152,7 +152,7 @@ def test_quorum_calls_do_not_wait_for_a_straggler_and_the_bound_waits_for_it():
              (0, "float32", "sum", count, 5)]
     with embedded_switch() as sw:
         send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
-        results = mpirun.run(N, "quorum_calls", {
+        results = mpirun.run(N, rank_cases.quorum_calls, {
             "steps": steps,
             "settings": {"switch_min_bytes": 0, "quorum_max_steps": 1}},
             env={"INA_SWITCH": sw.address_text}, timeout=180)
@@ -195,7 +195,7 @@ def test_a_lagging_rank_that_loses_results_takes_them_from_a_peer():
     with embedded_switch() as sw:
         send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=30,
                     drop_out=0.1)
-        results = mpirun.run(N, "quorum_calls", {
+        results = mpirun.run(N, rank_cases.quorum_calls, {
             "steps": steps, "settings": {"switch_min_bytes": 0}},
             env={"INA_SWITCH": sw.address_text}, timeout=180)
         sw.stop()

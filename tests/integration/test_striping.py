@@ -11,7 +11,7 @@ import pytest
 from ina_collectives import protocol as P
 from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
-from tests.integration import mpirun
+from tests.integration import mpirun, rank_cases
 from tests.integration.test_ina import check_job, run_ina
 
 K = P.MAX_ELEMENTS
@@ -95,7 +95,7 @@ def test_an_aggregator_killed_mid_call_hands_its_share_over_and_the_other_serves
     cases = [("float32", "sum", 3_000_000, 61), ("float32", "sum", 3_000_000, 62),
              ("float32", "average", 3_000_000, 63), ("float32", "sum", 3_000_000, 64)]
     with embedded_switch() as a, embedded_switch() as b:
-        results = mpirun.run(2, "ina_switch_dies", {
+        results = mpirun.run(2, rank_cases.ina_switch_dies, {
             "cases": cases, "kill_after": 0.02, "switch_pid": b.pid,
             "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0, "switch_silence": 0.5,
                          "switch_retry_calls": 0, "switch_standby": standby}},
@@ -167,7 +167,7 @@ def test_ctrl_c_ends_a_striped_call_and_its_other_streams():
             send_faults((sw.host, sw.port), delay_ms_out=500)
         params = {"count": 2 << 20, "interrupt_after": 0.3,
                   "settings": {"switch_min_bytes": 0, "switch_silence": 1.5, "timeout": 3}}
-        results = mpirun.run(2, "ina_interrupted", params,
+        results = mpirun.run(2, rank_cases.ina_interrupted, params,
                              env={"INA_SWITCH": both(a, b).address_text}, timeout=120)
     interrupted, other = results
     assert interrupted["error"]["error"] == "KeyboardInterrupt", interrupted

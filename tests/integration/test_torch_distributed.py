@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch", reason="the backend needs torch: pip instal
 from ina_collectives.runtime.scaling import split_rows  # noqa: E402
 from ina_collectives.switch.embedded import embedded_switch  # noqa: E402
 from tests.conftest import ROOT, _child_env  # noqa: E402
-from tests.integration import mpirun  # noqa: E402
+from tests.integration import ddp_cases, mpirun  # noqa: E402
 from tests.integration.ddp_cases import DTYPES  # noqa: E402
 from tests.integration.test_horovod import as_np, close  # noqa: E402
 from tests.integration.torch_cases import torch_input  # noqa: E402
@@ -27,8 +27,7 @@ pytestmark = pytest.mark.mpi
 
 
 def run(n, case, params=None, env=None, timeout=120.0):
-    return mpirun.run(n, case, params, env=env, timeout=timeout,
-                      module="tests.integration.ddp_cases")
+    return mpirun.run(n, case, params, env=env, timeout=timeout)
 
 
 def reduced(dtype, op, shape, n, seed):
@@ -50,7 +49,7 @@ def test_every_collective_and_dtype(switch, through):
     n = 3
     env = {"INA_SWITCH": switch.address_text if through == "switch" else "",
            "INA_SWITCH_MIN_BYTES": "0"}
-    for r, out in enumerate(run(n, "ddp_ops", env=env)):
+    for r, out in enumerate(run(n, ddp_cases.ddp_ops, env=env)):
         assert "error" not in out, out
         for dtype in DTYPES:
             floating = dtype.startswith(("float", "bfloat"))
@@ -102,7 +101,7 @@ def test_every_collective_and_dtype(switch, through):
 
 def test_ranks_that_disagree_get_torchs_error_on_every_rank():
     # (Each call checked at its own gate, in program order: runtime/background.py.)
-    for out in run(2, "ddp_mismatch", env={"INA_SWITCH": ""}):
+    for out in run(2, ddp_cases.ddp_mismatch, env={"INA_SWITCH": ""}):
         for key, words in [("shape", "disagree on the length"),
                            ("dtype", "disagree on the dtype"),
                            ("op", "disagree on the op"),
@@ -174,11 +173,11 @@ def test_embedding_demo_with_sparse_gradients_matches_one_process(api):
 def test_ddp_goes_on_when_the_switch_is_killed_mid_training(n):
     with embedded_switch() as sw:
         params = {"steps": 12, "kill_after_steps": 5, "switch_pid": sw.pid}
-        results = run(n, "ddp_train", params, env={
+        results = run(n, ddp_cases.ddp_train, params, env={
             "INA_SWITCH": sw.address_text, "INA_SWITCH_MIN_BYTES": "0",
             "INA_SWITCH_SILENCE": "1.0"}, timeout=180)
         assert sw.process.wait(5) == -9
-    reference = run(n, "ddp_train", {"steps": 12}, env={"INA_SWITCH": ""})
+    reference = run(n, ddp_cases.ddp_train, {"steps": 12}, env={"INA_SWITCH": ""})
     for out, ref in zip(results, reference):
         assert "error" not in out, out
         assert out["engines"][4].get("ina", 0) > 0, out["engines"]   # served before
@@ -203,7 +202,7 @@ def test_set_quorum_on_the_default_group_leaves_a_straggler_out():
 
     with embedded_switch() as sw:
         send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
-        results = run(3, "ddp_quorum", {"quorum": 2},
+        results = run(3, ddp_cases.ddp_quorum, {"quorum": 2},
                       env={"INA_SWITCH": sw.address_text, "INA_SWITCH_MIN_BYTES": "0"},
                       timeout=180)
     xs = np.stack([np.random.default_rng(70 + r).standard_normal(70_000).astype(np.float32)
@@ -220,20 +219,18 @@ def test_set_quorum_on_the_default_group_leaves_a_straggler_out():
 
 def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.0,
              reference=False):
-    """Run a case of tests.integration.ddp_cases on n ranks that torchrun starts (through
+    """Run a rank function (ddp_cases') on n ranks that torchrun starts (through
     ``ina-run --launcher torchrun``, or torchrun alone); each rank's result by rank.
     ``reference``: a run on gloo to compare with, whose exit code is not judged (seen
     twice here: torch's gloo groups of a DeviceMesh abort the process at exit, after
     the case has returned and its result is written); its results must all be there."""
-    import json
     import pickle
     import socket
     import tempfile
     from pathlib import Path
 
     with tempfile.TemporaryDirectory(prefix="ina-torchrun-") as out:
-        script = ["-m", "tests.integration.ddp_cases", "--torchrun", case,
-                  json.dumps(params or {}), out]
+        script = mpirun.rank_args(case, params, out, torchrun=True)
         if through_ina_run:
             line = [sys.executable, "-m", "ina_collectives.launch", "--launcher", "torchrun",
                     "-np", str(n), "--", sys.executable, *script]
@@ -255,7 +252,7 @@ def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.
 @pytest.mark.parametrize("through", ["ina-run", "torchrun alone, no switch"])
 def test_every_collective_under_torchrun(through):
     n = 2
-    results, proc = torchrun(n, "ddp_ops", env={"INA_SWITCH_MIN_BYTES": "0"},
+    results, proc = torchrun(n, ddp_cases.ddp_ops, env={"INA_SWITCH_MIN_BYTES": "0"},
                              through_ina_run=through == "ina-run")
     for r, out in enumerate(results):
         for dtype in ("int32", "float32", "bfloat16"):
@@ -280,12 +277,12 @@ def test_every_collective_under_torchrun(through):
 
 
 def test_disagreeing_ranks_and_subgroups_under_torchrun():
-    results, _ = torchrun(2, "ddp_mismatch", env={})
+    results, _ = torchrun(2, ddp_cases.ddp_mismatch, env={})
     for out in results:
         assert out["shape"]["error"] == "DistBackendError", out["shape"]
         assert "disagree on the length" in out["shape"]["message"], out["shape"]
         np.testing.assert_array_equal(out["after"], [2, 2, 2])
-    results, _ = torchrun(3, "ddp_subgroups", env={"INA_SWITCH_MIN_BYTES": "0"},
+    results, _ = torchrun(3, ddp_cases.ddp_subgroups, env={"INA_SWITCH_MIN_BYTES": "0"},
                           through_ina_run=True)
     for r, out in enumerate(results):
         if r in (0, 2):
@@ -312,9 +309,9 @@ def test_ddp_with_a_sparse_embedding_trains_as_on_gloo():
     all_reduce of sparse tensors (every rank's entries gathered and coalesced); the final
     parameters are gloo's."""
     with embedded_switch() as sw:
-        ina = run(2, "ddp_sparse_embedding", {"backend": "ina"},
+        ina = run(2, ddp_cases.ddp_sparse_embedding, {"backend": "ina"},
                   env={"INA_SWITCH": sw.address_text, "INA_SWITCH_MIN_BYTES": "0"})
-    gloo = run(2, "ddp_sparse_embedding", {"backend": "gloo"}, env={"INA_SWITCH": ""})
+    gloo = run(2, ddp_cases.ddp_sparse_embedding, {"backend": "gloo"}, env={"INA_SWITCH": ""})
     for a, b in zip(ina, gloo):
         assert "error" not in a and "error" not in b, (a, b)
         # The embedding exactly; the dense layer through the switch (quantized sums).
@@ -455,8 +452,8 @@ def test_fsdp2_and_dtensor_on_a_device_mesh_train_as_gloo_does():
     test_plain_torchrun_reduces_large_tensors_and_reduce_scatters; FSDP2 on the exact
     path: test_fsdp2_demo_through_the_switch_matches_one_process.)"""
     n = 2
-    gloo, _ = torchrun(n, "fsdp2_train", {"backend": "gloo"}, reference=True)
-    served, _ = torchrun(n, "fsdp2_train", {"backend": "ina"},
+    gloo, _ = torchrun(n, ddp_cases.fsdp2_train, {"backend": "gloo"}, reference=True)
+    served, _ = torchrun(n, ddp_cases.fsdp2_train, {"backend": "ina"},
                          env={"INA_SWITCH_MIN_BYTES": "0"}, through_ina_run=True)
     whole = np.arange(4.0 * n * 3, dtype=np.float32).reshape(4 * n, 3)
     for r in range(n):
@@ -476,10 +473,10 @@ def test_point_to_point(launcher):
     timeout."""
     if launcher == "mpiexec":
         n = 3
-        results = run(n, "ddp_p2p", env={"INA_SWITCH": ""})
+        results = run(n, ddp_cases.ddp_p2p, env={"INA_SWITCH": ""})
     else:
         n = 2
-        results, _ = torchrun(n, "ddp_p2p", env={})
+        results, _ = torchrun(n, ddp_cases.ddp_p2p, env={})
     for r, out in enumerate(results):
         assert "error" not in out, out
         left, right = (r - 1) % n, (r + 1) % n
@@ -516,7 +513,7 @@ def test_the_torch_distributed_optimizer_overlaps_and_matches_the_plain_loop(swi
     synchronize() lack the last step's), and after synchronize() they are the plain
     loop's bit for bit, on every rank; the gradients went through the switch."""
     # (every call opened: INA_SWITCH_PREDICT=0, as test_horovod's overlap test says why)
-    results = run(2, "dist_overlap", {"steps": 4},
+    results = run(2, ddp_cases.dist_overlap, {"steps": 4},
                   env={"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
                        "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "4096",
                        "INA_SWITCH_PREDICT": "0"})

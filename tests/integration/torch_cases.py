@@ -1,9 +1,8 @@
-"""What each rank of a Horovod-API test job runs: ``python -m
-tests.integration.torch_cases CASE ...``.
-
-Cases register in tests.integration.rank_cases.CASES and run through its main(); each returns plain
-values (tensors as NumPy arrays) for tests/integration/test_horovod.py to check against what it
-computes itself from ``torch_input``.
+"""What each rank of a Horovod-API test job runs: rank functions of (comm, params), each
+run on every rank as a test names it (``mpirun.run(3, torch_cases.torch_quorum, params)``,
+tests/integration/mpirun.py); each returns plain values (tensors as NumPy arrays) for
+tests/integration/test_horovod.py to check against what it computes itself from
+``torch_input``.
 """
 from __future__ import annotations
 
@@ -14,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.integration.rank_cases import _error, case, deaf_from_the_stream, main
+from tests.integration.mpirun import error
+from tests.integration.rank_cases import case, deaf_from_the_stream
 
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
           "bfloat16"]
@@ -43,7 +43,7 @@ def _attempt(fn: Any) -> Any:
     try:
         return fn()
     except Exception as exc:  # recorded for the test to judge
-        return _error(exc)
+        return error(exc)
 
 
 @case
@@ -909,8 +909,4 @@ def torch_overlap(comm: Any, p: dict) -> dict[str, Any]:
     out["resent"] = sum(stats["transport"].get(k, 0) for k in (
         "retransmitted", "nack_resent", "result_requests"))
     return out
-
-
-if __name__ == "__main__":
-    main()
 

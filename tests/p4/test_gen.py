@@ -243,16 +243,16 @@ except ina_collectives.control.ControlError as exc:
 
 @pytest.mark.mpi
 def test_ina_run_without_the_p4_extra_lets_the_ranks_join(tmp_path, run_python):
-    import json
     import pickle
+
+    from tests.integration import mpirun, rank_cases
     params = {"cases": [("float32", "sum", 30_000, 1)],
               "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+    rank = mpirun.rank_args(rank_cases.ina_cases, params, tmp_path)
     code = f"""
 import sys
 from ina_collectives.launch.cli import main
-sys.exit(main(["-np", "2", "--verbose", "--", sys.executable, "-m",
-               "tests.integration.rank_cases", "ina_cases",
-               {json.dumps(params)!r}, {str(tmp_path)!r}]))
+sys.exit(main(["-np", "2", "--verbose", "--", sys.executable, *{rank!r}]))
 """
     out = run_python(code, block=("grpc", "p4runtime_sh", "p4"), timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -10,8 +10,8 @@ The switch runs in this process (``SoftwareSwitch.serve`` in a thread: the same 
 expected fate comes from ``expected_fate``, the rules of docs/protocol.md written out
 again for a sender that is never a registered worker.
 
-The ranks of the two jobs run ``python -m tests.switch.test_server fuzz_job ...`` (the case is
-registered in tests.integration.rank_cases.CASES and runs through its main()).
+The ranks of the two jobs run ``fuzz_job``, this module's rank function
+(tests/integration/mpirun.py imports it by its name in each rank).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ina_collectives import protocol as P
 from ina_collectives.switch import parse_status
 from ina_collectives.switch.server import CONTROL_OUTCOMES, CONTROL_VALUES, SoftwareSwitch
 from tests.integration import mpirun
-from tests.integration.rank_cases import case, main
+from tests.integration.rank_cases import case
 
 FUZZ_PACKETS = 100_000
 BATCH = 250  # packets sent before waiting for the switch's counters to account for them
@@ -421,9 +421,8 @@ def test_fuzz_while_two_jobs_allreduce(tmp_path):
         def run_job(seed: int) -> None:
             try:
                 results[seed] = mpirun.run(
-                    2, "fuzz_job", {"dir": str(tmp_path), "seed": seed, "count": 50_003},
-                    env={"INA_SWITCH": f"{sw.address[0]}:{sw.address[1]}"}, timeout=150,
-                    module="tests.switch.test_server")
+                    2, fuzz_job, {"dir": str(tmp_path), "seed": seed, "count": 50_003},
+                    env={"INA_SWITCH": f"{sw.address[0]}:{sw.address[1]}"}, timeout=150)
             except BaseException as exc:  # checked below
                 results[seed] = exc
 
@@ -669,6 +668,3 @@ def test_fuzzed_packets_from_a_workers_own_address():
             for w in workers:
                 w.close()
 
-
-if __name__ == "__main__":
-    main()

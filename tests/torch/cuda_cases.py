@@ -1,5 +1,5 @@
-"""What each rank of the CUDA test job runs (tests/torch/test_cuda.py):
-``python -m tests.torch.cuda_cases CASE ...``. Every rank puts its tensors on
+"""What each rank of the CUDA test job runs (tests/torch/test_cuda.py: a rank function,
+``mpirun.run(2, cuda_cases.cuda_apis, params)``). Every rank puts its tensors on
 ``p["device"]`` ("cuda": GPU rank % count, so two ranks may share one GPU; "cpu" runs the
 same code without one)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from tests.integration.ddp_cases import _free_port
-from tests.integration.rank_cases import case, main
+from tests.integration.rank_cases import case
 from tests.integration.torch_cases import _np, torch_input
 
 
@@ -87,6 +87,3 @@ def cuda_apis(comm: Any, p: dict) -> dict[str, Any]:
     dist.destroy_process_group()
     return out
 
-
-if __name__ == "__main__":
-    main()

@@ -16,6 +16,7 @@ from ina_collectives.torch import staging, windows
 from ina_collectives.torch.windows import HostWindows
 from tests.integration import mpirun
 from tests.integration.torch_cases import torch_input
+from tests.torch import cuda_cases
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (make gpu-check runs these on one)")
@@ -134,8 +135,9 @@ def test_each_api_reduces_cuda_tensors_through_the_switch(switch):
     through the switch, against the values computed here and DDP on the CPU."""
     shape, steps = (3, 1 << 20), 3
     env = {"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0"}
-    results = mpirun.run(2, "cuda_apis", {"device": "cuda", "shape": shape, "steps": steps},
-                         env=env, timeout=300, module="tests.torch.cuda_cases")
+    results = mpirun.run(2, cuda_cases.cuda_apis,
+                         {"device": "cuda", "shape": shape, "steps": steps},
+                         env=env, timeout=300)
     for r, out in enumerate(results):
         assert "error" not in out, out
         for dtype in ("float32", "float16", "bfloat16"):
