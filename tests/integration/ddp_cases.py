@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.integration.rank_cases import case
 from tests.integration.torch_cases import _attempt, _np, torch_input
 
 DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
@@ -31,7 +30,6 @@ def _start(comm: Any, **options: Any) -> None:
     dist.init_process_group("ina", rank=comm.rank, world_size=comm.size, **options)
 
 
-@case
 def ddp_quorum(comm: Any, p: dict) -> dict[str, Any]:
     """ina_collectives.set_quorum on the default group, then all_reduce AVG and SUM."""
     import numpy as np
@@ -53,7 +51,6 @@ def ddp_quorum(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def ddp_ops(comm: Any, p: dict) -> dict[str, Any]:
     """Every collective and dtype, against values computed by the test."""
     import ina_collectives.torch.distributed as ina_dist
@@ -114,7 +111,6 @@ def ddp_ops(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def ddp_mismatch(comm: Any, p: dict) -> dict[str, Any]:
     """Ranks that disagree get torch's DistBackendError on every rank, naming each rank's
     call; the group goes on working."""
@@ -144,7 +140,6 @@ def ddp_mismatch(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def ddp_train(comm: Any, p: dict) -> dict[str, Any]:
     """DDP on a small model; with p["kill_after_steps"] rank 0 SIGKILLs the switch then
     and training goes on (the exact path). Returns the final parameters."""
@@ -171,7 +166,6 @@ def ddp_train(comm: Any, p: dict) -> dict[str, Any]:
     return {"params": params, "engines": engines, "threads": threading.active_count()}
 
 
-@case
 def ddp_sparse_embedding(comm: Any, p: dict) -> dict[str, Any]:
     """DDP with an nn.Embedding(sparse=True) on backend p["backend"] ("ina" or
     "gloo"): its sparse gradients reduced exactly; the final parameters."""
@@ -206,7 +200,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@case
 def ddp_subgroups(comm: Any, p: dict) -> dict[str, Any]:
     """new_group: a subgroup of ranks 0 and 2 (a job of its own) and one of every rank."""
     import ina_collectives.torch.distributed as ina_dist
@@ -227,7 +220,6 @@ def ddp_subgroups(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def ddp_p2p(comm: Any, p: dict) -> dict[str, Any]:
     """send/recv, isend/irecv around a ring, every dtype; batch_isend_irecv; a receive
     whose tensor is larger than what came, and one that nobody sends (a group with a
@@ -279,7 +271,6 @@ def ddp_p2p(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def fsdp2_train(comm: Any, p: dict) -> dict[str, Any]:
     """FSDP2 (fully_shard over init_device_mesh) trains an MLP for a few steps, and a
     DTensor is sharded and replicated again on the same mesh; backend p["backend"]."""
@@ -323,7 +314,6 @@ def fsdp2_train(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def dist_overlap(comm: Any, p: dict) -> dict[str, Any]:
     """torch.distributed's DistributedOptimizer (torch/overlap.py) on backend "ina": the
     same model trained from the same start on the same batches with overlap off and on;
@@ -386,7 +376,6 @@ def _hook_train(model: torch.nn.Module, steps: int, accumulate: bool) -> list[An
     return [_np(q.float()) for q in model.parameters()]
 
 
-@case
 def ddp_hook(comm: Any, p: dict) -> dict[str, Any]:
     """DDP on p["backend"] with ina_collectives.torch.hooks.allreduce_hook (p["hook"]):
     a float32 model (gradient_as_bucket_view, static_graph), then a float16 one (no_sync

@@ -19,15 +19,7 @@ from ina_collectives.mpi import Intracomm
 from tests.inputs import make_input
 from tests.integration.mpirun import error
 
-CASES: dict[str, Callable[[MPI.Intracomm, dict], Any]] = {}
 
-
-def case(fn: Callable[[MPI.Intracomm, dict], Any]) -> Callable[[MPI.Intracomm, dict], Any]:
-    CASES[fn.__name__] = fn
-    return fn
-
-
-@case
 def allreduce_cases(comm: MPI.Intracomm, p: dict) -> list[Any]:
     """Each of p["cases"] (dtype, op, count, seed) through ina.allreduce."""
     ina.init(comm, **p.get("settings", {}))
@@ -43,7 +35,6 @@ def allreduce_cases(comm: MPI.Intracomm, p: dict) -> list[Any]:
     return {"results": results, "stats": stats}
 
 
-@case
 def ina_cases(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """allreduce_cases through the aggregator (INA_SWITCH in the environment), repeated
     p["rounds"] times so that slot versions carry over between calls."""
@@ -58,7 +49,6 @@ def ina_cases(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return {"results": results, "stats": stats}
 
 
-@case
 def across_hosts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """ina_cases' calls on ranks of several hosts, in two halves: between them rank 0
     writes p["dir"]/joined and every rank waits (bounded) for p["dir"]/stray (the test
@@ -83,7 +73,6 @@ def across_hosts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return {"results": results, "stats": stats, "netns": os.readlink("/proc/self/ns/net")}
 
 
-@case
 def quorum_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """p["steps"]: [(quorum or None, dtype, op, count, seed)]: set_quorum(quorum) first
     unless None, then one allreduce; each call's result and stats()["switch"]["quorum"]
@@ -109,7 +98,6 @@ def quorum_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return {"results": results, "calls": calls, "stats": stats}
 
 
-@case
 def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """A NaN on one rank and an Inf on another (at p["at"] and 2 further, of p["size"]
     values of p["dtype"]): the exact path, chosen for this call; then a clean call."""
@@ -123,7 +111,6 @@ def ina_nan(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """A sync call's results reach rank 0, which returns and SIGKILLs the switch; rank 1's
     never arrive (its socket takes datagrams from a dead address only, from the second
@@ -180,7 +167,6 @@ def _closed_udp_port() -> int:
         return s.getsockname()[1]
 
 
-@case
 def ina_switch_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """Rank 0 SIGKILLs the switch p["kill_after"] s into the second of three calls."""
     import signal
@@ -200,7 +186,6 @@ def ina_switch_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """One call through the switch; the test kills it; one call (handed to the ring) and
     p["outage"] more on the ring; the test starts a switch again at the same address;
@@ -237,7 +222,6 @@ def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def paced_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """p["calls"] allreduces of p["case"] (dtype, op, count), call i with seed 100 + i.
     Before call i, for each p["pauses"][str(i)] = name: rank 0 writes ``name`` in p["dir"]
@@ -306,7 +290,6 @@ class CountingComm(MPI.Intracomm):
         return value
 
 
-@case
 def mpi_calls_per_call(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """p["calls"] allreduces of p["count"] float32 after one to start the job: the MPI
     operations each made on the library's communicator, its engine, and the stats."""
@@ -326,7 +309,6 @@ def mpi_calls_per_call(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def ina_interrupted(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """Rank 0 gets SIGINT (Ctrl-C) while a slow call streams through the switch: it must
     raise KeyboardInterrupt at once; the other ranks a clear error within the bound."""
@@ -353,7 +335,6 @@ def ina_interrupted(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
             "after_signal": ended - sent["at"] if "at" in sent else None}
 
 
-@case
 def ina_worker_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """The last rank freezes (SIGSTOP) during a stream of calls: to the switch and its
     peers it is dead. The others must raise within the bound, naming the wait; rank 0
@@ -377,7 +358,6 @@ def ina_worker_dies(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
             "ranks_alive": comm.size - 1, "kill": pids[-1] if comm.rank == 0 else None}
 
 
-@case
 def layouts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """In place, out=, non-contiguous and Fortran-ordered inputs and outputs; ranks use
     different layouts for the same logical array."""
@@ -404,7 +384,6 @@ def layouts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def intracomm_forms(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """Every buffer form of Allreduce, the object allreduce, and the calls handed to MPI,
     each beside MPI's own answer for the same input."""
@@ -491,7 +470,6 @@ def intracomm_forms(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """The last rank passes a different length, dtype or op; then a good call follows, which
     must still work (an agreement error leaves the communicator usable). p["known"]: the
@@ -521,7 +499,6 @@ def disagree(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def intracomm_disagree(comm: MPI.Intracomm, p: dict) -> Any:
     """Through the mpi4py API: one rank's buffer is longer."""
     ic = Intracomm(comm, timeout=30)
@@ -533,7 +510,6 @@ def intracomm_disagree(comm: MPI.Intracomm, p: dict) -> Any:
         return error(exc)
 
 
-@case
 def rank_absent(comm: MPI.Intracomm, p: dict) -> Any:
     """The last rank never calls allreduce: the others must time out and say for what."""
     ina.init(comm, timeout=p["timeout"], **p.get("settings", {}))
@@ -552,7 +528,6 @@ def rank_absent(comm: MPI.Intracomm, p: dict) -> Any:
     return {"abandoned": True, "first": result, "after": after}
 
 
-@case
 def local_errors(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """Errors every rank raises before any communication."""
     out: dict[str, Any] = {}
@@ -591,7 +566,6 @@ def _readonly() -> np.ndarray:
     return ina.allreduce(np.ones(3), out=a)
 
 
-@case
 def runtime_priority(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """The background runtime's order (docs/ordering.md): six tensors each rank submits
     in an order of its own, ready together; then a large low-priority tensor cut into

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from tests.integration.mpirun import error
-from tests.integration.rank_cases import case, deaf_from_the_stream
+from tests.integration.rank_cases import deaf_from_the_stream
 
 DTYPES = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
           "bfloat16"]
@@ -46,7 +46,6 @@ def _attempt(fn: Any) -> Any:
         return error(exc)
 
 
-@case
 def torch_ops(comm: Any, p: dict) -> dict[str, Any]:
     """Every dtype x op through allreduce and its variants, and every other collective."""
     import ina_collectives.torch as hvd
@@ -113,7 +112,6 @@ def torch_ops(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_async(comm: Any, p: dict) -> dict[str, Any]:
     """poll() is False while a peer has not submitted; many small async allreduces are
     fused into fewer reductions."""
@@ -143,7 +141,6 @@ def torch_async(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_autograd(comm: Any, p: dict) -> dict[str, Any]:
     """Gradients through every differentiable collective: loss = sum(w * op(x)) with a
     rank-specific weight w, so each gradient says where it came from."""
@@ -179,7 +176,6 @@ def torch_autograd(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_grouped_and_scaled(comm: Any, p: dict) -> dict[str, Any]:
     """grouped_allgather, grouped_reducescatter and reducescatter's scale factors."""
     import ina_collectives.torch as hvd
@@ -207,7 +203,6 @@ def gradient_like(rank: int) -> np.ndarray:
     return np.random.default_rng(70 + rank).standard_normal(70_000).astype(np.float32)
 
 
-@case
 def torch_switch16(comm: Any, p: dict) -> dict[str, Any]:
     """Compression.switch16 on allreduce, grouped_allreduce and DistributedOptimizer,
     beside the same calls without it, in a job of 32-bit values."""
@@ -233,7 +228,6 @@ def torch_switch16(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_quorum(comm: Any, p: dict) -> dict[str, Any]:
     """hvd.set_quorum between allreduces (Average and Sum), back to sync, then ranks
     that ask for different quorums."""
@@ -255,7 +249,6 @@ def torch_quorum(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_process_sets(comm: Any, p: dict) -> dict[str, Any]:
     """Collectives restricted to process sets: even and odd ranks, each set its own job
     at the switch; the errors Horovod raises; a set registered at init."""
@@ -316,7 +309,6 @@ def torch_process_sets(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_process_sets_from_communicators(comm: Any, p: dict) -> dict[str, Any]:
     """Sets given to init as communicators, each rank its own (as Horovod's multi-comm
     test): every distinct one becomes a set; a set that repeats another is refused and
@@ -339,7 +331,6 @@ def torch_process_sets_from_communicators(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_name_reuse(comm: Any, p: dict) -> dict[str, Any]:
     """A name given again at once is a duplicate even when the first operation already
     finished; after another submission it is free (as Horovod, where finishing frees it);
@@ -377,7 +368,6 @@ def torch_name_reuse(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_errors(comm: Any, p: dict) -> dict[str, Any]:
     """Ranks that disagree get RuntimeError on every rank, never a hang; local mistakes
     raise at once; afterwards the runtime still works."""
@@ -413,7 +403,6 @@ def torch_errors(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_dead_peer(comm: Any, p: dict) -> dict[str, Any]:
     """The last rank freezes (SIGSTOP): the others' pending operation fails within the
     timeout, naming what it waited for. Rank 0 then kills it."""
@@ -433,7 +422,6 @@ def torch_dead_peer(comm: Any, p: dict) -> dict[str, Any]:
             "kill": pids[-1] if comm.rank == 0 else None}
 
 
-@case
 def torch_join(comm: Any, p: dict) -> dict[str, Any]:
     """Rank r has r + 1 batches: joined ranks add zeros to the others' allreduces."""
     import ina_collectives.torch as hvd
@@ -449,7 +437,6 @@ def torch_join(comm: Any, p: dict) -> dict[str, Any]:
     return {"sums": sums, "last": last, "after": after}
 
 
-@case
 def torch_init(comm: Any, p: dict) -> dict[str, Any]:
     """init(comm=[ranks]), idempotent init, shutdown and init again, topology."""
     import ina_collectives.torch as hvd
@@ -487,7 +474,6 @@ def loss_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-@case
 def torch_optimizer(comm: Any, p: dict) -> dict[str, Any]:
     """broadcast_parameters, broadcast_optimizer_state, then steps of a DistributedOptimizer
     (SGD with momentum) with the options in p; returns every parameter after each step."""
@@ -566,7 +552,6 @@ def fusion_problem(rank: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tens
     return model, torch.randn(32, 64, generator=g), torch.randn(32, 4, generator=g)
 
 
-@case
 def torch_optimizer_fusion(comm: Any, p: dict) -> dict[str, Any]:
     """p["steps"] steps of a DistributedOptimizer on fusion_problem: the engines that
     served them (stats before the first and after the last) and the parameters."""
@@ -588,7 +573,6 @@ def torch_optimizer_fusion(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_half_scaling(comm: Any, p: dict) -> dict[str, Any]:
     """float16 allreduces with prescale/postscale factors, through every variant."""
     import ina_collectives.torch as hvd
@@ -616,7 +600,6 @@ def torch_half_scaling(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_alltoall_forms(comm: Any, p: dict) -> dict[str, Any]:
     """alltoall returns the output alone without splits, (output, splits) with them."""
     import ina_collectives.torch as hvd
@@ -636,7 +619,6 @@ def torch_alltoall_forms(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_optimizer_unnamed(comm: Any, p: dict) -> dict[str, Any]:
     """DistributedOptimizer without named_parameters over two parameter groups."""
     import ina_collectives.torch as hvd
@@ -673,7 +655,6 @@ class _CountingOptimizer(torch.optim.Optimizer):
                 state["buffer"] = torch.full_like(q, float(state["count"]))
 
 
-@case
 def torch_optimizer_state(comm: Any, p: dict) -> dict[str, Any]:
     """broadcast_optimizer_state: scalar and None state entries; a fresh optimizer's
     state and gradients created as Horovod does (frozen parameters keep no gradient)."""
@@ -714,7 +695,6 @@ def sparse_input(rank: int, rows: int = 40, dim: int = 3) -> torch.Tensor:
                                    (rows, dim), check_invariants=True)
 
 
-@case
 def torch_sparse(comm: Any, p: dict) -> dict[str, Any]:
     """Sparse COO tensors through the Horovod API: sparse_allreduce_async (Sum and
     Average, a rank with no entries), allreduce of a sparse tensor, bad input, and the
@@ -755,7 +735,6 @@ def torch_sparse(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any]:
     """The Horovod API's runtime: rank 1's results stop reaching it from the second call's
     stream on (its socket takes datagrams from a dead address only), rank 0 returns from that
@@ -789,7 +768,6 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     return out
 
 
-@case
 def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
     """The Horovod API's runtime with two calls in one cycle (a grouped allreduce of a
     float32 and a float64 tensor: two fusion groups). Both open through the switch and
@@ -837,7 +815,6 @@ def skewed_sparse(rank: int, step: int, rows: int = 100, dim: int = 4) -> torch.
                                    check_invariants=True)
 
 
-@case
 def torch_sparse_hot(comm: Any, p: dict) -> dict[str, Any]:
     """The same sparse tensor name reduced p["steps"] times with hot rows on: the hot
     rows' sums go through the switch, the rest are gathered; each step's dense result."""
@@ -865,7 +842,6 @@ def torch_sparse_hot(comm: Any, p: dict) -> dict[str, Any]:
     return out
 
 
-@case
 def torch_overlap(comm: Any, p: dict) -> dict[str, Any]:
     """The same model trained twice from the same start on the same batches: with the
     plain DistributedOptimizer, and with overlap=model (each module's update at its next

@@ -31,7 +31,6 @@ from ina_collectives import protocol as P
 from ina_collectives.switch import parse_status
 from ina_collectives.switch.server import CONTROL_OUTCOMES, CONTROL_VALUES, SoftwareSwitch
 from tests.integration import mpirun
-from tests.integration.rank_cases import case
 
 FUZZ_PACKETS = 100_000
 BATCH = 250  # packets sent before waiting for the switch's counters to account for them
@@ -386,7 +385,6 @@ def job_input(seed: int, call: int, rank: int, count: int) -> np.ndarray:
     return rng.integers(-1000, 1000, count, endpoint=True).astype(np.float32)
 
 
-@case
 def fuzz_job(comm: Any, p: dict) -> dict[str, Any]:
     """Allreduces until the test says stop: each checked for the exact sum and for the
     engine that served it; rank 0 writes ``started-<seed>`` after the first call."""

@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 from tests.integration.ddp_cases import _free_port
-from tests.integration.rank_cases import case
 from tests.integration.torch_cases import _np, torch_input
 
 
@@ -48,7 +47,6 @@ def _group(comm: Any, backend: str) -> None:
     dist.init_process_group(backend, rank=comm.rank, world_size=comm.size)
 
 
-@case
 def cuda_apis(comm: Any, p: dict) -> dict[str, Any]:
     """Each API with tensors on the device: the Horovod API's allreduce of every float
     dtype (several 4 MiB windows each) in place and out of place; DDP on backend "ina";
