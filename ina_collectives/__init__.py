@@ -66,8 +66,8 @@ def init(comm: Any = None, **settings: Any) -> None:
 
     loaded = Settings.load(settings)
     state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded, InaEngine)
-    if state.switch_engine is not None:  # (ina's engine: the kernels it runs, for stats)
-        state.stats.kernels = state.switch_engine.kernels.name
+    if state.offload is not None:  # (ina's engine: the kernels it runs, for stats)
+        state.stats.kernels = state.offload.kernels.name
     _state = state
 
 

@@ -56,8 +56,8 @@ class Intracomm(MPI.Intracomm):
         if state is None:
             settings = getattr(self, "_ina_settings", None) or Settings.load()
             state = Collectives(MPI.Intracomm(self), settings, InaEngine)
-            if state.switch_engine is not None:  # (the kernels it runs, for stats)
-                state.stats.kernels = state.switch_engine.kernels.name
+            if state.offload is not None:  # (the kernels it runs, for stats)
+                state.stats.kernels = state.offload.kernels.name
             self._ina_state = state
         return state
 

@@ -114,7 +114,7 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
         link_before = dict(collectives.stats.snapshot()["transport"]) if collectives else {}
         resent: list[int] = []
         streams: list[float] = []
-        streamed = ((lambda: float(collectives.switch_engine.totals.get("seconds", 0.0)))
+        streamed = ((lambda: float(collectives.offload.totals.get("seconds", 0.0)))
                     if through_switch else None)
         times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps,
                            resent, streamed, streams)

@@ -68,8 +68,8 @@ def _sizes() -> tuple[int, int]:
     """The exponent round's int16 count and the vote's float64 count for this call, as
     the engine makes them (1 + the first window's exponents; 4 per aggregator + 1)."""
     x = np.ones(NBYTES // 4, np.float32)
-    proposal = _ina.switch_engine.prepare(AllreduceCall(x, np.empty_like(x), Op.SUM)).proposal
-    return proposal.size, 4 * len(_ina.switch_engine.aggregators.addresses) + 1
+    proposal = _ina.offload.prepare(AllreduceCall(x, np.empty_like(x), Op.SUM)).proposal
+    return proposal.size, 4 * len(_ina.offload.aggregators.addresses) + 1
 
 
 def _gloo():
@@ -103,7 +103,7 @@ def test_call_cost(benchmark, system):
     signature = CallSignature(CallSignature.ARRAYS, send.size, dtype_code(send.dtype), 0,
                               "bench")
     seq = iter(range(1, 1 << 30))
-    width, window = _ina.switch_engine.window_size(), np.zeros(exponents, np.int16)
+    width, window = _ina.offload.window_size(), np.zeros(exponents, np.int16)
 
     def collective(request_of):
         return lambda: wait(request_of(), Deadline(60), lambda: system)
@@ -112,7 +112,7 @@ def test_call_cost(benchmark, system):
     ident = identity(signature)
 
     def opening():
-        opened = _ina.switch_engine.gate(ident, _ina.switch_engine.prepare(call), Deadline(60))
+        opened = _ina.offload.gate(ident, _ina.offload.prepare(call), Deadline(60))
         assert opened.outcome == "agreed", opened
 
     run = {
@@ -137,9 +137,9 @@ def test_call_cost(benchmark, system):
                 "ina-unchecked": _unchecked}[system].stats.last
         assert done["engine"] == "ina", done
     if system == "ina":  # every call but the first predicted, none with a vote
-        assert _ina.switch_engine.vote_free_calls >= ROUNDS, _ina.switch_engine.switch_state()
-        assert _ina.switch_engine.predicted_calls >= ROUNDS, _ina.switch_engine.switch_state()
+        assert _ina.offload.vote_free_calls >= ROUNDS, _ina.offload.switch_state()
+        assert _ina.offload.predicted_calls >= ROUNDS, _ina.offload.switch_state()
     if system == "ina-opened":  # every call opened through the switch
-        assert _opened.switch_engine.opened_calls >= ROUNDS, _opened.switch_engine.switch_state()
+        assert _opened.offload.opened_calls >= ROUNDS, _opened.offload.switch_state()
     benchmark.extra_info.update(ranks=n, bytes=NBYTES, exponent_values=exponents,
                                 vote_values=votes, protocol=P.PROTOCOL_VERSION)

@@ -75,7 +75,6 @@ class Collectives:
         except BaseException:
             self.comm.Free()  # init failed: nothing of it stays
             raise
-        self.switch_engine = self.offload  # (the name the APIs and the runtime read)
         if settings.check_agreement:  # every call starts with the agreement: a gate
             self.errors.set_gate(lambda: columns(self._width()))
         self.engines: list[Engine] = ([self.offload] if self.offload else []) + [

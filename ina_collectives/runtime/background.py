@@ -149,7 +149,7 @@ class BackgroundRuntime:
         self.collectives = Collectives(
             comm, dataclasses.replace(settings, check_agreement=(
                 settings.check_agreement or not ordered)), InaEngine)
-        switch = self.collectives.switch_engine
+        switch = self.collectives.offload
         if switch is not None:  # (ina's engine: the kernels it runs, for stats)
             self.collectives.stats.kernels = switch.kernels.name
         self.comm = self.collectives.comm

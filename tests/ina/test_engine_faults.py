@@ -83,7 +83,7 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
                 coll.allreduce(x if predicted else np.full(COUNT, 1.0 + r, np.float32))
                 engines = [coll.stats.snapshot()["last_call"]["engine"]]
                 if r == 1:
-                    deaf_from_the_next_stream(coll.switch_engine)
+                    deaf_from_the_next_stream(coll.offload)
                 comm.Barrier()
                 second = coll.allreduce(x)
                 engines.append(coll.stats.snapshot()["last_call"]["engine"])
@@ -91,7 +91,7 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
                     sw.kill()
                 third = coll.allreduce(np.full(COUNT, 2.0, np.float32))
                 engines.append(coll.stats.snapshot()["last_call"]["engine"])
-                return second, third, engines, coll.switch_engine.switch_state()
+                return second, third, engines, coll.offload.switch_state()
             finally:
                 coll.free()
 

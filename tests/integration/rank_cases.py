@@ -128,7 +128,7 @@ def ina_switch_dies_after_the_last_result(comm: MPI.Intracomm, p: dict) -> dict[
                           else np.full(count, 1.0 + comm.rank, np.float32))
     served_first = ina.stats()["last_call"]["engine"]
     if comm.rank == 1:
-        deaf_from_the_stream(ina._state.switch_engine.link)
+        deaf_from_the_stream(ina._state.offload.link)
     comm.barrier()
     start = time.monotonic()
     second = ina.allreduce(x)

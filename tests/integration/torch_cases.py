@@ -753,7 +753,7 @@ def torch_switch_dies_after_the_last_result(comm: Any, p: dict) -> dict[str, Any
     # opening, of which rank 1 hears nothing either.
     first = hvd.allreduce(x.clone(), op=hvd.Sum, name="first")
     if r == 1:  # from the stream on
-        deaf_from_the_stream(world.require().runtime.collectives.switch_engine.link)
+        deaf_from_the_stream(world.require().runtime.collectives.offload.link)
     hvd.barrier()
     start = time.monotonic()
     second = hvd.allreduce(x, op=hvd.Sum, name="second")
@@ -782,7 +782,7 @@ def torch_two_calls_a_cycle(comm: Any, p: dict) -> dict[str, Any]:
     hvd.init(comm, switch_min_bytes=0, switch_silence=1.5, timeout=30, switch_predict=False)
     r = hvd.rank()
     n = p["count"]
-    ina = world.require().runtime.collectives.switch_engine
+    ina = world.require().runtime.collectives.offload
 
     def pair(scale: float) -> list[torch.Tensor]:
         return [torch.arange(n, dtype=torch.float32) * (r + 1) * scale,

@@ -206,7 +206,7 @@ def test_a_rank_that_lost_a_call_while_the_others_idle_is_rescued_through_the_ne
             x = np.arange(COUNT, dtype=np.float32) * (r + 1)
             allreduce(runtime, "first", x)
             if r == 1:
-                deaf_from_the_next_stream(runtime.collectives.switch_engine)
+                deaf_from_the_next_stream(runtime.collectives.offload)
             second = allreduce(runtime, "second", x)
             if r == 0:
                 sw.kill()
