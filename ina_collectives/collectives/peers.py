@@ -19,6 +19,8 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
+from .waiting import Deadline, wait
+
 
 def _torch_op(op: Any) -> Any:
     """torch's ReduceOp for an MPI.Op (MPI.Op objects are not hashable)."""
@@ -158,12 +160,14 @@ class TorchPeers:
         call with it when they differ), bounded by the peers' timeout."""
         payload = np.frombuffer(pickle.dumps(obj), np.uint8)
         sizes = np.empty(self._size, np.int64)
-        seconds = self._timeout.total_seconds()
-        self.Iallgather(np.array([payload.size], np.int64), sizes).Wait(seconds)
+        deadline = Deadline(self._timeout.total_seconds())
+        wait(self.Iallgather(np.array([payload.size], np.int64), sizes), deadline,
+             lambda: f"all {self._size} ranks' object sizes in an allgather")
         displs = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         gathered = np.empty(int(sizes.sum()), np.uint8)
-        self.Iallgatherv(payload, [gathered, sizes.tolist(), displs.tolist(), MPI.BYTE]
-                         ).Wait(seconds)
+        wait(self.Iallgatherv(payload, [gathered, sizes.tolist(), displs.tolist(),
+                                        MPI.BYTE]), deadline,
+             lambda: f"all {self._size} ranks' objects in an allgather")
         return [pickle.loads(gathered[d:d + n].tobytes()) for d, n in zip(displs, sizes)]
 
     def Iallgatherv(self, send: Any, recv: Any) -> Request:  # noqa: N802
