@@ -945,17 +945,19 @@ cdef class Aggregator(FaultInjection):
             idle_cell(job, cell, epoch)
         elif job.count[cell] or job.result_len[cell]:
             behind = <int16_t>(job.call[cell] - call)
-            older = 0 < behind < 256 or (behind == 0 and offset < job.offset[cell])
+            # (An opening's offset is the call's identity, not a chunk's: only an earlier
+            # call is older than an opened cell. An opening used as a gate alone carries
+            # the next switch call's number without taking it: that call meets it.)
+            older = 0 < behind < 256 or (behind == 0 and offset < job.offset[cell]
+                                         and not job.opened[cell] & 1)
             if older and (quorum or job.need[cell]):
                 # A quorum lets the others run ahead of a late worker: its packet may be
                 # of a chunk its cell has finished and moved past (an earlier call, or an
                 # earlier offset of this one). Its result went out; nothing to add it to.
                 self.drops[<int>DROP_LATE] += 1
                 return
-            if older and (behind != 0 or not job.opened[cell] & 1):
-                # (An opening's offset is the call's identity, not a chunk's: only an
-                # earlier call is older than an opened cell.) In sync no worker needs a
-                # chunk its cell has moved past (a worker uses
+            if older:
+                # In sync no worker needs a chunk its cell has moved past (a worker uses
                 # the cell again only after every worker had the result of the slot's
                 # other cell, sent after this one's reached them all): a delayed copy, a
                 # first send or a resend alike. Opening the cell with it would stall its

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
+from ina_collectives.ina import kernels
 from ina_collectives.ina.link import Timers
 from ina_collectives.switch.faults import send_faults
 from tests.ina.test_link import joined, per_worker
@@ -163,3 +164,35 @@ def test_workers_that_open_different_slots_all_learn_the_mismatch_at_slot_0(job)
     got = open_all(links, [5] * N, props, 2)
     assert [g[0] for g in got] == ["done"] * N, got
     assert all((p[0] == N - 1).all() for p in props)
+
+
+def test_a_gate_alone_leaves_its_call_number_to_a_quorum_call_after_it(job):
+    """An opening used as a gate alone (its call then served off the switch, or a host
+    operation's gate) carries the number of the next switch call and does not take it:
+    that call, in quorum, meets the opened cells at its own number. Its chunks' offsets
+    are below the opening's identity (which an opening holds where a chunk's offset is),
+    yet they are not late: only an earlier call is older than an opened cell. (They were
+    dropped as late, and the call stalled.)"""
+    sw, links = job
+    ident = 0x7FFF0000  # as the cell's offset: above every chunk's
+    got = open_all(links, [ident] * N, [proposals_of(w) for w in range(N)], call=1)
+    assert [g[0] for g in got] == ["done"] * N, got
+    chunks = 3 * S  # every slot's both cells, the opened ones included
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(chunks * K).astype(np.float32) for _ in range(N)]
+    fast = kernels.load("fast")
+    local = [fast.block_exponents(x, K, P.DEFAULT_BLOCK)[0] for x in xs]
+    agreed = np.max(local, axis=0)  # a quorum call agrees every chunk's exponents
+    outs: list = [None] * N
+
+    def one(w: int) -> None:
+        out = np.full_like(xs[w], np.nan)
+        result = links[w].stream(xs[w], out, local[w], agreed.copy(), False,
+                                 Timers(0.02, 0.001, 0.5, 3.0), 30.0, call=1, quorum=N)
+        outs[w] = result, out
+    per_worker(N, one)
+    total = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    assert sw.stats()["drops"].get("late", 0) == 0, sw.stats()["drops"]
+    for result, out in outs:
+        assert result.reason == "done", result.reason  # (not LOST: no chunk missing)
+        np.testing.assert_allclose(out, total, rtol=0, atol=np.abs(total).max() * 1e-6)
