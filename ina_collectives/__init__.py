@@ -61,14 +61,12 @@ def init(comm: Any = None, **settings: Any) -> None:
     from mpi4py import MPI
 
     from .collectives import Collectives
-    from .ina.engine import InaEngine
+    from .ina.offload import ABSENT, offload_for
     from .settings import Settings
 
     loaded = Settings.load(settings)
-    state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded, InaEngine)
-    if state.offload is not None:  # (ina's engine: the kernels it runs, for stats)
-        state.stats.kernels = state.offload.kernels.name
-    _state = state
+    _state = Collectives(MPI.COMM_WORLD if comm is None else comm, loaded,
+                         offload_for(loaded), ABSENT)
 
 
 def finalize() -> None:
@@ -137,7 +135,7 @@ def summary() -> str:
     stats()): the share of calls and bytes the switch served, what took which other
     engine, why the switch did not serve, the switch's state, the packets this rank sent
     and the kernels."""
-    from .collectives.stats import summarize
+    from .ina.summary import summarize
 
     return summarize(stats())
 

@@ -20,8 +20,8 @@ from .collectives import buffers
 from .collectives.agreement import CallSignature
 from .collectives.chooser import Collectives
 from .collectives.ops import Op, as_op, check_supported
-from .collectives.stats import summarize
-from .ina.engine import InaEngine
+from .ina.offload import ABSENT, offload_for
+from .ina.summary import summarize
 from .runtime import world
 from .settings import Settings
 
@@ -55,9 +55,8 @@ class Intracomm(MPI.Intracomm):
         state = getattr(self, "_ina_state", None)
         if state is None:
             settings = getattr(self, "_ina_settings", None) or Settings.load()
-            state = Collectives(MPI.Intracomm(self), settings, InaEngine)
-            if state.offload is not None:  # (the kernels it runs, for stats)
-                state.stats.kernels = state.offload.kernels.name
+            state = Collectives(MPI.Intracomm(self), settings, offload_for(settings),
+                                ABSENT)
             self._ina_state = state
         return state
 

@@ -20,7 +20,8 @@ __all__ = ["Collectives"]
 
 def __getattr__(name: str) -> Any:
     # The chooser imports mpi4py.MPI, which initialises MPI: only when it is used, so
-    # that ina-run and the switch, which import ops from here, never start MPI.
+    # that the processes that import the package alone (ina-run), and so ops from
+    # here, never start MPI.
     if name == "Collectives":
         from .chooser import Collectives
         return Collectives

@@ -89,8 +89,8 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
 
 
 def identity(call: CallSignature, value_bits: int = 0) -> int:
-    """What an offload's gate carries for it to compare (the switch's: docs/protocol.md,
-    A call's opening): 48 bits of a hash of what every rank must call alike, the
+    """What an offload's gate carries for it to compare (the INA engine's gate:
+    docs/protocol.md): 48 bits of a hash of what every rank must call alike, the
     signature's compared fields and the width the call asks for."""
     return _identity(call.kind, call.count, call.dtype, call.op, value_bits)
 

@@ -2,7 +2,8 @@
 a call an engine gave up to the fallback, and keeps the stats. The only place that
 decides which engine serves a call, and the owner of the communicator's error path
 (recovery.py). It knows engines only by the protocols of engine.py: the offload is given
-to it (``offload``), so this layer never imports one.
+to it (``offload``, or None: the layer above decides whether the job has one, and what
+stats() shows where it has none), so this layer never imports one, nor reads its settings.
 
 An allreduce goes in steps (``allreduce_flat``): its engine chosen (``_choose``); its
 gate, through the offload (``_through_offload``; none for a call the offload predicts)
@@ -20,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
-from ..errors import AggregatorUnavailable, AgreementError, CommunicatorBroken
+from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import Agreed, CallSignature, agree, columns, disagree, identity
 from .engine import AllreduceCall, Engine, Gated, GateOutcome, HandOver, OffloadEngine, was_refused
@@ -36,15 +37,22 @@ log = logging.getLogger("ina_collectives")
 
 _VALUE_BITS = (0, *P.VALUE_BITS)  # a call's value widths (0: the job's)
 
+# What makes the offload: ``offload(comm, settings, error_path)``, collective.
+OffloadFactory = Callable[[Any, Settings, ErrorPath], OffloadEngine]
+
 
 class Collectives:
     """The library's state for one communicator (what Horovod calls its global state)."""
 
     def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings,
-                 offload: Callable[[Any, Settings, ErrorPath], OffloadEngine] | None = None):
+                 offload: OffloadFactory | None = None,
+                 absent: dict[str, Any] | None = None):
         """``offload(comm, settings, error_path)`` makes the engine tried first, which
-        serves calls out of the hosts (ina.InaEngine, through the aggregators INA_SWITCH
-        names; collective); needed where ``settings.switch`` is set."""
+        serves calls out of the hosts (collective); None: the job has none, and every
+        call takes the exact engines. The layer above decides which, from its settings
+        (ina.offload.offload_for), and refuses a job that requires an offload it lacks.
+        ``absent``: what stats() shows of the offload where there is none (the keys its
+        ``report`` gives), so that a snapshot has the same keys either way."""
         # The peers: an MPI communicator, or (no MPI job: torchrun) a torch one.
         if not isinstance(comm, (MPI.Intracomm, TorchPeers)) or comm == MPI.COMM_NULL:
             raise TypeError(f"expected an mpi4py intracommunicator, got {comm!r}")
@@ -52,26 +60,20 @@ class Collectives:
         if log.level == logging.NOTSET or getattr(log, "_ina_level", None) == log.level:
             log.setLevel(settings.log_level.upper())
             log._ina_level = log.level  # type: ignore[attr-defined]
-        if settings.require_switch and not settings.switch:
-            raise AggregatorUnavailable("INA_REQUIRE_SWITCH is set but no switch is "
-                                        "configured: set INA_SWITCH=host:port")
-        if settings.switch and offload is None:
-            raise ValueError("INA_SWITCH is set, and this communicator was given no engine "
-                             "to serve it (pass offload=ina_collectives.ina.InaEngine)")
         watch_run(settings.run_dir)  # (ina-run's mark of a failed rank ends every wait)
         # Our own copy of the communicator: the ring's messages never match the user's.
         self.comm = comm.Dup()
         self.settings = settings
-        self.stats = Stats()
+        self.stats = Stats(absent if offload is None else None)
         self.errors = ErrorPath(self.comm, settings.timeout)
         # The exact engine that finishes a call another engine gave up midway: the ring,
         # or where it cannot run (gloo's peers, no MPI job) the peers' own allreduce.
         self.ring = RingEngine(self.comm, settings)
         self.fallback: Engine = self.ring if self.ring.usable else MpiEngine(self.comm)
-        # Without INA_SWITCH there is no offload at all (no fallback reason to count).
+        # Without an offload there is no engine before the ring (no reason to count).
         try:
             self.offload: OffloadEngine | None = (
-                offload(self.comm, settings, self.errors) if settings.switch else None)
+                offload(self.comm, settings, self.errors) if offload is not None else None)
         except BaseException:
             self.comm.Free()  # init failed: nothing of it stays
             raise
@@ -377,7 +379,7 @@ class Collectives:
         negotiation does; and that an engine takes the dtype and op). On the fallback's
         own reduce-scatter (the ring's): by arithmetic an offload that moves all of buf
         each way per rank gives it no bandwidth (the ring moves (n-1)/n of it), and
-        measured on netsim an FSDP2 step through the switch was 0.85x gloo's."""
+        measured on netsim an FSDP2 step through the INA offload was 0.85x gloo's."""
         self._check_usable()
         if len(bounds) != self.size or bounds[0][0] != 0 or bounds[-1][1] != buf.size or any(
                 a[1] != b[0] for a, b in zip(bounds, bounds[1:])):
@@ -407,7 +409,7 @@ class Collectives:
         if not checked:
             # Its gate first, by the agreement: the call before may have ended without a
             # host collective, and a rank that could not finish it posts TROUBLE in the
-            # next gate (an opening's cells would meet the next call, in the new mode,
+            # next gate (an offload's gate would meet the next call, in the new mode,
             # with its own number).
             self.check_agreement(CallSignature(CallSignature.MPI_DIRECT, -1, -1, -1,
                                                f"set_quorum({k})"), through_offload=False)
@@ -464,12 +466,13 @@ class Collectives:
     def finish_calls(self) -> None:
         """Collective, before the communicator goes: a rank that could not finish the
         last call alone may still need what this rank kept of it (recovery.py). A gate
-        of its own, bounded by the silence bound (the time a stream takes to give up)
-        plus a margin; no answer only logs."""
+        of its own, bounded by the offload's silence bound (the time a call of its takes
+        to give up) plus a margin; no answer only logs."""
         if self.errors.kept is None or not self.errors.gated:
             return
         signature = CallSignature(CallSignature.FINISH, -1, -1, -1, "finalize")
-        bound = Deadline(self.settings.switch_silence + 5.0)
+        silence = self.offload.silence_bound() if self.offload is not None else 0.0
+        bound = Deadline(silence + 5.0)
         try:
             agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None,
                            self._width())

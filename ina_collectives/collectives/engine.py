@@ -192,6 +192,12 @@ class OffloadEngine(Engine):
         """Whether calls now complete with fewer than every rank."""
         raise NotImplementedError
 
+    def silence_bound(self) -> float:
+        """Seconds a call of its goes without an answer before it gives up: what bounds
+        the last gate at finalize (``Collectives.finish_calls``), where a rank may still
+        be finishing its last call."""
+        raise NotImplementedError
+
 
 def mpi_reduces(dtype: np.dtype) -> bool:
     """Whether this MPI's own reductions take dtype (MPICH has float16, not every MPI does)."""

@@ -1,7 +1,8 @@
 """Reduction operations and which dtype/op pairs each engine can compute.
 
 This module does not import mpi4py.MPI (importing it initialises MPI): the package's
-top level, ina-run and the switch import Op without starting MPI.
+top level imports Op, and so does every process that imports the package (ina-run
+among them), without starting MPI.
 """
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""Counters of what the collectives did: calls, bytes, which engine served, and why; and
-``summarize``, the paragraph ina_collectives.summary() prints."""
+"""Counters of what the collectives did: calls, bytes, which engine served, and why; the
+engines' own reports beside them; and ``paragraph``, the engine-neutral part of the one
+paragraph a user prints at the end of training (the offload's layer writes the rest:
+ina/summary.py)."""
 from __future__ import annotations
 
+import copy
 import logging
 from collections import Counter
 from typing import Any, Callable
@@ -10,20 +13,18 @@ log = logging.getLogger("ina_collectives")
 
 
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, absent: dict[str, Any] | None = None) -> None:
         self.calls = 0
         self.bytes = 0
         self.by_engine: Counter[str] = Counter()
         self.bytes_by_engine: Counter[str] = Counter()
         self.fallback_reasons: Counter[str] = Counter()
         self.last: dict[str, Any] | None = None
-        # The quantization and packet kernels the switch engine runs: "fast" (compiled)
-        # or "numpy" (the reference); None without a switch engine. Set by whoever gave
-        # the chooser its switch engine (the APIs: they know it is ina's).
-        self.kernels: str | None = None
-        # The engines' own reports (Engine.report): a switch engine's link counters
-        # ("transport") and its aggregators' state ("switch").
+        # The engines' own reports (Engine.report), merged into the snapshot; and
+        # ``absent``, what stats() shows of an offload the chooser was not given (the
+        # keys its report would have, from the layer that knows it), under them.
         self.reports: list[Callable[[], dict[str, Any]]] = []
+        self.absent: dict[str, Any] = absent or {}
 
     def record(self, engine: str, nbytes: int, passed_over: list[str]) -> None:
         """One call served by ``engine``; ``passed_over`` says why better engines declined."""
@@ -38,7 +39,7 @@ class Stats:
         self.last = {"engine": engine, "bytes": nbytes, "passed_over": list(passed_over)}
 
     def snapshot(self) -> dict[str, Any]:
-        reported: dict[str, Any] = {}
+        reported: dict[str, Any] = copy.deepcopy(self.absent)
         for report in self.reports:
             reported.update(report())
         return {
@@ -48,16 +49,12 @@ class Stats:
             "bytes_by_engine": dict(self.bytes_by_engine),
             "fallback_reasons": dict(self.fallback_reasons),
             "last_call": dict(self.last) if self.last else None,
-            "kernels": self.kernels,
-            "transport": {},
-            "switch": {"configured": False, "serving": False,
-                       "reason": "no switch configured (INA_SWITCH is unset): every call "
-                                 "takes the ring or MPI"},
             **reported,
         }
 
 
-def _size(nbytes: float) -> str:
+def size_text(nbytes: float) -> str:
+    """A byte count in words: 80 B, 1.5 KiB, 100.0 MiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if nbytes < 1024 or unit == "TiB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
@@ -65,58 +62,32 @@ def _size(nbytes: float) -> str:
     return ""  # (not reached)
 
 
-# The engine whose reasons say why the switch did not serve a call. The exact engines'
-# own reasons (the ring's ring_min_bytes, MPI's dtypes) say why *they* passed a call on
-# to the next exact engine: not a reason against the switch, so not in the summary.
-SWITCH = "ina"
-
-# What the kernels setting's values are, in the summary's words.
-KERNELS = {"fast": "compiled", "numpy": "the NumPy reference (the switch does not serve "
-                                        "with it)"}
-
-
-def summarize(snapshot: dict[str, Any]) -> str:
-    """One paragraph a user can print at the end of training, from a stats() snapshot:
-    what the switch served (calls and share of the bytes), what took which other engine
-    (ring, mpi, or gloo: the peers' own allreduce without an MPI job), why the switch did
-    not serve (its most frequent reasons), the switch's state, the packets this rank
-    sent, and the kernels that ran."""
+def paragraph(snapshot: dict[str, Any], first: str,
+              about: Callable[[dict[str, Any], list[tuple[str, int]]], str]) -> str:
+    """One paragraph from a stats() snapshot: what the engine named ``first`` (the
+    offload) served (calls and share of the bytes), what took which other engine (ring,
+    mpi, or gloo: the peers' own allreduce without an MPI job), then ``about(snapshot,
+    reasons)``: the sentences that engine's layer writes of itself, given its reasons for
+    not serving (the reasons it recorded, its name's prefix off, most frequent first).
+    The exact engines' own reasons (the ring's ring_min_bytes, MPI's dtypes) say why
+    *they* passed a call on to the next exact engine: not reasons against ``first``, so
+    not given."""
     calls, total = snapshot.get("calls", 0), snapshot.get("bytes", 0)
     if not calls:
         return "No allreduce yet."
     engines = snapshot.get("engines", {})
     by_bytes = snapshot.get("bytes_by_engine", {})
-    served, served_bytes = engines.get(SWITCH, 0), by_bytes.get(SWITCH, 0)
+    served, served_bytes = engines.get(first, 0), by_bytes.get(first, 0)
     share = 100.0 * served_bytes / total if total else 0.0
-    parts = [f"ina served {served} of {calls} calls ({share:.0f}% of "
-             f"{_size(total)})"]
+    parts = [f"{first} served {served} of {calls} calls ({share:.0f}% of "
+             f"{size_text(total)})"]
     others = [f"{n} took {name}" for name, n in sorted(engines.items(),
                                                          key=lambda kv: -kv[1])
-              if name != SWITCH]
+              if name != first]
     if others:
         parts.append(", ".join(others))
-    text = "; ".join(parts) + "."
-    prefix = f"{SWITCH}: "
+    prefix = f"{first}: "
     reasons = sorted(((why[len(prefix):], n)
                       for why, n in snapshot.get("fallback_reasons", {}).items()
                       if why.startswith(prefix)), key=lambda kv: -kv[1])
-    if reasons:
-        shown = "; ".join(f"{why} ({n})" for why, n in reasons[:3])
-        more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
-        text += f" Why not the switch: {shown}{more}."
-    switch = snapshot.get("switch") or {}
-    if switch.get("configured") is False:
-        text += " No switch configured (INA_SWITCH is unset)."
-    elif switch:
-        state = "serving" if switch.get("serving") else "not serving"
-        text += (f" Switch: {state}, {switch.get('outages', 0)} outage(s), "
-                 f"{switch.get('returns', 0)} return(s).")
-    transport = snapshot.get("transport") or {}
-    if transport.get("sent"):
-        sent, again = int(transport["sent"]), int(transport.get("retransmitted", 0))
-        text += (f" This rank sent {sent} packets, {again} of them again after a timeout "
-                 f"({100.0 * again / sent:.1f}%).")
-    kernels = snapshot.get("kernels")
-    if kernels:
-        text += f" Kernels: {KERNELS.get(kernels, kernels)}."
-    return text
+    return "; ".join(parts) + "." + about(snapshot, reasons)

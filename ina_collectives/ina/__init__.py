@@ -10,6 +10,9 @@ finish alone), ``repair`` (quorum chunks a rank lost) and ``quorum`` (the mode);
 ``link``: WorkerLink, the worker's UDP socket to the aggregator (join, probe, leave, and
 the windowed stream of _fast/transport.pyx; ``Timers``); ``kernels``: the quantization
 and packet kernels, compiled (_fast/) or the NumPy ``reference`` that is their oracle.
-Nothing here is imported by collectives/: the layer above (runtime, mpi, the array API)
-gives the chooser the engine.
+``offload``: what the layer above (runtime, mpi, the array API) gives the chooser of the
+engine (``offload_for(settings)``: the engine or None, INA_SWITCH and INA_REQUIRE_SWITCH
+read here; ``ABSENT``: what stats() shows without it); ``summary``: stats() in one
+paragraph, the switch's sentences in it. Nothing here is imported by collectives/, which
+never names a switch.
 """

@@ -115,8 +115,16 @@ class InaEngine(OffloadEngine):
         self.streams.close()
 
     def report(self) -> dict[str, Any]:
-        """stats()'s "transport" (the links' counters) and "switch"."""
-        return {"transport": dict(self.totals), "switch": self.switch_state()}
+        """stats()'s "kernels" (the quantization and packet kernels this engine runs:
+        "fast", compiled, or "numpy", the reference), "transport" (the links' counters)
+        and "switch" (without this engine: offload.ABSENT)."""
+        return {"kernels": self.kernels.name, "transport": dict(self.totals),
+                "switch": self.switch_state()}
+
+    def silence_bound(self) -> float:
+        """The seconds a stream goes without a result before it declares the aggregator
+        dead (INA_SWITCH_SILENCE)."""
+        return self.settings.switch_silence
 
     def switch_state(self) -> dict:
         """What stats()["switch"] reports: whether the aggregator serves, its outages and

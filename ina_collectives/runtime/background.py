@@ -47,7 +47,8 @@ from ..collectives.chooser import Collectives
 from ..collectives.peers import TorchPeers
 from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout, InaError, OperationError
-from ..ina.engine import InaEngine
+from ..ina.offload import ABSENT, offload_for
+from ..ina.summary import summarize
 from ..settings import Settings
 from . import scaling, scheduling
 from .host_collectives import HostCollectives
@@ -148,10 +149,7 @@ class BackgroundRuntime:
         # collective to be one: collectives/recovery.py).
         self.collectives = Collectives(
             comm, dataclasses.replace(settings, check_agreement=(
-                settings.check_agreement or not ordered)), InaEngine)
-        switch = self.collectives.offload
-        if switch is not None:  # (ina's engine: the kernels it runs, for stats)
-            self.collectives.stats.kernels = switch.kernels.name
+                settings.check_agreement or not ordered)), offload_for(settings), ABSENT)
         self.comm = self.collectives.comm
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.host = HostCollectives(self.collectives, settings.timeout)
@@ -262,6 +260,10 @@ class BackgroundRuntime:
 
     def stats(self) -> dict[str, Any]:
         return {**self.collectives.stats.snapshot(), **self.fusion}
+
+    def summary(self) -> str:
+        """stats() in one paragraph (ina/summary.py), for a binding's summary()."""
+        return summarize(self.stats())
 
     def _check_running(self) -> None:
         if self._stopped is not None:

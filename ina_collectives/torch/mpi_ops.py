@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from ..collectives.ops import check_quorum
-from ..collectives.stats import summarize
 from ..errors import CollectiveTimeout, InaError, OperationError, OperationTimeout
 from ..errors import OperationError as HorovodInternalError
 from ..runtime import world as _world
@@ -225,7 +224,7 @@ def summary(process_set: ProcessSet = global_process_set) -> str:
     """stats() in one paragraph, to print at the end of training (rank 0 only, say):
     what the switch served, what took which other engine, why the switch did not
     serve, its state, this rank's packets, the kernels (ina_collectives.summary())."""
-    return summarize(stats(process_set))
+    return _member(process_set, "stats").runtime.summary()
 
 
 class _GlobalSet:

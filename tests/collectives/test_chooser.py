@@ -137,7 +137,7 @@ def test_each_call_the_ina_engine_declines_takes_the_next_engine_and_its_reason_
 
 @pytest.fixture
 def one_rank():
-    coll = Collectives(MPI.COMM_SELF, Settings(ring_min_bytes=64), InaEngine)
+    coll = Collectives(MPI.COMM_SELF, Settings(ring_min_bytes=64))  # (no offload)
     yield coll
     coll.free()
 
@@ -421,7 +421,7 @@ class Scripted(OffloadEngine):
 
 
 def scripted(offload: Scripted, **more) -> Collectives:
-    settings = Settings(switch="127.0.0.1:9", ring_min_bytes=0, **more)
+    settings = Settings(ring_min_bytes=0, **more)  # (the chooser reads no offload's settings)
     return Collectives(MPI.COMM_SELF, settings, lambda comm, s, errors: offload)
 
 

@@ -1,4 +1,5 @@
-"""collectives/stats.py: the one-paragraph summary of stats() (ina_collectives.summary),
+"""collectives/stats.py: the engine-neutral paragraph of stats() (the INA engine's words
+in it: tests/ina/test_summary.py), what a snapshot shows of an offload the chooser lacks,
 and what stats() reports on one rank: the engines by their names (gloo's allreduce
 without an MPI job), the kernels, and the APIs that report without ina.init()."""
 from __future__ import annotations
@@ -7,46 +8,49 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ina_collectives.collectives.stats import summarize
+from ina_collectives.collectives import Collectives
+from ina_collectives.collectives.stats import paragraph, size_text
+from ina_collectives.ina.offload import ABSENT
+from ina_collectives.ina.summary import summarize
+from ina_collectives.settings import Settings
 
 
-def test_summary_says_in_one_paragraph_what_the_switch_served_and_why_not():
-    snapshot = {"calls": 15, "bytes": 100 << 20,
-                "engines": {"ina": 12, "ring": 3},
-                "bytes_by_engine": {"ina": 96 << 20, "ring": 4 << 20},
-                "fallback_reasons": {"ina: below switch_min_bytes (131072)": 3},
-                "switch": {"configured": True, "serving": True, "outages": 1,
-                           "returns": 1},
-                "transport": {"sent": 4000, "retransmitted": 40},
-                "kernels": "fast"}
-    assert summarize(snapshot) == (
-        "ina served 12 of 15 calls (96% of 100.0 MiB); 3 took ring. Why not the switch: "
-        "below switch_min_bytes (131072) (3). Switch: serving, 1 outage(s), "
-        "1 return(s). This rank sent 4000 packets, 40 of them again after a timeout "
-        "(1.0%). Kernels: compiled.")
-    assert summarize({"calls": 0}) == "No allreduce yet."
-    alone = summarize({"calls": 2, "bytes": 80, "engines": {"mpi": 2},
-                       "bytes_by_engine": {"mpi": 80}, "fallback_reasons": {},
-                       "switch": {"configured": False, "serving": False},
-                       "transport": {}, "kernels": None})
-    assert alone == ("ina served 0 of 2 calls (0% of 80 B); 2 took mpi. No switch "
-                     "configured (INA_SWITCH is unset).")
+def test_the_paragraph_counts_the_engines_and_leaves_the_offload_its_own_words():
+    # Neutral: the offload's name and its sentences come from its own layer.
+    seen = []
+
+    def about(snapshot, reasons):
+        seen.append(reasons)
+        return f" ({snapshot['mine']})"
+
+    snapshot = {"calls": 4, "bytes": 3 << 20, "engines": {"fast": 3, "ring": 1},
+                "bytes_by_engine": {"fast": 2 << 20, "ring": 1 << 20},
+                "fallback_reasons": {"fast: too small": 1, "ring: below x": 2,
+                                     "fast: busy": 3},
+                "mine": "its words"}
+    assert paragraph(snapshot, "fast", about) == (
+        "fast served 3 of 4 calls (67% of 3.0 MiB); 1 took ring. (its words)")
+    assert seen == [[("busy", 3), ("too small", 1)]]
+    assert paragraph({"calls": 0}, "fast", about) == "No allreduce yet."
+    assert size_text(80) == "80 B" and size_text(1536) == "1.5 KiB"
 
 
-def test_the_exact_engines_own_thresholds_are_not_reasons_against_the_switch():
-    # A small call the switch declines, which the ring then passes on to MPI: only the
-    # switch's reason says why the switch did not serve it.
-    text = summarize({"calls": 6, "bytes": 600, "engines": {"ina": 5, "mpi": 1},
-                      "bytes_by_engine": {"ina": 590, "mpi": 10},
-                      "fallback_reasons": {"ina: below switch_min_bytes (131072)": 1,
-                                           "ring: below ring_min_bytes (4194304)": 1,
-                                           "ring: dtype complex64 is left to MPI": 2},
-                      "switch": {"configured": True, "serving": True},
-                      "kernels": "numpy"})
-    assert "Why not the switch: below switch_min_bytes (131072) (1)." in text, text
-    assert "ring_min_bytes" not in text and "left to MPI" not in text, text
-    assert text.endswith("Kernels: the NumPy reference (the switch does not serve with "
-                         "it)."), text
+def test_an_offload_the_chooser_lacks_shows_what_its_layer_said():
+    absent = {"offloaded": {"configured": False}}
+    state = Collectives(MPI.COMM_SELF, Settings(), absent=absent)
+    try:
+        snapshot = state.stats.snapshot()
+        snapshot["offloaded"]["configured"] = True  # (a copy: the next one is intact)
+        assert state.stats.snapshot()["offloaded"] == {"configured": False}
+    finally:
+        state.free()
+    bare = Collectives(MPI.COMM_SELF, Settings())
+    try:
+        assert set(bare.stats.snapshot()) == {"calls", "bytes", "engines",
+                                              "bytes_by_engine", "fallback_reasons",
+                                              "last_call"}
+    finally:
+        bare.free()
 
 
 def test_without_an_mpi_job_the_exact_engine_is_named_gloo():
@@ -56,12 +60,10 @@ def test_without_an_mpi_job_the_exact_engine_is_named_gloo():
 
     torch_dist = pytest.importorskip("torch.distributed")
 
-    from ina_collectives.collectives import Collectives
     from ina_collectives.collectives.peers import TorchPeers
-    from ina_collectives.settings import Settings
 
     peers = TorchPeers(torch_dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
-    state = Collectives(peers, Settings(switch=""))
+    state = Collectives(peers, Settings(switch=""), absent=ABSENT)
     try:
         np.testing.assert_array_equal(state.allreduce(np.arange(4.0)), np.arange(4.0))
         snapshot = state.stats.snapshot()
