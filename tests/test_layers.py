@@ -240,3 +240,32 @@ def test_the_private_name_check_finds_both_forms():
                                        "from .staging import", 1))
     assert [f.split(": ", 1)[1] for f in found] == [
         "from ina_collectives.torch.staging import _hidden", "staging._WIRE"]
+
+
+# The words of the offload's own world. collectives/ chooses among engines and must not
+# need to know that a switch exists: it is given its offload (ina/'s engine, by the layer
+# above), and the words about it (settings, messages, the summary) live in ina/.
+NEUTRAL = PACKAGE / "collectives"
+OFFLOAD_WORDS = re.compile(r"switch|aggregator|opening", re.I)
+
+
+def _offload_words(text: str) -> list[tuple[int, str]]:
+    """(line, the line) for each line of ``text`` that names an offload's parts."""
+    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
+            if OFFLOAD_WORDS.search(line)]
+
+
+def test_no_module_of_the_neutral_layer_names_a_switch_an_aggregator_or_an_opening():
+    sources = sorted(path for path in NEUTRAL.rglob("*")
+                     if path.suffix in (".py", ".pyi", ".pyx", ".pxd", ".md"))
+    assert sources, NEUTRAL
+    found = [f"{path.relative_to(ROOT)}:{n}: {line}" for path in sources
+             for n, line in _offload_words(path.read_text())]
+    assert found == [], "collectives/ is engine-neutral; these lines name the offload's " \
+                        "parts (say offload, or move them to ina/):\n" + "\n".join(found)
+
+
+def test_the_neutral_words_check_finds_code_and_comments():
+    text = ("x = settings.require_switch\n# the Aggregator's cells\nok = 1\n"
+            '"""an OPENING"""\n')
+    assert [n for n, _ in _offload_words(text)] == [1, 2, 4]
