@@ -12,7 +12,6 @@ case in slots of its own.
 """
 from __future__ import annotations
 
-import socket
 import time
 
 import numpy as np
@@ -23,7 +22,7 @@ from ina_collectives.testing import bmv2
 from tests.conftest import needs_p4_extra, needs_root
 
 pytest.importorskip("pyroute2", reason="the namespaces need pyroute2 (the bench extra)")
-from tests.integration.fabric import SWITCH_IP, Fabric  # noqa: E402
+from tests.p4.crafted import SWITCH, installed  # noqa: E402
 
 pytestmark = [pytest.mark.bmv2, needs_root, needs_p4_extra,
               pytest.mark.skipif(bmv2.find_tools() is None, reason=bmv2.missing_tools())]
@@ -33,57 +32,14 @@ K, SLOTS, B, BITS = 8, 16, 4, 32
 G = K // B
 JOB, EPOCH, CALL = 41, 77, 5
 IDENT = 0x1234_5678_9ABC  # a call's identity (48 bits)
-SWITCH = (SWITCH_IP, P.UDP_PORT)
 RESULT_PREDICTED = P.FLAG_RESULT | P.FLAG_PREDICTED
-
-
-class Bench:
-    def __init__(self, fabric: Fabric, socks: list[socket.socket]):
-        self.fabric, self.socks = fabric, socks
-
-    def send(self, worker: int, packet: bytes) -> None:
-        self.socks[worker].sendto(packet, SWITCH)
-
-    def receive(self, worker: int, timeout: float = 5.0) -> tuple[dict, list, list]:
-        """The next packet to ``worker``: (header, [(exponent, proposal)], values)."""
-        self.socks[worker].settimeout(timeout)
-        return parse(self.socks[worker].recv(65536))
-
-    def silent(self, worker: int) -> bool:
-        """Nothing comes to ``worker`` for a while."""
-        self.socks[worker].settimeout(0.3)
-        try:
-            self.socks[worker].recv(65536)
-        except OSError:
-            return True
-        return False
-
-    def drops(self) -> dict[str, int]:
-        with self.fabric.controller() as c:
-            return c.read_drops()
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    with Fabric("bmv2", 2, K, SLOTS, B, BITS,
-                log_dir=tmp_path_factory.mktemp("bmv2-predicted")) as fabric:
-        job = fabric.job(JOB, [0, 1])
-        fabric.configure(job)
-        socks = [fabric.udp_socket(r, w.udp_port) for r, w in enumerate(job.workers)]
-        try:
-            yield Bench(fabric, socks)
-        finally:
-            for s in socks:
-                s.close()
-
-
-def parse(data: bytes) -> tuple[dict, list, list]:
-    head = P.unpack_header(data)
-    end = P.HEADER_BYTES + P.PAIR_BYTES * head["blocks"]
-    pairs = np.frombuffer(data[P.HEADER_BYTES:end], ">i2").reshape(-1, 2)
-    values = np.frombuffer(data[end:], ">i4")
-    assert len(values) == head["count"], (head, len(data))
-    return head, [tuple(map(int, p)) for p in pairs], values.tolist()
+    with installed("bmv2", JOB, K, SLOTS, B, BITS,
+                   tmp_path_factory.mktemp("bmv2-predicted")) as workers:
+        yield workers
 
 
 def chunk(worker: int, values, exponents, proposals, *, slot: int, version: int = 0,

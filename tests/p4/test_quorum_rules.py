@@ -12,9 +12,6 @@ found. One fabric per aggregator, each case in slots of its own.
 """
 from __future__ import annotations
 
-import socket
-import time
-
 import numpy as np
 import pytest
 
@@ -23,7 +20,7 @@ from ina_collectives.testing import bmv2
 from tests.conftest import needs_p4_extra, needs_root
 
 pytest.importorskip("pyroute2", reason="the namespaces need pyroute2 (the bench extra)")
-from tests.integration.fabric import SWITCH_IP, Fabric  # noqa: E402
+from tests.p4.crafted import Workers, installed  # noqa: E402
 
 pytestmark = [needs_root, needs_p4_extra]
 
@@ -31,80 +28,19 @@ pytestmark = [needs_root, needs_p4_extra]
 K, SLOTS, B, BITS = 8, 16, 4, 32
 G = K // B
 JOB, EPOCH, CALL = 43, 91, 7
-SWITCH = (SWITCH_IP, P.UDP_PORT)
 A = list(range(1, K + 1))
 C = [10 * v for v in range(1, K + 1)]
 SUM = [a + c for a, c in zip(A, C)]
 EXPONENTS, PROPOSALS = [3, 5], [4, 6]
 
 
-class Workers:
-    """Two workers' sockets on a fabric, their packet numbers, and what the aggregator
-    counted."""
-
-    def __init__(self, fabric: Fabric, socks: list[socket.socket]):
-        self.fabric, self.socks = fabric, socks
-        self.seq = [0, 0]  # the next new packet's number, by worker (the NACK rule's)
-
-    def send(self, worker: int, make, **fields) -> int:
-        """Send ``make(worker, ..., seq=)`` as the worker's next new packet; its number."""
-        seq = self.seq[worker]
-        self.seq[worker] = (seq + 1) % 256
-        self.socks[worker].sendto(make(worker, seq=seq, **fields), SWITCH)
-        return seq
-
-    def resend(self, worker: int, seq: int, make, **fields) -> None:
-        """Send packet ``seq`` again, marked a retransmission."""
-        self.socks[worker].sendto(make(worker, seq=seq, flags=P.FLAG_RETRANSMIT, **fields),
-                                  SWITCH)
-
-    def receive(self, worker: int, timeout: float = 5.0) -> tuple[dict, list]:
-        """The next packet to ``worker``: (header, values)."""
-        self.socks[worker].settimeout(timeout)
-        data = self.socks[worker].recv(65536)
-        head = P.unpack_header(data)
-        end = P.HEADER_BYTES + P.PAIR_BYTES * head["blocks"]
-        values = np.frombuffer(data[end:], ">i4")
-        assert len(values) == head["count"], (head, len(data))
-        return head, values.tolist()
-
-    def silent(self, worker: int) -> bool:
-        """Nothing comes to ``worker`` for a while."""
-        self.socks[worker].settimeout(0.3)
-        try:
-            self.socks[worker].recv(65536)
-        except OSError:
-            return True
-        return False
-
-    def drops(self) -> dict[str, int]:
-        with self.fabric.controller() as c:
-            return c.read_drops()
-
-    def dropped(self, before: dict[str, int], reason: str, count: int) -> None:
-        """The aggregator's ``reason`` counter grows by ``count`` from ``before`` (its
-        counters are read over P4Runtime, a moment behind the packets)."""
-        deadline = time.monotonic() + 5
-        while (after := self.drops())[reason] - before[reason] < count:
-            assert time.monotonic() < deadline, (reason, count, before, after)
-            time.sleep(0.05)
-        assert after[reason] - before[reason] == count, (reason, before, after)
-
-
 @pytest.fixture(scope="module", params=[
     "software", pytest.param("bmv2", marks=[pytest.mark.bmv2, pytest.mark.skipif(
         bmv2.find_tools() is None, reason=bmv2.missing_tools())])])
 def workers(request, tmp_path_factory):
-    with Fabric(request.param, 2, K, SLOTS, B, BITS,
-                log_dir=tmp_path_factory.mktemp(f"quorum-{request.param}")) as fabric:
-        job = fabric.job(JOB, [0, 1])
-        fabric.configure(job)
-        socks = [fabric.udp_socket(r, w.udp_port) for r, w in enumerate(job.workers)]
-        try:
-            yield Workers(fabric, socks)
-        finally:
-            for s in socks:
-                s.close()
+    with installed(request.param, JOB, K, SLOTS, B, BITS,
+                   tmp_path_factory.mktemp(f"quorum-{request.param}")) as workers:
+        yield workers
 
 
 def chunk(worker: int, *, values, slot: int, version: int = 0, offset: int = 0,
@@ -117,7 +53,13 @@ def chunk(worker: int, *, values, slot: int, version: int = 0, offset: int = 0,
                        call=CALL, quorum=quorum, seq=seq)
 
 
-def check_result(head: dict, values: list, offset: int, want: list, counted: int) -> None:
+def new(workers: Workers, worker: int, **fields) -> None:
+    """Send the worker's next new data packet (``chunk``'s fields), numbered in order."""
+    workers.send(worker, chunk(worker, seq=workers.number(worker), **fields))
+
+
+def check_result(head: dict, pairs: list, values: list, offset: int, want: list,
+                 counted: int) -> None:
     assert head["flags"] & P.FLAG_RESULT and not head["flags"] & (
         P.FLAG_MISMATCH | P.FLAG_OVERFLOW), head
     assert (head["offset"], head["call"]) == (offset, CALL), head
@@ -130,13 +72,14 @@ def test_a_late_worker_takes_the_result_as_it_passes(workers):
     Worker 1's first copy of its own then adds nothing and is dropped as late (the result
     already reached it); its resend says the result never came, and gets it again."""
     before = workers.drops()
-    workers.send(0, chunk, values=A, slot=0)
+    new(workers, 0, values=A, slot=0)
     for w in (0, 1):
         check_result(*workers.receive(w), 0, A, 0b01)
-    seq = workers.send(1, chunk, values=C, slot=0)
+    seq = workers.number(1)
+    workers.send(1, chunk(1, values=C, slot=0, seq=seq))
     assert workers.silent(1) and workers.silent(0)
     workers.dropped(before, "late", 1)
-    workers.resend(1, seq, chunk, values=C, slot=0)
+    workers.send(1, chunk(1, values=C, slot=0, seq=seq, flags=P.FLAG_RETRANSMIT))
     check_result(*workers.receive(1), 0, A, 0b01)  # the stored result, nothing added
     assert workers.silent(0)
 
@@ -145,12 +88,13 @@ def test_a_packet_of_a_chunk_the_cell_moved_past_is_late(workers):
     """Worker 0 runs two chunks ahead in slot 1 (both cells of the slot, then its first
     cell again); worker 1's packet of the first chunk, first copy or resend, is late."""
     for version, offset in ((0, 0), (1, K * SLOTS), (0, 2 * K * SLOTS)):
-        workers.send(0, chunk, values=A, slot=1, version=version, offset=offset)
+        new(workers, 0, values=A, slot=1, version=version, offset=offset)
         for w in (0, 1):
             check_result(*workers.receive(w), offset, A, 0b01)
     before = workers.drops()
-    seq = workers.send(1, chunk, values=C, slot=1)
-    workers.resend(1, seq, chunk, values=C, slot=1)
+    seq = workers.number(1)
+    workers.send(1, chunk(1, values=C, slot=1, seq=seq))
+    workers.send(1, chunk(1, values=C, slot=1, seq=seq, flags=P.FLAG_RETRANSMIT))
     assert workers.silent(1)
     workers.dropped(before, "late", 2)
 
@@ -159,13 +103,13 @@ def test_a_chunk_stamped_sync_waits_for_every_worker(workers):
     """The staleness bound: after a quorum left worker 1 out of slot 2's first chunk,
     the slot's next chunk is stamped sync (quorum 0). Worker 0's packet alone completes
     nothing; worker 1's completes it, and the result counts both."""
-    workers.send(0, chunk, values=A, slot=2)
+    new(workers, 0, values=A, slot=2)
     for w in (0, 1):
         check_result(*workers.receive(w), 0, A, 0b01)
     offset = K * SLOTS
-    workers.send(0, chunk, values=A, slot=2, version=1, offset=offset, quorum=0)
+    new(workers, 0, values=A, slot=2, version=1, offset=offset, quorum=0)
     assert workers.silent(0) and workers.silent(1)
-    workers.send(1, chunk, values=C, slot=2, version=1, offset=offset, quorum=0)
+    new(workers, 1, values=C, slot=2, version=1, offset=offset, quorum=0)
     for w in (0, 1):
         check_result(*workers.receive(w), offset, SUM, 0b11)
 
@@ -188,17 +132,16 @@ def test_a_gate_alone_leaves_its_call_number_to_a_quorum_call_after_it(workers):
     dropped them as late.)"""
     identity = 0x0042_7FFF_0000
     for w in (0, 1):
-        workers.send(w, opening, identity=identity, slot=3)
+        workers.send(w, opening(w, identity=identity, slot=3, seq=workers.number(w)))
     for w in (0, 1):
-        head, _ = workers.receive(w)
+        head, _, _ = workers.receive(w)
         assert head["flags"] == P.FLAG_RESULT | P.FLAG_OPEN, head
     before = workers.drops()
     # The call's first chunk of slot 3 takes the slot's other cell, its next the opened one.
     for version, offset in ((1, 0), (0, K * SLOTS)):
         assert offset < identity & 0xFFFF_FFFF
         for w, values in ((0, A), (1, C)):
-            workers.send(w, chunk, values=values, slot=3, version=version, offset=offset,
-                         quorum=2)
+            new(workers, w, values=values, slot=3, version=version, offset=offset, quorum=2)
         for w in (0, 1):
             check_result(*workers.receive(w), offset, SUM, 0b11)
     after = workers.drops()
