@@ -117,6 +117,63 @@ def run(n: int, case: RankFunction, params: dict[str, Any] | None = None, *,
         return results
 
 
+def cases(*entries: tuple) -> dict[str, Any]:
+    """The params of ``several`` for one job that runs several rank functions in turn:
+    each entry ``(name, function, params[, env])``; ``env``: INA_* (or other) variables
+    set while that function runs, as its own job would have had them. A function whose
+    result says ``abandoned`` (it left messages posted) must come last."""
+    listed = []
+    for name, case, params, *env in entries:
+        module, qualname = rank_path(case)
+        listed.append([name, module, qualname, params or {}, env[0] if env else {}])
+    names = [entry[0] for entry in listed]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two cases of one job share a name: {names}")
+    return {"cases": listed}
+
+
+def several(comm: Any, params: dict) -> dict[str, Any]:
+    """The rank function of one job that runs several (``cases``): each in turn, its
+    environment set as its entry says (and put back after), its result (or its error and
+    traceback) under its name. After a case that raised, the ranks may disagree on where
+    they are: the cases after it are not run, and say so under their names."""
+    out: dict[str, Any] = {}
+    failed = None
+    for name, module, qualname, case_params, env in params["cases"]:
+        if failed is not None:
+            out[name] = {"error": "NotRun", "message": f"not run: case {failed!r} of the "
+                         f"same job raised before it", "types": ["NotRun"]}
+            continue
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            out[name] = _find(module, qualname)(comm, case_params)
+        except BaseException as exc:
+            out[name] = error(exc) | {"traceback": traceback.format_exc()}
+            failed = name
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    if any(isinstance(r, dict) and r.get("abandoned") for r in out.values()):
+        out["abandoned"] = True
+    return out
+
+
+def case_result(result: dict[str, Any], name: str, rank: int | None = None) -> Any:
+    """Case ``name``'s result in one rank's result of ``several``: an AssertionError that
+    names the case (and rank) if it raised or was not run."""
+    got = result[name]
+    if isinstance(got, dict) and "traceback" in got or (
+            isinstance(got, dict) and got.get("error") == "NotRun"):
+        where = f" on rank {rank}" if rank is not None else ""
+        raise AssertionError(f"case {name!r}{where} failed: {got.get('message')}\n"
+                             f"{got.get('traceback', '')}")
+    return got
+
+
 class TorchrunRank:
     """What the rank functions use of an MPI communicator, for ranks torchrun started."""
 

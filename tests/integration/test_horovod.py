@@ -26,6 +26,61 @@ def run(n, case, params=None, env=None, timeout=120.0, **options):
     return mpirun.run(n, case, params, env=env, timeout=timeout, **options)
 
 
+# Most cases need nothing of their own (a switch at most, the module's): they run as the
+# cases of two jobs, one of 2 ranks and one of 3 (tests/integration/mpirun.py's
+# ``several``), each case with the settings its own job had, and each test checks its
+# case's results. Two launches instead of twenty-four.
+SHAPE = (5, 7)
+HALF_FACTORS = [0.1915194503788923, 0.6221087710398319]   # Horovod's test draws such f, g
+OPTIMIZER_OPTIONS = [{}, {"passes": 2, "predivide": 2.0}, {"compression": "fp16"}]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(switch):
+    return run(2, mpirun.several, mpirun.cases(
+        ("async_fused", torch_cases.torch_async, {"settings": {"fusion_threshold": 1 << 20}}),
+        ("async_unfused", torch_cases.torch_async, {"settings": {"fusion_threshold": 0}}),
+        ("switch16", torch_cases.torch_switch16, None, {"INA_SWITCH": switch.address_text}),
+        ("name_reuse", torch_cases.torch_name_reuse, None),
+        ("half_scaling", torch_cases.torch_half_scaling, {"factors": HALF_FACTORS},
+         {"INA_SWITCH": ""}),
+        ("alltoall_forms", torch_cases.torch_alltoall_forms, None),
+        ("optimizer_unnamed", torch_cases.torch_optimizer_unnamed, None),
+        ("optimizer_state", torch_cases.torch_optimizer_state, None),
+        *[(f"optimizer/{i}", torch_cases.torch_optimizer, {"steps": 2, **options})
+          for i, options in enumerate(OPTIMIZER_OPTIONS)],
+        ("priority_fifo", rank_cases.runtime_priority,
+         {"big": 1 << 16, "settings": {"ordering": "fifo"}})), timeout=240)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(switch, tmp_path_factory):
+    ops = {"shape": SHAPE, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+    return run(3, mpirun.several, mpirun.cases(
+        ("ops/switch", torch_cases.torch_ops,
+         {**ops, "tmp": str(tmp_path_factory.mktemp("ops_switch"))},
+         {"INA_SWITCH": switch.address_text}),
+        ("ops/ring", torch_cases.torch_ops,
+         {**ops, "tmp": str(tmp_path_factory.mktemp("ops_ring"))}, {"INA_SWITCH": ""}),
+        ("autograd", torch_cases.torch_autograd, None),
+        ("grouped_and_scaled", torch_cases.torch_grouped_and_scaled, None, {"INA_SWITCH": ""}),
+        ("process_sets", torch_cases.torch_process_sets, {"settings": {"switch_min_bytes": 0}},
+         {"INA_SWITCH": switch.address_text}),
+        ("process_sets_from_communicators",
+         torch_cases.torch_process_sets_from_communicators, None),
+        ("errors", torch_cases.torch_errors, None),
+        ("join", torch_cases.torch_join, None),
+        ("init", torch_cases.torch_init, None),
+        ("sparse", torch_cases.torch_sparse, None, {"INA_SWITCH": ""}),
+        ("priority", rank_cases.runtime_priority,
+         {"big": 1 << 20, "settings": {"partition_bytes": 65536}})), timeout=300)
+
+
+def of_case(results, name):
+    """Each rank's result of case ``name`` of a job of ``mpirun.several``."""
+    return [mpirun.case_result(out, name, r) for r, out in enumerate(results)]
+
+
 def as_np(t):
     return (t.double() if t.dtype == torch.bfloat16 else t).numpy()
 
@@ -51,12 +106,9 @@ def close(got, want, dtype):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("through", ["switch", "ring"])
-def test_every_operation_and_dtype(switch, through, tmp_path):
-    n, shape = 3, (5, 7)
-    env = {"INA_SWITCH": switch.address_text if through == "switch" else ""}
-    results = run(n, torch_cases.torch_ops, {"shape": shape, "tmp": str(tmp_path),
-                                   "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}},
-                  env=env)
+def test_every_operation_and_dtype(three_ranks, through):
+    n, shape = 3, SHAPE
+    results = of_case(three_ranks, f"ops/{through}")
     for r, out in enumerate(results):
         assert "error" not in out, out
         assert (out["size"], out["rank"]) == (n, r)
@@ -119,8 +171,8 @@ def test_every_operation_and_dtype(switch, through, tmp_path):
 
 
 @pytest.mark.mpi
-def test_async_poll_and_fusion():
-    results = run(2, torch_cases.torch_async, {"settings": {"fusion_threshold": 1 << 20}})
+def test_async_poll_and_fusion(two_ranks):
+    results = of_case(two_ranks, "async_fused")
     assert results[0]["poll_before_peer"] is False
     for out in results:
         np.testing.assert_array_equal(out["late"], np.full(8, 2.0))
@@ -133,8 +185,8 @@ def test_async_poll_and_fusion():
 
 
 @pytest.mark.mpi
-def test_fusion_off_reduces_each_tensor_alone():
-    results = run(2, torch_cases.torch_async, {"settings": {"fusion_threshold": 0}})
+def test_fusion_off_reduces_each_tensor_alone(two_ranks):
+    results = of_case(two_ranks, "async_unfused")
     for out in results:
         assert out["fused_calls"] == 0 and out["reductions"] == 64, out
         for i, got in enumerate(out["small"]):
@@ -142,9 +194,9 @@ def test_fusion_off_reduces_each_tensor_alone():
 
 
 @pytest.mark.mpi
-def test_gradients_flow_through_every_collective():
+def test_gradients_flow_through_every_collective(three_ranks):
     n = 3
-    results = run(n, torch_cases.torch_autograd)
+    results = of_case(three_ranks, "autograd")
     w = lambda r, count: np.arange(count, dtype=np.float64) + 100 * r  # noqa: E731
     sum_w = lambda count: sum(w(r, count) for r in range(n))  # noqa: E731
     rows = [r + 1 for r in range(n)]
@@ -172,14 +224,14 @@ def test_gradients_flow_through_every_collective():
 
 
 @pytest.mark.mpi
-def test_switch16_compression_sums_16_bit_values_through_the_switch(switch):
+def test_switch16_compression_sums_16_bit_values_through_the_switch(two_ranks):
     """hvd.Compression.switch16: the calls that carry it go through the switch as 16-bit
     values (counted by width), within the 16-bit bound; the same tensor without it is
     summed with 32-bit values; the optimizer's step is the same on both ranks."""
     from ina_collectives.ina.reference import blockfp
 
     n = 2
-    results = run(n, torch_cases.torch_switch16, env={"INA_SWITCH": switch.address_text})
+    results = of_case(two_ranks, "switch16")
     xs = np.stack([gradient_like(r) for r in range(n)])
     exact = xs.astype(np.float64).mean(axis=0)
     for name, bits in (("plain", 32), ("switch16", 16)):
@@ -236,9 +288,9 @@ def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_coun
 
 
 @pytest.mark.mpi
-def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter():
+def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter(three_ranks):
     n = 3
-    results = run(n, torch_cases.torch_grouped_and_scaled, env={"INA_SWITCH": ""})
+    results = of_case(three_ranks, "grouped_and_scaled")
     for r, out in enumerate(results):
         for dtype in ("int32", "float16", "float32", "float64"):
             for key in ("grouped_allgather", "grouped_allgather_async"):
@@ -258,12 +310,11 @@ def test_grouped_allgather_grouped_reducescatter_and_scaled_reducescatter():
 
 
 @pytest.mark.mpi
-def test_process_sets(switch):
+def test_process_sets(three_ranks):
     """Even and odd ranks in their own sets (each its own job at the switch), a set given
     to init, Horovod's errors, a DistributedOptimizer over one set, removal."""
     n = 3
-    results = run(n, torch_cases.torch_process_sets, {"settings": {"switch_min_bytes": 0}},
-                  env={"INA_SWITCH": switch.address_text})
+    results = of_case(three_ranks, "process_sets")
     for r, out in enumerate(results):
         assert out["static"] == (1, 2, [1, 2].index(r) if r in (1, 2) else -1)
         assert out["ids"] == (2, 3)
@@ -305,9 +356,8 @@ def test_process_sets(switch):
 
 
 @pytest.mark.mpi
-def test_process_sets_given_to_init_as_communicators():
-    n = 3
-    for r, out in enumerate(run(n, torch_cases.torch_process_sets_from_communicators)):
+def test_process_sets_given_to_init_as_communicators(three_ranks):
+    for r, out in enumerate(of_case(three_ranks, "process_sets_from_communicators")):
         assert out["refused"]["error"] == "ValueError", out["refused"]
         assert "duplicate process set" in out["refused"]["message"]
         assert out["initialized_after_refusal"] is False
@@ -319,9 +369,9 @@ def test_process_sets_given_to_init_as_communicators():
 
 
 @pytest.mark.mpi
-def test_a_name_reused_at_once_is_a_duplicate_and_free_after_another_submission():
+def test_a_name_reused_at_once_is_a_duplicate_and_free_after_another_submission(two_ranks):
     n = 2
-    for out in run(n, torch_cases.torch_name_reuse):
+    for out in of_case(two_ranks, "name_reuse"):
         assert out["at_once"]["error"] == "ValueError", out["at_once"]
         assert "already in flight" in out["at_once"]["message"]
         np.testing.assert_array_equal(out["after_another"], [n] * 3)
@@ -333,8 +383,8 @@ def test_a_name_reused_at_once_is_a_duplicate_and_free_after_another_submission(
 
 
 @pytest.mark.mpi
-def test_disagreeing_ranks_all_raise_and_the_runtime_goes_on():
-    results = run(3, torch_cases.torch_errors)
+def test_disagreeing_ranks_all_raise_and_the_runtime_goes_on(three_ranks):
+    results = of_case(three_ranks, "errors")
     for r, out in enumerate(results):
         assert out["before_init"]["error"] == "ValueError"
         for key, words in [("shape", "Mismatched shape"), ("dtype", "Mismatched dtype"),
@@ -373,9 +423,9 @@ def test_a_dead_peer_fails_pending_operations_within_the_timeout():
 
 
 @pytest.mark.mpi
-def test_join_lets_ranks_with_fewer_batches_finish():
+def test_join_lets_ranks_with_fewer_batches_finish(three_ranks):
     n = 3
-    results = run(n, torch_cases.torch_join)
+    results = of_case(three_ranks, "join")
     for r, out in enumerate(results):
         assert out["last"] == n - 1
         for step, got in enumerate(out["sums"]):
@@ -386,8 +436,8 @@ def test_join_lets_ranks_with_fewer_batches_finish():
 
 
 @pytest.mark.mpi
-def test_init_on_a_subset_and_again():
-    results = run(3, torch_cases.torch_init)
+def test_init_on_a_subset_and_again(three_ranks):
+    results = of_case(three_ranks, "init")
     for r, out in enumerate(results):
         assert out["initialized_before"] is False and out["initialized_after"] is False
         assert out["bad_type"]["error"] == "TypeError"
@@ -446,9 +496,9 @@ def half_scaled(values, factor):
 
 
 @pytest.mark.mpi
-def test_float16_prescale_and_postscale_match_horovod_exactly():
-    n, f, g = 2, 0.1915194503788923, 0.6221087710398319   # Horovod's test draws such f
-    results = run(n, torch_cases.torch_half_scaling, {"factors": [f, g]}, env={"INA_SWITCH": ""})
+def test_float16_prescale_and_postscale_match_horovod_exactly(two_ranks):
+    n, (f, g) = 2, HALF_FACTORS
+    results = of_case(two_ranks, "half_scaling")
     x = lambda seed: [torch_input("float16", (17, 3), r, seed).numpy() for r in range(n)]  # noqa: E731,E501
 
     def want(seed, pre=1.0, post=1.0, average=False):
@@ -473,9 +523,9 @@ def test_float16_prescale_and_postscale_match_horovod_exactly():
 
 
 @pytest.mark.mpi
-def test_alltoall_without_splits_returns_the_tensor_alone():
+def test_alltoall_without_splits_returns_the_tensor_alone(two_ranks):
     n = 2
-    results = run(n, torch_cases.torch_alltoall_forms)
+    results = of_case(two_ranks, "alltoall_forms")
     x = lambda r: np.arange(2 * n) + 100 * r  # noqa: E731
     for r, out in enumerate(results):
         want = np.concatenate([x(q)[2 * r:2 * r + 2] for q in range(n)])
@@ -492,8 +542,8 @@ def test_alltoall_without_splits_returns_the_tensor_alone():
 
 
 @pytest.mark.mpi
-def test_distributed_optimizer_names_unnamed_parameters_as_horovod():
-    results = run(2, torch_cases.torch_optimizer_unnamed)
+def test_distributed_optimizer_names_unnamed_parameters_as_horovod(two_ranks):
+    results = of_case(two_ranks, "optimizer_unnamed")
     want = ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0",
             "allreduce.noname.1.1"]
     for out in results:
@@ -504,8 +554,8 @@ def test_distributed_optimizer_names_unnamed_parameters_as_horovod():
 
 
 @pytest.mark.mpi
-def test_broadcast_optimizer_state_scalars_none_and_fresh_optimizers():
-    results = run(2, torch_cases.torch_optimizer_state)
+def test_broadcast_optimizer_state_scalars_none_and_fresh_optimizers(two_ranks):
+    results = of_case(two_ranks, "optimizer_state")
     for out in results:
         assert out["lr"] == 0.1
         assert [entry[:3] for entry in out["counting"]] == [(3, 1.5, None)] * 2
@@ -542,11 +592,10 @@ def reference_steps(n, steps, passes=1, compression=None):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("options", [{}, {"passes": 2, "predivide": 2.0},
-                                     {"compression": "fp16"}])
-def test_distributed_optimizer_matches_one_process(options):
+@pytest.mark.parametrize("options", OPTIMIZER_OPTIONS)
+def test_distributed_optimizer_matches_one_process(two_ranks, options):
     n, steps = 2, 2
-    results = run(n, torch_cases.torch_optimizer, {"steps": steps, **options})
+    results = of_case(two_ranks, f"optimizer/{OPTIMIZER_OPTIONS.index(options)}")
     want = reference_steps(n, steps, options.get("passes", 1), options.get("compression"))
     tol = 1e-3 if options.get("compression") else 1e-6
     for out in results:
@@ -652,14 +701,14 @@ def test_horovod_variables_set_the_shared_settings(monkeypatch):
 
 
 @pytest.mark.mpi
-def test_sparse_tensors_through_the_horovod_api():
+def test_sparse_tensors_through_the_horovod_api(three_ranks):
     """sparse_allreduce_async and allreduce of sparse COO tensors are the exact sums (or
     averages) of every rank's entries, coalesced, also with a rank that has none; bad
     input fails on every rank naming it; the DistributedOptimizer takes an
     nn.Embedding(sparse=True)'s gradients sparse and as dense, alike on every rank."""
     from tests.integration.torch_cases import sparse_input
     n = 3
-    results = run(n, torch_cases.torch_sparse, env={"INA_SWITCH": ""})
+    results = of_case(three_ranks, "sparse")
     dense = sum(sparse_input(r).to_dense() for r in range(n)).numpy()
     for r, out in enumerate(results):
         assert "error" not in out, out
@@ -793,15 +842,14 @@ def test_bad_sparse_input_with_hot_rows_on_is_named_on_every_rank():
 
 
 @pytest.mark.mpi
-def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitions():
+def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitions(
+        three_ranks):
     """Ranks submit six tensors in orders of their own, ready in one round: every rank
     reduces them by priority (lowest first), in the world's runtime and in a process
     set's. A large tensor of low priority cut into 64 partitions runs one partition a
     round, and small high-priority tensors submitted just after it finish before it
     does. Every sum is right (docs/ordering.md)."""
-    n = 3
-    results = run(n, rank_cases.runtime_priority,
-                  {"big": 1 << 20, "settings": {"partition_bytes": 65536}})
+    results = of_case(three_ranks, "priority")
     for out in results:
         assert "error" not in out, out
         assert out["right"], out
@@ -814,13 +862,12 @@ def test_priority_orders_ready_tensors_alike_on_every_rank_and_preempts_partitio
 
 
 @pytest.mark.mpi
-def test_fifo_ordering_keeps_the_agreed_order():
+def test_fifo_ordering_keeps_the_agreed_order(two_ranks):
     """INA_ORDERING=fifo (Horovod's order, bench.cluster.training's baseline): tensors ready in
     one round run in the order the ranks agreed on (that of the rank whose submissions
     the negotiation saw first), not by priority, alike on every rank; the sums are
     right."""
-    results = run(2, rank_cases.runtime_priority,
-                  {"big": 1 << 16, "settings": {"ordering": "fifo"}})
+    results = of_case(two_ranks, "priority_fifo")
     submitted = [out["mine"] for out in results]
     assert [f"t{i}" for i in range(5, -1, -1)] not in submitted  # (else it shows nothing)
     for out in results:
