@@ -44,12 +44,40 @@ def reduced(dtype, op, shape, n, seed):
             "BXOR": np.bitwise_xor}[op].reduce(xs, axis=0)
 
 
+@pytest.fixture(scope="module")
+def three_ranks(switch):
+    """One mpiexec job of 3 ranks for the cases that run on 3 (one launch, not three):
+    every collective through the switch ("switch") and exact ("exact"), then point to
+    point ("p2p", last: it leaves a timed-out gate's messages posted)."""
+    return run(3, mpirun.several, mpirun.cases(
+        ("switch", ddp_cases.ddp_ops, None, {"INA_SWITCH": switch.address_text,
+                                             "INA_SWITCH_MIN_BYTES": "0"}),
+        ("exact", ddp_cases.ddp_ops, None, {"INA_SWITCH": "", "INA_SWITCH_MIN_BYTES": "0"}),
+        ("p2p", ddp_cases.ddp_p2p, None, {"INA_SWITCH": ""})))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(switch):
+    """One mpiexec job of 2 ranks for the cases that run on 2: ranks that disagree
+    ("mismatch", no switch) and the optimizer's overlap through the switch ("overlap")."""
+    # (every call opened: INA_SWITCH_PREDICT=0, as test_horovod's overlap test says why)
+    return run(2, mpirun.several, mpirun.cases(
+        ("mismatch", ddp_cases.ddp_mismatch, None, {"INA_SWITCH": ""}),
+        ("overlap", ddp_cases.dist_overlap, {"steps": 4},
+         {"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
+          "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "4096",
+          "INA_SWITCH_PREDICT": "0"})))
+
+
+def of_case(results, name):
+    """Each rank's result of case ``name`` of a job of ``mpirun.several``."""
+    return [mpirun.case_result(out, name, r) for r, out in enumerate(results)]
+
+
 @pytest.mark.parametrize("through", ["switch", "exact"])
-def test_every_collective_and_dtype(switch, through):
+def test_every_collective_and_dtype(three_ranks, through):
     n = 3
-    env = {"INA_SWITCH": switch.address_text if through == "switch" else "",
-           "INA_SWITCH_MIN_BYTES": "0"}
-    for r, out in enumerate(run(n, ddp_cases.ddp_ops, env=env)):
+    for r, out in enumerate(of_case(three_ranks, through)):
         assert "error" not in out, out
         for dtype in DTYPES:
             floating = dtype.startswith(("float", "bfloat"))
@@ -99,9 +127,9 @@ def test_every_collective_and_dtype(switch, through):
             assert "No switch configured" in summary, summary
 
 
-def test_ranks_that_disagree_get_torchs_error_on_every_rank():
+def test_ranks_that_disagree_get_torchs_error_on_every_rank(two_ranks):
     # (Each call checked at its own gate, in program order: runtime/background.py.)
-    for out in run(2, ddp_cases.ddp_mismatch, env={"INA_SWITCH": ""}):
+    for out in of_case(two_ranks, "mismatch"):
         for key, words in [("shape", "disagree on the length"),
                            ("dtype", "disagree on the dtype"),
                            ("op", "disagree on the op"),
@@ -173,11 +201,15 @@ def test_embedding_demo_with_sparse_gradients_matches_one_process(api):
 def test_ddp_goes_on_when_the_switch_is_killed_mid_training(n):
     with embedded_switch() as sw:
         params = {"steps": 12, "kill_after_steps": 5, "switch_pid": sw.pid}
-        results = run(n, ddp_cases.ddp_train, params, env={
-            "INA_SWITCH": sw.address_text, "INA_SWITCH_MIN_BYTES": "0",
-            "INA_SWITCH_SILENCE": "1.0"}, timeout=180)
+        # The reference (exact path, no switch) in the same job, after: one launch.
+        job = run(n, mpirun.several, mpirun.cases(
+            ("killed", ddp_cases.ddp_train, params, {
+                "INA_SWITCH": sw.address_text, "INA_SWITCH_MIN_BYTES": "0",
+                "INA_SWITCH_SILENCE": "1.0"}),
+            ("reference", ddp_cases.ddp_train, {"steps": 12}, {"INA_SWITCH": ""})),
+            timeout=180)
         assert sw.process.wait(5) == -9
-    reference = run(n, ddp_cases.ddp_train, {"steps": 12}, env={"INA_SWITCH": ""})
+    results, reference = of_case(job, "killed"), of_case(job, "reference")
     for out, ref in zip(results, reference):
         assert "error" not in out, out
         assert out["engines"][4].get("ina", 0) > 0, out["engines"]   # served before
@@ -223,7 +255,9 @@ def torchrun(n, case, params=None, env=None, through_ina_run=False, timeout=180.
     ``ina-run --launcher torchrun``, or torchrun alone); each rank's result by rank.
     ``reference``: a run on gloo to compare with, whose exit code is not judged (seen
     twice here: torch's gloo groups of a DeviceMesh abort the process at exit, after
-    the case has returned and its result is written); its results must all be there."""
+    the case has returned and its result is written); its results must all be there.
+    (One rank function a job here: a second init_process_group("ina") in a process
+    that torchrun started finds the first's keys in torchrun's store and fails.)"""
     import pickle
     import socket
     import tempfile
@@ -466,14 +500,14 @@ def test_fsdp2_and_dtensor_on_a_device_mesh_train_as_gloo_does():
 
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
-def test_point_to_point(launcher):
+def test_point_to_point(launcher, request):
     """send/recv and isend/irecv around a ring in every dtype, batch_isend_irecv, recv
     from any source (MPI's, or gloo's recv_anysource under torchrun), and the errors: a
     receive larger than what came, and one nobody sends, ended by the group's 2-second
     timeout."""
     if launcher == "mpiexec":
         n = 3
-        results = run(n, ddp_cases.ddp_p2p, env={"INA_SWITCH": ""})
+        results = of_case(request.getfixturevalue("three_ranks"), "p2p")
     else:
         n = 2
         results, _ = torchrun(n, ddp_cases.ddp_p2p, env={})
@@ -507,16 +541,12 @@ def test_point_to_point(launcher):
             assert "broadcast" in misfit["message"], misfit
 
 
-def test_the_torch_distributed_optimizer_overlaps_and_matches_the_plain_loop(switch):
+def test_the_torch_distributed_optimizer_overlaps_and_matches_the_plain_loop(two_ranks):
     """ina_collectives.torch.overlap.DistributedOptimizer on backend "ina": with overlap,
     step() leaves each module's update for its next forward (the parameters before
     synchronize() lack the last step's), and after synchronize() they are the plain
     loop's bit for bit, on every rank; the gradients went through the switch."""
-    # (every call opened: INA_SWITCH_PREDICT=0, as test_horovod's overlap test says why)
-    results = run(2, ddp_cases.dist_overlap, {"steps": 4},
-                  env={"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
-                       "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "4096",
-                       "INA_SWITCH_PREDICT": "0"})
+    results = of_case(two_ranks, "overlap")
     for out in results:
         assert "error" not in out, out
         assert out["isinstance"] and "ina" in out["engines"], out
