@@ -111,7 +111,9 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
         else:
             run = lambda: collectives.allreduce(send, out=recv)  # noqa: E731
         before = dict(collectives.stats.by_engine) if collectives else {}
-        link_before = dict(collectives.stats.snapshot()["transport"]) if collectives else {}
+        # (the offload's report: the ring's chooser has none)
+        link_before = (dict(collectives.stats.snapshot()["transport"]) if through_switch
+                       else {})
         resent: list[int] = []
         streams: list[float] = []
         streamed = ((lambda: float(collectives.offload.totals.get("seconds", 0.0)))
