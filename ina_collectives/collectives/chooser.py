@@ -15,7 +15,7 @@ that changed the offload's layout, starts the call over.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 from mpi4py import MPI
@@ -151,15 +151,16 @@ class Collectives:
         return out
 
     def allreduce_flat(self, send: np.ndarray | None, recv: np.ndarray, op: Op,
-                       value_bits: int = 0) -> None:
+                       value_bits: int = 0, key: Hashable = None) -> None:
         """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place).
         ``value_bits``: 16 asks the offload for 16-bit values for this call (the caller
-        has made sure every rank asks alike: the runtime's negotiation does). The caller
-        checked that an engine takes the dtype and op (ops.check_supported)."""
+        has made sure every rank asks alike: the runtime's negotiation does). ``key``:
+        what the caller knows the call by, alike on every rank (AllreduceCall.key). The
+        caller checked that an engine takes the dtype and op (ops.check_supported)."""
         self._check_usable()
         if value_bits not in _VALUE_BITS:
             raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
-        call = AllreduceCall(send, recv, op, value_bits)
+        call = AllreduceCall(send, recv, op, value_bits, key)
         deadline = Deadline(self.settings.timeout)
         signature = CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), op_code(op),

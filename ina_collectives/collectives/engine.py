@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 import numpy as np
 
@@ -34,6 +34,10 @@ class AllreduceCall:
     recv: np.ndarray
     op: Op
     value_bits: int = 0      # the value width this call asks the offload for (0: the job's)
+    # What the caller knows the call by, alike on every rank (the Horovod runtime: its
+    # tensors' names and ranges), or None: an engine may keep what it learns of a call
+    # under it, for the next call with the same key.
+    key: Hashable = None
 
     @property
     def dtype(self) -> np.dtype:

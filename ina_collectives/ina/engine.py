@@ -19,7 +19,7 @@ NaN/Inf in the input or a failed aggregator give the call back to the chooser
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Hashable
 
 import numpy as np
 from mpi4py import MPI
@@ -88,6 +88,10 @@ class InaEngine(OffloadEngine):
         self.predicted_calls = self.mismatched_predictions = 0
         self._identified: tuple[Prepared, int, Any] | None = None
         self._learn = np.empty(0, np.int16)
+        # The run of identified calls this engine ran last: its identity and length (a
+        # call's place in it keys its prediction: alike on every rank, which run the
+        # same calls).
+        self._run: tuple[int, int] = (0, 0)
 
     # -- the aggregators, as the chooser and stats see them ---------------------------------
 
@@ -273,7 +277,8 @@ class InaEngine(OffloadEngine):
             if prepared is not None and window is not None and self._learns(prepared):
                 shape = self._shape()
                 self._identified = (prepared, ident, shape)
-                self.predictions.learn(ident, shape, window[1:])
+                self.predictions.learn(ident, shape, window[1:],
+                                       place=self._place(ident, prepared))
             return Gated(GateOutcome.AGREED, window)
         self.predictions.clear()
         self.failed_openings += 1
@@ -313,11 +318,20 @@ class InaEngine(OffloadEngine):
             return False
         shape = self._shape()
         predicted = self.predictions.predict(ident, shape, self._span(prepared),
-                                             prepared.wide)
+                                             prepared.wide, self._place(ident, prepared))
         if predicted is None:
             return False
         self._identified = (prepared, ident, shape, predicted)
         return True
+
+    def _place(self, ident: int, prepared: Prepared) -> Hashable:
+        """The call's place (Predictions): its caller's key where it has one, else its
+        place in its run, how many identified calls of ``ident`` this engine ran just
+        before it."""
+        if prepared.key is not None:
+            return prepared.key
+        last, length = self._run
+        return length if last == ident else 0
 
     @staticmethod
     def _span(prepared: Prepared) -> int:
@@ -343,6 +357,10 @@ class InaEngine(OffloadEngine):
         if not (identified and identified[0] is prepared):
             identified = None
         ident, shape = (identified[1], identified[2]) if identified else (0, None)
+        place = self._place(ident, prepared)
+        if ident:
+            last, length = self._run
+            self._run = (ident, length + 1 if last == ident else 1)
         predicted = bool(ident) and agreed_first is None
         if predicted:
             agreed_first = np.zeros(1 + self._span(prepared), np.int16)
@@ -395,7 +413,8 @@ class InaEngine(OffloadEngine):
                     and self.aggregators.link is not None):
                 span, half = self._span(prepared), learn.size // 2
                 self.predictions.learn(ident, shape, learn[half:half + span],
-                                       learn[:span], results[0].counters["overflows"] > 0)
+                                       learn[:span], results[0].counters["overflows"] > 0,
+                                       place)
             elif learn is not None:
                 self.predictions.clear()
             return handover

@@ -23,6 +23,9 @@ PREDICTIONS = 256
 # overflowed adds one, each CLEAN_CALLS calls in a row without one take one back.
 PREDICT_HEADROOM = 2
 CLEAN_CALLS = 16
+# Calls of one identity in a row are told apart by their place in the run, up to this
+# many (a step's same-shaped layers: each predicted from its own last call).
+RUN_PLACES = 64
 
 
 @dataclass
@@ -39,28 +42,41 @@ class Predictions:
     its next call goes with, per sub-block: the max over every worker of the last
     call's own exponents there, plus the identity's headroom; where that max is not
     known (a slot's last chunk shorter than its first proposes fewer), the exponent the
-    last call was summed with."""
+    last call was summed with.
+
+    A call's place (``place``, alike on every rank) is part of its key: the caller's key
+    for the call where it has one (the Horovod runtime's tensor names), else its place
+    in its run (how many calls of the same identity came just before it). A model's
+    same-shaped layers make calls of one identity in a row, whose gradients differ in
+    scale: each is predicted from its own call of the last step. A place not learned yet
+    is predicted from the identity's latest call (a loop over one tensor: every call
+    from the last)."""
 
     def __init__(self, size: int = PREDICTIONS, headroom: int = PREDICT_HEADROOM):
         self.size, self.most = size, headroom
-        self._table: OrderedDict[tuple[int, Hashable], _Entry] = OrderedDict()
+        self._table: OrderedDict[tuple[int, Hashable, int | None], _Entry] = OrderedDict()
         self.hits = 0
 
     def __len__(self) -> int:
         return len(self._table)
 
-    def headroom(self, ident: int, shape: Hashable) -> int | None:
-        entry = self._table.get((ident, shape))
+    def headroom(self, ident: int, shape: Hashable, place: Hashable = 0) -> int | None:
+        entry = self._table.get((ident, shape, _place(place)))
         return None if entry is None else entry.headroom
 
-    def predict(self, ident: int, shape: Hashable, span: int, dtype: np.dtype
-                ) -> np.ndarray | None:
+    def predict(self, ident: int, shape: Hashable, span: int, dtype: np.dtype,
+                place: Hashable = 0) -> np.ndarray | None:
         """The first window's predicted exponents (``span`` int16 values, the layout of
-        ``Prepared.local``'s window), or None where nothing was learned for this call."""
-        entry = self._table.get((ident, shape))
+        ``Prepared.local``'s window), or None where nothing was learned for this call:
+        its place's entry, else the identity's latest."""
+        key = (ident, shape, _place(place))
+        entry = self._table.get(key)
+        if entry is None:
+            key = (ident, shape, None)
+            entry = self._table.get(key)
         if entry is None or entry.needs.size < span:
             return None
-        self._table.move_to_end((ident, shape))
+        self._table.move_to_end(key)
         self.hits += 1
         if entry.predicted is None:  # (made once: calls of one identity share a dtype)
             needs = entry.needs
@@ -75,13 +91,19 @@ class Predictions:
         return entry.predicted[:span]
 
     def learn(self, ident: int, shape: Hashable, needs: np.ndarray,
-              used: np.ndarray | None = None, overflowed: bool = False) -> None:
+              used: np.ndarray | None = None, overflowed: bool = False,
+              place: Hashable = 0) -> None:
         """What a call with this identity taught of its first window: ``needs``, the max
         of every worker's own exponents (PROPOSAL_NONE where not known), ``used``, the
         exponents it was summed with; ``overflowed``: some chunk of it was sent again (a
         prediction too small). Nothing is kept of a window that held a NaN or an Inf,
-        nor where neither says an exponent."""
-        key = (ident, shape)
+        nor where neither says an exponent. Kept for the call's place in its run and as
+        the identity's latest."""
+        for key in ((ident, shape, _place(place)), (ident, shape, None)):
+            self._learn(key, needs, used, overflowed)
+
+    def _learn(self, key: tuple, needs: np.ndarray, used: np.ndarray | None,
+               overflowed: bool) -> None:
         old = self._table.get(key)
         if (old is not None and not overflowed and _same(old.needs, needs)
                 and (_same(old.used, used) if used is not None else old.used is None)):
@@ -109,11 +131,18 @@ class Predictions:
             self._table.popitem(last=False)
 
     def forget(self, ident: int, shape: Hashable) -> None:
-        self._table.pop((ident, shape), None)
+        """Every entry of this identity."""
+        for key in [key for key in self._table if key[:2] == (ident, shape)]:
+            del self._table[key]
 
     def clear(self) -> None:
         """Every rank forgets alike: a new epoch, an aggregator lost, a rescue."""
         self._table.clear()
+
+
+def _place(place: Hashable) -> Hashable:
+    """A place as keyed: a run's places past RUN_PLACES share one entry."""
+    return min(place, RUN_PLACES) if isinstance(place, int) else ("key", place)
 
 
 def _same(a: np.ndarray | None, b: np.ndarray) -> bool:

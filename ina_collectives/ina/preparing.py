@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import NamedTuple
+from typing import Hashable, NamedTuple
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class Prepared:
     local: np.ndarray                   # this rank's exponents (filled in as streamed)
     proposal: np.ndarray                # [NaN or Inf seen, the windows' exponents], int16
     quorum: bool                        # made for a quorum call (every chunk's window)
+    key: Hashable = None                # the call's key (AllreduceCall.key)
 
     def agreed(self, first: np.ndarray) -> np.ndarray:
         """Every chunk's exponents as far as agreed: the windows' from ``first`` (the max
@@ -121,4 +122,4 @@ def prepare(call: AllreduceCall, links: list[WorkerLink | None], serving: list[i
         a, b = share.window
         proposal[at:at + b - a] = local[a:b]
         at += b - a
-    return Prepared(x, wide, k, g, shares, local, proposal, quorum)
+    return Prepared(x, wide, k, g, shares, local, proposal, quorum, call.key)

@@ -538,7 +538,12 @@ class BackgroundRuntime:
         try:
             self._fill(group, buffer, offsets)  # (a staged input's copy may time out)
             if total:
-                scaling.reduce(self.collectives, buffer, req, self.size)
+                # Negotiated calls are known by their tensors' names and ranges, alike on
+                # every rank, so the offload may learn per tensor (the next step's same
+                # call); in program order names are the callers' and need not repeat.
+                key = (None if self.ordered else
+                       tuple((p.item.name, p.start, p.stop) for p in group))
+                scaling.reduce(self.collectives, buffer, req, self.size, key=key)
         except InaError as exc:
             failed = {piece.item.name for piece in group}
             self._carry = [p for p in self._carry if p.item.name not in failed]

@@ -2,6 +2,8 @@
 AVERAGE's division by the number of ranks, each as Horovod rounds it."""
 from __future__ import annotations
 
+from typing import Hashable
+
 import numpy as np
 
 from ..collectives.chooser import Collectives
@@ -20,20 +22,21 @@ def collective_op(req: OpRequest, dtype: np.dtype, quorum_active: bool) -> Op:
 
 
 def reduce(collectives: Collectives, buffer: np.ndarray, req: OpRequest, size: int,
-           part: tuple[int, int] | None = None) -> None:
+           part: tuple[int, int] | None = None, key: Hashable = None) -> None:
     """Reduce ``buffer`` in place over all ``size`` ranks with Horovod's semantics:
     prescale, reduce, postscale (Average: divided by the number of ranks). ``part``: only
     buffer[part[0]:part[1]] is wanted on this rank (a reducescatter: the ring's
     reduce-scatter, (n-1)/n of the bytes where an allreduce moves them all each way; the
-    other ranks' parts are given too)."""
+    other ranks' parts are given too). ``key``: what the call is known by, alike on every
+    rank (AllreduceCall.key)."""
     if req.prescale != 1.0:
         scale(buffer, req.prescale)
     op = collective_op(req, buffer.dtype, collectives.quorum_active())
     if op is Op.AVERAGE:  # divided by the engine
-        collectives.allreduce_flat(None, buffer, op, req.switch_bits)
+        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key)
         return
     if part is None:
-        collectives.allreduce_flat(None, buffer, op, req.switch_bits)
+        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key)
     else:
         row = buffer.size // max(req.shape[0], 1)
         bounds = [(a * row, b * row) for a, b in

@@ -213,6 +213,35 @@ def test_the_table_predicts_alike_adapts_its_headroom_and_forgets():
     assert len(table) == 0
 
 
+def test_calls_of_one_identity_in_a_row_are_predicted_by_their_place():
+    """A model's same-shaped layers make calls of one identity in a row, their gradients
+    at different scales: each place in the run is predicted from its own call of the
+    step before, not from the call just before it (which overflowed most first windows
+    of a 16-layer MLP: 6 chunks of 8 a call). A place not learned yet takes the
+    identity's latest call, so that a loop over one tensor predicts from its first
+    repeat."""
+    table = Predictions(size=64, headroom=2)
+    shape = ("layout", K, S, 1)
+    layers = [np.full(4, e, np.int16) for e in (-3, 4, -9)]  # three layers' scales
+    for place, needs in enumerate(layers):  # the first step: nothing to predict from
+        if place:
+            np.testing.assert_array_equal(
+                table.predict(7, shape, 4, np.float32, place), layers[place - 1])
+        table.learn(7, shape, needs, place=place)
+    for place, needs in enumerate(layers):  # every step after: each from its own
+        np.testing.assert_array_equal(table.predict(7, shape, 4, np.float32, place), needs)
+        table.learn(7, shape, needs, place=place)
+    np.testing.assert_array_equal(table.predict(7, shape, 4, np.float32, 5), layers[-1])
+    table.learn(7, shape, layers[0], overflowed=True, place=1)  # headroom by place
+    assert table.headroom(7, shape, 1) == 1 and table.headroom(7, shape, 0) == 0
+    # A caller's key (the Horovod runtime's tensor names) in place of the run's place:
+    # the same tensor is predicted from its own last call in whatever order it comes.
+    for key, needs in (("fc2", layers[2]), ("fc1", layers[1])):
+        table.learn(7, shape, needs, place=(key,))
+    for key, needs in (("fc1", layers[1]), ("fc2", layers[2])):
+        np.testing.assert_array_equal(table.predict(7, shape, 4, np.float32, (key,)), needs)
+
+
 def test_with_headroom_the_first_window_is_within_the_bound_of_its_exponents(job):
     """A prediction h bits above the exponents the values need: the first window's error
     stays within the bound of the exponents it was summed with (2^h times the bound of
