@@ -15,7 +15,8 @@ that changed the offload's layout, starts the call over.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Hashable
+from collections.abc import Hashable
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -160,6 +161,12 @@ class Collectives:
         self._check_usable()
         if value_bits not in _VALUE_BITS:
             raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
+        if key is not None:
+            try:
+                hash(key)
+            except TypeError:
+                raise TypeError(f"an allreduce's key must be hashable (str, int, tuple of "
+                                f"them), got {key!r:.80}") from None
         call = AllreduceCall(send, recv, op, value_bits, key)
         deadline = Deadline(self.settings.timeout)
         signature = CallSignature(

@@ -113,10 +113,8 @@ class Transfer:
             self.source = status.Get_source()
             if self._into is not None:
                 self._check_length(status.Get_count(MPI.BYTE), self._into.nbytes)
-        except InaError as exc:
-            self.end(exc)
         except Exception as exc:  # noqa: BLE001 - MPI's failure reaches the waiter
-            self.end(CommunicatorBroken(f"{self.what} failed: {exc}"))
+            self._failed(exc)
         else:
             self.end()
         return True
@@ -132,14 +130,18 @@ class Transfer:
                 self._check_length(came, self._into.nbytes)
                 if not self._done.is_set():  # (close may have failed it meanwhile)
                     np.copyto(_bytes(self._into), self._wire[_LENGTH.itemsize:])
-        except InaError as exc:
-            self.end(exc)
         except Exception as exc:  # noqa: BLE001 - gloo's failure reaches the waiter
-            self.end(CommunicatorBroken(f"{self.what} failed: {exc}"))
+            self._failed(exc)
         else:
             self.end()
         finally:
             on_end(self)
+
+    def _failed(self, exc: Exception) -> None:
+        """End the transfer with ``exc``: the library's own error as it is, the MPI or
+        gloo binding's as a broken communicator naming the transfer."""
+        self.end(exc if isinstance(exc, InaError)
+                 else CommunicatorBroken(f"{self.what} failed: {exc}"))
 
     def _check_length(self, came: int, holds: int) -> None:
         # (A binding's buffer is its tensor's, and the binding's users read "tensor".)

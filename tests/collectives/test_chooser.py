@@ -180,6 +180,10 @@ def test_the_chooser_checks_its_arguments(one_rank):
         one_rank.allreduce(x, op="median")
     with pytest.raises(ValueError, match="MIN, MAX, AVERAGE; use ina_collectives.mpi"):
         one_rank.allreduce(x, op=MPI.MAXLOC)
+    with pytest.raises(ValueError, match="value_bits must be 0"):
+        one_rank.allreduce_flat(None, x, Op.SUM, 8)
+    with pytest.raises(TypeError, match=r"key must be hashable .*got \(\['w'\],\)"):
+        one_rank.allreduce_flat(None, x, Op.SUM, 0, (["w"],))
     assert one_rank.stats.calls == 0  # nothing reached an engine
 
 
