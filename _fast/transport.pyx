@@ -134,6 +134,7 @@ cdef struct Call:  # one stream's or opening's progress, bounds and counts
     bint stop              # an opening's MISMATCH: ends it, the total not reached
     int number             # the call's number (mod 65536), in every packet
     int quorum             # the k its chunks complete at (0: all n)
+    bint absent            # this worker contributes nothing: every chunk a result request
     int retransmit         # the flags of a packet sent again
     bint asks              # a first timeout asks for the result (the stream's rule)
     Estimator *est
@@ -425,7 +426,7 @@ cdef class Link:
     def stream(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
                double deadline, int value_bits=0, const uint8_t[::1] cancel=None,
                int call=0, int quorum=0, Py_ssize_t ready=-1, uint64_t ident=0,
-               int16_t[::1] learn=None, bint nonfinite=False):
+               int16_t[::1] learn=None, bint nonfinite=False, bint absent=False):
         """Allreduce x (1-D float32/float64) into out through the aggregator, within
         ``deadline`` seconds.
 
@@ -456,6 +457,9 @@ cdef class Link:
         nonfinite: the chunks ``local`` holds already (``ready``) have a NaN or an Inf:
         every packet proposes NONFINITE_MARK from the first on (a predicted call, whose
         first window no agreement saw).
+        absent: this worker contributes nothing to this quorum call (the runtime ran it
+        without this rank's tensor, docs/quorum.md, Running ahead): every chunk goes as a
+        result request, its header alone, and the stream takes the results as they pass.
         learn: 2 x S x G int16, or None: what the next prediction is made from. Row 0
         receives the exponents each slot's first chunk was summed with (its result's);
         row 1, the max over the workers of that chunk's own exponents, which the slot's
@@ -485,6 +489,8 @@ cdef class Link:
                              f"{g}")
         if ident and quorum:
             raise ValueError("a predicted call is sync only (quorum 0)")
+        if absent and not quorum:
+            raise ValueError("a worker can be absent from a quorum call only (quorum > 0)")
         cdef Call c
         self._begin(&c, timers, deadline, &self.stream_est, slots, nb, call)
         if c.est.srtt > 0:
@@ -492,6 +498,7 @@ cdef class Link:
         c.retransmit = FLAG_RETRANSMIT
         c.asks = True
         c.quorum = quorum
+        c.absent = absent
         c.ident = ident
         c.learn = &learn[0] if learn is not None else NULL
         c.x, c.out, c.size, c.nb, c.g = <const char *>&xin[0], <char *>&xout[0], size, nb, g
@@ -856,7 +863,9 @@ cdef class Link:
                                self.block, lazy.floor, g, &c.local[lazy.have * g]):
                 lazy.nonfinite = True
             lazy.have += 1
-        if c.quorum:
+        if c.absent:
+            fits = False
+        elif c.quorum:
             for j in range(blocks):
                 if c.local[chunk * g + j] > c.agreed[chunk * g + j]:
                     fits = False

@@ -155,6 +155,15 @@ class Settings:
         "the step (every step repeats its tensors' calls), or after 64 calls. The default "
         "absorbs a worker late by twice the step time. 0: no bound.",
     )
+    quorum_grace: float = _setting(
+        0.05,
+        "Horovod API, quorum mode: seconds a tensor every rank has reduced before waits, "
+        "once quorum-many ranks have submitted it, for the others; then it runs without "
+        "them and each takes the result when it submits the tensor (its own gradient is "
+        "dropped for that step: docs/quorum.md, Running ahead). Bounded by "
+        "quorum_max_steps. Only a late training loop is left out: the late rank's "
+        "background thread takes part in every call.",
+    )
     switch_standby: bool = _setting(
         True,
         "With several aggregators (INA_SWITCH names them): the unfinished share of one "
@@ -289,6 +298,8 @@ class Settings:
         if not 0 <= self.switch_predict_headroom <= 8:
             raise ValueError(f"switch_predict_headroom must be 0..8 bits, got "
                              f"{self.switch_predict_headroom}")
+        if self.quorum_grace < 0:
+            raise ValueError(f"quorum_grace must be >= 0 seconds, got {self.quorum_grace}")
         if self.quorum_max_steps < 0:
             raise ValueError(f"quorum_max_steps must be >= 0, got {self.quorum_max_steps}")
         if self.switch_retry_calls < 0:

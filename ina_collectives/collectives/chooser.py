@@ -152,12 +152,16 @@ class Collectives:
         return out
 
     def allreduce_flat(self, send: np.ndarray | None, recv: np.ndarray, op: Op,
-                       value_bits: int = 0, key: Hashable = None) -> None:
+                       value_bits: int = 0, key: Hashable = None, present: int = 0
+                       ) -> None:
         """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place).
         ``value_bits``: 16 asks the offload for 16-bit values for this call (the caller
         has made sure every rank asks alike: the runtime's negotiation does). ``key``:
-        what the caller knows the call by, alike on every rank (AllreduceCall.key). The
-        caller checked that an engine takes the dtype and op (ops.check_supported)."""
+        what the caller knows the call by, alike on every rank (AllreduceCall.key).
+        ``present``: the ranks whose input counts, a bitmap alike on every rank (0: all,
+        by the offload's rules; every rank named: all, counted in quorum mode too;
+        AllreduceCall.present). The caller checked that an engine takes the dtype and op
+        (ops.check_supported)."""
         self._check_usable()
         if value_bits not in _VALUE_BITS:
             raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
@@ -167,7 +171,10 @@ class Collectives:
             except TypeError:
                 raise TypeError(f"an allreduce's key must be hashable (str, int, tuple of "
                                 f"them), got {key!r:.80}") from None
-        call = AllreduceCall(send, recv, op, value_bits, key)
+        if present and not 0 < present < (1 << self.comm.Get_size()):
+            raise ValueError(f"present must be a bitmap of some of the "
+                             f"{self.comm.Get_size()} ranks, got {present:#x}")
+        call = AllreduceCall(send, recv, op, value_bits, key, present)
         deadline = Deadline(self.settings.timeout)
         signature = CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), op_code(op),
@@ -309,7 +316,8 @@ class Collectives:
             for start, stop in handover.ranges or [(0, call.recv.size)]:
                 part = call.recv[start:stop]
                 np.copyto(part, handover.intact[start:stop], casting="unsafe")
-                engine.run(AllreduceCall(None, part, call.op), restart)
+                engine.run(AllreduceCall(None, part, call.op, present=call.present),
+                           restart)
             return engine
         except AgreementError:
             raise  # every rank raised together: the communicator stays usable

@@ -38,6 +38,10 @@ class AllreduceCall:
     # tensors' names and ranges), or None: an engine may keep what it learns of a call
     # under it, for the next call with the same key.
     key: Hashable = None
+    # The ranks whose input counts, a bitmap alike on every rank (0: all of them). The
+    # others pass zeros and are not counted: the Horovod runtime ran ahead of them in
+    # quorum mode (docs/quorum.md, Running ahead); AVERAGE divides by those counted.
+    present: int = 0
 
     @property
     def dtype(self) -> np.dtype:
@@ -46,6 +50,14 @@ class AllreduceCall:
     @property
     def nbytes(self) -> int:
         return self.recv.nbytes
+
+    def divisor(self, n: int) -> int:
+        """What AVERAGE divides by in an exact engine: the ranks counted, of ``n``."""
+        return self.present.bit_count() if self.present else n
+
+    def absent(self, rank: int) -> bool:
+        """Whether ``rank`` adds nothing to this call."""
+        return bool(self.present) and not (self.present >> rank) & 1
 
 
 @dataclass

@@ -39,4 +39,4 @@ class MpiEngine(Engine):
              lambda: f"{self._library}'s allreduce of {call.recv.size} x {call.dtype} to "
                      f"complete on all {self.comm.Get_size()} ranks")
         if call.op is Op.AVERAGE:
-            np.divide(call.recv, self.comm.Get_size(), out=call.recv)
+            np.divide(call.recv, call.divisor(self.comm.Get_size()), out=call.recv)

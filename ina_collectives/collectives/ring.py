@@ -40,8 +40,10 @@ class Ring:
         self.chunk_bytes = chunk_bytes
         self._scratch = np.empty(0, dtype=np.uint8)
 
-    def allreduce(self, buf: np.ndarray, op: Op, deadline: Deadline) -> None:
-        """Reduce the 1-D contiguous ``buf`` in place across all ranks."""
+    def allreduce(self, buf: np.ndarray, op: Op, deadline: Deadline,
+                  divisor: int = 0) -> None:
+        """Reduce the 1-D contiguous ``buf`` in place across all ranks (AVERAGE divides
+        by ``divisor``, 0: by n)."""
         n, rank = self.comm.Get_size(), self.comm.Get_rank()
         if n == 1 or buf.size == 0:
             return  # the sum, product, min, max or mean of one rank's array is itself
@@ -51,7 +53,7 @@ class Ring:
             self._reduce_scatter(segments, op, chunk, deadline)
             owned = segments[(rank + 1) % n]
             if op is Op.AVERAGE:
-                np.divide(owned, n, out=owned)
+                np.divide(owned, divisor or n, out=owned)
         self._allgather(segments, chunk, deadline)
 
     def reduce_scatter(self, buf: np.ndarray, op: Op, bounds: list[tuple[int, int]],
@@ -160,7 +162,8 @@ class RingEngine(Engine):
     def run(self, call: AllreduceCall, deadline: Deadline) -> None:
         if call.send is not None:
             np.copyto(call.recv, call.send)
-        self.ring.allreduce(call.recv, call.op, deadline)
+        self.ring.allreduce(call.recv, call.op, deadline,
+                            call.divisor(self.ring.comm.Get_size()))
 
     def reduce_scatter(self, call: AllreduceCall, bounds: list[tuple[int, int]],
                        deadline: Deadline) -> None:

@@ -223,8 +223,12 @@ class InaEngine(OffloadEngine):
         exponents itself). None for a call this engine declines."""
         if self.declines(call) is not None:
             return None
+        # (A call some ranks are absent from runs in quorum: every chunk's exponents
+        # agreed before it, docs/quorum.md, Running ahead.)
         prepared = prepare(call, self.aggregators.links, self.serving(), self._shares,
-                           0 < self.quorum.k < self.quorum.n, self.kernels)
+                           0 < self.quorum.k < self.quorum.n
+                           or call.divisor(self.quorum.n) < self.quorum.n,
+                           self.kernels)
         if width is not None and (prepared.quorum or prepared.proposal.size > width):
             return None
         return prepared
@@ -366,7 +370,7 @@ class InaEngine(OffloadEngine):
             agreed_first = np.zeros(1 + self._span(prepared), np.int16)
             agreed_first[1:] = identified[3]
         call_number, quorum = self.quorum.next_call(
-            (call.recv.size, call.dtype.str, call.op, call.value_bits))
+            (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (collectives/recovery.py): its outcome is in the results.
         vote_free = self.errors.gated and not quorum and len(prepared.shares) == 1
@@ -392,7 +396,8 @@ class InaEngine(OffloadEngine):
         results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
                                    call.op is Op.AVERAGE, bits, deadline, call_number,
                                    quorum, ident if predicted else 0, learn,
-                                   predicted and bool(prepared.proposal[0]))
+                                   predicted and bool(prepared.proposal[0]),
+                                   call.absent(self.quorum.rank))
         for share, result in zip(shares, results):
             self._account(links[share.aggregator], result)
         self.predicted_calls += predicted
@@ -561,11 +566,14 @@ class InaEngine(OffloadEngine):
         for (a, b), (local, _) in zip(ranges, mine):
             theirs = agreed[at:at + local.size]
             at += local.size
-            call_number, _ = self.quorum.next_call()
+            # (Sync, but for the ranks absent from the call: every chunk's exponents are
+            # agreed here, as a quorum's are.)
+            call_number, quorum = self.quorum.next_call(None, call.present)
             remaining = max(0.0, deadline.expires - time.monotonic())
             result = link.stream(x[a:b], out[a:b], local, theirs.copy(),
                                  call.op is Op.AVERAGE, self.streams.timers, remaining,
-                                 value_bits=bits, call=call_number)
+                                 value_bits=bits, call=call_number, quorum=quorum,
+                                 absent=call.absent(self.quorum.rank))
             self._account(link, result)
             outcome = vote(self.comm, len(agg.addresses), [standby], [result], s.timeout,
                            f"the {b - a}-element share the aggregator at "

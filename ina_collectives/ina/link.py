@@ -183,7 +183,7 @@ class WorkerLink:
                average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
                cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
                ready: int = -1, ident: int = 0, learn: np.ndarray | None = None,
-               nonfinite: bool = False) -> Result:
+               nonfinite: bool = False, absent: bool = False) -> Result:
         """Allreduce x (float32/64, 1-D) into out through the aggregator, within
         ``deadline`` seconds: ``local``, this worker's exponents, and ``agreed``, the
         agreed ones (G per chunk); ``timers``, its waits. value_bits: this call's width
@@ -197,14 +197,15 @@ class WorkerLink:
         ident: nonzero, a predicted call (its identity; ``agreed``'s first window holds the
         prediction); learn: S x G int16 that receives the first window's proposals (the
         next prediction), or None; nonfinite: the ready chunks hold a NaN or an Inf
-        (every packet then says so: transport.Link.stream).
+        (every packet then says so: transport.Link.stream); absent: a quorum call this
+        worker adds nothing to (every chunk a result request: docs/quorum.md).
         Returns the Result (``ok``: done, or LOST in a quorum call: done but for the
         chunks ``missing`` names, whose results the switch no longer holds; the engine
         takes them from a peer), with its ``reason`` ("mismatch": a predicted call's
         result said the ranks called differently)."""
         result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
                                   value_bits, cancel, call & 0xFFFF, quorum, ready, ident,
-                                  learn, nonfinite)
+                                  learn, nonfinite, absent)
         result.reason = self._reason(result)
         return result
 

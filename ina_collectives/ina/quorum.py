@@ -38,6 +38,7 @@ class Quorum:
         self.steps = np.zeros(n, np.int64)
         self._step_calls: list[set] = [set() for _ in range(n)]
         self._key: object = None
+        self._present = 0  # the call under way's ranks counted (0: all; AllreduceCall)
         self.calls = 0  # switch-served calls started: the call number (mod 65536)
         self._stamp = 0  # the quorum stamped in the packets of the call under way
         self.quorum_calls = self.waited_calls = self.changes = 0
@@ -50,18 +51,30 @@ class Quorum:
         asks the same k at the same point."""
         self.k = check_quorum(k)
 
-    def next_call(self, key: object = None) -> tuple[int, int]:
+    def next_call(self, key: object = None, present: int = 0) -> tuple[int, int]:
         """(call number, quorum stamp) of the switch-served call about to start; ``key``:
         what the call repeats from step to step (its length, dtype, op and width). The
         stamp is 0 (sync) when k is 0 or covers all n, and for one call when a worker
         has been left out of every call of ``max_steps`` training steps (the staleness
-        bound: a step ends where a call repeats, see STEP_CALLS)."""
+        bound: a step ends where a call repeats, see STEP_CALLS). ``present``: the ranks
+        that contribute (0: all): where some do not (the runtime ran ahead of them,
+        docs/quorum.md), the stamp is at most their number, and the bound waits for those
+        present (the runtime bounds the absent ones' absence itself); all n named: sync
+        (the runtime waited for a rank at its bound)."""
         self.calls += 1
         self._key = key
+        self._present = present
         stamp = self.k if 0 < self.k < self.n else 0
-        if stamp and self.max_steps and bool((self.steps >= self.max_steps).any()):
+        waiting = (self.max_steps and (stamp or present)
+                   and bool((self.steps >= self.max_steps).any()))
+        if present and present.bit_count() >= self.n:  # every rank named: sync
             stamp = 0
-            self.waited_calls += 1
+        elif present:
+            stamp = present.bit_count() if waiting else min(stamp or self.n,
+                                                             present.bit_count())
+        elif waiting:
+            stamp = 0
+        self.waited_calls += bool(waiting)
         self._stamp = stamp
         return self.calls & 0xFFFF, stamp
 
@@ -84,7 +97,8 @@ class Quorum:
             out = [r for r in range(self.n) if not (counted_all >> r) & 1]
             never = [r for r in out if not (counted_any >> r) & 1]
             for r in range(self.n):
-                self._count_step(r, r in out)
+                if not self._present or (self._present >> r) & 1:  # (absent: the runtime's)
+                    self._count_step(r, r in out)
             self.quorum_calls += 1
             self.calls_left_out += self.rank in out
         else:  # a sync call counts every rank

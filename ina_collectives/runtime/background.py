@@ -30,6 +30,7 @@ call leaves the others waiting up to the timeout, which names the call they wait
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -134,6 +135,24 @@ class _Local:
     join_sent: bool = False
 
 
+class _Owed:
+    """An allreduce the ranks ran without this rank (quorum mode: docs/quorum.md, Running
+    ahead): its result, once every part has run, for this rank's submission of it, which
+    came later (``handle``: bound once it has)."""
+
+    __slots__ = ("result", "parts", "error", "handle")
+
+    def __init__(self, request: OpRequest):
+        self.result = np.empty(int(np.prod(request.shape)), request.wire)
+        self.parts = -1  # parts still to run (-1: not cut yet)
+        self.error: BaseException | None = None
+        self.handle: Handle | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.parts == 0 or self.error is not None
+
+
 class BackgroundRuntime:
     def __init__(self, comm: MPI.Intracomm | TorchPeers, settings: Settings, *,
                  ordered: bool = False):
@@ -153,8 +172,14 @@ class BackgroundRuntime:
         self.comm = self.collectives.comm
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.host = HostCollectives(self.collectives, settings.timeout)
-        self.table = ReadinessTable(self.size)
-        self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0}
+        self.table = ReadinessTable(self.size, 0 if ordered else settings.quorum,
+                                    settings.quorum_max_steps)
+        self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0,
+                       "calls without some rank": 0, "calls without this rank": 0}
+        # Quorum mode: allreduces the others ran without this rank, by name, in order; and
+        # the submissions that took one whose result must be handed over by this thread.
+        self._owed: dict[str, collections.deque[_Owed]] = {}
+        self._deliveries: list[_Owed] = []
         self._fusion_buffer = np.empty(0, np.uint8)
         self._lock = threading.RLock()  # (re-entrant: submissions made ``together``)
         self._local = _Local()
@@ -170,6 +195,7 @@ class BackgroundRuntime:
         self._shutdown = False
         self._stopped: str | None = None   # why the loop ended, once it has
         self._stalled: tuple[str, ...] = ()
+        self._due: tuple[str, ...] = ()  # rank 0: what may run without some ranks
         self._wake = threading.Event()  # (program order: set by a submission, a shutdown)
         # The negotiation's outcomes, in cycle order, for the runtime's thread (or the
         # exception that ended the negotiation); ``_halt``: the runtime's thread ended.
@@ -207,9 +233,56 @@ class BackgroundRuntime:
                 self._sweep_at = 2 * len(self._names_taken) + 64
             self._names_taken[request.name] = self._latest = handle
             handle.on_claim = lambda: self._release(handle)
-            self._local.queue.append(handle)
-            self._wake.set()
+            if not self._took_owed(handle):
+                self._local.queue.append(handle)
+                self._wake.set()
         return handle
+
+    def _took_owed(self, handle: Handle) -> bool:
+        """(Under the lock.) Whether ``handle`` is this rank's late submission of an
+        allreduce the others already ran without it: it then takes that call's result
+        (at once if it is in, else when it is) and is not negotiated."""
+        request = handle.request
+        owed = next((o for o in self._owed.get(request.name, ()) if o.handle is None),
+                    None)
+        if owed is None or request.kind != "allreduce":
+            return False
+        if int(np.prod(request.shape)) != owed.result.size or request.wire != owed.result.dtype:
+            handle.finish(error=OperationError(
+                f"{request.describe()} was run without this rank as the others submitted "
+                f"it ({owed.result.size} x {owed.result.dtype}); this rank's submission "
+                f"differs"))
+            self._drop_owed(request.name, owed)
+            return True
+        owed.handle = handle
+        if owed.done:
+            if "landed" in handle.data:  # (a staged tensor: handed over by the thread)
+                self._deliveries.append(owed)
+            else:
+                self._deliver(owed)
+        return True
+
+    def _drop_owed(self, name: str, owed: _Owed) -> None:
+        waiting = self._owed[name]
+        waiting.remove(owed)
+        if not waiting:
+            del self._owed[name]
+
+    def _deliver(self, owed: _Owed) -> None:
+        """A late submission's result: the call the others ran without this rank."""
+        handle = owed.handle
+        with self._lock:
+            self._drop_owed(handle.request.name, owed)
+        if owed.error is not None:
+            handle.finish(error=owed.error)
+            return
+        recv = handle.data["recv"]
+        if "landed" in handle.data:  # (its input lands in recv: not over it)
+            handle.data["landed"](0, recv.size)
+        np.copyto(recv, owed.result.reshape(recv.shape))
+        if "arrived" in handle.data:
+            handle.data["arrived"](0, recv.size)
+        handle.finish(recv)
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
@@ -313,6 +386,7 @@ class BackgroundRuntime:
                 started = time.monotonic()
                 with self._lock:
                     new, self._local.queue = self._local.queue, []
+                    new = [h for h in new if not self._took_owed(h)]
                     for handle in new:
                         self._local.inflight[handle.request.name] = handle
                     send_join = self._local.join is not None and not self._local.join_sent
@@ -322,15 +396,19 @@ class BackgroundRuntime:
                     reporting = self.collectives.errors.reporting
                     message = Message([h.request for h in new], send_join, self._shutdown,
                                       self._stalled,
-                                      -1 if reporting is None else reporting)
+                                      -1 if reporting is None else reporting,
+                                      self._due)
                 messages = exchange(self._negotiation_comm, message,
                                     Deadline(self.settings.timeout), self.table.cycle + 1)
                 outcome = self.table.absorb(messages, time.monotonic())
                 self.fusion["cycles"] += 1
+                self._owe(outcome)
                 if self.rank == 0:
                     self._stalled = self.table.stalled(time.monotonic(),
                                                        self.settings.stall_warning_time,
                                                        self.settings.stall_shutdown_time)
+                    self._due = self.table.due(time.monotonic(),
+                                               self.settings.quorum_grace)
                 self._taken.clear()
                 self._outcomes.put(outcome)
                 if outcome.shutdown_by is not None:
@@ -351,6 +429,19 @@ class BackgroundRuntime:
         except BaseException as exc:  # noqa: BLE001 - the runtime's thread reports it
             self._outcomes.put(exc)
 
+    def _owe(self, outcome: Outcome) -> None:
+        """The allreduces this round runs without this rank: a place for each one's
+        result, in order, for this rank's submission of it."""
+        for ready in outcome.ready:
+            if not ready.absent:
+                continue
+            self.fusion["calls without some rank"] += 1
+            if self.rank in ready.absent:
+                self.fusion["calls without this rank"] += 1
+                ready.owed = _Owed(ready.any_request())
+                with self._lock:
+                    self._owed.setdefault(ready.name, collections.deque()).append(ready.owed)
+
     def _cycle(self) -> bool:
         """One negotiated round's work, in the negotiation's order; True when the runtime
         must stop."""
@@ -365,6 +456,7 @@ class BackgroundRuntime:
                                     ) from None
         if isinstance(outcome, BaseException):
             raise outcome
+        self._hand_over()
         if outcome.trouble:
             self._meet_trouble(outcome.trouble)
         for failed in outcome.failed:
@@ -454,6 +546,29 @@ class BackgroundRuntime:
             if isinstance(exc, CollectiveTimeout):
                 raise
 
+    def _hand_over(self) -> None:
+        """The results of staged late submissions (``_took_owed``), from this thread."""
+        with self._lock:
+            deliveries, self._deliveries = self._deliveries, []
+        for owed in deliveries:
+            self._deliver(owed)
+
+    def _owed_part(self, piece: Piece, values: np.ndarray | None,
+                   error: BaseException | None = None) -> None:
+        """A part of an allreduce run without this rank: its result kept (or its error),
+        handed to the submission that took it once every part is in."""
+        owed = piece.item.owed
+        if values is not None:
+            owed.result[piece.start:piece.stop] = values
+        with self._lock:  # (against _took_owed: one of the two hands it over)
+            if error is not None:
+                owed.error = error
+            else:
+                owed.parts -= 1
+            ready = owed.done and owed.handle is not None
+        if ready:
+            self._deliver(owed)
+
     def _finish(self, name: str, result: Any = None, error: BaseException | None = None
                 ) -> None:
         with self._lock:
@@ -468,6 +583,9 @@ class BackgroundRuntime:
             if self._local.join is not None:
                 handles.append(self._local.join)
                 self._local.join = None
+            handles += [o.handle for waiting in self._owed.values() for o in waiting
+                        if o.handle is not None]
+            self._owed.clear()
         for handle in handles:
             if not handle.done():
                 handle.finish(error=error)
@@ -482,6 +600,9 @@ class BackgroundRuntime:
                                         s.partition_bytes, s.switch_block, self._ready_count)
         self._ready_count += len(counts)
         self._parts_left.update(counts)
+        for item in ready:
+            if item.owed is not None:
+                item.owed.parts = counts[item.name]
         pieces = scheduling.order(self._carry + pieces, s.ordering == "fifo")
         groups = scheduling.fusion_groups(pieces, s.fusion_threshold, s.partition_bytes)
         run, self._carry = scheduling.take(groups, s.partition_bytes, s.switch_block)
@@ -543,8 +664,17 @@ class BackgroundRuntime:
                 # call); in program order names are the callers' and need not repeat.
                 key = (None if self.ordered else
                        tuple((p.item.name, p.start, p.stop) for p in group))
-                scaling.reduce(self.collectives, buffer, req, self.size, key=key)
+                # (Fused only with its like: scheduling.) Every rank present and
+                # named: a call that waited for a rank at its bound, counted in sync.
+                item = group[0].item
+                present = (sum(1 << r for r in range(self.size) if r not in item.absent)
+                           if item.absent or item.waited else 0)
+                scaling.reduce(self.collectives, buffer, req, self.size, key=key,
+                               present=present)
         except InaError as exc:
+            for piece in group:
+                if piece.item.owed is not None:
+                    self._owed_part(piece, None, exc)
             failed = {piece.item.name for piece in group}
             self._carry = [p for p in self._carry if p.item.name not in failed]
             for name in failed:
@@ -556,7 +686,9 @@ class BackgroundRuntime:
         for piece, offset in zip(group, offsets):
             name = piece.item.name
             handle = self._local.inflight.get(name)
-            if handle is not None:
+            if piece.item.owed is not None:  # run without this rank: kept for it
+                self._owed_part(piece, buffer[offset:offset + piece.stop - piece.start])
+            elif handle is not None:
                 recv = handle.data["recv"]
                 if len(group) > 1:
                     np.copyto(recv[piece.start:piece.stop],

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import pickle
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -70,12 +70,22 @@ class Message:
     shutdown: bool = False
     stalled: tuple[str, ...] = ()   # rank 0 only: names to fail as stalled
     trouble: int = -1               # the switch call this rank posts TROUBLE for (-1: none)
+    # rank 0 only: allreduces to run without the ranks that have not submitted them
+    # (quorum mode: ReadinessTable.due)
+    go_ahead: tuple[str, ...] = ()
 
 
 @dataclass
 class Ready:
     name: str
     requests: dict[int, OpRequest]    # by rank; a joined rank has none (allreduce only)
+    # Quorum mode: the ranks it runs without (they had not submitted it); each takes the
+    # result when it does (runtime/background.py). ``owed``: this rank's place for it.
+    absent: tuple[int, ...] = ()
+    owed: Any = None
+    # Quorum mode: it waited for a rank at its bound of absent steps (ReadinessTable),
+    # so it counts every rank: it runs in sync.
+    waited: bool = False
 
     def any_request(self) -> OpRequest:
         return next(iter(self.requests.values()))
@@ -103,16 +113,33 @@ class _Entry:
     first_seen: float
     requests: dict[int, OpRequest] = field(default_factory=dict)
     warned: bool = False
+    quorate: float | None = None  # when it reached the quorum (rank 0's clock: ``due``)
 
 
 class ReadinessTable:
-    """Every rank's identical view of what is pending where."""
+    """Every rank's identical view of what is pending where.
 
-    def __init__(self, size: int):
+    In quorum k (``quorum``: set by the negotiated "quorum" operations, from the job's
+    setting at first) an allreduce the ranks have all run before (the response cache:
+    ``known``) may run once k ranks have submitted it, the others absent: rank 0 names it
+    in ``Message.go_ahead`` after ``grace`` seconds (``due``), and every rank makes it
+    ready in the same cycle. A rank is absent from the calls of at most ``max_steps``
+    training steps in a row (a step ends where a call it was absent from repeats); then
+    its submission is waited for (docs/quorum.md, Running ahead)."""
+
+    def __init__(self, size: int, quorum: int = 0, max_steps: int = 0):
         self.size = size
         self.pending: dict[str, _Entry] = {}
         self.joined: dict[int, int] = {}   # rank -> cycle it joined in
         self.cycle = 0
+        self.quorum = quorum
+        self.max_steps = max_steps
+        self.known: dict[str, OpRequest] = {}  # allreduces every rank ran, as they ran
+        # Per rank: the training steps in a row it was absent from some call of, and the
+        # names it was absent from in the current one.
+        self.absent_steps = [0] * size
+        self._absent_names: list[set[str]] = [set() for _ in range(size)]
+        self.absences = 0  # calls made ready with some rank absent
 
     def absorb(self, messages: list[Message], now: float) -> Outcome:
         self.cycle += 1
@@ -132,6 +159,7 @@ class ReadinessTable:
                 out.shutdown_by = rank
             if msg.trouble >= 0:
                 out.trouble[rank] = msg.trouble
+        go_ahead = messages[0].go_ahead
         for name in messages[0].stalled:
             entry = self.pending.pop(name, None)
             if entry is not None:
@@ -139,19 +167,88 @@ class ReadinessTable:
         for name in list(self.pending):
             entry = self.pending[name]
             present = set(entry.requests) | set(self.joined)
+            absent: tuple[int, ...] = ()
             if len(present) < self.size:
-                continue
+                if name not in go_ahead or not self._may_run_without(name, entry):
+                    continue
+                absent = tuple(sorted(set(range(self.size)) - present))
             del self.pending[name]
             problem = self._mismatch(name, entry.requests)
             if problem:
                 out.failed.append(Failed(name, problem))
-            else:
-                out.ready.append(Ready(name, dict(sorted(entry.requests.items()))))
+                continue
+            first = entry.requests[min(entry.requests)]
+            if first.kind == "quorum":
+                self.quorum = first.shape[0] if first.shape else 0
+            waited = False
+            if first.kind == "allreduce" and not self.joined:
+                waited = not absent and self._at_bound()
+                self._count_absent(name, absent)
+                if not absent:
+                    self.known[name] = first
+            out.ready.append(Ready(name, dict(sorted(entry.requests.items())), absent,
+                                   waited=waited))
         if len(self.joined) == self.size:
             last = max(self.joined.values())
             out.join_done = max(r for r, c in self.joined.items() if c == last)
             self.joined.clear()
         return out
+
+    def _may_run_without(self, name: str, entry: _Entry) -> bool:
+        """Whether ``name`` may run without the ranks that have not submitted it: quorum
+        mode, an allreduce every rank ran before as now, k ranks in, none joined, and no
+        missing rank at its bound of absent steps."""
+        k = self.quorum
+        if not 0 < k < self.size or self.joined or len(entry.requests) < k:
+            return False
+        known = self.known.get(name)
+        if known is None or any(q != known for q in entry.requests.values()):
+            return False
+        return not self.max_steps or all(
+            self._steps_if_absent(r, name) <= self.max_steps
+            for r in range(self.size) if r not in entry.requests)
+
+    def _steps_if_absent(self, rank: int, name: str) -> int:
+        """The steps in a row ``rank`` would be absent in, were it absent from ``name``."""
+        names = self._absent_names[rank]
+        return self.absent_steps[rank] + (not names or name in names)
+
+    def _at_bound(self) -> bool:
+        """Quorum mode with some rank absent for ``max_steps`` steps in a row."""
+        return (0 < self.quorum < self.size and bool(self.max_steps)
+                and max(self.absent_steps) >= self.max_steps)
+
+    def _count_absent(self, name: str, absent: tuple[int, ...]) -> None:
+        """The staleness count after an allreduce made ready without ``absent``."""
+        if absent:
+            self.absences += 1
+        for r in range(self.size):
+            names = self._absent_names[r]
+            if r not in absent:
+                self.absent_steps[r] = 0
+                names.clear()
+            else:
+                self.absent_steps[r] = self._steps_if_absent(r, name)
+                if name in names:  # a call it missed repeats: a new step
+                    names.clear()
+                names.add(name)
+
+    def due(self, now: float, grace: float) -> tuple[str, ...]:
+        """Rank 0: the allreduces that may run without the ranks missing from them, k
+        ranks having submitted them ``grace`` seconds ago or more (every rank makes them
+        ready when rank 0's message names them)."""
+        k = self.quorum
+        if not 0 < k < self.size or self.joined:
+            return ()
+        names = []
+        for name, entry in self.pending.items():
+            if len(entry.requests) < k or name not in self.known:
+                continue
+            if entry.quorate is None:
+                entry.quorate = now
+            if now - entry.quorate >= grace:
+                names.append(name)
+        return tuple(names)
 
     def _mismatch(self, name: str, reqs: dict[int, OpRequest]) -> str | None:
         joined = sorted(set(range(self.size)) - set(reqs))

@@ -22,21 +22,23 @@ def collective_op(req: OpRequest, dtype: np.dtype, quorum_active: bool) -> Op:
 
 
 def reduce(collectives: Collectives, buffer: np.ndarray, req: OpRequest, size: int,
-           part: tuple[int, int] | None = None, key: Hashable = None) -> None:
+           part: tuple[int, int] | None = None, key: Hashable = None, present: int = 0
+           ) -> None:
     """Reduce ``buffer`` in place over all ``size`` ranks with Horovod's semantics:
     prescale, reduce, postscale (Average: divided by the number of ranks). ``part``: only
     buffer[part[0]:part[1]] is wanted on this rank (a reducescatter: the ring's
     reduce-scatter, (n-1)/n of the bytes where an allreduce moves them all each way; the
     other ranks' parts are given too). ``key``: what the call is known by, alike on every
-    rank (AllreduceCall.key)."""
+    rank (AllreduceCall.key). ``present``: the ranks whose input counts (0: all): the
+    others pass zeros, and Average divides by those counted (AllreduceCall.present)."""
     if req.prescale != 1.0:
         scale(buffer, req.prescale)
     op = collective_op(req, buffer.dtype, collectives.quorum_active())
     if op is Op.AVERAGE:  # divided by the engine
-        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key)
+        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key, present)
         return
     if part is None:
-        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key)
+        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key, present)
     else:
         row = buffer.size // max(req.shape[0], 1)
         bounds = [(a * row, b * row) for a, b in
@@ -44,6 +46,8 @@ def reduce(collectives: Collectives, buffer: np.ndarray, req: OpRequest, size: i
         collectives.reduce_scatter_flat(buffer, op, bounds)
         buffer = buffer[part[0]:part[1]]
     average = req.op is Op.AVERAGE
+    if present:
+        size = present.bit_count()
     if average and req.postscale == 1.0:
         # A true division, not Horovod's multiplication by (float)(1 / size): one
         # rounding fewer, and what Horovod's own tests expect at 3 ranks.

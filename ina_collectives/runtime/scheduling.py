@@ -83,14 +83,16 @@ def layout(group: list[Piece], block: int) -> tuple[list[int], int]:
 
 def fusion_groups(pieces: list[Piece], threshold: int, partition_bytes: int
                   ) -> list[list[Piece]]:
-    """Runs of one dtype, op, scale and switch width, in the pieces' order, each of up
-    to ``threshold`` (and ``partition_bytes``, where set) bytes."""
+    """Runs of one dtype, op, scale, switch width and set of absent ranks (quorum mode:
+    negotiation.Ready), in the pieces' order, each of up to ``threshold`` (and
+    ``partition_bytes``, where set) bytes."""
     groups: list[list[Piece]] = []
     open_groups: dict[tuple, tuple[list[Piece], int]] = {}
     limit = min(threshold, partition_bytes) if partition_bytes else threshold
     for piece in pieces:
         req = piece.request
-        key = (req.wire, req.op, req.prescale, req.postscale, req.switch_bits)
+        key = (req.wire, req.op, req.prescale, req.postscale, req.switch_bits,
+               piece.item.absent, piece.item.waited)
         nbytes = piece.size * req.wire.itemsize
         members, used = open_groups.get(key, (None, 0))
         if members is None or used + nbytes > limit:

@@ -42,6 +42,25 @@ def test_calls_are_numbered_mod_65536_and_stamped_with_k_only_where_it_leaves_on
     assert (q.report()["mode"], q.report()["k"]) == ("sync", 4)  # k = n is sync
 
 
+def test_a_call_some_ranks_are_absent_from_is_stamped_for_those_present():
+    """The runtime ran ahead of rank 2 (present 0b011): the stamp is at most the ranks
+    present, even in sync mode; every rank named is sync; and an absent rank's
+    left-outs are not counted toward the bound (the runtime bounds its absence)."""
+    q = Quorum(3, 0, 2, 1)
+    assert q.next_call(None, 0b011)[1] == 2
+    q.after_call(0b011, 0b011, 0, 0, 0)
+    assert q.steps.tolist() == [0, 0, 0]
+    assert q.next_call(None, 0b111)[1] == 0
+    q = Quorum(4, 0, 0, 1)                   # sync mode: as many as are present
+    assert q.next_call(None, 0b0111)[1] == 3
+    q = Quorum(4, 0, 2, 1)
+    for key in "aa":                        # rank 3 left out twice while present
+        q.next_call(key)
+        q.after_call(0b0111, 0b0111, 0, 0, 0)
+    assert q.next_call("a", 0b1011)[1] == 3  # at the bound: those present, all of them
+    assert q.next_call("a")[1] == 0
+
+
 def call(q: Quorum, key: object, left_out_rank_2: bool = True) -> int:
     """One call of ``key``: its stamp; rank 2 left out of it when it is a quorum call."""
     _, stamp = q.next_call(key)

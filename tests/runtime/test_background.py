@@ -221,3 +221,41 @@ def test_a_rank_that_lost_a_call_while_the_others_idle_is_rescued_through_the_ne
     assert third0.tolist() == third1.tolist() == [4.0] * COUNT
     assert [s["switch"]["rescued_calls"] for s in (stats0, stats1)] == [0, 1]
     assert stats0["last_call"]["engine"] == stats1["last_call"]["engine"] == "gloo"
+
+
+def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result_later():
+    """Quorum 2 of 3 with a software switch (docs/quorum.md, Running ahead). Step 1:
+    every rank reduces "g" (now known). Step 2: rank 2 submits only once rank 0 holds its
+    result, so ranks 0 and 1 must go on without it (else this test times out): they get
+    the mean of their own two, and so does rank 2 when it submits, its own values
+    dropped; its background thread took part in the call all the same. Step 3, rank 2
+    late again: at quorum_max_steps 1 the others wait for it, and the call runs in sync,
+    counting every rank."""
+    import threading
+    ran_ahead = threading.Event()
+
+    def body(runtime, r):
+        x = 1000
+        # (every rank the same values: the switch's quorum may count any 2 of them)
+        steps = [allreduce(runtime, "g", np.full(x, 2.0, np.float32), Op.AVERAGE)]
+        if r == 2:
+            assert ran_ahead.wait(20), "ranks 0 and 1 waited for rank 2"
+        steps.append(allreduce(runtime, "g", np.full(x, 10.0 * (r + 1), np.float32),
+                               Op.AVERAGE))
+        if r == 0:
+            ran_ahead.set()
+        if r == 2:
+            time.sleep(0.3)  # late again, at the bound: the others wait for it
+        steps.append(allreduce(runtime, "g", np.full(x, 4.0 * r, np.float32), Op.AVERAGE))
+        return steps, runtime.stats()
+
+    with switch_thread() as sw:
+        results = on_runtimes(3, body, switch="%s:%d" % sw.address, switch_min_bytes=0,
+                              timeout=10.0, quorum=2, quorum_grace=0.02,
+                              quorum_max_steps=1)
+    for r, (steps, stats) in enumerate(results):
+        assert [s[0] for s in steps] == [2.0, 15.0, 4.0], (r, [s[:3] for s in steps])
+        assert all((s == s[0]).all() for s in steps)
+        assert stats["calls without some rank"] == 1, stats
+        assert stats["calls without this rank"] == (r == 2), stats
+        assert stats["last_call"]["engine"] == "ina", stats["last_call"]

@@ -207,3 +207,90 @@ def test_an_operation_out_of_program_order_names_what_each_rank_made_there():
     text = table.out_of_order("x", entry, messages)
     assert "allreduce 'x'" in text and "rank(s) [0]" in text, text
     assert "rank(s) [1] never submitted it" in text and "rank 1: broadcast 'y'" in text, text
+
+
+def quorum_table(k=2, n=3, max_steps=3):
+    """A table in quorum k that has run allreduce "g" with every rank (it is known)."""
+    table = ReadinessTable(n, quorum=k, max_steps=max_steps)
+    out = table.absorb([Message([req("g")]) for _ in range(n)], now=0.0)
+    assert [r.name for r in out.ready] == ["g"] and out.ready[0].absent == ()
+    return table
+
+
+def test_in_quorum_mode_a_known_allreduce_runs_without_the_late_rank_once_rank_0_says():
+    table = quorum_table()
+    out = table.absorb([Message([req("g")]), Message([req("g")]), Message()], now=1.0)
+    assert out.ready == []                      # k ranks in: rank 0 has not said go yet
+    assert table.due(now=1.0, grace=0.05) == ()  # the grace runs from here (rank 0's clock)
+    assert table.due(now=1.04, grace=0.05) == ()
+    assert table.due(now=1.06, grace=0.05) == ("g",)
+    out = table.absorb([Message(go_ahead=("g",)), Message(), Message()], now=1.1)
+    assert [(r.name, sorted(r.requests), r.absent) for r in out.ready] == [("g", [0, 1], (2,))]
+    assert table.absences == 1 and table.absent_steps == [0, 0, 1]
+
+
+def test_a_late_rank_that_submits_in_the_same_cycle_as_the_go_ahead_is_counted():
+    table = quorum_table()
+    table.absorb([Message([req("g")]), Message([req("g")]), Message()], now=1.0)
+    out = table.absorb([Message(go_ahead=("g",)), Message(), Message([req("g")])], now=1.1)
+    assert out.ready[0].absent == () and sorted(out.ready[0].requests) == [0, 1, 2]
+
+
+def test_only_allreduces_every_rank_ran_as_now_go_without_a_rank():
+    table = ReadinessTable(3, quorum=2, max_steps=3)
+    # never run with every rank: not known, so rank 0 never names it
+    table.absorb([Message([req("new")]), Message([req("new")]), Message()], now=0.0)
+    assert table.due(now=10.0, grace=0.0) == ()
+    out = table.absorb([Message(go_ahead=("new",)), Message(), Message()], now=10.0)
+    assert out.ready == []
+    # known, but submitted with another shape this time: compared with every rank, later
+    table = quorum_table()
+    table.absorb([Message([req("g", shape=(5,))]), Message([req("g", shape=(5,))]),
+                  Message()], now=1.0)
+    out = table.absorb([Message(go_ahead=("g",)), Message(), Message()], now=2.0)
+    assert out.ready == [] and "g" in table.pending
+
+
+def test_sync_mode_and_too_few_ranks_never_go_ahead():
+    table = quorum_table(k=3, n=3)          # k = n: sync
+    table.absorb([Message([req("g")]), Message([req("g")]), Message()], now=1.0)
+    assert table.due(now=9.0, grace=0.0) == ()
+    table = quorum_table(k=2, n=4)
+    table.absorb([Message([req("g")]), Message(), Message(), Message()], now=1.0)
+    assert table.due(now=9.0, grace=0.0) == ()
+    out = table.absorb([Message(go_ahead=("g",)), Message(), Message(), Message()], now=9.0)
+    assert out.ready == []
+
+
+def test_a_negotiated_quorum_operation_sets_the_tables_k_for_what_follows():
+    table = quorum_table(k=0)
+    table.absorb([Message([req("q", kind="quorum", dtype="none", shape=(2,), op=None)])
+                  for _ in range(3)], now=0.5)
+    assert table.quorum == 2
+    table.absorb([Message([req("g")]), Message([req("g")]), Message()], now=1.0)
+    assert table.due(now=1.0, grace=0.0) == ("g",)
+
+
+def test_a_rank_is_absent_from_the_calls_of_at_most_max_steps_steps_in_a_row():
+    """Its steps are counted as the engine counts them: a step ends where a call it
+    missed repeats. At the bound its submission is waited for, and counted, which
+    starts the count again."""
+    table = ReadinessTable(3, quorum=2, max_steps=2)
+    table.absorb([Message([req("a"), req("b")]) for _ in range(3)], now=0.0)
+
+    def step(names, late_rank_in=False):
+        fast = Message([req(x) for x in names])
+        table.absorb([fast, Message([req(x) for x in names]),
+                      Message([req(x) for x in names]) if late_rank_in else Message()],
+                     now=1.0)
+        return table.absorb([Message(go_ahead=tuple(names)), Message(), Message()], now=2.0)
+
+    assert [r.absent for r in step(["a", "b"]).ready] == [(2,), (2,)]   # step 1
+    assert table.absent_steps[2] == 1
+    assert [r.absent for r in step(["a", "b"]).ready] == [(2,), (2,)]   # step 2
+    assert table.absent_steps[2] == 2
+    out = step(["a"])                                                   # step 3: waited for
+    assert out.ready == [] and "a" in table.pending
+    out = table.absorb([Message(), Message(), Message([req("a")])], now=3.0)
+    assert [(r.name, r.absent) for r in out.ready] == [("a", ())]
+    assert table.absent_steps[2] == 0

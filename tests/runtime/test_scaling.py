@@ -19,8 +19,9 @@ class Recorder:
     def quorum_active(self) -> bool:
         return self.quorum
 
-    def allreduce_flat(self, send, buf, op, bits, key=None):
+    def allreduce_flat(self, send, buf, op, bits, key=None, present=0):
         self.asked.append(op)
+        self.present = present
         buf += buf if op is not Op.AVERAGE else 0
 
     def reduce_scatter_flat(self, buf, op, bounds):
@@ -52,6 +53,18 @@ def test_reduce_applies_horovods_scaling_around_the_reduction(op, pre, post, wan
     buf = np.ones(4, np.float32)
     scaling.reduce(Recorder(), buf, request(op, prescale=pre, postscale=post), size=2)
     np.testing.assert_array_equal(buf, np.full(4, want, np.float32))
+
+
+def test_a_call_some_ranks_are_absent_from_averages_over_those_present():
+    """Quorum mode's running ahead: the absent ranks pass zeros and are not counted, so
+    Average divides by the ranks present (here 2 of 3), in the engine or after it."""
+    for quorum in (False, True):
+        collectives = Recorder(quorum)
+        buf = np.ones(4, np.float32)
+        scaling.reduce(collectives, buf, request("average"), size=3, present=0b011)
+        assert collectives.present == 0b011
+        if not quorum:  # (in quorum mode the engine divides: the Recorder does not)
+            np.testing.assert_array_equal(buf, np.full(4, 1.0, np.float32))
 
 
 def test_a_reducescatter_reduces_every_part_and_scales_this_ranks():
