@@ -527,7 +527,7 @@ cdef class Link:
             w.overtaken = 0
         with nogil:
             for s in range(min(slots, nb)):
-                self._queue(self._write_chunk(&c, s, ident != 0))
+                self._queue(&c, self._write_chunk(&c, s, ident != 0))
                 c.sent += 1
                 if self.npend == INA_BATCH_MAX or s == min(slots, nb) - 1:
                     if self._flush(&c) < 0:
@@ -592,7 +592,7 @@ cdef class Link:
             self.window[s].chunk = -1
         with nogil:
             for s in range(slots):
-                self._queue(self._write_opening(&c, s))
+                self._queue(&c, self._write_opening(&c, s))
                 if self.npend == INA_BATCH_MAX or s == slots - 1:
                     if self._flush(&c) < 0:
                         break
@@ -768,7 +768,7 @@ cdef class Link:
                     w.chunk = -1
                     if nxt < c.nb:
                         w.version = use_version(w.first_version, nxt, slots)
-                        self._queue(self._write_chunk(c, nxt, False))
+                        self._queue(c, self._write_chunk(c, nxt, False))
                         c.sent += 1
                     continue
                 w.tries += 1
@@ -787,8 +787,13 @@ cdef class Link:
                 w.timer = min(w.timer * 2, c.rto_max)
                 c.rto = max(c.rto, w.timer)
 
-    cdef inline void _queue(self, Py_ssize_t s) noexcept nogil:
-        """Slot s's new packet into the next batch (``_flush`` sends it)."""
+    cdef inline void _queue(self, Call *c, Py_ssize_t s) noexcept nogil:
+        """Slot s's new packet into the next batch (``_flush`` sends it). A worker absent
+        from the call sends nothing new: the results come to it multicast, and a timeout
+        asks for one (an answer to a request sent at once would double its downlink's
+        bytes, as answering a quorum's late first copies did: docs/quorum.md)."""
+        if c.absent:
+            return
         self.pend_bufs[self.npend] = self.rows + s * self.row_width
         self.pend_lens[self.npend] = self.window[s].length
         self.npend += 1
@@ -828,10 +833,14 @@ cdef class Link:
 
     cdef inline void _numbered(self, Py_ssize_t s, double rto) noexcept nogil:
         """Slot s's new packet numbered and its clocks started."""
-        cdef Slot *w = &self.window[s]
         self.rows[s * self.row_width + OFF_SEQ] = self._next_packet
-        w.seq = self._next_packet
+        self.window[s].seq = self._next_packet
         self._next_packet += 1
+        self._clocks(s, rto)
+
+    cdef inline void _clocks(self, Py_ssize_t s, double rto) noexcept nogil:
+        """Slot s's packet's clocks started (its timeout ``rto``)."""
+        cdef Slot *w = &self.window[s]
         w.overtaken = 0
         w.sent_at = monotonic()
         w.born = w.sent_at
@@ -899,7 +908,11 @@ cdef class Link:
         if chunk + 1 < nb:  # the next new packet's values, from memory meanwhile
             ina_prefetch(c.x + (chunk + 1) * k * width, min(k, size - (chunk + 1) * k) * width,
                          0)
-        self._numbered(s, c.rto)
+        if c.absent:  # (never sent as new: no packet number, only its clocks: _queue)
+            self.rows[s * self.row_width + OFF_SEQ] = self._next_packet - 1
+            self._clocks(s, c.rto)
+        else:
+            self._numbered(s, c.rto)
         self.window[s].chunk = chunk
         self.window[s].tries = 0
         return s
@@ -946,7 +959,7 @@ cdef class Link:
             w.chunk = -1
             w.asked = 0
             w.version ^= 1
-            self._queue(self._write_chunk(c, chunk, False))
+            self._queue(c, self._write_chunk(c, chunk, False))
             c.sent += 1
             if self.npend == INA_BATCH_MAX:
                 self._flush(c)
@@ -1026,7 +1039,7 @@ cdef class Link:
                     c.agreed[nxt * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
                     if c.agreed[nxt * g + j] == NONFINITE_MARK:
                         c.agreed[nxt * g + j] = c.exponent_ceiling
-            self._queue(self._write_chunk(c, nxt, False))
+            self._queue(c, self._write_chunk(c, nxt, False))
             c.sent += 1
             if self.npend == INA_BATCH_MAX:
                 self._flush(c)

@@ -155,6 +155,15 @@ class Settings:
         "the step (every step repeats its tensors' calls), or after 64 calls. The default "
         "absorbs a worker late by twice the step time. 0: no bound.",
     )
+    quorum_run_ahead: bool = _setting(
+        True,
+        "Horovod API, quorum mode: where the quorum acts. 1: in the runtime, which runs "
+        "a tensor without the ranks late to submit it (quorum_grace, quorum_max_steps), "
+        "the switch serving every call in sync among the ranks present, as fast as sync "
+        "mode. 0: in the switch, which completes each chunk at k, so a rank whose packets "
+        "are late is left out; each such call agrees its exponents and votes over the "
+        "host network (docs/quorum.md).",
+    )
     quorum_grace: float = _setting(
         0.05,
         "Horovod API, quorum mode: seconds a tensor every rank has reduced before waits, "

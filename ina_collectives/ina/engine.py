@@ -185,6 +185,11 @@ class InaEngine(OffloadEngine):
     # -- one call ---------------------------------------------------------------------
 
     def declines(self, call: AllreduceCall) -> str | None:
+        if (call.present and call.op is Op.AVERAGE and not self.quorum_active()
+                and call.divisor(self.quorum.n) < self.quorum.n):
+            # (In sync an absent rank adds zeros and is counted: its caller asks for a
+            # SUM and divides, as the Horovod runtime does.)
+            return "ina: an AVERAGE some ranks are absent from, in sync mode"
         return self.declines_kind(call.dtype, call.op, call.nbytes)
 
     def declines_kind(self, dtype: np.dtype, op: Op, nbytes: int) -> str | None:
@@ -223,11 +228,8 @@ class InaEngine(OffloadEngine):
         exponents itself). None for a call this engine declines."""
         if self.declines(call) is not None:
             return None
-        # (A call some ranks are absent from runs in quorum: every chunk's exponents
-        # agreed before it, docs/quorum.md, Running ahead.)
         prepared = prepare(call, self.aggregators.links, self.serving(), self._shares,
-                           0 < self.quorum.k < self.quorum.n
-                           or call.divisor(self.quorum.n) < self.quorum.n,
+                           0 < self.quorum.k < self.quorum.n,
                            self.kernels)
         if width is not None and (prepared.quorum or prepared.proposal.size > width):
             return None
@@ -397,7 +399,7 @@ class InaEngine(OffloadEngine):
                                    call.op is Op.AVERAGE, bits, deadline, call_number,
                                    quorum, ident if predicted else 0, learn,
                                    predicted and bool(prepared.proposal[0]),
-                                   call.absent(self.quorum.rank))
+                                   call.absent(self.quorum.rank) and bool(quorum))
         for share, result in zip(shares, results):
             self._account(links[share.aggregator], result)
         self.predicted_calls += predicted
@@ -573,7 +575,7 @@ class InaEngine(OffloadEngine):
             result = link.stream(x[a:b], out[a:b], local, theirs.copy(),
                                  call.op is Op.AVERAGE, self.streams.timers, remaining,
                                  value_bits=bits, call=call_number, quorum=quorum,
-                                 absent=call.absent(self.quorum.rank))
+                                 absent=call.absent(self.quorum.rank) and bool(quorum))
             self._account(link, result)
             outcome = vote(self.comm, len(agg.addresses), [standby], [result], s.timeout,
                            f"the {b - a}-element share the aggregator at "

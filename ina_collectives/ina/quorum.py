@@ -58,17 +58,18 @@ class Quorum:
         has been left out of every call of ``max_steps`` training steps (the staleness
         bound: a step ends where a call repeats, see STEP_CALLS). ``present``: the ranks
         that contribute (0: all): where some do not (the runtime ran ahead of them,
-        docs/quorum.md), the stamp is at most their number, and the bound waits for those
-        present (the runtime bounds the absent ones' absence itself); all n named: sync
-        (the runtime waited for a rank at its bound)."""
+        docs/quorum.md), the stamp is at most their number in quorum mode, and the bound
+        waits for those present (the runtime bounds the absent ones' absence itself); in
+        sync, or with all n named (the runtime waited for a rank at its bound), the stamp
+        is 0: every rank adds its values, an absent one zeros."""
         self.calls += 1
         self._key = key
         self._present = present
         stamp = self.k if 0 < self.k < self.n else 0
         waiting = (self.max_steps and (stamp or present)
                    and bool((self.steps >= self.max_steps).any()))
-        if present and present.bit_count() >= self.n:  # every rank named: sync
-            stamp = 0
+        if present and (present.bit_count() >= self.n or not stamp):
+            stamp = 0  # every rank named, or sync: every rank adds (an absent one zeros)
         elif present:
             stamp = present.bit_count() if waiting else min(stamp or self.n,
                                                              present.bit_count())

@@ -166,14 +166,21 @@ class BackgroundRuntime:
         # nothing else compares it, and the negotiation, which runs ahead of the calls on
         # a communicator of its own, is no gate (a vote-free call needs the next
         # collective to be one: collectives/recovery.py).
+        # Negotiated, quorum mode runs ahead of late ranks here, in the negotiation (its
+        # table's k), and the switch serves every call in sync among the ranks present:
+        # a switch quorum's calls would each agree their exponents and vote over MPI
+        # (docs/quorum.md, Running ahead). quorum_run_ahead 0 leaves k to the switch.
+        self.run_ahead = not ordered and settings.quorum_run_ahead
         self.collectives = Collectives(
-            comm, dataclasses.replace(settings, check_agreement=(
-                settings.check_agreement or not ordered)), offload_for(settings), ABSENT)
+            comm, dataclasses.replace(
+                settings, check_agreement=settings.check_agreement or not ordered,
+                quorum=0 if self.run_ahead else settings.quorum),
+            offload_for(settings), ABSENT)
         self.comm = self.collectives.comm
         self.size, self.rank = self.comm.Get_size(), self.comm.Get_rank()
         self.host = HostCollectives(self.collectives, settings.timeout)
-        self.table = ReadinessTable(self.size, 0 if ordered else settings.quorum,
-                                    settings.quorum_max_steps)
+        self.table = ReadinessTable(self.size, settings.quorum, settings.quorum_max_steps,
+                                    self.run_ahead)
         self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0,
                        "calls without some rank": 0, "calls without this rank": 0}
         # Quorum mode: allreduces the others ran without this rank, by name, in order; and
@@ -219,6 +226,11 @@ class BackgroundRuntime:
         they hold final results (a tensor staged a window at a time: torch/windows.py)."""
         handle = Handle(request, data)
         with self._lock:
+            if self._stopped is not None or self._shutdown:
+                # A late rank's submissions of calls the others ran without it (and then
+                # shut down: they ran ahead to the end) still take their results.
+                if self._took_owed(handle, finished_only=True):
+                    return handle
             self._check_running()
             # Horovod frees a name when its operation finishes. Here a finished one
             # that was not synchronized stays taken until the next submission, so that
@@ -238,14 +250,15 @@ class BackgroundRuntime:
                 self._wake.set()
         return handle
 
-    def _took_owed(self, handle: Handle) -> bool:
+    def _took_owed(self, handle: Handle, finished_only: bool = False) -> bool:
         """(Under the lock.) Whether ``handle`` is this rank's late submission of an
         allreduce the others already ran without it: it then takes that call's result
         (at once if it is in, else when it is) and is not negotiated."""
         request = handle.request
         owed = next((o for o in self._owed.get(request.name, ()) if o.handle is None),
                     None)
-        if owed is None or request.kind != "allreduce":
+        if (owed is None or request.kind != "allreduce"
+                or (finished_only and not (owed.done and "landed" not in handle.data))):
             return False
         if int(np.prod(request.shape)) != owed.result.size or request.wire != owed.result.dtype:
             handle.finish(error=OperationError(
@@ -332,7 +345,8 @@ class BackgroundRuntime:
         return self.settings.stall_shutdown_time + 2 * self.settings.timeout
 
     def stats(self) -> dict[str, Any]:
-        return {**self.collectives.stats.snapshot(), **self.fusion}
+        return {**self.collectives.stats.snapshot(), **self.fusion,
+                "run-ahead quorum": self.table.quorum}  # (0: sync, or the switch's)
 
     def summary(self) -> str:
         """stats() in one paragraph (ina/summary.py), for a binding's summary()."""
@@ -583,9 +597,15 @@ class BackgroundRuntime:
             if self._local.join is not None:
                 handles.append(self._local.join)
                 self._local.join = None
-            handles += [o.handle for waiting in self._owed.values() for o in waiting
-                        if o.handle is not None]
-            self._owed.clear()
+            # (What ran without this rank stays for its late submissions: submit.)
+            for name, waiting in list(self._owed.items()):
+                handles += [o.handle for o in waiting if o.handle is not None]
+                kept = collections.deque(o for o in waiting if o.handle is None and o.done
+                                         and o.error is None)
+                if kept:
+                    self._owed[name] = kept
+                else:
+                    del self._owed[name]
         for handle in handles:
             if not handle.done():
                 handle.finish(error=error)
@@ -613,8 +633,10 @@ class BackgroundRuntime:
             handle = self._local.inflight.get(item.name)
             try:
                 self._gate(request)
-                result = self.host.run(request.kind, item.requests,
-                                       handle.data if handle else {})
+                # (A negotiated quorum running ahead is the table's, set as it became
+                # ready.)
+                result = None if request.kind == "quorum" and self.run_ahead else self.host.run(
+                    request.kind, item.requests, handle.data if handle else {})
             except InaError as exc:
                 self._finish(item.name, error=exc)
                 if isinstance(exc, CollectiveTimeout):

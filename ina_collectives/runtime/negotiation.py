@@ -120,19 +120,22 @@ class ReadinessTable:
     """Every rank's identical view of what is pending where.
 
     In quorum k (``quorum``: set by the negotiated "quorum" operations, from the job's
-    setting at first) an allreduce the ranks have all run before (the response cache:
-    ``known``) may run once k ranks have submitted it, the others absent: rank 0 names it
-    in ``Message.go_ahead`` after ``grace`` seconds (``due``), and every rank makes it
+    setting at first; not with ``run_ahead`` False, where k is the switch's) an
+    allreduce the ranks have all run before (the response cache: ``known``) may run
+    once k ranks have submitted it, the others absent: rank 0 names it in
+    ``Message.go_ahead`` after ``grace`` seconds (``due``), and every rank makes it
     ready in the same cycle. A rank is absent from the calls of at most ``max_steps``
     training steps in a row (a step ends where a call it was absent from repeats); then
     its submission is waited for (docs/quorum.md, Running ahead)."""
 
-    def __init__(self, size: int, quorum: int = 0, max_steps: int = 0):
+    def __init__(self, size: int, quorum: int = 0, max_steps: int = 0,
+                 run_ahead: bool = True):
         self.size = size
         self.pending: dict[str, _Entry] = {}
         self.joined: dict[int, int] = {}   # rank -> cycle it joined in
         self.cycle = 0
-        self.quorum = quorum
+        self.run_ahead = run_ahead  # (False: k is the switch's, the table never runs ahead)
+        self.quorum = quorum if run_ahead else 0
         self.max_steps = max_steps
         self.known: dict[str, OpRequest] = {}  # allreduces every rank ran, as they ran
         # Per rank: the training steps in a row it was absent from some call of, and the
@@ -178,7 +181,7 @@ class ReadinessTable:
                 out.failed.append(Failed(name, problem))
                 continue
             first = entry.requests[min(entry.requests)]
-            if first.kind == "quorum":
+            if first.kind == "quorum" and self.run_ahead:
                 self.quorum = first.shape[0] if first.shape else 0
             waited = False
             if first.kind == "allreduce" and not self.joined:

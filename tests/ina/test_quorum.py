@@ -43,16 +43,17 @@ def test_calls_are_numbered_mod_65536_and_stamped_with_k_only_where_it_leaves_on
 
 
 def test_a_call_some_ranks_are_absent_from_is_stamped_for_those_present():
-    """The runtime ran ahead of rank 2 (present 0b011): the stamp is at most the ranks
-    present, even in sync mode; every rank named is sync; and an absent rank's
-    left-outs are not counted toward the bound (the runtime bounds its absence)."""
+    """The runtime ran ahead of rank 2 (present 0b011): in quorum mode the stamp is at
+    most the ranks present; in sync mode, or with every rank named, it is 0 (an absent
+    rank adds zeros); and an absent rank's left-outs are not counted toward the bound
+    (the runtime bounds its absence)."""
     q = Quorum(3, 0, 2, 1)
     assert q.next_call(None, 0b011)[1] == 2
     q.after_call(0b011, 0b011, 0, 0, 0)
     assert q.steps.tolist() == [0, 0, 0]
     assert q.next_call(None, 0b111)[1] == 0
-    q = Quorum(4, 0, 0, 1)                   # sync mode: as many as are present
-    assert q.next_call(None, 0b0111)[1] == 3
+    q = Quorum(4, 0, 0, 1)                   # sync mode: every rank adds
+    assert q.next_call(None, 0b0111)[1] == 0
     q = Quorum(4, 0, 2, 1)
     for key in "aa":                        # rank 3 left out twice while present
         q.next_call(key)

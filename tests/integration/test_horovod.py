@@ -253,7 +253,8 @@ def test_switch16_compression_sums_16_bit_values_through_the_switch(two_ranks):
 
 @pytest.mark.mpi
 def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_counted():
-    """hvd.set_quorum(2) in a job of three whose rank 2 the switch holds back 150 ms:
+    """hvd.set_quorum(2), the switch's quorum (INA_QUORUM_RUN_AHEAD=0), in a job of three
+    whose rank 2 the switch holds back 150 ms:
     Average is the mean of ranks 0 and 1 (divided by 2), Sum their sum; set_quorum(0)
     returns to the mean of all three; ranks asking for different quorums all raise, and
     the runtime goes on."""
@@ -264,7 +265,9 @@ def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_coun
     n = 3
     with embedded_switch() as sw:
         send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
-        results = run(n, torch_cases.torch_quorum, env={"INA_SWITCH": sw.address_text}, timeout=180)
+        results = run(n, torch_cases.torch_quorum, env={"INA_SWITCH": sw.address_text,
+                                                        "INA_QUORUM_RUN_AHEAD": "0"},
+                      timeout=180)
     xs = np.stack([gradient_like(r) for r in range(n)])
     k = P.max_elements(P.MAX_DATAGRAM, P.DEFAULT_BLOCK, 32)
     agreed = np.max([blockfp.block_exponents(x, k)[0] for x in xs], axis=0)

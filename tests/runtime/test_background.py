@@ -230,9 +230,10 @@ def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result
     the mean of their own two, and so does rank 2 when it submits, its own values
     dropped; its background thread took part in the call all the same. Step 3, rank 2
     late again: at quorum_max_steps 1 the others wait for it, and the call runs in sync,
-    counting every rank."""
+    counting every rank. Step 4, rank 2 late again: the others finish and shut down
+    before it submits, and it still takes their result."""
     import threading
-    ran_ahead = threading.Event()
+    ran_ahead, finished = threading.Event(), threading.Event()
 
     def body(runtime, r):
         x = 1000
@@ -247,14 +248,24 @@ def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result
         if r == 2:
             time.sleep(0.3)  # late again, at the bound: the others wait for it
         steps.append(allreduce(runtime, "g", np.full(x, 4.0 * r, np.float32), Op.AVERAGE))
-        return steps, runtime.stats()
+        stats = runtime.stats()
+        # Step 4: rank 2 late once more, and the others finish and shut down meanwhile;
+        # what they ran without it is still its to take.
+        if r == 2:
+            assert finished.wait(20)
+            time.sleep(0.3)
+        steps.append(allreduce(runtime, "g", np.full(x, 8.0 * (r + 1), np.float32),
+                               Op.AVERAGE))
+        if r == 0:
+            finished.set()
+        return steps, stats
 
     with switch_thread() as sw:
         results = on_runtimes(3, body, switch="%s:%d" % sw.address, switch_min_bytes=0,
                               timeout=10.0, quorum=2, quorum_grace=0.02,
                               quorum_max_steps=1)
     for r, (steps, stats) in enumerate(results):
-        assert [s[0] for s in steps] == [2.0, 15.0, 4.0], (r, [s[:3] for s in steps])
+        assert [s[0] for s in steps] == [2.0, 15.0, 4.0, 12.0], (r, [s[:3] for s in steps])
         assert all((s == s[0]).all() for s in steps)
         assert stats["calls without some rank"] == 1, stats
         assert stats["calls without this rank"] == (r == 2), stats
