@@ -278,3 +278,40 @@ def test_the_timer_follows_a_slow_targets_round_trip():
                 needless += c["retransmitted"] + c["result_requests"]
     print(f"needless timeouts: {needless} of {sent} packets")
     assert needless <= 0.05 * sent, (needless, sent, [r.counters for r in results])
+
+
+def test_a_worker_absent_from_a_quorum_call_sends_nothing_new_and_takes_every_result():
+    """Quorum 2 of 3, worker 2 absent (the Horovod runtime ran the call without its
+    tensor, with the switch's quorum: docs/quorum.md, Running ahead): workers 0 and 1
+    complete every chunk, worker 2 sends no values (and no request until a timeout
+    would ask) and ends with the same sums; a worker may be absent from quorum calls
+    only."""
+    from ina_collectives.ina.kernels import load
+    from tests.switch.test_server import switch_thread
+
+    k, slots, n, chunks = 64, 4, 3, 11
+    fast = load("fast")
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(chunks * k).astype(np.float32) for _ in range(n)]
+    xs[2][:] = 0.0  # (what the runtime fills in for an absent rank)
+    exps = [fast.block_exponents(x, k, P.DEFAULT_BLOCK)[0] for x in xs]
+    agreed = np.max(exps, axis=0)
+    got: list = [None] * n
+    with switch_thread() as sw, joined(sw.address, 712, n, k, slots, 3) as links:
+        def one(w: int) -> None:
+            out = np.full_like(xs[w], np.nan)
+            result = links[w].stream(xs[w], out, exps[w], agreed.copy(), False,
+                                     Timers(0.02, 0.002, 0.5, 5.0), 30.0, call=1,
+                                     quorum=2, absent=w == 2)
+            got[w] = result, out
+        per_worker(n, one)
+        with pytest.raises(ValueError, match="absent from a quorum call only"):
+            links[2].stream(xs[2], np.empty_like(xs[2]), exps[2], agreed.copy(), False,
+                            Timers(0.02, 0.002, 0.5, 5.0), 30.0, call=2, absent=True)
+    total = xs[0].astype(np.float64) + xs[1]
+    for w, (result, out) in enumerate(got):
+        assert result.ok, (w, result.reason)
+        np.testing.assert_allclose(out, total, rtol=0, atol=np.abs(total).max() * 1e-5)
+        assert (out == got[0][1]).all()
+    counters = got[2][0].counters
+    assert counters["left_out"] == chunks and counters["retransmitted"] == 0, counters
