@@ -165,7 +165,7 @@ class Settings:
         "host network (docs/quorum.md).",
     )
     quorum_grace: float = _setting(
-        0.05,
+        0.02,
         "Horovod API, quorum mode: seconds a tensor every rank has reduced before waits, "
         "once quorum-many ranks have submitted it, for the others; then it runs without "
         "them and each takes the result when it submits the tensor (its own gradient is "

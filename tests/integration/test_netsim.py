@@ -193,6 +193,15 @@ def test_the_straggler_ideal_counts_the_draws_made():
     # sync waits D on 23 steps, the quorum on 3: (40 s + 23 D) / (40 s + 3 D)
     assert drawn.ideal(1.0, 2.0) == pytest.approx((40 + 46) / (40 + 6))
     assert Lateness.drawn(4, 7, 40, 0.0).ideal(1.0, 2.0) == 1.0
+    # Where a late rank still computes every step, it catches up at the others' wire time
+    # a step, and the quorum gains less: about 1.4x here (device 170 ms, wire 76 ms).
+    assert 1.2 < drawn.catching_up(0.17, 0.076, 0.34, 3) < drawn.ideal(0.246, 0.34)
+    assert drawn.catching_up(0.17, 0.076, 0.34, 4) == 1.0
+    # Rank 0 late by D = 3 at the first of 2 steps (device 1, wire 1, 3 ranks): sync
+    # ends at 2 x 2 + D = 7; quorum 2 runs both steps' calls without it (results at 2
+    # and 4), and it ends at its own backward's end, 1 + D + 1 = 5.
+    one = Lateness(2, 1, 0, ((True, False), (False, False), (False, False)))
+    assert one.catching_up(1.0, 1.0, 3.0, 2) == pytest.approx(7 / 5)
 
 
 def test_the_training_plan_runs_priority_per_system_and_every_straggler_scenario(
