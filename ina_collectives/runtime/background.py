@@ -182,11 +182,17 @@ class BackgroundRuntime:
         self.table = ReadinessTable(self.size, settings.quorum, settings.quorum_max_steps,
                                     self.run_ahead)
         self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0,
-                       "calls without some rank": 0, "calls without this rank": 0}
+                       "calls without some rank": 0, "calls without this rank": 0,
+                       "late inputs carried": 0}
         # Quorum mode: allreduces the others ran without this rank, by name, in order; and
         # the submissions that took one whose result must be handed over by this thread.
         self._owed: dict[str, collections.deque[_Owed]] = {}
         self._deliveries: list[_Owed] = []
+        # Names whose late inputs are carried into the rank's next contribution of the
+        # name, not dropped (carry_late_inputs), what is carried, and what a call adds.
+        self._carries: set[str] = set()
+        self._residual: dict[str, np.ndarray] = {}
+        self._adding: dict[str, np.ndarray] = {}
         self._fusion_buffer = np.empty(0, np.uint8)
         self._lock = threading.RLock()  # (re-entrant: submissions made ``together``)
         self._local = _Local()
@@ -275,6 +281,16 @@ class BackgroundRuntime:
                 self._deliver(owed)
         return True
 
+    def carry_late_inputs(self, names: Any) -> None:
+        """Quorum mode running ahead (docs/quorum.md): this rank's inputs of these names
+        that the others ran without (it submitted them late) are added to its next
+        contribution of the same name instead of being dropped: a gradient, counted one
+        or more steps late (Serene's rule). For names that always carry the same
+        quantity, as DistributedOptimizer's gradients do; a name reused for a metric
+        would add an old value to a new one."""
+        with self._lock:
+            self._carries.update(names)
+
     def _drop_owed(self, name: str, owed: _Owed) -> None:
         waiting = self._owed[name]
         waiting.remove(owed)
@@ -292,6 +308,16 @@ class BackgroundRuntime:
         recv = handle.data["recv"]
         if "landed" in handle.data:  # (its input lands in recv: not over it)
             handle.data["landed"](0, recv.size)
+        name = handle.request.name
+        if name in self._carries:  # (its input, for its next contribution of the name)
+            source = handle.data["send"] if handle.data["send"] is not None else recv
+            with self._lock:
+                kept = self._residual.get(name)
+                if kept is None:
+                    self._residual[name] = np.array(source, copy=True).reshape(-1)
+                else:
+                    kept += source.reshape(-1)
+                self.fusion["late inputs carried"] += 1
         np.copyto(recv, owed.result.reshape(recv.shape))
         if "arrived" in handle.data:
             handle.data["arrived"](0, recv.size)
@@ -701,6 +727,7 @@ class BackgroundRuntime:
             self._carry = [p for p in self._carry if p.item.name not in failed]
             for name in failed:
                 self._parts_left.pop(name, None)
+                self._adding.pop(name, None)
                 self._finish(name, error=exc)
             if isinstance(exc, CollectiveTimeout):
                 raise
@@ -722,6 +749,7 @@ class BackgroundRuntime:
                 self._parts_left[name] = left
                 continue
             self._parts_left.pop(name, None)
+            self._adding.pop(name, None)
             if handle is not None:
                 self._finish(name, handle.data["recv"])
 
@@ -742,3 +770,11 @@ class BackgroundRuntime:
                 if source is None:
                     source = handle.data["recv"]
                 np.copyto(place, source[piece.start:piece.stop])
+            name = piece.item.name
+            if self._residual or self._adding:  # its late inputs, carried
+                with self._lock:
+                    if name not in self._adding and name in self._residual:
+                        self._adding[name] = self._residual.pop(name)
+                carried = self._adding.get(name)
+                if carried is not None:
+                    place += carried[piece.start:piece.stop]

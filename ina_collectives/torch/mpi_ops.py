@@ -116,6 +116,13 @@ def submitted_together(process_set: Any = global_process_set) -> Any:
     return _member(process_set, "submitted_together").runtime.together()
 
 
+def carry_late_inputs(names: Any, process_set: Any = global_process_set) -> None:
+    """Quorum mode running ahead (docs/quorum.md): allreduce inputs of these names that
+    this rank submits after the others ran them without it are added to its next
+    submission of the same name, not dropped (DistributedOptimizer's gradients)."""
+    _member(process_set, "carry_late_inputs").runtime.carry_late_inputs(names)
+
+
 def switch_min_bytes(process_set: Any = global_process_set) -> int:
     """The fewest bytes an allreduce of ``process_set`` needs for the switch to serve it
     (its runtime's setting ``switch_min_bytes``)."""

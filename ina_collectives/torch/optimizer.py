@@ -80,6 +80,7 @@ class DistributedOptimizerMixin:
         # Sparse gradients reduced dense: their sparse dims, to hand them back sparse.
         self._ina_densified: dict[torch.Tensor, int] = {}
         self._ina_synchronized = False
+        self._ina_carrying = False
         self._ina_skip_sync = False
         # Small gradients held back to be fused with the next (_ina_ready); the bytes of
         # every gradient a step has, and of those ready so far in this step.
@@ -129,6 +130,11 @@ class DistributedOptimizerMixin:
             held.append(p)
             self._ina_held_bytes += nbytes
             return
+        if not self._ina_carrying:  # (once the runtime exists: hvd.init came first)
+            # A late rank's gradients count late rather than not at all (quorum mode
+            # running ahead, docs/quorum.md): these names carry gradients only.
+            mpi_ops.carry_late_inputs(self._ina_names.values(), self.process_set)
+            self._ina_carrying = True
         with mpi_ops.submitted_together(self.process_set):
             self._ina_release()
             self._ina_handles[p] = self._ina_start(p)

@@ -223,7 +223,9 @@ def test_a_rank_that_lost_a_call_while_the_others_idle_is_rescued_through_the_ne
     assert stats0["last_call"]["engine"] == stats1["last_call"]["engine"] == "gloo"
 
 
-def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result_later():
+@pytest.mark.parametrize("carry", [False, True])
+def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result_later(
+        carry):
     """Quorum 2 of 3 with a software switch (docs/quorum.md, Running ahead). Step 1:
     every rank reduces "g" (now known). Step 2: rank 2 submits only once rank 0 holds its
     result, so ranks 0 and 1 must go on without it (else this test times out): they get
@@ -231,12 +233,16 @@ def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result
     dropped; its background thread took part in the call all the same. Step 3, rank 2
     late again: at quorum_max_steps 1 the others wait for it, and the call runs in sync,
     counting every rank. Step 4, rank 2 late again: the others finish and shut down
-    before it submits, and it still takes their result."""
+    before it submits, and it still takes their result. With ``carry``
+    (carry_late_inputs, as DistributedOptimizer asks for its gradients) rank 2's step-2
+    input is added to its step-3 one, not dropped."""
     import threading
     ran_ahead, finished = threading.Event(), threading.Event()
 
     def body(runtime, r):
         x = 1000
+        if carry:
+            runtime.carry_late_inputs(["g"])
         # (every rank the same values: the switch's quorum may count any 2 of them)
         steps = [allreduce(runtime, "g", np.full(x, 2.0, np.float32), Op.AVERAGE)]
         if r == 2:
@@ -265,8 +271,10 @@ def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result
                               timeout=10.0, quorum=2, quorum_grace=0.02,
                               quorum_max_steps=1)
     for r, (steps, stats) in enumerate(results):
-        assert [s[0] for s in steps] == [2.0, 15.0, 4.0, 12.0], (r, [s[:3] for s in steps])
+        step3 = (0 + 4 + 8 + (30 if carry else 0)) / 3
+        assert [s[0] for s in steps] == [2.0, 15.0, step3, 12.0], (r, [s[:3] for s in steps])
         assert all((s == s[0]).all() for s in steps)
         assert stats["calls without some rank"] == 1, stats
         assert stats["calls without this rank"] == (r == 2), stats
+        assert stats["late inputs carried"] == (r == 2 and carry), stats
         assert stats["last_call"]["engine"] == "ina", stats["last_call"]
