@@ -192,6 +192,7 @@ class BackgroundRuntime:
         # name, not dropped (carry_late_inputs), what is carried, and what a call adds.
         self._carries: set[str] = set()
         self._residual: dict[str, np.ndarray] = {}
+        self._carried_count: dict[str, int] = {}
         self._adding: dict[str, np.ndarray] = {}
         self._fusion_buffer = np.empty(0, np.uint8)
         self._lock = threading.RLock()  # (re-entrant: submissions made ``together``)
@@ -311,12 +312,13 @@ class BackgroundRuntime:
         name = handle.request.name
         if name in self._carries:  # (its input, for its next contribution of the name)
             source = handle.data["send"] if handle.data["send"] is not None else recv
-            with self._lock:
+            with self._lock:  # (the mean of those carried: one step's weight, stale)
                 kept = self._residual.get(name)
+                count = self._carried_count[name] = self._carried_count.get(name, 0) + 1
                 if kept is None:
                     self._residual[name] = np.array(source, copy=True).reshape(-1)
                 else:
-                    kept += source.reshape(-1)
+                    kept += (source.reshape(-1) - kept) / kept.dtype.type(count)
                 self.fusion["late inputs carried"] += 1
         np.copyto(recv, owed.result.reshape(recv.shape))
         if "arrived" in handle.data:
@@ -775,6 +777,7 @@ class BackgroundRuntime:
                 with self._lock:
                     if name not in self._adding and name in self._residual:
                         self._adding[name] = self._residual.pop(name)
+                        self._carried_count.pop(name, None)
                 carried = self._adding.get(name)
                 if carried is not None:
                     place += carried[piece.start:piece.stop]

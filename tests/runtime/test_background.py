@@ -278,3 +278,33 @@ def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result
         assert stats["calls without this rank"] == (r == 2), stats
         assert stats["late inputs carried"] == (r == 2 and carry), stats
         assert stats["last_call"]["engine"] == "ina", stats["last_call"]
+
+
+def test_a_late_ranks_carried_inputs_come_in_as_their_mean_at_its_next_contribution():
+    """Quorum 2 of 3, quorum_max_steps 2, rank 2 carrying "g" (carry_late_inputs): late
+    at steps 2 and 3, its inputs there (30, then 60) are kept; at step 4 the bound makes
+    the others wait for it, and it adds its own input (3) plus the mean of those carried
+    (45): one step's weight, late."""
+    import threading
+    gates = [threading.Event() for _ in range(2)]
+    inputs = [[2.0] * 3, [10.0, 20.0, 30.0], [20.0, 40.0, 60.0], [1.0, 2.0, 3.0]]
+
+    def body(runtime, r):
+        runtime.carry_late_inputs(["g"])
+        out = []
+        for step, values in enumerate(inputs):
+            if r == 2 and step in (1, 2):
+                assert gates[step - 1].wait(20), f"step {step + 1} waited for rank 2"
+            out.append(allreduce(runtime, "g", np.full(100, values[r], np.float32),
+                                 Op.AVERAGE)[0])
+            if r == 0 and step in (1, 2):
+                gates[step - 1].set()
+        return out, runtime.stats()
+
+    with switch_thread() as sw:
+        results = on_runtimes(3, body, switch="%s:%d" % sw.address, switch_min_bytes=0,
+                              timeout=10.0, quorum=2, quorum_grace=0.02,
+                              quorum_max_steps=2)
+    for r, (out, stats) in enumerate(results):
+        assert out == [2.0, 15.0, 30.0, (1 + 2 + 3 + 45) / 3], (r, out)
+        assert stats["late inputs carried"] == (2 if r == 2 else 0), stats
