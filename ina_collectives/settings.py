@@ -168,8 +168,9 @@ class Settings:
         0.02,
         "Horovod API, quorum mode: seconds a tensor every rank has reduced before waits, "
         "once quorum-many ranks have submitted it, for the others; then it runs without "
-        "them and each takes the result when it submits the tensor (its own gradient is "
-        "dropped for that step: docs/quorum.md, Running ahead). Bounded by "
+        "them, and each takes the result when it submits the tensor (its own input is "
+        "dropped, or, for DistributedOptimizer's gradients, carried into its next "
+        "contribution: docs/quorum.md, Running ahead). Bounded by "
         "quorum_max_steps. Only a late training loop is left out: the late rank's "
         "background thread takes part in every call.",
     )
