@@ -248,7 +248,7 @@ def main() -> None:
                        "engines": record.get("engines", {system: steps}),
                        "reduced_bytes": record.get("bytes", 0),
                        "transport": record.get("transport", {}),
-                       "calls_without_some_rank": record.get("calls without some rank", 0),
+                       "tensors_without_some_rank": record.get("tensors without some rank", 0),
                        "timeline": device.events}, f)
     if system in HOROVOD:
         hvd.shutdown()

@@ -182,7 +182,7 @@ class BackgroundRuntime:
         self.table = ReadinessTable(self.size, settings.quorum, settings.quorum_max_steps,
                                     self.run_ahead)
         self.fusion = {"fused calls": 0, "tensors fused": 0, "cycles": 0,
-                       "calls without some rank": 0, "calls without this rank": 0,
+                       "tensors without some rank": 0, "tensors without this rank": 0,
                        "late inputs carried": 0}
         # Quorum mode: allreduces the others ran without this rank, by name, in order; and
         # the submissions that took one whose result must be handed over by this thread.
@@ -477,9 +477,9 @@ class BackgroundRuntime:
         for ready in outcome.ready:
             if not ready.absent:
                 continue
-            self.fusion["calls without some rank"] += 1
+            self.fusion["tensors without some rank"] += 1
             if self.rank in ready.absent:
-                self.fusion["calls without this rank"] += 1
+                self.fusion["tensors without this rank"] += 1
                 ready.owed = _Owed(ready.any_request())
                 with self._lock:
                     self._owed.setdefault(ready.name, collections.deque()).append(ready.owed)

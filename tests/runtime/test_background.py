@@ -274,8 +274,8 @@ def test_in_quorum_mode_the_ranks_run_ahead_of_a_late_one_which_takes_the_result
         step3 = (0 + 4 + 8 + (30 if carry else 0)) / 3
         assert [s[0] for s in steps] == [2.0, 15.0, step3, 12.0], (r, [s[:3] for s in steps])
         assert all((s == s[0]).all() for s in steps)
-        assert stats["calls without some rank"] == 1, stats
-        assert stats["calls without this rank"] == (r == 2), stats
+        assert stats["tensors without some rank"] == 1, stats
+        assert stats["tensors without this rank"] == (r == 2), stats
         assert stats["late inputs carried"] == (r == 2 and carry), stats
         assert stats["last_call"]["engine"] == "ina", stats["last_call"]
 
