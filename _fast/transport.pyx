@@ -117,6 +117,7 @@ cdef struct Slot:  # one slot of the window: its packet in flight
     uint8_t version        # the slot's next version: kept across calls
     uint8_t first_version  # the version the call's first use of the slot had (use_version)
     uint8_t predicted      # its packet in flight is a predicted first try (FLAG_PREDICTED)
+    uint8_t adopted        # its packet in flight is the adopted call's (Link.adopt)
 
 
 cdef struct Lazy:  # chunks whose exponents the stream computes as it reaches them
@@ -161,6 +162,7 @@ cdef struct Call:  # one stream's or opening's progress, bounds and counts
     Lazy lazy
     int16_t exponent_ceiling
     bint nonfinite_seen
+    bint draining          # every chunk went once: the last window drains (Link.adopt)
     # a predicted call (docs/protocol.md, One round trip): its identity (0: none), what
     # the first window teaches (2 x slots x g; NULL: not kept), its chunks sent again
     uint64_t ident
@@ -326,6 +328,16 @@ cdef class Link:
     cdef int npend
     cdef uint8_t request[64]                  # a result request: a header alone
     cdef pollfd pfd
+    # The next call, adopted while the running stream drains (``adopt``): its state, the
+    # arrays it points into, whether there is one; the running call (NULL: none); what
+    # the drain calls (once a stream) and what that raised.
+    cdef Call next_call
+    cdef object next_keep
+    cdef bint has_next
+    cdef Call *running
+    cdef object on_drain
+    cdef bint drain_due
+    cdef object drain_error
 
     def __cinit__(self, int fd, uint32_t switch_addr_be, uint16_t switch_port_be, int job,
                   int worker, int n, Py_ssize_t k, Py_ssize_t slots,
@@ -426,7 +438,8 @@ cdef class Link:
     def stream(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
                double deadline, int value_bits=0, const uint8_t[::1] cancel=None,
                int call=0, int quorum=0, Py_ssize_t ready=-1, uint64_t ident=0,
-               int16_t[::1] learn=None, bint nonfinite=False, bint absent=False):
+               int16_t[::1] learn=None, bint nonfinite=False, bint absent=False,
+               on_drain=None):
         """Allreduce x (1-D float32/float64) into out through the aggregator, within
         ``deadline`` seconds.
 
@@ -466,10 +479,112 @@ cdef class Link:
         last chunk of the call proposes (it has no next chunk to propose for; a last chunk
         shorter than the first proposes its sub-blocks only: PROPOSAL_NONE stays in the
         others).
+        on_drain: called once (with no arguments, from this thread, the GIL held) when every
+        chunk of the call went once and its last window drains: it may ``adopt`` the
+        next call, whose chunks then leave in each slot as soon as that slot's last
+        result of this call is back (docs/protocol.md, Calls back to back). What it
+        raises ends the stream and is raised here.
         Returns a Result. Its counters include "left_out" (results that did not count this
         worker), "skipped" (chunks whose values did not fit the exponents agreed without
         it: a header sent alone) and "overflows" (predicted chunks sent again).
         """
+        if self.has_next:
+            raise RuntimeError("a call is adopted on this link: resume or abandon it first")
+        cdef Call c
+        done_arr = self._set_up(&c, x, out, local, agreed, average, timers, deadline,
+                                value_bits, cancel, call, quorum, ready, ident, learn,
+                                nonfinite, absent)
+        if done_arr is None:
+            return Result(DONE, {}, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
+        self._fresh_window()
+        cdef Py_ssize_t s, first = min(self.slots, c.nb)
+        c.draining = c.nb <= self.slots
+        with nogil:
+            for s in range(first):
+                self._queue(&c, self._write_chunk(&c, s, ident != 0))
+                c.sent += 1
+                if self.npend == INA_BATCH_MAX or s == first - 1:
+                    if self._flush(&c) < 0:
+                        break
+        return self._drive(&c, done_arr, on_drain)
+
+    def adopt(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
+              double deadline, int value_bits=0, int call=0, Py_ssize_t ready=-1,
+              uint64_t ident=0, int16_t[::1] learn=None, bint nonfinite=False):
+        """Start the next call (a sync stream; the arguments as ``stream``'s) while the
+        running one drains: called from the running stream's ``on_drain``, or between
+        calls. Each slot the running call is done with takes the new call's first chunk
+        for it now, the others as their last result of the running call comes back
+        (one packet in flight per slot, as ever). ``resume`` runs it to its end, or
+        ``abandon`` drops it (its packets in flight are forgotten: the caller's error path
+        makes the aggregator's cells idle)."""
+        if self.has_next:
+            raise RuntimeError("a call is adopted on this link already")
+        if self.running != NULL and (self.running.opening or self.running.quorum):
+            raise ValueError("a call is adopted during a sync stream only")
+        done_arr = self._set_up(&self.next_call, x, out, local, agreed, average, timers,
+                                deadline, value_bits, None, call, 0, ready, ident, learn,
+                                nonfinite, False)
+        if done_arr is None:
+            raise ValueError("an empty call is not adopted")
+        if self.running == NULL:
+            self._fresh_window()
+        self.next_keep = (x, out, local, agreed, done_arr, learn)
+        self.has_next = True
+        cdef Call *nc = &self.next_call
+        cdef Py_ssize_t s
+        nc.draining = nc.nb <= self.slots
+        with nogil:
+            for s in range(min(self.slots, nc.nb)):
+                if self.window[s].chunk < 0:
+                    self._start_adopted(s)
+                    if self.npend == INA_BATCH_MAX:
+                        self._flush(nc)
+            if self.npend:
+                self._flush(nc)
+
+    @property
+    def adopted(self) -> bool:
+        """Whether a call is adopted (``adopt``) and not yet resumed or abandoned."""
+        return self.has_next
+
+    def resume(self, on_drain=None):
+        """Run the adopted call to its end (``on_drain``: as ``stream``'s); its Result,
+        as ``stream``'s, counted from its adoption (counters["adopted"] 1)."""
+        if not self.has_next:
+            raise RuntimeError("no call is adopted on this link")
+        cdef Call c = self.next_call  # (a copy: the next adoption takes next_call)
+        cdef Py_ssize_t s
+        keep, self.next_keep = self.next_keep, None
+        self.has_next = False
+        for s in range(self.slots):
+            self.window[s].adopted = 0
+        c.last_result = c.next_signal_check = monotonic()  # (its silence from now)
+        self.npend = 0
+        result = self._drive(&c, keep[4], on_drain)
+        result.counters["adopted"] = 1
+        return result
+
+    def abandon(self):
+        """Drop the adopted call, if any (its stream is given up on this worker); True
+        if there was one."""
+        cdef Py_ssize_t s
+        if not self.has_next:
+            return False
+        for s in range(self.slots):
+            if self.window[s].adopted:
+                self.window[s].chunk = -1
+                self.window[s].adopted = 0
+        self.has_next = False
+        self.next_keep = None
+        return True
+
+    cdef object _set_up(self, Call *c, x, out, int16_t[::1] local, int16_t[::1] agreed,
+                        bint average, timers, double deadline, int value_bits,
+                        const uint8_t[::1] cancel, int call, int quorum, Py_ssize_t ready,
+                        uint64_t ident, int16_t[::1] learn, bint nonfinite, bint absent):
+        """A stream's checks and its Call; the per-chunk done flags it points into (None:
+        an empty call, nothing set up)."""
         if x.dtype not in (np.float32, np.float64) or out.dtype != x.dtype:
             raise TypeError(f"the stream reduces float32 or float64 into the same dtype, "
                             f"not {x.dtype} into {out.dtype}")
@@ -478,12 +593,12 @@ cdef class Link:
         cdef const uint8_t[::1] xin = x.view(np.uint8)
         cdef uint8_t[::1] xout = out.view(np.uint8)
         cdef Py_ssize_t size = x.size, k = self.k, g = self.groups, slots = self.slots
-        cdef Py_ssize_t nb = (size + k - 1) // k, s
+        cdef Py_ssize_t nb = (size + k - 1) // k
         if local.shape[0] != nb * g or agreed.shape[0] != nb * g:
             raise ValueError(f"{nb} chunks of {g} sub-blocks need {nb * g} exponents, got "
                              f"{local.shape[0]} local and {agreed.shape[0]} agreed")
         if nb == 0:
-            return Result(DONE, {}, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
+            return None
         if learn is not None and learn.shape[0] < 2 * slots * g:
             raise ValueError(f"learn holds {learn.shape[0]} exponents, not 2 x {slots} x "
                              f"{g}")
@@ -491,8 +606,7 @@ cdef class Link:
             raise ValueError("a predicted call is sync only (quorum 0)")
         if absent and not quorum:
             raise ValueError("a worker can be absent from a quorum call only (quorum > 0)")
-        cdef Call c
-        self._begin(&c, timers, deadline, &self.stream_est, slots, nb, call)
+        self._begin(c, timers, deadline, &self.stream_est, slots, nb, call)
         if c.est.srtt > 0:
             c.rto = c.est.rto
         c.retransmit = FLAG_RETRANSMIT
@@ -517,25 +631,56 @@ cdef class Link:
         # values being discarded anyway.
         c.exponent_ceiling = <int16_t>(2 - c.lazy.floor)
         c.me = (<uint64_t>1) << (self.worker & 63)
-        cdef const uint8_t *cancelled = &cancel[0] if cancel is not None else NULL
-        c.cancel = cancelled
+        c.cancel = &cancel[0] if cancel is not None else NULL
+        return done_arr
+
+    cdef void _fresh_window(self):
+        """Every slot free for a call's first use, nothing in flight (its version kept)."""
+        cdef Py_ssize_t s
         cdef Slot *w
-        for s in range(slots):
+        self.npend = 0
+        for s in range(self.slots):
             w = &self.window[s]
             w.chunk, w.latest, w.first_version = -1, -1, w.version
-            w.resent = w.asked = w.tries = w.predicted = 0
+            w.resent = w.asked = w.tries = w.predicted = w.adopted = 0
             w.overtaken = 0
-        with nogil:
-            for s in range(min(slots, nb)):
-                self._queue(&c, self._write_chunk(&c, s, ident != 0))
-                c.sent += 1
-                if self.npend == INA_BATCH_MAX or s == min(slots, nb) - 1:
-                    if self._flush(&c) < 0:
-                        break
-            self._run(&c)
-        missing = (_NONE_MISSING if c.completed == nb
+
+    cdef inline void _start_adopted(self, Py_ssize_t s) noexcept nogil:
+        """The adopted call's first chunk for slot s (free now) written and queued."""
+        cdef Call *nc = &self.next_call
+        cdef Slot *w = &self.window[s]
+        w.adopted = 1
+        w.latest, w.first_version = -1, w.version
+        w.resent = w.asked = w.tries = w.predicted = 0
+        w.overtaken = 0
+        self._queue(nc, self._write_chunk(nc, s, nc.ident != 0))
+        nc.sent += 1
+
+    cdef Result _drive(self, Call *c, done_arr, on_drain):
+        """A stream whose first window is out, run to its end (``_run``): its Result."""
+        self.on_drain = on_drain
+        self.drain_due = on_drain is not None
+        self.drain_error = None
+        self.running = c
+        try:
+            with nogil:
+                self._run(c)
+        except BaseException:
+            self.abandon()
+            raise
+        finally:
+            self.running = NULL
+            self.on_drain = None
+            self.drain_due = False
+        if self.drain_error is not None:
+            error, self.drain_error = self.drain_error, None
+            self.abandon()
+            raise error
+        missing = (_NONE_MISSING if c.completed == c.nb
                    else np.flatnonzero(done_arr == 0))
-        if quorum:  # every use of each slot passed at the switch, whoever sent it
+        cdef Py_ssize_t s, nb = c.nb, slots = self.slots
+        cdef Slot *w
+        if c.quorum:  # every use of each slot passed at the switch, whoever sent it
             for s in range(min(slots, nb)):
                 w = &self.window[s]
                 w.version = use_version(w.first_version,
@@ -550,9 +695,18 @@ cdef class Link:
                     "left_out": c.left_out, "skipped": c.skipped, "lost": c.lost,
                     "nonfinite": int(c.lazy.nonfinite),
                     "nonfinite_seen": int(c.nonfinite_seen),
-                    "predicted": int(ident != 0), "overflows": c.overflows}
+                    "predicted": int(c.ident != 0), "overflows": c.overflows}
         status = c.stop_status if c.status == DONE and c.stop else c.status
-        return self._result(&c, status, counters, missing)
+        return self._result(c, status, counters, missing)
+
+    cdef void _drained(self, Call *c):
+        """The running stream's last window drains: ``on_drain`` called (what it raises
+        ends the stream, CANCELLED, and is raised by ``_drive``)."""
+        try:
+            self.on_drain()
+        except BaseException as exc:
+            self.drain_error = exc
+            c.status = CANCELLED
 
     def opening(self, int16_t[:, ::1] proposals, uint32_t ident_offset, int16_t ident_word,
                 timers, double deadline, int call):
@@ -588,8 +742,9 @@ cdef class Link:
         c.retransmit = FLAG_OPEN | FLAG_RETRANSMIT
         c.ident_offset, c.ident_word = ident_offset, ident_word
         c.proposals, c.g, c.width = &proposals[0, 0], g, width
-        for s in range(self.slots):
-            self.window[s].chunk = -1
+        if self.has_next:
+            raise RuntimeError("a call is adopted on this link: resume or abandon it first")
+        self._fresh_window()
         with nogil:
             for s in range(slots):
                 self._queue(&c, self._write_opening(&c, s))
@@ -621,7 +776,6 @@ cdef class Link:
         c.counted_all = ~(<uint64_t>0)
         c.start = monotonic()
         c.last_result = c.next_signal_check = c.start
-        self.npend = 0
 
     cdef Result _result(self, Call *c, int status, dict counters, missing):
         """The call's Result: the failed system call's errno (a send's; a receive's if
@@ -685,6 +839,10 @@ cdef class Link:
             self._timeouts(c, now)
             if c.status == DONE and self.npend:  # (the next chunks of slots given up)
                 self._flush(c)
+            if c.draining and self.drain_due and c.status == DONE:
+                self.drain_due = False  # (once: it may adopt the next call)
+                with gil:
+                    self._drained(c)
         return 0
 
     cdef Py_ssize_t _receive(self, Call *c, int wait_ms) noexcept nogil:
@@ -732,21 +890,27 @@ cdef class Link:
         else:
             self._stream_result(c, pkt, length, now)
 
+    cdef inline Call *_owner(self, Call *c, Py_ssize_t s) noexcept nogil:
+        """The call slot s's packet in flight is of: the adopted one, or ``c``."""
+        return &self.next_call if self.window[s].adopted else c
+
     cdef void _nacked(self, Call *c, const uint8_t *pkt, double now) noexcept nogil:
         """Packets the aggregator never saw (a NACK names their numbers): resent now,
         without backing off."""
         cdef Py_ssize_t first = pkt[OFF_SEQ], count = get16(pkt + OFF_COUNT), s
         cdef Slot *w
+        cdef Call *o
         c.nacks += 1
         self.nacking = True
         for s in range(c.slots):
             w = &self.window[s]
             if w.chunk >= 0 and ((w.seq - first) & 255) < count:
-                if self._resend(c, s) < 0:
+                o = self._owner(c, s)
+                if self._resend(o, s) < 0:
                     return
                 w.resent = 1
                 w.sent_at = now
-                c.nacked += 1
+                o.nacked += 1
 
     cdef void _timeouts(self, Call *c, double now) noexcept nogil:
         """Retransmit what timed out, backing off; new chunks start from the backed-off
@@ -759,33 +923,36 @@ cdef class Link:
         loss cost (docs/reliability.md). An opening's packets are small: resent whole."""
         cdef Py_ssize_t s, nxt, slots = c.slots
         cdef Slot *w
+        cdef Call *o
         for s in range(slots):
             w = &self.window[s]
-            if c.status == DONE and w.chunk >= 0 and now - w.sent_at >= w.timer:
-                if c.quorum and w.tries >= QUORUM_TRIES and self.npend < INA_BATCH_MAX:
-                    c.lost += 1  # given up: on with the slot's next chunk not had
-                    nxt = next_undone(c.done, max(w.chunk, w.latest) + slots, c.nb, slots)
+            o = self._owner(c, s)  # (the adopted call's slots time out alike)
+            if (c.status == DONE and o.status == DONE and not o.stop and w.chunk >= 0
+                    and now - w.sent_at >= w.timer):
+                if o.quorum and w.tries >= QUORUM_TRIES and self.npend < INA_BATCH_MAX:
+                    o.lost += 1  # given up: on with the slot's next chunk not had
+                    nxt = next_undone(o.done, max(w.chunk, w.latest) + slots, o.nb, slots)
                     w.chunk = -1
-                    if nxt < c.nb:
+                    if nxt < o.nb:
                         w.version = use_version(w.first_version, nxt, slots)
-                        self._queue(c, self._write_chunk(c, nxt, False))
-                        c.sent += 1
+                        self._queue(o, self._write_chunk(o, nxt, False))
+                        o.sent += 1
                     continue
                 w.tries += 1
-                if c.asks and self.nacking and not w.asked:
-                    if self._request(c, s) < 0:
+                if o.asks and self.nacking and not w.asked:
+                    if self._request(o, s) < 0:
                         break
                     w.asked = 1
-                    c.requests += 1
+                    o.requests += 1
                 else:
-                    if self._resend(c, s) < 0:
+                    if self._resend(o, s) < 0:
                         break
-                    c.retransmitted += 1
+                    o.retransmitted += 1
                 w.resent = 1
                 w.sent_at = now
                 w.overtaken = 0
-                w.timer = min(w.timer * 2, c.rto_max)
-                c.rto = max(c.rto, w.timer)
+                w.timer = min(w.timer * 2, o.rto_max)
+                o.rto = max(o.rto, w.timer)
 
     cdef inline void _queue(self, Call *c, Py_ssize_t s) noexcept nogil:
         """Slot s's new packet into the next batch (``_flush`` sends it). A worker absent
@@ -919,8 +1086,19 @@ cdef class Link:
 
     cdef void _stream_result(self, Call *c, const uint8_t *pkt, Py_ssize_t length,
                              double now) noexcept nogil:
-        """A stream's result: applied to the output once (else stale, or rejected if
-        malformed), the RTT sampled, the slot's next chunk written and queued."""
+        """A stream's result, for the call its slot's packet in flight is of (``adopt``:
+        the running one or the adopted one)."""
+        cdef uint32_t s = get32(pkt + OFF_SLOT)
+        if s < <uint32_t>self.slots and self.window[s].adopted:
+            self._apply_result(&self.next_call, pkt, length, now)
+        else:
+            self._apply_result(c, pkt, length, now)
+
+    cdef void _apply_result(self, Call *c, const uint8_t *pkt, Py_ssize_t length,
+                            double now) noexcept nogil:
+        """A result of call ``c``: applied to the output once (else stale, or rejected if
+        malformed), the RTT sampled, the slot's next chunk written and queued; a slot
+        done with the running call takes the adopted call's first chunk for it."""
         cdef Py_ssize_t slots = self.slots, k = self.k, g = c.g, nb = c.nb, j, q
         cdef Py_ssize_t s = get32(pkt + OFF_SLOT), offset = get32(pkt + OFF_OFFSET)
         cdef Py_ssize_t chunk = offset // k, nxt
@@ -1026,10 +1204,10 @@ cdef class Link:
                 self.window[q].overtaken += 1
                 if self.window[q].overtaken == OVERTAKEN:
                     self.window[q].overtaken = ASKED
-                    if self._request(c, q) < 0:
+                    if self._request(self._owner(c, q), q) < 0:
                         return
                     self.window[q].resent = 1  # Karn: its round trip is no sample now
-                    c.requests += 1
+                    self._owner(c, q).requests += 1
         if <int16_t>get16(pkt + HEADER + 2) == NONFINITE_MARK:
             c.nonfinite_seen = True
         nxt = chunk + slots
@@ -1041,6 +1219,12 @@ cdef class Link:
                         c.agreed[nxt * g + j] = c.exponent_ceiling
             self._queue(c, self._write_chunk(c, nxt, False))
             c.sent += 1
+            if self.npend == INA_BATCH_MAX:
+                self._flush(c)
+            return
+        c.draining = True  # (the slot's last chunk of the call)
+        if self.has_next and not w.adopted and s < self.next_call.nb:
+            self._start_adopted(s)  # the next call's first chunk for it, at once
             if self.npend == INA_BATCH_MAX:
                 self._flush(c)
 

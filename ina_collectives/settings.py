@@ -121,6 +121,14 @@ class Settings:
         "aggregator takes that (both aggregators do): one switch round trip a call, no "
         "opening (docs/protocol.md, One round trip). False: every call opens first.",
     )
+    switch_back_to_back: bool = _setting(
+        True,
+        "Start a runtime's next call (the Horovod API's, torch.distributed's) while the "
+        "running one's last window drains, each slot taking its first chunk as soon as "
+        "its last result of the running call is back, where that call goes predicted "
+        "(switch_predict): the uplink does not idle between calls (docs/protocol.md, "
+        "Calls back to back). False: each call starts once the last returned.",
+    )
     switch_predict_headroom: int = _setting(
         2,
         "The most bits a predicted exponent (switch_predict) adds to the one learned: "

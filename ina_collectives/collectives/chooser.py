@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -152,8 +152,8 @@ class Collectives:
         return out
 
     def allreduce_flat(self, send: np.ndarray | None, recv: np.ndarray, op: Op,
-                       value_bits: int = 0, key: Hashable = None, present: int = 0
-                       ) -> None:
+                       value_bits: int = 0, key: Hashable = None, present: int = 0,
+                       following: Callable[[], Following | None] | None = None) -> None:
         """The core call: 1-D contiguous ``recv`` (and ``send``, or None for in place).
         ``value_bits``: 16 asks the offload for 16-bit values for this call (the caller
         has made sure every rank asks alike: the runtime's negotiation does). ``key``:
@@ -161,7 +161,11 @@ class Collectives:
         ``present``: the ranks whose input counts, a bitmap alike on every rank (0: all,
         by the offload's rules; every rank named: all, counted in quorum mode too;
         AllreduceCall.present). The caller checked that an engine takes the dtype and op
-        (ops.check_supported)."""
+        (ops.check_supported). ``following``: where the caller knows its next call
+        already (a runtime's queue), what makes it ready: called at most once, while this
+        call's last window drains, it returns that call's arguments (buffers filled),
+        or None where it is not ready; the offload may start it then (docs/protocol.md,
+        Calls back to back), and the caller's next call must be made with them."""
         self._check_usable()
         if value_bits not in _VALUE_BITS:
             raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
@@ -174,7 +178,9 @@ class Collectives:
         if present and not 0 < present < (1 << self.comm.Get_size()):
             raise ValueError(f"present must be a bitmap of some of the "
                              f"{self.comm.Get_size()} ranks, got {present:#x}")
-        call = AllreduceCall(send, recv, op, value_bits, key, present)
+        call = self._adopted_call(Following(send, recv, op, value_bits, key, present))
+        if following is not None and self.offload is not None:
+            call.on_drain = lambda: self._adopt(following)
         deadline = Deadline(self.settings.timeout)
         signature = CallSignature(
             CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), op_code(op),
@@ -194,6 +200,40 @@ class Collectives:
         self.stats.record(served.name, recv.nbytes, passed_over)
 
     # -- the steps of a call ------------------------------------------------------------
+
+    def _adopted_call(self, args: Following) -> AllreduceCall:
+        """The call these arguments make: the one the offload started in the last call's
+        drain (it must be), or a new one."""
+        adopted = self.offload.adopted() if self.offload is not None else None
+        if adopted is None:
+            return AllreduceCall(*args)
+        if (adopted.send is args.send and adopted.recv is args.recv and adopted.op is args.op
+                and adopted.value_bits == args.value_bits and adopted.key == args.key
+                and adopted.present == args.present):
+            return adopted
+        self._broken = (f"allreduce #{self._seq + 1} is not the call its caller said came "
+                        f"next ({adopted.recv.size} x {adopted.dtype}, started already)")
+        raise CommunicatorBroken(self._broken)
+
+    def _adopt(self, following: Callable[[], Following | None]) -> None:
+        """A call's ``on_drain``: the caller's next call made ready, and started by the
+        offload where it goes through the offload with no gate (OffloadEngine.adopt)."""
+        offload = self.offload
+        if offload is None or not self.settings.check_agreement or not offload.gates():
+            return
+        args = following()
+        if args is None:
+            return
+        call = AllreduceCall(*args)
+        for engine in self.engines:  # (the engine _choose would take)
+            if engine.declines(call) is None:
+                break
+        if engine is not offload:
+            return
+        signature = CallSignature(CallSignature.ARRAYS, call.recv.size,
+                                  dtype_code(call.dtype), op_code(call.op), "")
+        offload.adopt(call, offload.prepare(call), identity(signature, call.value_bits),
+                      self._seq + 1)
 
     def _choose(self, call: AllreduceCall) -> tuple[Engine, list[str]]:
         """The first engine that takes ``call``, and why the ones before it did not."""
@@ -509,3 +549,14 @@ class Collectives:
 def _c_order_view(array: np.ndarray) -> np.ndarray | None:
     """A 1-D view of a C-contiguous array, or None if it has none."""
     return array.reshape(-1) if array.flags.c_contiguous else None
+
+
+class Following(NamedTuple):
+    """A call's arguments, as ``allreduce_flat`` takes them (its ``following``)."""
+
+    send: np.ndarray | None
+    recv: np.ndarray
+    op: Op
+    value_bits: int = 0
+    key: Hashable = None
+    present: int = 0

@@ -17,8 +17,8 @@ and asks those hooks of it alone; the layer above gives it (``Collectives``'s
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Any, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -42,6 +42,10 @@ class AllreduceCall:
     # others pass zeros and are not counted: the Horovod runtime ran ahead of them in
     # quorum mode (docs/quorum.md, Running ahead); AVERAGE divides by those counted.
     present: int = 0
+    # Called once, with no arguments, while the call's last window drains, by an engine
+    # that can start the next call then (the chooser's: it adopts what its caller says
+    # comes next, Collectives.allreduce_flat's ``following``); None: nothing.
+    on_drain: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def dtype(self) -> np.dtype:
@@ -192,6 +196,20 @@ class OffloadEngine(Engine):
         (then ``run`` gets ``prepared`` without ``agreed_first``). Alike on every rank
         while ``gates()`` holds."""
         raise NotImplementedError
+
+    # -- calls back to back -----------------------------------------------------------------
+
+    def adopt(self, call: AllreduceCall, prepared: Any, ident: int, seq: int) -> bool:
+        """Start ``call`` (``prepared``; ``ident``, its identity; ``seq``, its number at
+        the chooser) now, while the running call drains (its ``on_drain``), where its
+        run would need no gate and nothing could differ on a rank that starts it only
+        after the running call returned; True if started. The chooser's next call must
+        then be this one: ``run`` finishes it. (An offload that cannot: never.)"""
+        return False
+
+    def adopted(self) -> AllreduceCall | None:
+        """The call ``adopt`` started and no ``run`` finished yet (None: none)."""
+        return None
 
     # -- the error path (recovery.py) and the quorum --------------------------------------
 

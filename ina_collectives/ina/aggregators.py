@@ -380,6 +380,13 @@ class Aggregators:
             self._watch_failed = False
         return int(self._watch.answered())
 
+    def quiet_at(self, seq: int) -> bool:
+        """Whether ``at_call_boundary(seq)`` would change nothing (no slots grown, no
+        reconnection due)."""
+        if self._grow_at is not None and seq >= self._grow_at and self.serving():
+            return False
+        return self._retry_at is None or not self.missing() or seq < self._retry_at
+
     def at_call_boundary(self, seq: int, answers: int | None = None) -> None:
         """The chooser calls this before offering call number ``seq`` (the same number on
         every rank), with rank 0's news (``answers_again``; None when the agreement check

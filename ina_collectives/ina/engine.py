@@ -19,6 +19,7 @@ NaN/Inf in the input or a failed aggregator give the call back to the chooser
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable
 
 import numpy as np
@@ -92,6 +93,12 @@ class InaEngine(OffloadEngine):
         # call's place in it keys its prediction: alike on every rank, which run the
         # same calls).
         self._run: tuple[int, int] = (0, 0)
+        # Calls back to back (docs/protocol.md): the call whose stream runs now, vote-free
+        # (its identity and chunks: what ``adopt`` checks), and the call adopted during its
+        # drain, which the chooser's next call is.
+        self._running: tuple[int, int, Hashable] | None = None
+        self._adopted: _Adopted | None = None
+        self.adopted_calls = 0
 
     # -- the aggregators, as the chooser and stats see them ---------------------------------
 
@@ -175,6 +182,9 @@ class InaEngine(OffloadEngine):
                 # One round trip), and those the switch said the ranks called differently
                 "predicted_calls": self.predicted_calls,
                 "mismatched_predictions": self.mismatched_predictions,
+                # calls started in the last call's drain (docs/protocol.md, Calls back
+                # to back)
+                "adopted_calls": self.adopted_calls,
                 "rescued_calls": self.rescued_calls,
                 "partial_handovers": self.partial_handovers,
                 # failed shares a surviving aggregator streamed again (switch_standby)
@@ -226,6 +236,8 @@ class InaEngine(OffloadEngine):
         the shares in force; with ``width`` (a gate of that many values), None where its
         proposal does not fit, or it is a quorum call (which agrees on every chunk's
         exponents itself). None for a call this engine declines."""
+        if self._adopted is not None and self._adopted.call is call:
+            return self._adopted.prepared  # (made when it was adopted)
         if self.declines(call) is not None:
             return None
         prepared = prepare(call, self.aggregators.links, self.serving(), self._shares,
@@ -323,6 +335,14 @@ class InaEngine(OffloadEngine):
                 or not self.settings.switch_predict):
             return False
         shape = self._shape()
+        adopted = self._adopted
+        if adopted is not None and adopted.prepared is prepared:
+            # Started in the last call's drain (``adopt``): the table is looked up now, as
+            # a rank that did not start it looks it up (alike: nothing it looks at
+            # changed since).
+            self.predictions.predict(ident, shape, self._span(prepared), prepared.wide,
+                                     adopted.place)
+            return True
         predicted = self.predictions.predict(ident, shape, self._span(prepared),
                                              prepared.wide, self._place(ident, prepared))
         if predicted is None:
@@ -351,7 +371,24 @@ class InaEngine(OffloadEngine):
         agreed on the first window's exponents already (the chooser's gate or opening);
         ``prepared`` alone, after ``predicts`` said yes: the first window goes predicted;
         else this opens the call through the switch (``gates``) or makes the exponent
-        round by MPI itself."""
+        round by MPI itself. The call ``adopt`` started is finished where it left off."""
+        adopted = self._adopted
+        if adopted is not None:
+            if adopted.call is call:
+                return self._resume(adopted)
+            self._drop_adopted()
+            raise CommunicatorBroken(
+                f"a {call.nbytes}-byte allreduce was run where the call started during "
+                f"the last one's drain ({adopted.call.nbytes} bytes) was due")
+        try:
+            return self._run_call(call, deadline, prepared, agreed_first)
+        except BaseException:
+            self._drop_adopted()
+            raise
+
+    def _run_call(self, call: AllreduceCall, deadline: Deadline,
+                  prepared: Prepared | None, agreed_first: np.ndarray | None
+                  ) -> HandOver | None:
         identified = self._identified
         if prepared is None or (agreed_first is None
                                 and not (identified and identified[0] is prepared)):
@@ -373,6 +410,7 @@ class InaEngine(OffloadEngine):
             agreed_first[1:] = identified[3]
         call_number, quorum = self.quorum.next_call(
             (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
+        number = self.quorum.calls
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (collectives/recovery.py): its outcome is in the results.
         vote_free = self.errors.gated and not quorum and len(prepared.shares) == 1
@@ -395,17 +433,36 @@ class InaEngine(OffloadEngine):
             bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.striped_calls += len(shares) > 1
-        results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
-                                   call.op is Op.AVERAGE, bits, deadline, call_number,
-                                   quorum, ident if predicted else 0, learn,
-                                   predicted and bool(prepared.proposal[0]),
-                                   call.absent(self.quorum.rank) and bool(quorum))
+        # A sync call of one share may start the next call in its drain (``adopt``).
+        alone = vote_free and len(shares) == 1
+        if alone:
+            self._running = (ident, shares[0].end - shares[0].first, place)
+        try:
+            results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
+                                       call.op is Op.AVERAGE, bits, deadline, call_number,
+                                       quorum, ident if predicted else 0, learn,
+                                       predicted and bool(prepared.proposal[0]),
+                                       call.absent(self.quorum.rank) and bool(quorum),
+                                       call.on_drain if alone else None)
+        finally:
+            self._running = None
         for share, result in zip(shares, results):
             self._account(links[share.aggregator], result)
         self.predicted_calls += predicted
-        if vote_free and results[0].reason == "mismatch":
+        if vote_free:
+            return self._end_alone(call, prepared, out, results[0], learn, ident, shape,
+                                   place, number, predicted)
+        return self._finish_by_vote(call, prepared, out, results, bits, deadline)
+
+    def _end_alone(self, call: AllreduceCall, prepared: Prepared, out: np.ndarray,
+                   result: Result, learn: np.ndarray | None, ident: int, shape: Any,
+                   place: Hashable, number: int, predicted: bool) -> HandOver | None:
+        """A vote-free call's end (switch call ``number``): a mismatch handed back, else
+        ``_finish_alone``, and what its results teach learned."""
+        if result.reason == "mismatch":
             # Every rank got the mark; some ranks' packets may wait in cells the others
             # never use: a new epoch leaves every cell idle (as after a marked opening).
+            self._drop_adopted()
             self.mismatched_predictions += 1
             self.quorum.call_not_made()
             self.aggregators.new_epoch()
@@ -413,19 +470,113 @@ class InaEngine(OffloadEngine):
             return HandOver(f"ina: the switch saw the ranks' calls differ at a "
                             f"{call.nbytes}-byte allreduce", prepared.x, rechoose=True,
                             mismatch=True)
-        if vote_free:
-            handover = self._finish_alone(call, shares[0], results[0], prepared.x, out,
-                                          prepared.k, predicted)
-            if (learn is not None and handover is None and results[0].ok
-                    and self.aggregators.link is not None):
-                span, half = self._span(prepared), learn.size // 2
-                self.predictions.learn(ident, shape, learn[half:half + span],
-                                       learn[:span], results[0].counters["overflows"] > 0,
-                                       place)
-            elif learn is not None:
-                self.predictions.clear()
-            return handover
-        return self._finish_by_vote(call, prepared, out, results, bits, deadline)
+        handover = self._finish_alone(call, prepared.shares[0], result, prepared.x, out,
+                                      prepared.k, number, predicted)
+        if (learn is not None and handover is None and result.ok
+                and self.aggregators.link is not None):
+            span, half = self._span(prepared), learn.size // 2
+            self.predictions.learn(ident, shape, learn[half:half + span], learn[:span],
+                                   result.counters["overflows"] > 0, place)
+        elif learn is not None:
+            self.predictions.clear()
+        return handover
+
+    # -- calls back to back (docs/protocol.md) -----------------------------------------
+
+    def adopt(self, call: AllreduceCall, prepared: Prepared | None, ident: int,
+              seq: int) -> bool:
+        """Start ``call`` in the running call's drain, where every rank that starts it
+        only after the running call returned would make it the same: a predicted call
+        of one share, sync, every rank present, predicted from nothing the running
+        call's learning changes (an entry of its own place, or another identity), on a
+        quiet call boundary
+        (``seq``), with room in the table for what the running call learns (nothing
+        evicted), that uses every slot the running call used (so that no rank can
+        finish it unless every rank holds every result of the running call: the
+        all-or-nothing rule). True if started (``run`` of this very call finishes it)."""
+        running, link = self._running, self.aggregators.link
+        if (running is None or self._adopted is not None or prepared is None
+                or link is None or not self.settings.switch_back_to_back
+                or not self.settings.switch_predict or call.present
+                or prepared.quorum or self.quorum.generation or not self.gates()
+                or not self._learns(prepared) or not self.aggregators.quiet_at(seq)
+                or len(self.predictions) + 2 > self.predictions.size):
+            return False
+        share = prepared.shares[0]
+        chunks = share.end - share.first
+        if chunks < min(link.slots, running[1]):
+            return False
+        shape = self._shape()
+        place = self._place(ident, prepared)
+        if ident == running[0] and not self.predictions.apart(ident, shape, place,
+                                                              running[2]):
+            return False
+        span = self._span(prepared)
+        predicted = self.predictions.predict(ident, shape, span, prepared.wide, place,
+                                             touch=False)
+        if predicted is None:
+            return False
+        run_before = self._run
+        last, length = self._run
+        self._run = (ident, length + 1 if last == ident else 1)
+        call_number, _ = self.quorum.next_call(
+            (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
+        agreed_first = np.zeros(1 + span, np.int16)
+        agreed_first[1:] = predicted
+        agreed = prepared.agreed(agreed_first)
+        out = (call.recv if prepared.wide == call.dtype
+               else np.empty(call.recv.size, prepared.wide))
+        learn = np.full(2 * link.slots * prepared.g, P.PROPOSAL_NONE, np.int16)
+        bits = link.value_bits_for(call.value_bits)
+        x, into, local, theirs = prepared.arrays(share, out, agreed)
+        try:
+            link.adopt(x, into, local, theirs, call.op is Op.AVERAGE, self.streams.timers,
+                       self.settings.timeout, value_bits=bits, call=call_number,
+                       ready=share.ready, ident=ident, learn=learn,
+                       nonfinite=bool(prepared.proposal[0]))
+        except BaseException:
+            self.quorum.call_not_made()
+            self._run = run_before
+            raise
+        self._adopted = _Adopted(call, prepared, ident, shape, place, self.quorum.calls,
+                                 out, learn, bits, run_before)
+        return True
+
+    def adopted(self) -> AllreduceCall | None:
+        return self._adopted.call if self._adopted is not None else None
+
+    def _resume(self, adopted: _Adopted) -> HandOver | None:
+        """The adopted call run to its end, and ended as any vote-free call."""
+        self._adopted = None
+        self._identified = None
+        call, prepared = adopted.call, adopted.prepared
+        link = self.aggregators.link
+        self.calls_by_width[adopted.bits] = self.calls_by_width.get(adopted.bits, 0) + 1
+        self.adopted_calls += 1
+        self._running = (adopted.ident, prepared.shares[0].end - prepared.shares[0].first,
+                         adopted.place)
+        try:
+            result = link.resume(call.on_drain)
+        finally:
+            self._running = None
+        self._account(link, result)
+        self.predicted_calls += 1
+        return self._end_alone(call, prepared, adopted.out, result, adopted.learn,
+                               adopted.ident, adopted.shape, adopted.place, adopted.number,
+                               True)
+
+    def _drop_adopted(self) -> None:
+        """The adopted call given up on this rank (the running call did not end cleanly
+        here): its stream dropped, its number and its place in the run given back. Its
+        packets may wait in cells: the rescue that follows starts a new epoch."""
+        adopted, self._adopted = self._adopted, None
+        if adopted is None:
+            return
+        link = self.aggregators.link
+        if link is not None:
+            link.abandon()
+        self.quorum.call_not_made()
+        self._run = adopted.run_before
 
     def _learn_buffer(self, size: int) -> np.ndarray:
         """``size`` int16 PROPOSAL_NONE for a stream to fill in what its call teaches
@@ -602,8 +753,8 @@ class InaEngine(OffloadEngine):
     # -- a call without a vote (rescue.py) --------------------------------------------
 
     def _finish_alone(self, call: AllreduceCall, share: Share, result: Result,
-                      x: np.ndarray, out: np.ndarray, k: int, predicted: bool = False
-                      ) -> HandOver | None:
+                      x: np.ndarray, out: np.ndarray, k: int, number: int,
+                      predicted: bool = False) -> HandOver | None:
         """End a vote-free call: on this rank's own results when it holds them all and
         none said NaN or Inf (keeping the last window), else through the rescue. A
         ``predicted`` call that failed may have failed on every rank before any moved
@@ -620,25 +771,28 @@ class InaEngine(OffloadEngine):
             if out is not call.recv:
                 np.copyto(call.recv, out, casting="unsafe")
             start = max(c0, c1 - agg.links[i].slots) * k
-            self.errors.keep(Kept(self.quorum.calls, i, start, call.recv[start:].copy()),
-                             self.quorum.calls)
+            self.errors.keep(Kept(number, i, start, call.recv[start:].copy()),
+                             number)
             self.vote_free_calls += 1
             return None
-        what = f"switch call #{self.quorum.calls} ({call.nbytes} bytes)"
+        self._drop_adopted()  # (before its rescue: this call's number is the last taken)
+        what = f"switch call #{number} ({call.nbytes} bytes)"
         role = (Role.NAN_OR_INF if result.ok else Role.PREDICTED if predicted
                 else Role.FAILED)
         here = (f"{agg.where(i)}: {result.reason}, {result.missing.size} chunks never "
                 f"completed (first {result.missing[:8].tolist()})" if not result.ok
                 else "a result said an input held a NaN or an Inf")
-        self.errors.report(f"{what}: {here}", self.quorum.calls)
-        got = take_part(self.errors, role, self.quorum.calls, what,
-                        opening=self.quorum.calls, seq=agg.seq)
+        self.errors.report(f"{what}: {here}", number)
+        got = take_part(self.errors, role, number, what,
+                        opening=number, seq=agg.seq)
         self.predictions.clear()
         self.quorum.after_call(-1, -1, 0, 0, 0)
         if got.failed:
             self.shares.forget(i)
             agg.lost([i], f"ina: the aggregator failed mid-operation on rank(s) "
                           f"{got.failed}; here: {here}", got.seq)
+        else:  # (a rank's adopted call may have left packets in cells: none used again)
+            agg.new_epoch()
         if got.restart:  # (a predicted call no rank finished: nothing of it moved)
             return HandOver(f"ina: aggregator failed; here: {here}", x, rechoose=True)
         if got.to_ring:
@@ -657,14 +811,15 @@ class InaEngine(OffloadEngine):
         self.rescued_calls += 1
         # Kept like any vote-free call's: if the others were at finalize, this rank's
         # finalize must make the gate they make again (Collectives.finish_calls).
-        self.errors.keep(Kept(self.quorum.calls, i, got.start, got.values),
-                         self.quorum.calls)
+        self.errors.keep(Kept(number, i, got.start, got.values),
+                         number)
         return None
 
     def help_rescue(self, what: str) -> None:
         """Collective with ranks that could not finish a call (a gate showed TROUBLE):
         this rank finished it, and sends or stands by with its kept window; then marks
         the aggregator lost as they do when a stream failed."""
+        self._drop_adopted()
         got, kept = stand_by(self.errors, what, self.aggregators.seq)
         self.predictions.clear()
         if got.failed and kept is not None and self.aggregators.links[kept.aggregator]:
@@ -672,3 +827,21 @@ class InaEngine(OffloadEngine):
             self.aggregators.lost([kept.aggregator],
                                   f"ina: the aggregator failed mid-operation on rank(s) "
                                   f"{got.failed}", got.seq)
+        elif not got.failed:  # (as the ranks in trouble do: _finish_alone)
+            self.aggregators.new_epoch()
+
+
+@dataclass
+class _Adopted:
+    """A call ``InaEngine.adopt`` started: what its run finishes it with."""
+
+    call: AllreduceCall
+    prepared: Prepared
+    ident: int
+    shape: Any
+    place: Hashable
+    number: int              # its switch call number (Quorum.calls)
+    out: np.ndarray          # where its stream writes (call.recv, or wider)
+    learn: np.ndarray
+    bits: int
+    run_before: tuple[int, int]  # the engine's run of identities before it (dropped: back)

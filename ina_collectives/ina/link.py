@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -183,7 +183,8 @@ class WorkerLink:
                average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
                cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
                ready: int = -1, ident: int = 0, learn: np.ndarray | None = None,
-               nonfinite: bool = False, absent: bool = False) -> Result:
+               nonfinite: bool = False, absent: bool = False,
+               on_drain: Callable[[], None] | None = None) -> Result:
         """Allreduce x (float32/64, 1-D) into out through the aggregator, within
         ``deadline`` seconds: ``local``, this worker's exponents, and ``agreed``, the
         agreed ones (G per chunk); ``timers``, its waits. value_bits: this call's width
@@ -202,12 +203,39 @@ class WorkerLink:
         Returns the Result (``ok``: done, or LOST in a quorum call: done but for the
         chunks ``missing`` names, whose results the switch no longer holds; the engine
         takes them from a peer), with its ``reason`` ("mismatch": a predicted call's
-        result said the ranks called differently)."""
+        result said the ranks called differently). ``on_drain``: called once when the
+        call's last window drains, to ``adopt`` the next call (docs/protocol.md, Calls
+        back to back)."""
         result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
                                   value_bits, cancel, call & 0xFFFF, quorum, ready, ident,
-                                  learn, nonfinite, absent)
+                                  learn, nonfinite, absent, on_drain)
         result.reason = self._reason(result)
         return result
+
+    def adopt(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
+              average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
+              call: int = 0, ready: int = -1, ident: int = 0,
+              learn: np.ndarray | None = None, nonfinite: bool = False) -> None:
+        """Start the next call (a sync stream, arguments as ``stream``'s) during the
+        running stream's drain: each slot takes its first chunk as soon as the running
+        call is done with it. ``resume`` runs it to its end; ``abandon`` drops it."""
+        self.wire.adopt(x, out, local, agreed, average, timers, deadline, value_bits,
+                        call & 0xFFFF, ready, ident, learn, nonfinite)
+
+    @property
+    def adopted(self) -> bool:
+        """Whether a call is adopted and not yet resumed or abandoned."""
+        return self.wire.adopted
+
+    def resume(self, on_drain: Callable[[], None] | None = None) -> Result:
+        """The adopted call run to its end: its Result, as ``stream``'s."""
+        result = self.wire.resume(on_drain)
+        result.reason = self._reason(result)
+        return result
+
+    def abandon(self) -> bool:
+        """Drop the adopted call, if any (True if there was one)."""
+        return self.wire.abandon()
 
     def _reason(self, result: Result) -> str:
         """How a stream or an opening ended (transport.STATUS; "mismatch": a result said

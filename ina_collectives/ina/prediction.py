@@ -60,15 +60,23 @@ class Predictions:
     def __len__(self) -> int:
         return len(self._table)
 
+    def apart(self, ident: int, shape: Hashable, place: Hashable, other: Hashable) -> bool:
+        """Whether ``place`` has an entry of its own, not ``other``'s: a call there is
+        predicted from nothing that a call of the identity at ``other`` learns."""
+        key = _place(place)
+        return key != _place(other) and (ident, shape, key) in self._table
+
     def headroom(self, ident: int, shape: Hashable, place: Hashable = 0) -> int | None:
         entry = self._table.get((ident, shape, _place(place)))
         return None if entry is None else entry.headroom
 
     def predict(self, ident: int, shape: Hashable, span: int, dtype: np.dtype,
-                place: Hashable = 0) -> np.ndarray | None:
+                place: Hashable = 0, touch: bool = True) -> np.ndarray | None:
         """The first window's predicted exponents (``span`` int16 values, the layout of
         ``Prepared.local``'s window), or None where nothing was learned for this call:
-        its place's entry, else the identity's latest."""
+        its place's entry, else the identity's latest. ``touch`` False: a look that
+        leaves the table as it was (its order, which says what leaves first, and its
+        hits), for a call started before a rank that did not start it yet would look."""
         key = (ident, shape, _place(place))
         entry = self._table.get(key)
         if entry is None:
@@ -76,8 +84,9 @@ class Predictions:
             entry = self._table.get(key)
         if entry is None or entry.needs.size < span:
             return None
-        self._table.move_to_end(key)
-        self.hits += 1
+        if touch:
+            self._table.move_to_end(key)
+            self.hits += 1
         if entry.predicted is None:  # (made once: calls of one identity share a dtype)
             needs = entry.needs
             predicted = needs + np.int16(entry.headroom)  # (needs <= 1024: no overflow)

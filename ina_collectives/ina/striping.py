@@ -85,13 +85,15 @@ class Streams:
             agreed: np.ndarray, average: bool, bits: int, deadline: Deadline,
             call_number: int = 0, quorum: int = 0, ident: int = 0,
             learn: np.ndarray | None = None, nonfinite: bool = False,
-            absent: bool = False) -> list[Result]:
+            absent: bool = False, on_drain: Callable[[], None] | None = None
+            ) -> list[Result]:
         """Stream each of ``prepared``'s shares through its aggregator's link: the input's
         chunks into ``out``, with this rank's exponents and the agreed ones ``agreed`` (G
         per chunk); ``bits``, the call's value width. ``ident``, ``learn`` and
         ``nonfinite``: a call of one share that is predicted or learns, and whether its
         first window holds a NaN or an Inf; ``absent``, a quorum call this rank adds
-        nothing to (WorkerLink.stream)."""
+        nothing to (WorkerLink.stream); ``on_drain``, a call of one share: called in its
+        drain (WorkerLink.stream)."""
         s = self.settings
         remaining = max(0.0, deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
@@ -102,7 +104,8 @@ class Streams:
             return links[share.aggregator].stream(
                 x, into, local, theirs, average, self.timers, remaining, value_bits=bits,
                 cancel=cancel, call=call_number, quorum=quorum, ready=share.ready,
-                ident=ident, learn=learn, nonfinite=nonfinite, absent=absent)
+                ident=ident, learn=learn, nonfinite=nonfinite, absent=absent,
+                on_drain=on_drain if len(shares) == 1 else None)
 
         if not shares:  # an empty call
             return []

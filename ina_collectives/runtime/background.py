@@ -44,7 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..collectives.agreement import CallSignature
-from ..collectives.chooser import Collectives
+from ..collectives.chooser import Collectives, Following
 from ..collectives.peers import TorchPeers
 from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout, InaError, OperationError
@@ -195,6 +195,14 @@ class BackgroundRuntime:
         self._carried_count: dict[str, int] = {}
         self._adding: dict[str, np.ndarray] = {}
         self._fusion_buffer = np.empty(0, np.uint8)
+        # The next call, made ready in this one's drain (``_ready_ahead``): its group,
+        # buffer, offsets and length; a fused one fills the spare fusion buffer.
+        self._ahead: tuple[list[Piece], np.ndarray, list[int], int] | None = None
+        # The next round, taken from the negotiation in this round's last call (its
+        # outcome, and its schedule: None where it is not to be run ahead).
+        self._planned: tuple[Outcome | BaseException,
+                             tuple[list[list[Piece]], list[Ready]] | None] | None = None
+        self._fusion_spare = np.empty(0, np.uint8)
         self._lock = threading.RLock()  # (re-entrant: submissions made ``together``)
         self._local = _Local()
         self._names_taken: dict[str, Handle] = {}
@@ -490,12 +498,17 @@ class BackgroundRuntime:
         # (The negotiation hands on a round every cycle_time, or its failure within its
         # bound: this wait only backs that up.)
         bound = self.settings.timeout + self.settings.cycle_time + 5.0
-        try:
-            outcome = self._outcomes.get(timeout=bound)
-            self._taken.set()
-        except queue.Empty:
-            raise CollectiveTimeout(f"the negotiation thread gave no round for {bound:g} s"
-                                    ) from None
+        planned, self._planned = self._planned, None
+        if planned is not None:  # (taken in the last round's last call: _next_round_first)
+            outcome, schedule = planned
+        else:
+            schedule = None
+            try:
+                outcome = self._outcomes.get(timeout=bound)
+                self._taken.set()
+            except queue.Empty:
+                raise CollectiveTimeout(f"the negotiation thread gave no round for "
+                                        f"{bound:g} s") from None
         if isinstance(outcome, BaseException):
             raise outcome
         self._hand_over()
@@ -503,7 +516,7 @@ class BackgroundRuntime:
             self._meet_trouble(outcome.trouble)
         for failed in outcome.failed:
             self._finish(failed.name, error=OperationError(failed.message))
-        self._execute(outcome.ready)
+        self._execute(outcome.ready, schedule)
         if outcome.join_done is not None:
             self._join_done = outcome.join_done
         # (A joined rank adds zeros to what others carry over: it stays joined till then.)
@@ -542,23 +555,33 @@ class BackgroundRuntime:
                 return True
             self._wake.wait(self.IDLE_WAIT)
             return False
+        # Cut as the negotiated path cuts (a partition's results go back as it
+        # completes), each piece one call, in order: nothing is fused, since what is
+        # queued together differs from rank to rank.
+        work: list[tuple[Handle, list[list[Piece]]]] = []
         for handle in new:
+            request = handle.request
+            calls: list[list[Piece]] = []
+            if request.kind == "allreduce":
+                pieces, counts = scheduling.cut([Ready(request.name, {self.rank: request})],
+                                                self.settings.partition_bytes,
+                                                self.settings.switch_block,
+                                                self._ready_count)
+                self._ready_count += 1
+                self._parts_left.update(counts)
+                calls = [[piece] for piece in pieces]
+            work.append((handle, calls))
+        for i, (handle, calls) in enumerate(work):
             self.fusion["cycles"] += 1
             request = handle.request
             if request.kind != "allreduce":
                 self._host_in_order(handle)
                 continue
-            # Cut as the negotiated path cuts (a partition's results go back as it
-            # completes), each piece one call, in order: nothing is fused, since what is
-            # queued together differs from rank to rank.
-            pieces, counts = scheduling.cut([Ready(request.name, {self.rank: request})],
-                                            self.settings.partition_bytes,
-                                            self.settings.switch_block, self._ready_count)
-            self._ready_count += 1
-            self._parts_left.update(counts)
-            for piece in pieces:
+            # (What comes next, if an allreduce, may start in each call's drain.)
+            upcoming = calls[1:] + (work[i + 1][1][:1] if i + 1 < len(work) else [])
+            for j, call in enumerate(calls):
                 if request.name in self._local.inflight:  # (no piece failed)
-                    self._allreduce_group([piece])
+                    self._allreduce_group(call, upcoming[j] if j < len(upcoming) else None)
         return False
 
     def _host_in_order(self, handle: Handle) -> None:
@@ -640,7 +663,10 @@ class BackgroundRuntime:
 
     # -- running what is ready ------------------------------------------------------------
 
-    def _execute(self, ready: list[Ready]) -> None:
+    def _schedule(self, ready: list[Ready]) -> tuple[list[list[Piece]], list[Ready]]:
+        """A round's calls, in the order they run (its allreduces cut, ordered with the
+        pieces carried from the round before, fused, up to partition_bytes: the rest
+        carried on), and its other operations."""
         s = self.settings
         others = [r for r in ready if r.any_request().kind != "allreduce"]
         pieces, counts = scheduling.cut([r for r in ready
@@ -654,8 +680,38 @@ class BackgroundRuntime:
         pieces = scheduling.order(self._carry + pieces, s.ordering == "fifo")
         groups = scheduling.fusion_groups(pieces, s.fusion_threshold, s.partition_bytes)
         run, self._carry = scheduling.take(groups, s.partition_bytes, s.switch_block)
-        for group in run:  # (each call checked at its own gate: Collectives)
-            self._allreduce_group(group)
+        return run, others
+
+    def _next_round_first(self) -> list[Piece] | None:
+        """The next round's first call, where the negotiation has agreed that round
+        already and nothing comes between this round's last call and it (no trouble to
+        meet, no join or shutdown): its outcome taken now and its calls scheduled
+        (``_cycle`` runs them as planned); None otherwise."""
+        if self._planned is not None:
+            return None
+        try:
+            outcome = self._outcomes.get_nowait()
+        except queue.Empty:
+            return None
+        self._taken.set()
+        if (isinstance(outcome, BaseException) or outcome.trouble
+                or outcome.join_done is not None or outcome.shutdown_by is not None):
+            self._planned = (outcome, None)
+            return None
+        schedule = self._schedule(outcome.ready)
+        self._planned = (outcome, schedule)
+        return schedule[0][0] if schedule[0] else None
+
+    def _execute(self, ready: list[Ready],
+                 schedule: tuple[list[list[Piece]], list[Ready]] | None = None) -> None:
+        """A round's calls and operations (``schedule``: planned already)."""
+        run, others = schedule if schedule is not None else self._schedule(ready)
+        for i, group in enumerate(run):  # (each call checked at its own gate: Collectives)
+            # What comes next may start in this call's drain: the round's next call, or
+            # after its last (and nothing else), the next round's first.
+            after = (run[i + 1] if i + 1 < len(run) else
+                     None if others else self._next_round_first)
+            self._allreduce_group(group, after)
         for item in others:
             request = item.any_request()
             handle = self._local.inflight.get(item.name)
@@ -683,44 +739,102 @@ class BackgroundRuntime:
             CallSignature.MPI_DIRECT, -1, -1, -1, request.describe()),
             Deadline(self.settings.timeout), through_offload=request.kind != "quorum")
 
-    def _allreduce_group(self, group: list[Piece]) -> None:
-        req = group[0].request
-        wire = req.wire
+    def _buffer(self, group: list[Piece], spare: bool = False
+                ) -> tuple[np.ndarray, list[int], int]:
+        """Where ``group``'s call reduces, its pieces' offsets there and its length: a
+        lone piece in its output (no copy out) unless it is an input the caller still
+        needs unchanged; fused pieces in the fusion buffer (``spare``: the other one, for
+        a call made ready while one runs)."""
+        wire = group[0].request.wire
         offsets, total = scheduling.layout(group, self.settings.switch_block)
+        if len(group) == 1:
+            handle = self._local.inflight.get(group[0].item.name)
+            recv = handle.data["recv"] if handle else None
+            return (recv[group[0].start:group[0].stop] if recv is not None
+                    else np.empty(total, wire)), offsets, total
+        fusion = self._fusion_spare if spare else self._fusion_buffer
+        if fusion.nbytes < total * wire.itemsize:
+            fusion = np.empty(max(total * wire.itemsize, self.settings.fusion_threshold),
+                              np.uint8)
+            if spare:
+                self._fusion_spare = fusion
+            else:
+                self._fusion_buffer = fusion
+        buffer = fusion[:total * wire.itemsize].view(wire)
+        if total > offsets[-1] + group[-1].stop - group[-1].start or any(
+                offsets[i] + p.stop - p.start != offsets[i + 1]
+                for i, p in enumerate(group[:-1])):
+            buffer[...] = 0  # the padding between pieces adds nothing
+        return buffer, offsets, total
+
+    def _call_of(self, group: list[Piece]) -> tuple[Any, int]:
+        """``group``'s call's key and the ranks present (AllreduceCall)."""
+        # Negotiated calls are known by their tensors' names and ranges, alike on every
+        # rank, so the offload may learn per tensor (the next step's same call); in
+        # program order names are the callers' and need not repeat.
+        key = (None if self.ordered else
+               tuple((p.item.name, p.start, p.stop) for p in group))
+        # (Fused only with its like: scheduling.) Every rank present and named: a call
+        # that waited for a rank at its bound, counted in sync.
+        item = group[0].item
+        present = (sum(1 << r for r in range(self.size) if r not in item.absent)
+                   if item.absent or item.waited else 0)
+        return key, present
+
+    def _ready_ahead(self, after: list[Piece] | Callable[[], list[Piece] | None]
+                     ) -> Following | None:
+        """The next call made ready while this one drains (Collectives.allreduce_flat's
+        ``following``): its input filled in and prescaled, if none of it waits to land
+        (a staged input) and it is not empty; its arguments, else None."""
+        group = after() if callable(after) else after
+        if not group:
+            return None
+        for piece in group:
+            handle = self._local.inflight.get(piece.item.name)
+            if handle is not None and "landed" in handle.data:
+                return None
+        buffer, offsets, total = self._buffer(group, spare=True)
+        if not total:
+            return None
+        try:
+            self._fill(group, buffer, offsets)
+            op = scaling.ahead(self.collectives, buffer, group[0].request)
+        except Exception:  # (its own run fills it again, and raises it there)
+            log.debug("the next call could not be made ready ahead", exc_info=True)
+            return None
+        self._ahead = (group, buffer, offsets, total)
+        key, present = self._call_of(group)
+        return Following(None, buffer, op, group[0].request.switch_bits, key, present)
+
+    def _allreduce_group(self, group: list[Piece],
+                         after: list[Piece] | Callable[[], list[Piece] | None] | None = None
+                         ) -> None:
+        """One call: ``group``'s pieces reduced, their results handed back. ``after``:
+        the call that comes next (or what finds it), made ready in this one's drain
+        (``_ready_ahead``)."""
+        req = group[0].request
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is group:
+            _, buffer, offsets, total = ahead
+            if len(group) > 1:  # (its buffer the spare one: the other is free now)
+                self._fusion_buffer, self._fusion_spare = (self._fusion_spare,
+                                                           self._fusion_buffer)
+        else:
+            ahead = None
+            buffer, offsets, total = self._buffer(group)
         if len(group) > 1:
-            if self._fusion_buffer.nbytes < total * wire.itemsize:
-                self._fusion_buffer = np.empty(max(total * wire.itemsize,
-                                                   self.settings.fusion_threshold), np.uint8)
-            buffer = self._fusion_buffer[:total * wire.itemsize].view(wire)
-            if total > offsets[-1] + group[-1].stop - group[-1].start or any(
-                    offsets[i] + p.stop - p.start != offsets[i + 1]
-                    for i, p in enumerate(group[:-1])):
-                buffer[...] = 0  # the padding between pieces adds nothing
             self.fusion["fused calls"] += 1
             self.fusion["tensors fused"] += len(group)
-        else:
-            piece = group[0]
-            handle = self._local.inflight.get(piece.item.name)
-            recv = handle.data["recv"] if handle else None
-            # A lone piece is reduced in its output (no copy out) unless it is an input
-            # the caller still needs unchanged.
-            buffer = (recv[piece.start:piece.stop] if recv is not None
-                      else np.empty(total, wire))
         try:
-            self._fill(group, buffer, offsets)  # (a staged input's copy may time out)
+            if ahead is None:
+                self._fill(group, buffer, offsets)  # (a staged input's copy may time out)
             if total:
-                # Negotiated calls are known by their tensors' names and ranges, alike on
-                # every rank, so the offload may learn per tensor (the next step's same
-                # call); in program order names are the callers' and need not repeat.
-                key = (None if self.ordered else
-                       tuple((p.item.name, p.start, p.stop) for p in group))
-                # (Fused only with its like: scheduling.) Every rank present and
-                # named: a call that waited for a rank at its bound, counted in sync.
-                item = group[0].item
-                present = (sum(1 << r for r in range(self.size) if r not in item.absent)
-                           if item.absent or item.waited else 0)
+                key, present = self._call_of(group)
+                following = ((lambda: self._ready_ahead(after)) if after is not None
+                             else None)
                 scaling.reduce(self.collectives, buffer, req, self.size, key=key,
-                               present=present)
+                               present=present, prescaled=ahead is not None,
+                               following=following)
         except InaError as exc:
             for piece in group:
                 if piece.item.owed is not None:

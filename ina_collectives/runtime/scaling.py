@@ -2,11 +2,11 @@
 AVERAGE's division by the number of ranks, each as Horovod rounds it."""
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Callable, Hashable
 
 import numpy as np
 
-from ..collectives.chooser import Collectives
+from ..collectives.chooser import Collectives, Following
 from ..collectives.ops import Op
 from .negotiation import OpRequest
 
@@ -22,23 +22,27 @@ def collective_op(req: OpRequest, dtype: np.dtype, quorum_active: bool) -> Op:
 
 
 def reduce(collectives: Collectives, buffer: np.ndarray, req: OpRequest, size: int,
-           part: tuple[int, int] | None = None, key: Hashable = None, present: int = 0
-           ) -> None:
+           part: tuple[int, int] | None = None, key: Hashable = None, present: int = 0,
+           prescaled: bool = False,
+           following: Callable[[], Following | None] | None = None) -> None:
     """Reduce ``buffer`` in place over all ``size`` ranks with Horovod's semantics:
     prescale, reduce, postscale (Average: divided by the number of ranks). ``part``: only
     buffer[part[0]:part[1]] is wanted on this rank (a reducescatter: the ring's
     reduce-scatter, (n-1)/n of the bytes where an allreduce moves them all each way; the
     other ranks' parts are given too). ``key``: what the call is known by, alike on every
     rank (AllreduceCall.key). ``present``: the ranks whose input counts (0: all): the
-    others pass zeros, and Average divides by those counted (AllreduceCall.present)."""
-    if req.prescale != 1.0:
-        scale(buffer, req.prescale)
-    op = collective_op(req, buffer.dtype, collectives.quorum_active())
+    others pass zeros, and Average divides by those counted (AllreduceCall.present).
+    ``prescaled``: ``ahead`` made the buffer ready already. ``following``: the caller's
+    next allreduce made ready (Collectives.allreduce_flat)."""
+    op = (collective_op(req, buffer.dtype, collectives.quorum_active()) if prescaled
+          else ahead(collectives, buffer, req))
     if op is Op.AVERAGE:  # divided by the engine
-        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key, present)
+        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key, present,
+                                   following)
         return
     if part is None:
-        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key, present)
+        collectives.allreduce_flat(None, buffer, op, req.switch_bits, key, present,
+                                   following)
     else:
         row = buffer.size // max(req.shape[0], 1)
         bounds = [(a * row, b * row) for a, b in
@@ -56,6 +60,13 @@ def reduce(collectives: Collectives, buffer: np.ndarray, req: OpRequest, size: i
     post = req.postscale / (size if average else 1)
     if post != 1.0:
         scale(buffer, post)
+
+
+def ahead(collectives: Collectives, buffer: np.ndarray, req: OpRequest) -> Op:
+    """What ``reduce`` does before its call: the buffer prescaled; the op the call takes."""
+    if req.prescale != 1.0:
+        scale(buffer, req.prescale)
+    return collective_op(req, buffer.dtype, collectives.quorum_active())
 
 
 def split_rows(rows: int, parts: int, index: int) -> tuple[int, int]:

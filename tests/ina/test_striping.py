@@ -117,7 +117,8 @@ class FakeLink:
         self.calls: list[dict] = []
 
     def stream(self, x, into, local, agreed, average, timers, deadline, value_bits, cancel,
-               call, quorum, ready, ident=0, learn=None, nonfinite=False, absent=False):
+               call, quorum, ready, ident=0, learn=None, nonfinite=False, absent=False,
+               on_drain=None):
         self.calls.append({"thread": threading.current_thread().name, "size": x.size,
                            "deadline": deadline, "bits": value_bits, "call": call,
                            "quorum": quorum, "ready": ready, "average": average,

@@ -19,7 +19,7 @@ class Recorder:
     def quorum_active(self) -> bool:
         return self.quorum
 
-    def allreduce_flat(self, send, buf, op, bits, key=None, present=0):
+    def allreduce_flat(self, send, buf, op, bits, key=None, present=0, following=None):
         self.asked.append(op)
         self.present = present
         buf += buf if op is not Op.AVERAGE else 0
