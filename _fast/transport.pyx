@@ -665,6 +665,9 @@ cdef class Link:
         try:
             with nogil:
                 self._run(c)
+            if self.drain_due and c.draining and c.status == DONE and not c.stop:
+                self.drain_due = False  # (complete before its loop ran: an adopted call
+                self._drained(c)        # whose results all came in the last one's)
         except BaseException:
             self.abandon()
             raise

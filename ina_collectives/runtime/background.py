@@ -555,34 +555,54 @@ class BackgroundRuntime:
                 return True
             self._wake.wait(self.IDLE_WAIT)
             return False
-        # Cut as the negotiated path cuts (a partition's results go back as it
-        # completes), each piece one call, in order: nothing is fused, since what is
-        # queued together differs from rank to rank.
-        work: list[tuple[Handle, list[list[Piece]]]] = []
-        for handle in new:
-            request = handle.request
-            calls: list[list[Piece]] = []
-            if request.kind == "allreduce":
-                pieces, counts = scheduling.cut([Ready(request.name, {self.rank: request})],
-                                                self.settings.partition_bytes,
-                                                self.settings.switch_block,
-                                                self._ready_count)
-                self._ready_count += 1
-                self._parts_left.update(counts)
-                calls = [[piece] for piece in pieces]
-            work.append((handle, calls))
-        for i, (handle, calls) in enumerate(work):
+        work = [self._cut_in_order(handle) for handle in new]
+        i = 0
+        while i < len(work):  # (it may grow: _next_in_order)
+            handle, calls = work[i]
             self.fusion["cycles"] += 1
             request = handle.request
             if request.kind != "allreduce":
                 self._host_in_order(handle)
+                i += 1
                 continue
-            # (What comes next, if an allreduce, may start in each call's drain.)
-            upcoming = calls[1:] + (work[i + 1][1][:1] if i + 1 < len(work) else [])
+            # What comes next may start in each call's drain: the next piece, the next
+            # allreduce taken, or one submitted since (_next_in_order).
+            upcoming: list[Any] = calls[1:] + (
+                work[i + 1][1][:1] if i + 1 < len(work)
+                else [lambda: self._next_in_order(work)])
             for j, call in enumerate(calls):
                 if request.name in self._local.inflight:  # (no piece failed)
                     self._allreduce_group(call, upcoming[j] if j < len(upcoming) else None)
+            i += 1
         return False
+
+    def _cut_in_order(self, handle: Handle) -> tuple[Handle, list[list[Piece]]]:
+        """An operation taken in program order, and its calls: an allreduce cut as the
+        negotiated path cuts (a partition's results go back as it completes), each piece
+        one call; nothing is fused, since what is queued together differs from rank to
+        rank."""
+        request = handle.request
+        if request.kind != "allreduce":
+            return handle, []
+        pieces, counts = scheduling.cut([Ready(request.name, {self.rank: request})],
+                                        self.settings.partition_bytes,
+                                        self.settings.switch_block, self._ready_count)
+        self._ready_count += 1
+        self._parts_left.update(counts)
+        return handle, [[piece] for piece in pieces]
+
+    def _next_in_order(self, work: list[tuple[Handle, list[list[Piece]]]]
+                       ) -> list[Piece] | None:
+        """The first call of the next submission, taken now (appended to ``work``) if it
+        is an allreduce; None otherwise (it waits for its turn)."""
+        with self._lock:
+            queued = self._local.queue
+            if not queued or queued[0].request.kind != "allreduce":
+                return None
+            handle = queued.pop(0)
+            self._local.inflight[handle.request.name] = handle
+        work.append(self._cut_in_order(handle))
+        return work[-1][1][0] if work[-1][1] else None
 
     def _host_in_order(self, handle: Handle) -> None:
         """An operation other than allreduce, in program order: its gate (the call

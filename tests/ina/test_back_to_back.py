@@ -163,3 +163,176 @@ def test_a_link_with_an_adopted_call_refuses_another_until_it_is_resumed_or_aban
     with pytest.raises(ValueError, match="an empty call is not adopted"):
         link.adopt(empty, empty.copy(), np.zeros(0, np.int16), np.zeros(0, np.int16),
                    False, TIMERS, 1.0)
+
+
+# -- through the chooser, ranks in threads (tests/threadcomm.py) -----------------------
+
+def steps_of(rank: int, sizes: list[int], steps: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(100 + rank)
+    return [[(rng.standard_normal(n) * 2.0 ** (i % 5)).astype(np.float32)
+             for i, n in enumerate(sizes)] for _ in range(steps)]
+
+
+def run_steps(coll, inputs: list[list[np.ndarray]], keys: list) -> list[np.ndarray]:
+    """Each step's calls in order, each call's ``following`` the next one (the next
+    step's first after a step's last), as a runtime's queue gives them; the results."""
+    from ina_collectives.collectives.chooser import Following
+    from ina_collectives.collectives.ops import Op
+
+    calls = [(x.copy(), key) for step in inputs for x, key in zip(step, keys)]
+
+    def following(i: int):
+        return lambda: Following(None, calls[i][0], Op.SUM, key=calls[i][1])
+    for i, (buf, key) in enumerate(calls):
+        coll.allreduce_flat(None, buf, Op.SUM, key=key,
+                            following=following(i + 1) if i + 1 < len(calls) else None)
+    return [buf for buf, _ in calls]
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["named", "program-order"])
+def test_calls_back_to_back_give_the_bits_of_calls_one_after_another(keyed):
+    """Three ranks, four steps of five calls (three of one identity, told apart by
+    their names or by their place in the run): with calls adopted in each drain, every
+    rank's results are bit for bit those of the same calls made one after another, and
+    most calls after the first step went adopted."""
+    from ina_collectives.collectives.chooser import Collectives
+    from tests.ina.test_engine_faults import mortal_switch, settings_for
+    from tests.threadcomm import ThreadPeers, run_ranks
+
+    sizes = [3000, 3000, 5000, 3000, 700]
+    keys = [f"layer{i}" for i in range(len(sizes))] if keyed else [None] * len(sizes)
+    got = {}
+    for back_to_back in (False, True):
+        with mortal_switch() as sw:
+            def rank(comm, back_to_back=back_to_back):
+                from ina_collectives.ina.engine import InaEngine
+                coll = Collectives(comm, settings_for(
+                    sw, switch_back_to_back=back_to_back, switch_silence=5.0), InaEngine)
+                try:
+                    out = run_steps(coll, steps_of(comm.Get_rank(), sizes, 4), keys)
+                    return out, coll.offload.switch_state()
+                finally:
+                    coll.free()
+            got[back_to_back] = run_ranks(3, rank, timeout=120, kind=ThreadPeers)
+    for r in range(3):
+        (plain, plain_state), (adopted, state) = got[False][r], got[True][r]
+        assert [a.tobytes() for a in adopted] == [p.tobytes() for p in plain], r
+        assert plain_state["adopted_calls"] == 0
+        assert state["adopted_calls"] >= 10, state  # (of the 15 after the first step)
+        assert state["mismatched_predictions"] == state["rescued_calls"] == 0, state
+    exact = np.sum([np.concatenate([x for step in steps_of(r, sizes, 4) for x in step])
+                    .astype(np.float64) for r in range(3)], axis=0)
+    ours = np.concatenate(got[True][0][0])
+    np.testing.assert_allclose(ours, exact, rtol=0, atol=np.abs(exact).max() * 1e-5)
+
+
+def test_a_switch_that_dies_with_the_next_call_adopted_leaves_every_rank_the_same_bits():
+    """Rank 1 hears no result of call B (it sends all of B, then adopts C in B's drain
+    and sends C's first window); rank 0 finishes B, adopts C, returns B and kills the
+    switch. Rank 1's B fails by the silence bound (its adopted C dropped), rank 0's C
+    does: in the rescue rank 1 takes B's last window from rank 0, no rank finished C,
+    and every rank starts C again, on the exact engine. Both return the same bits for
+    B and C, the exact sums."""
+    from ina_collectives.collectives.chooser import Collectives, Following
+    from ina_collectives.collectives.ops import Op
+    from tests.ina.test_engine_faults import (
+        deaf_from_the_next_stream,
+        mortal_switch,
+        settings_for,
+    )
+    from tests.threadcomm import ThreadPeers, run_ranks
+
+    count = 1000
+    with mortal_switch() as sw:
+        def rank(comm):
+            from ina_collectives.ina.engine import InaEngine
+            r = comm.Get_rank()
+            coll = Collectives(comm, settings_for(sw), InaEngine)
+            try:
+                a = np.arange(count, dtype=np.float32) * (r + 1)
+                c = np.arange(2 * count, dtype=np.float32) + r
+                for _ in range(2):  # (both identities learned: B and C go predicted)
+                    coll.allreduce(a)
+                    coll.allreduce(c)
+                b, c = a.copy(), c.copy()
+                if r == 1:
+                    deaf_from_the_next_stream(coll.offload)
+                started = []
+                plain_adopt = coll.offload.adopt
+                coll.offload.adopt = lambda *args: started.append(plain_adopt(*args))
+                comm.Barrier()
+                coll.allreduce_flat(None, b, Op.SUM,
+                                    following=lambda: Following(None, c, Op.SUM))
+                engines = [coll.stats.snapshot()["last_call"]["engine"]]
+                if r == 0:
+                    sw.kill()
+                coll.allreduce_flat(None, c, Op.SUM)
+                engines.append(coll.stats.snapshot()["last_call"]["engine"])
+                return b, c, engines, coll.offload.switch_state(), started
+            finally:
+                coll.free()
+
+        (b0, c0, engines0, state0, started0), (b1, c1, engines1, state1, started1) = (
+            run_ranks(2, rank, timeout=60, kind=ThreadPeers))
+    assert started0 == started1 == [True]  # (both adopted C in B's drain)
+    assert b0.tolist() == (np.arange(count, dtype=np.float32) * 3).tolist()
+    assert b1.tobytes() == b0.tobytes()
+    assert c0.tolist() == c1.tolist() == (np.arange(2 * count) * 2 + 1.0).tolist()
+    assert engines0 == ["ina", "gloo"] and engines1 == ["ina", "gloo"], (engines0, engines1)
+    assert (state0["rescued_calls"], state1["rescued_calls"]) == (0, 1)
+    assert state0["adopted_calls"] == 1 and state1["adopted_calls"] == 0
+
+
+@pytest.mark.parametrize("adopting", [(0, 1), (1,)], ids=["both", "one"])
+def test_a_nan_in_a_call_with_the_next_adopted_takes_it_exact_and_the_next_through_the_switch(
+        adopting):
+    """Call B holds a NaN on rank 1: every rank hands B to the exact path when its
+    results say so, after the ranks in ``adopting`` adopted C in B's drain (one alone:
+    its packets of C wait in half-used cells). The adopted C is dropped, and the rescue
+    starts a new epoch, so those packets meet nothing: C then opens through the switch
+    (the rescue cleared the predictions) with no mismatch, and every sum is right on
+    every rank."""
+    from ina_collectives.collectives.chooser import Collectives, Following
+    from ina_collectives.collectives.ops import Op
+    from tests.ina.test_engine_faults import mortal_switch, settings_for
+    from tests.threadcomm import ThreadPeers, run_ranks
+
+    count = 1000
+    with mortal_switch() as sw:
+        def rank(comm):
+            from ina_collectives.ina.engine import InaEngine
+            r = comm.Get_rank()
+            coll = Collectives(comm, settings_for(sw, switch_silence=5.0), InaEngine)
+            try:
+                a = np.arange(count, dtype=np.float32) * (r + 1)
+                c = np.arange(2 * count, dtype=np.float32) + r
+                for _ in range(2):
+                    coll.allreduce(a)
+                    coll.allreduce(c)
+                b, c = a.copy(), c.copy()
+                if r == 1:
+                    b[5] = np.nan
+                started = []
+                plain_adopt = coll.offload.adopt
+                coll.offload.adopt = lambda *args: started.append(plain_adopt(*args))
+                epoch = coll.offload.link.epoch
+                coll.allreduce_flat(None, b, Op.SUM,
+                                    following=(lambda: Following(None, c, Op.SUM))
+                                    if r in adopting else None)
+                engines = [coll.stats.snapshot()["last_call"]["engine"]]
+                coll.allreduce_flat(None, c, Op.SUM)
+                engines.append(coll.stats.snapshot()["last_call"]["engine"])
+                return (b, c, engines, coll.offload.switch_state(), started,
+                        coll.offload.link.epoch != epoch)
+            finally:
+                coll.free()
+
+        ranks = run_ranks(2, rank, timeout=60, kind=ThreadPeers)
+    want_b = np.arange(count, dtype=np.float32) * 3
+    want_b[5] = np.nan
+    for r, (b, c, engines, state, started, new_epoch) in enumerate(ranks):
+        assert started == ([True] if r in adopting else []) and new_epoch
+        np.testing.assert_array_equal(b, want_b)
+        assert c.tolist() == (np.arange(2 * count) * 2 + 1.0).tolist()
+        assert engines == ["gloo", "ina"], engines
+        assert state["mismatched_predictions"] == 0 and state["adopted_calls"] == 0
