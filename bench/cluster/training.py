@@ -490,6 +490,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--packet-delay-ms", type=float, default=10.0,
                         help="late-packets: how long the switch holds each packet of the "
                              "last rank")
+    parser.add_argument("--burst-bytes", type=int, default=None,
+                        help="tbf's burst on every link (default: 1 ms at the rate, at "
+                             "least 4 frames: an idle link banks that much time for the "
+                             "next burst; a real link banks nothing, one frame comes "
+                             "closest)")
     parser.add_argument("--tcp-rto-min", type=float, default=None, metavar="MS",
                         help="TCP's smallest retransmission timeout in the workers' "
                              "namespaces (default: the kernel's, 200 ms); the runtime's "
@@ -531,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         write(earlier["records"], args, command)
         return 0
     records = []
-    with Fabric(args.n, link_mbit=args.rate, mtu=args.mtu) as cluster, ExitStack() as stack:
+    with Fabric(args.n, link_mbit=args.rate, mtu=args.mtu,
+                burst_bytes=args.burst_bytes) as cluster, ExitStack() as stack:
         # (fault settings from its own address: the late-packets runs set them from its
         # namespace, the workers cannot)
         switch = stack.enter_context(cluster.switch_at(

@@ -99,7 +99,7 @@ class Fabric:
 
     def __init__(self, n: int, *, link_mbit: float | None = None, mtu: int = 1500,
                  bridge: bool = True, aggregators: int = 1, management: bool = False,
-                 prefix: str | None = None):
+                 prefix: str | None = None, burst_bytes: int | None = None):
         if not 1 <= n <= 200:
             raise ValueError(f"n must be 1..200 workers, got {n}")
         if not 1 <= aggregators <= 50:
@@ -110,6 +110,10 @@ class Fabric:
             raise ValueError(f"mtu must be 576..65535, got {mtu}")
         if link_mbit is not None and not link_mbit > 0:
             raise ValueError(f"link_mbit must be positive, got {link_mbit}")
+        if burst_bytes is not None and burst_bytes < mtu + 64:
+            raise ValueError(f"burst_bytes must hold a frame ({mtu + 64} bytes at MTU "
+                             f"{mtu}), got {burst_bytes}")
+        self.burst_bytes = burst_bytes
         if os.geteuid() != 0:
             raise PermissionError("the namespace fabric needs root (network namespaces, tc)")
         Fabric._made += 1
@@ -227,9 +231,12 @@ class Fabric:
             raise ValueError(f"link_mbit must be positive, got {link_mbit}")
         first = first or self.link_mbit is None
         rate_bytes = link_mbit * 1e6 / 8
-        # burst: a few jumbo frames or 1 ms at the rate, whichever is more; queue: 10 ms
-        # of data, at least 16 frames (a deep queue would only add latency).
-        burst = int(max(4 * (self.mtu + 64), rate_bytes * 1e-3))
+        # burst: a few jumbo frames or 1 ms at the rate, whichever is more (a link idle
+        # that long banks its time for the next burst; ``burst_bytes``, as asked: a real
+        # link banks nothing, one frame comes closest); queue: 10 ms of data, at least
+        # 16 frames (a deep queue would only add latency).
+        burst = (self.burst_bytes if self.burst_bytes is not None
+                 else int(max(4 * (self.mtu + 64), rate_bytes * 1e-3)))
         limit = int(max(16 * (self.mtu + 64), rate_bytes * 0.01))
         links = ([(self.switch_ns, f"p{i}") for i in range(self.n)]
                  + [(ns, IFNAME) for ns in self.worker_ns])
