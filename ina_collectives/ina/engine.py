@@ -433,9 +433,9 @@ class InaEngine(OffloadEngine):
             bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.striped_calls += len(shares) > 1
-        # A sync call of one share may start the next call in its drain (``adopt``).
-        alone = vote_free and len(shares) == 1
-        if alone:
+        # A vote-free call (sync, one share) may start the next call in its drain
+        # (``adopt``).
+        if vote_free:
             self._running = (ident, shares[0].end - shares[0].first, place)
         try:
             results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
@@ -443,7 +443,7 @@ class InaEngine(OffloadEngine):
                                        quorum, ident if predicted else 0, learn,
                                        predicted and bool(prepared.proposal[0]),
                                        call.absent(self.quorum.rank) and bool(quorum),
-                                       call.on_drain if alone else None)
+                                       call.on_drain if vote_free else None)
         finally:
             self._running = None
         for share, result in zip(shares, results):

@@ -23,11 +23,12 @@ from tests.threadcomm import ThreadPeers, run_ranks
 BASE = {"switch": "", "timeout": 5.0, "cycle_time": 0.001}
 
 
-def on_runtimes(n: int, body, **settings):
+def on_runtimes(n: int, body, ordered: bool = False, **settings):
     """``body(runtime, rank)`` on n ranks, each with its BackgroundRuntime (shut down
-    after, on every rank); the results by rank."""
+    after, on every rank; ``ordered``: in program order, as torch.distributed's); the
+    results by rank."""
     def rank(comm):
-        runtime = BackgroundRuntime(comm, Settings(**{**BASE, **settings}))
+        runtime = BackgroundRuntime(comm, Settings(**{**BASE, **settings}), ordered=ordered)
         try:
             return body(runtime, comm.Get_rank())
         finally:
@@ -308,3 +309,44 @@ def test_a_late_ranks_carried_inputs_come_in_as_their_mean_at_its_next_contribut
     for r, (out, stats) in enumerate(results):
         assert out == [2.0, 15.0, 30.0, (1 + 2 + 3 + 45) / 3], (r, out)
         assert stats["late inputs carried"] == (2 if r == 2 else 0), stats
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["negotiated", "program-order"])
+def test_calls_made_ready_in_the_last_ones_drain_go_back_to_back_with_exact_sums(ordered):
+    """Three ranks, a software switch, fusion off: each step submits four tensors at
+    once (one round, four calls; in program order, four submissions), one of them
+    prescaled. From the second step on the runtime makes each next call ready in the
+    drain of the one before (its input filled in and prescaled), and the switch engine
+    starts it there: most calls go adopted, and every sum is the exact one, prescale
+    applied once."""
+    sizes, steps = [6000, 6000, 9000, 3000], 5
+
+    def body(runtime, r):
+        rng = np.random.default_rng(r)
+        out = []
+        for _ in range(steps):
+            xs = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+            with runtime.together():
+                handles = []
+                for i, x in enumerate(xs):
+                    request = OpRequest("allreduce", f"g{i}", "float32", x.dtype, x.shape,
+                                        Op.SUM, prescale=2.0 if i == 1 else 1.0)
+                    handles.append(runtime.submit(request, send=x, recv=np.empty_like(x)))
+            out.append([h.wait(runtime.wait_seconds(), "g") for h in handles])
+        return out, runtime.stats()["switch"]
+
+    with switch_thread() as sw:
+        results = on_runtimes(3, body, ordered, switch="%s:%d" % sw.address,
+                              switch_min_bytes=0, fusion_threshold=0)
+    rngs = [np.random.default_rng(r) for r in range(3)]
+    for step in range(steps):
+        draws = [[g.standard_normal(n).astype(np.float32) for n in sizes] for g in rngs]
+        for i in range(len(sizes)):
+            exact = sum(d[i].astype(np.float64) for d in draws) * (2.0 if i == 1 else 1.0)
+            for r in range(3):
+                got = results[r][0][step][i]
+                np.testing.assert_allclose(got, exact, rtol=0,
+                                           atol=np.abs(exact).max() * 1e-5)
+    for _, state in results:
+        assert state["adopted_calls"] >= 8, state  # (of the 16 after the first step)
+        assert state["mismatched_predictions"] == state["rescued_calls"] == 0
