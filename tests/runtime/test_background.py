@@ -350,3 +350,40 @@ def test_calls_made_ready_in_the_last_ones_drain_go_back_to_back_with_exact_sums
     for _, state in results:
         assert state["adopted_calls"] >= 8, state  # (of the 16 after the first step)
         assert state["mismatched_predictions"] == state["rescued_calls"] == 0
+
+
+def test_a_late_submission_that_differs_from_what_ran_without_it_fails_on_that_rank():
+    """Quorum 2 of 3, running ahead: ranks 0 and 1 run step 2's "g" without rank 2,
+    whose late submission of "g" then has another length. It fails on rank 2 alone
+    (the others had gone on already), with an OperationError that names the call as
+    run and says the submission differs; the runtimes go on, and a new tensor after it
+    is reduced on every rank."""
+    import threading
+    ran_ahead = threading.Event()
+
+    def body(runtime, r):
+        x = 1000
+        allreduce(runtime, "g", np.full(x, 2.0, np.float32), Op.AVERAGE)
+        if r == 2:
+            assert ran_ahead.wait(20), "ranks 0 and 1 waited for rank 2"
+            with pytest.raises(OperationError) as late:
+                allreduce(runtime, "g", np.full(x // 2, 1.0, np.float32), Op.AVERAGE)
+            error = str(late.value)
+        else:
+            second = allreduce(runtime, "g", np.full(x, 10.0 * (r + 1), np.float32),
+                               Op.AVERAGE)
+            assert (second == 15.0).all(), second[:3]
+            if r == 0:
+                ran_ahead.set()
+            error = None
+        after = allreduce(runtime, "h", np.full(7, float(r), np.float32))
+        return error, after
+
+    with switch_thread() as sw:
+        results = on_runtimes(3, body, switch="%s:%d" % sw.address, switch_min_bytes=0,
+                              timeout=10.0, quorum=2, quorum_grace=0.02)
+    error = results[2][0]
+    assert "was run without this rank as the others submitted it (1000 x float32)" in error
+    assert "this rank's submission differs" in error
+    assert [e for e, _ in results[:2]] == [None, None]
+    assert all(after.tolist() == [3.0] * 7 for _, after in results)
