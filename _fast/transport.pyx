@@ -193,6 +193,13 @@ cdef inline void rtt_sample(Estimator *est, double r, double rto_min,
     est.rto = min(max(est.rto, rto_min), rto_max)
 
 
+cdef inline void fresh_use(Slot *w) noexcept nogil:
+    """A slot's state for a call's first use of it (its version kept across calls)."""
+    w.latest, w.first_version = -1, w.version
+    w.resent = w.asked = w.tries = w.predicted = 0
+    w.overtaken = 0
+
+
 cdef inline int use_version(uint8_t v0, Py_ssize_t c, Py_ssize_t slots) noexcept nogil:
     """The slot version chunk c uses: its slot's first chunk of the call used v0 (the
     slot's ``first_version``), and each later use of the slot the other one."""
@@ -641,18 +648,16 @@ cdef class Link:
         self.npend = 0
         for s in range(self.slots):
             w = &self.window[s]
-            w.chunk, w.latest, w.first_version = -1, -1, w.version
-            w.resent = w.asked = w.tries = w.predicted = w.adopted = 0
-            w.overtaken = 0
+            w.chunk = -1
+            w.adopted = 0
+            fresh_use(w)
 
     cdef inline void _start_adopted(self, Py_ssize_t s) noexcept nogil:
         """The adopted call's first chunk for slot s (free now) written and queued."""
         cdef Call *nc = &self.next_call
         cdef Slot *w = &self.window[s]
         w.adopted = 1
-        w.latest, w.first_version = -1, w.version
-        w.resent = w.asked = w.tries = w.predicted = 0
-        w.overtaken = 0
+        fresh_use(w)
         self._queue(nc, self._write_chunk(nc, s, nc.ident != 0))
         nc.sent += 1
 

@@ -85,6 +85,8 @@ class Collectives:
         self.stats.reports = [engine.report for engine in self.engines]
         self._seq = 0
         self._broken: str | None = None
+        # What a call's ``following`` raised or returned that was refused (allreduce_flat).
+        self._following_refused: Exception | None = None
 
     @property
     def size(self) -> int:
@@ -165,26 +167,21 @@ class Collectives:
         already (a runtime's queue), what makes it ready: called at most once, while this
         call's last window drains, it returns that call's arguments (buffers filled),
         or None where it is not ready; the offload may start it then (docs/protocol.md,
-        Calls back to back), and the caller's next call must be made with them."""
+        Calls back to back), and the caller's next call must be made with them. What it
+        raises, or a value that is not such arguments, leaves this call as it is (the
+        next call is not started) and is raised once this call is done."""
         self._check_usable()
-        if value_bits not in _VALUE_BITS:
-            raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got {value_bits}")
-        if key is not None:
-            try:
-                hash(key)
-            except TypeError:
-                raise TypeError(f"an allreduce's key must be hashable (str, int, tuple of "
-                                f"them), got {key!r:.80}") from None
-        if present and not 0 < present < (1 << self.comm.Get_size()):
-            raise ValueError(f"present must be a bitmap of some of the "
-                             f"{self.comm.Get_size()} ranks, got {present:#x}")
-        call = self._adopted_call(Following(send, recv, op, value_bits, key, present))
+        args = Following(send, recv, op, value_bits, key, present)
+        self._check_arguments(args)
+        if following is not None and not callable(following):
+            raise TypeError(f"following must be a callable that returns the next call's "
+                            f"arguments (Following) or None, got {following!r:.80}")
+        call = self._adopted_call(args)
+        self._following_refused = None
         if following is not None and self.offload is not None:
             call.on_drain = lambda: self._adopt(following)
         deadline = Deadline(self.settings.timeout)
-        signature = CallSignature(
-            CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype), op_code(op),
-            lambda: f"{recv.size} x {recv.dtype} {op.name}")
+        signature = _signature(recv, op)
         self._seq += 1
         passed_over: list[str] = []  # why the engines before the one that served did not
         served = None
@@ -198,8 +195,28 @@ class Collectives:
             else:
                 served = self._through_agreement(call, signature, deadline, passed_over)
         self.stats.record(served.name, recv.nbytes, passed_over)
+        refused, self._following_refused = self._following_refused, None
+        if refused is not None:  # (this call is done: only its successor was not started)
+            raise refused
 
     # -- the steps of a call ------------------------------------------------------------
+
+    def _check_arguments(self, args: Following) -> None:
+        """A call's value width, key and ranks present, as ``allreduce_flat`` takes
+        them (ValueError or TypeError naming what is wrong)."""
+        if args.value_bits not in _VALUE_BITS:
+            raise ValueError(f"value_bits must be 0 (the job's), 32 or 16, got "
+                             f"{args.value_bits}")
+        if args.key is not None:
+            try:
+                hash(args.key)
+            except TypeError:
+                raise TypeError(f"an allreduce's key must be hashable (str, int, tuple of "
+                                f"them), got {args.key!r:.80}") from None
+        present = args.present
+        if present and not 0 < present < (1 << self.comm.Get_size()):
+            raise ValueError(f"present must be a bitmap of some of the "
+                             f"{self.comm.Get_size()} ranks, got {present:#x}")
 
     def _adopted_call(self, args: Following) -> AllreduceCall:
         """The call these arguments make: the one the offload started in the last call's
@@ -221,19 +238,35 @@ class Collectives:
         offload = self.offload
         if offload is None or not self.settings.check_agreement or not offload.gates():
             return
-        args = following()
-        if args is None:
+        try:
+            args = following()
+            if args is None:
+                return
+            if not isinstance(args, Following):
+                raise TypeError(f"following returned {args!r:.80}, not the next call's "
+                                f"arguments (Following) or None")
+            recv, send = args.recv, args.send
+            if not (isinstance(recv, np.ndarray) and recv.ndim == 1
+                    and recv.flags.c_contiguous and recv.flags.writeable
+                    and isinstance(args.op, Op)
+                    and (send is None or (isinstance(send, np.ndarray)
+                                          and send.shape == recv.shape
+                                          and send.dtype == recv.dtype))):
+                raise TypeError(f"following returned a call that is not 1-D contiguous "
+                                f"NumPy arrays and an Op: {args!r:.120}")
+            self._check_arguments(args)
+        except Exception as exc:  # (raised once this call is done: allreduce_flat)
+            self._following_refused = exc
             return
         call = AllreduceCall(*args)
-        for engine in self.engines:  # (the engine _choose would take)
-            if engine.declines(call) is None:
-                break
-        if engine is not offload:
+        try:
+            engine, _ = self._choose(call)
+        except TypeError:  # (no engine takes it: its own call says so)
             return
-        signature = CallSignature(CallSignature.ARRAYS, call.recv.size,
-                                  dtype_code(call.dtype), op_code(call.op), "")
-        offload.adopt(call, offload.prepare(call), identity(signature, call.value_bits),
-                      self._seq + 1)
+        if engine is offload:
+            offload.adopt(call, offload.prepare(call),
+                          identity(_signature(call.recv, call.op), call.value_bits),
+                          self._seq + 1)
 
     def _choose(self, call: AllreduceCall) -> tuple[Engine, list[str]]:
         """The first engine that takes ``call``, and why the ones before it did not."""
@@ -549,6 +582,12 @@ class Collectives:
 def _c_order_view(array: np.ndarray) -> np.ndarray | None:
     """A 1-D view of a C-contiguous array, or None if it has none."""
     return array.reshape(-1) if array.flags.c_contiguous else None
+
+
+def _signature(recv: np.ndarray, op: Op) -> CallSignature:
+    """The signature of an allreduce of ``recv`` with ``op``: what its gate compares."""
+    return CallSignature(CallSignature.ARRAYS, recv.size, dtype_code(recv.dtype),
+                         op_code(op), lambda: f"{recv.size} x {recv.dtype} {op.name}")
 
 
 class Following(NamedTuple):

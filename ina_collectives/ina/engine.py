@@ -402,14 +402,11 @@ class InaEngine(OffloadEngine):
         ident, shape = (identified[1], identified[2]) if identified else (0, None)
         place = self._place(ident, prepared)
         if ident:
-            last, length = self._run
-            self._run = (ident, length + 1 if last == ident else 1)
+            self._enter_run(ident)
         predicted = bool(ident) and agreed_first is None
         if predicted:
-            agreed_first = np.zeros(1 + self._span(prepared), np.int16)
-            agreed_first[1:] = identified[3]
-        call_number, quorum = self.quorum.next_call(
-            (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
+            agreed_first = _predicted_first(identified[3])
+        call_number, quorum = self._numbered(call)
         number = self.quorum.calls
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (collectives/recovery.py): its outcome is in the results.
@@ -423,8 +420,7 @@ class InaEngine(OffloadEngine):
         if agreed_first[0]:
             return HandOver(NONFINITE, prepared.x)
         links, shares = self.aggregators.links, prepared.shares
-        out = (call.recv if prepared.wide == call.dtype
-               else np.empty(call.recv.size, prepared.wide))
+        out = _output(call, prepared)
         if len(shares) == 1:
             bits = links[shares[0].aggregator].value_bits_for(call.value_bits)
         else:
@@ -516,16 +512,10 @@ class InaEngine(OffloadEngine):
                                              touch=False)
         if predicted is None:
             return False
-        run_before = self._run
-        last, length = self._run
-        self._run = (ident, length + 1 if last == ident else 1)
-        call_number, _ = self.quorum.next_call(
-            (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
-        agreed_first = np.zeros(1 + span, np.int16)
-        agreed_first[1:] = predicted
-        agreed = prepared.agreed(agreed_first)
-        out = (call.recv if prepared.wide == call.dtype
-               else np.empty(call.recv.size, prepared.wide))
+        run_before = self._enter_run(ident)
+        call_number, _ = self._numbered(call)
+        agreed = prepared.agreed(_predicted_first(predicted))
+        out = _output(call, prepared)
         learn = np.full(2 * link.slots * prepared.g, P.PROPOSAL_NONE, np.int16)
         bits = link.value_bits_for(call.value_bits)
         x, into, local, theirs = prepared.arrays(share, out, agreed)
@@ -544,6 +534,18 @@ class InaEngine(OffloadEngine):
 
     def adopted(self) -> AllreduceCall | None:
         return self._adopted.call if self._adopted is not None else None
+
+    def _enter_run(self, ident: int) -> tuple[int, int]:
+        """An identified call of ``ident`` starts: the run of identities goes on or
+        starts again (``_place``); the run as it was before."""
+        before = last, length = self._run
+        self._run = (ident, length + 1 if last == ident else 1)
+        return before
+
+    def _numbered(self, call: AllreduceCall) -> tuple[int, int]:
+        """The switch call's number and quorum stamp (Quorum.next_call)."""
+        return self.quorum.next_call(
+            (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
 
     def _resume(self, adopted: _Adopted) -> HandOver | None:
         """The adopted call run to its end, and ended as any vote-free call."""
@@ -845,3 +847,17 @@ class _Adopted:
     learn: np.ndarray
     bits: int
     run_before: tuple[int, int]  # the engine's run of identities before it (dropped: back)
+
+
+def _predicted_first(predicted: np.ndarray) -> np.ndarray:
+    """A predicted call's first window as an agreement gives it: no NaN or Inf flag, then
+    the predicted exponents."""
+    first = np.zeros(1 + predicted.size, np.int16)
+    first[1:] = predicted
+    return first
+
+
+def _output(call: AllreduceCall, prepared: Prepared) -> np.ndarray:
+    """Where the streams write: the call's output, or a wider array it is copied from."""
+    return (call.recv if prepared.wide == call.dtype
+            else np.empty(call.recv.size, prepared.wide))

@@ -226,6 +226,25 @@ def test_calls_back_to_back_give_the_bits_of_calls_one_after_another(keyed):
     np.testing.assert_allclose(ours, exact, rtol=0, atol=np.abs(exact).max() * 1e-5)
 
 
+def learned_pair(coll, r: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Calls B (``count`` values) and C (twice as many), both identities learned by two
+    calls of each before (so both go predicted): B's and C's inputs on rank ``r``."""
+    b = np.arange(count, dtype=np.float32) * (r + 1)
+    c = np.arange(2 * count, dtype=np.float32) + r
+    for _ in range(2):
+        coll.allreduce(b)
+        coll.allreduce(c)
+    return b.copy(), c.copy()
+
+
+def adoptions(coll) -> list[bool]:
+    """What the offload's ``adopt`` returns from now on, call by call."""
+    started: list[bool] = []
+    plain = coll.offload.adopt
+    coll.offload.adopt = lambda *args: started.append(plain(*args)) or started[-1]
+    return started
+
+
 def test_a_switch_that_dies_with_the_next_call_adopted_leaves_every_rank_the_same_bits():
     """Rank 1 hears no result of call B (it sends all of B, then adopts C in B's drain
     and sends C's first window); rank 0 finishes B, adopts C, returns B and kills the
@@ -249,17 +268,10 @@ def test_a_switch_that_dies_with_the_next_call_adopted_leaves_every_rank_the_sam
             r = comm.Get_rank()
             coll = Collectives(comm, settings_for(sw), InaEngine)
             try:
-                a = np.arange(count, dtype=np.float32) * (r + 1)
-                c = np.arange(2 * count, dtype=np.float32) + r
-                for _ in range(2):  # (both identities learned: B and C go predicted)
-                    coll.allreduce(a)
-                    coll.allreduce(c)
-                b, c = a.copy(), c.copy()
+                b, c = learned_pair(coll, r, count)
                 if r == 1:
                     deaf_from_the_next_stream(coll.offload)
-                started = []
-                plain_adopt = coll.offload.adopt
-                coll.offload.adopt = lambda *args: started.append(plain_adopt(*args))
+                started = adoptions(coll)
                 comm.Barrier()
                 coll.allreduce_flat(None, b, Op.SUM,
                                     following=lambda: Following(None, c, Op.SUM))
@@ -304,17 +316,10 @@ def test_a_nan_in_a_call_with_the_next_adopted_takes_it_exact_and_the_next_throu
             r = comm.Get_rank()
             coll = Collectives(comm, settings_for(sw, switch_silence=5.0), InaEngine)
             try:
-                a = np.arange(count, dtype=np.float32) * (r + 1)
-                c = np.arange(2 * count, dtype=np.float32) + r
-                for _ in range(2):
-                    coll.allreduce(a)
-                    coll.allreduce(c)
-                b, c = a.copy(), c.copy()
+                b, c = learned_pair(coll, r, count)
                 if r == 1:
                     b[5] = np.nan
-                started = []
-                plain_adopt = coll.offload.adopt
-                coll.offload.adopt = lambda *args: started.append(plain_adopt(*args))
+                started = adoptions(coll)
                 epoch = coll.offload.link.epoch
                 coll.allreduce_flat(None, b, Op.SUM,
                                     following=(lambda: Following(None, c, Op.SUM))
@@ -336,3 +341,57 @@ def test_a_nan_in_a_call_with_the_next_adopted_takes_it_exact_and_the_next_throu
         assert c.tolist() == (np.arange(2 * count) * 2 + 1.0).tolist()
         assert engines == ["gloo", "ina"], engines
         assert state["mismatched_predictions"] == 0 and state["adopted_calls"] == 0
+
+
+def test_a_following_that_is_not_callable_or_gives_no_call_is_refused_naming_it():
+    """``following`` not callable: TypeError before the call starts. One whose value is
+    not a call's arguments, or which raises: the call is done as ever (its sum is
+    right), nothing is started after it, and then the refusal is raised, on every rank
+    alike; the communicator stays usable."""
+    from ina_collectives.collectives.chooser import Collectives, Following
+    from ina_collectives.collectives.ops import Op
+    from tests.ina.test_engine_faults import mortal_switch, settings_for
+    from tests.threadcomm import ThreadPeers, run_ranks
+
+    count = 1000
+
+    def broken() -> Following:
+        raise LookupError("the next tensor is gone")
+
+    with mortal_switch() as sw:
+        def rank(comm):
+            from ina_collectives.ina.engine import InaEngine
+            r = comm.Get_rank()
+            coll = Collectives(comm, settings_for(sw, switch_silence=5.0), InaEngine)
+            try:
+                b, c = learned_pair(coll, r, count)
+                with pytest.raises(TypeError, match="following must be a callable"):
+                    coll.allreduce_flat(None, b.copy(), Op.SUM, following=c)
+                errors, sums = [], []
+                for following in (lambda: (None, c, Op.SUM),
+                                  lambda: Following(None, c[::2], Op.SUM),
+                                  lambda: Following(None, c, Op.SUM, value_bits=8),
+                                  broken):
+                    out = b.copy()
+                    try:
+                        coll.allreduce_flat(None, out, Op.SUM, following=following)
+                    except Exception as exc:  # noqa: BLE001 - compared below
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                    sums.append(out)
+                after = coll.allreduce(c)
+                return errors, sums, after, coll.offload.adopted()
+            finally:
+                coll.free()
+
+        ranks = run_ranks(2, rank, timeout=60, kind=ThreadPeers)
+    for errors, sums, after, adopted in ranks:
+        assert [e.split(":")[0] for e in errors] == ["TypeError", "TypeError", "ValueError",
+                                                     "LookupError"], errors
+        assert "not the next call's arguments (Following)" in errors[0]
+        assert "not 1-D contiguous NumPy arrays" in errors[1]
+        assert "value_bits must be 0 (the job's), 32 or 16, got 8" in errors[2]
+        assert "the next tensor is gone" in errors[3]
+        for out in sums:
+            assert out.tolist() == (np.arange(count) * 3.0).tolist()
+        assert after.tolist() == (np.arange(2 * count) * 2 + 1.0).tolist()
+        assert adopted is None
