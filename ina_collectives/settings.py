@@ -143,7 +143,7 @@ class Settings:
         3.0,
         "Seconds without any result after which a rank declares the aggregator dead; the "
         "ranks then agree, finish that call on the ring and take the ring until the "
-        "aggregator serves again (switch_retry_calls).",
+        "aggregator serves again (switch_retry_seconds).",
     )
     quorum: int = _setting(
         0,
@@ -189,13 +189,13 @@ class Settings:
         "serves the job, instead of going to the ring (MLfabric; docs/striping.md); the "
         "ring stays the last resort. 0: the failed share goes to the ring.",
     )
-    switch_retry_calls: int = _setting(
-        256,
-        "After the aggregator fails (or is absent at init), rank 0 probes it at each call "
-        "without waiting, and the call after it answers, the ranks join it again (a "
-        "restarted switch); a join that fails waits 1, 2, 4 ... calls, at most this many, "
-        "before the next. Without check_agreement, rank 0 probes with a wait at those "
-        "calls instead. 0: never; stay on the ring.",
+    switch_retry_seconds: float = _setting(
+        1.0,
+        "After the aggregator fails (or is absent at init), rank 0 probes it without "
+        "waiting (at most every 0.05 s, at call boundaries), and at the first call after "
+        "it answers, the ranks join it again (a restarted switch); a join that fails waits "
+        "0.05, 0.1, 0.2 ... s of rank 0's clock, at most this many, before the next. 0: "
+        "never; stay on the ring.",
     )
     job: int = _setting(
         0,
@@ -320,8 +320,9 @@ class Settings:
             raise ValueError(f"quorum_grace must be >= 0 seconds, got {self.quorum_grace}")
         if self.quorum_max_steps < 0:
             raise ValueError(f"quorum_max_steps must be >= 0, got {self.quorum_max_steps}")
-        if self.switch_retry_calls < 0:
-            raise ValueError(f"switch_retry_calls must be >= 0, got {self.switch_retry_calls}")
+        if self.switch_retry_seconds < 0:
+            raise ValueError(f"switch_retry_seconds must be >= 0, got "
+                             f"{self.switch_retry_seconds}")
         if not 0 <= self.job < 65536:
             raise ValueError(f"job must be 0..65535, got {self.job}")
         ports = self.worker_ports.replace(",", "").replace(" ", "")

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, standby: bool | None) -> dict[str, Any]:
             switches.append(stack.enter_context(embedded_switch("--threads", "1")))
         env = child_env(dict(INA_SWITCH=",".join(s.address_text for s in switches),
                              INA_SWITCH_MIN_BYTES="0", INA_RING_MIN_BYTES="0",
-                             INA_SWITCH_SILENCE=str(args.silence), INA_SWITCH_RETRY_CALLS="0",
+                             INA_SWITCH_SILENCE=str(args.silence), INA_SWITCH_RETRY_SECONDS="0",
                              INA_SWITCH_STANDBY="1" if standby is not False else "0"),
                         keep_settings=True)
         out = Path(tmp, "record.json")

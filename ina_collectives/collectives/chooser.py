@@ -32,7 +32,7 @@ from .peers import TorchPeers
 from .recovery import ErrorPath
 from .ring import RingEngine
 from .stats import Stats
-from .waiting import Deadline, wait, watch_run
+from .waiting import Deadline, dump_on_signal, wait, watch_run
 
 log = logging.getLogger("ina_collectives")
 
@@ -62,6 +62,7 @@ class Collectives:
             log.setLevel(settings.log_level.upper())
             log._ina_level = log.level  # type: ignore[attr-defined]
         watch_run(settings.run_dir)  # (ina-run's mark of a failed rank ends every wait)
+        dump_on_signal()  # (kill -USR2: what this rank waits for, and its stacks)
         # Our own copy of the communicator: the ring's messages never match the user's.
         self.comm = comm.Dup()
         self.settings = settings

@@ -1,9 +1,19 @@
-"""Bounded waits on MPI requests: every wait has a deadline and says what it waited for."""
+"""Bounded waits on MPI requests: every wait has a deadline and says what it waited for.
+
+A rank also says what it waits for now, and its stacks, when asked: ``kill -USR2 PID``
+(``dump_on_signal``, installed at init where SIGUSR2 has no handler yet). ina-run sends
+it to ranks it is about to stop for time, and the test suite to a job it kills for time.
+"""
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
+import signal
+import sys
+import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from mpi4py import MPI
 
@@ -42,6 +52,66 @@ def peer_failure() -> str | None:
         return None
 
 
+# What each thread of this process waits for now: thread id -> (what, since when).
+_waiting: dict[int, tuple[Callable[[], str], float]] = {}
+DUMP_SIGNAL = signal.SIGUSR2
+
+
+@contextlib.contextmanager
+def waiting_for(what: Callable[[], str]) -> Iterator[None]:
+    """Say, while the block runs, what this thread waits for (``describe_waits``)."""
+    me = threading.get_ident()
+    outer = _waiting.get(me)
+    _waiting[me] = (what, time.monotonic())
+    try:
+        yield
+    finally:
+        if outer is None:
+            _waiting.pop(me, None)
+        else:
+            _waiting[me] = outer
+
+
+def describe_waits() -> list[str]:
+    """One line per thread of this process that waits in the library now: what for and
+    for how long."""
+    now, lines = time.monotonic(), []
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, (what, since) in list(_waiting.items()):
+        try:
+            text = what()
+        except Exception as exc:  # (a description must not fail the dump)
+            text = f"<undescribed: {exc!r}>"
+        lines.append(f"thread {names.get(ident, ident)}: waiting {now - since:.1f} s for "
+                     f"{text}")
+    return lines
+
+
+def _dump(signum: int, frame: object) -> None:
+    rank = os.environ.get("PMI_RANK") or os.environ.get("RANK") or "?"
+    waits = describe_waits() or ["not waiting in ina_collectives"]
+    for line in waits:
+        print(f"ina_collectives: rank {rank} (pid {os.getpid()}): {line}", file=sys.stderr,
+              flush=True)
+
+
+def dump_on_signal() -> bool:
+    """SIGUSR2 prints what each thread waits for (Python's handler: at the next poll of a
+    wait, or within 20 ms in a stream) and every thread's stacks (faulthandler: at once,
+    even inside MPI) on stderr. Installed only from the main thread and where SIGUSR2 has
+    no handler of the program's; True if installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        if signal.getsignal(DUMP_SIGNAL) not in (signal.SIG_DFL, _dump):
+            return False
+        signal.signal(DUMP_SIGNAL, _dump)
+        faulthandler.register(DUMP_SIGNAL, all_threads=True, chain=True)
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return False  # (no signals here: an embedded interpreter, say)
+    return True
+
+
 class Deadline:
     """The moment by which one collective call must finish."""
 
@@ -67,6 +137,12 @@ def wait(request: MPI.Request, deadline: Deadline, what: Callable[[], str],
     """
     if request.Test():
         return
+    with waiting_for(what):
+        _wait(request, deadline, what, background)
+
+
+def _wait(request: MPI.Request, deadline: Deadline, what: Callable[[], str],
+          background: bool) -> None:
     polls, pause = 0, 0.0
     while not request.Test():
         polls += 1

@@ -4,11 +4,15 @@ Collective to construct: every rank joins the job at each aggregator named (or, 
 controller installed the job, settings.job, checks its entry with a probe) and the ranks
 agree; an aggregator that failed on any rank is used by none (``unavailable`` says why
 when none serves). While one is missing, rank 0 probes its address without waiting (a
-datagram per call, _AnswerWatch) and its news rides on each call's agreement: the call
-after it answers again, every rank joins it again. A join that fails backs off: the next
-try waits 1, 2, 4 ... calls (at most ``switch_retry_calls``). With the agreement check
-off, rank 0 probes with a wait at those calls instead. A link granted fewer slots than it
-asked for asks again at later call boundaries, backing off alike.
+datagram at most every PROBE_INTERVAL seconds, _AnswerWatch) and its news reaches every
+rank at the next call boundary: on the call's agreement, or, where the caller agreed the
+call itself (the runtimes' negotiation), in a one-integer broadcast of its own. The call
+after it answers again, every rank joins it again. The schedule is rank 0's clock, not a
+count of calls: a join that fails waits 0.05, 0.1, 0.2 ... seconds (at most
+``switch_retry_seconds``) before rank 0 gives the news again, so a restarted aggregator
+serves again within that bound of answering, or at the first call after, at any call
+rate. A link granted fewer slots than it asked for asks again at later call boundaries,
+backing off 1, 2, 4 ... calls.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from .link import WorkerLink
 log = logging.getLogger("ina_collectives")
 REASON_BYTES = 512  # of the first failing rank's reason, sent to every rank
 MAX_AGGREGATORS = 63  # one job's: a bit each in the int64 news of a call's agreement
+RETRY_FIRST_GAP = 0.05  # seconds after a failed join before the next (then doubling)
+GROW_MAX_CALLS = 256  # the longest gap, in calls, between asks for more slots
 
 # The job a controller installed (settings.job: ina-run's) has one entry per rank of the
 # job, so one communicator per process can use it: the first whose size fits. Any other
@@ -55,8 +61,13 @@ class Aggregators:
         # (0 until then): _agree_elements.
         self.elements = self.path_mtu = 0
         self.outages = self.returns = 0
-        self._retry_at: int | None = None  # the call number of the next reconnection
-        self._retry_gap = 1
+        # Whether missing aggregators are tried again (False: never, or a lasting failure),
+        # and rank 0's schedule: news is given from monotonic time _due_at on, the gap
+        # after a failed join doubling from RETRY_FIRST_GAP to switch_retry_seconds.
+        self._retrying = False
+        self._due_at = 0.0
+        self._retry_gap = RETRY_FIRST_GAP
+        self._heard = 0  # rank 0: the bits its probes heard, kept until due
         # A link granted fewer slots than it asked for asks again from this call on
         # (every rank alike), backing off as reconnections do.
         self._grow_at: int | None = None
@@ -102,11 +113,10 @@ class Aggregators:
                 self._job_warning("%s; calls take the ring",
                                   self.unavailable or self._why_missing())
             else:
-                self._schedule(0)
-                self._job_warning("%s; %s (tried again from call #%s on)",
-                                  self.unavailable or self._why_missing(),
+                self._schedule(failed=False)
+                self._job_warning("%s; %s%s", self.unavailable or self._why_missing(),
                                   "calls take the ring" if self.unavailable
-                                  else "calls use the other aggregators", self._retry_at)
+                                  else "calls use the other aggregators", self._retry_text())
 
     @property
     def seq(self) -> int:
@@ -214,7 +224,7 @@ class Aggregators:
             self._job_warning("the aggregator at %s granted %d of the %d slots asked (its pool is "
                               "shared with other jobs); more are asked for when it has them free",
                               self.where(i), self.links[i].slots, self.links[i].asked_slots)
-        if short and self._grow_at is None and settings.switch_retry_calls:
+        if short and self._grow_at is None and settings.switch_retry_seconds:
             self._grow_at = self._seq + self._grow_gap
         if self.serving():
             self.unavailable = None
@@ -316,9 +326,7 @@ class Aggregators:
         _installed_holders.discard(id(self))
 
     def close(self) -> None:
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
+        self._close_watch()
         for i in range(len(self.links)):
             self.close_link(i)
 
@@ -331,44 +339,53 @@ class Aggregators:
         for i in indices:
             self.missing_reasons[i] = reason
             self.close_link(i)
-        self._retry_gap = 1
-        self._schedule(seq)
+        self._schedule(failed=False)
         if self.serving():
-            self._job_warning("%s; %s not used from now on, calls use the others; tried again "
-                              "from call #%d on", reason,
-                              ", ".join(self.where(i) for i in indices), self._retry_at)
+            self._job_warning("call #%d: %s; %s not used from now on, calls use the others%s",
+                              seq, reason, ", ".join(self.where(i) for i in indices),
+                              self._retry_text())
             return
         self.unavailable = reason
         self.outages += 1
         self.close()
-        self._job_warning("%s; calls take the ring, and the aggregator is tried again from call "
-                          "#%d on", reason, self._retry_at)
+        self._job_warning("call #%d: %s; calls take the ring%s", seq, reason,
+                          self._retry_text())
 
     def _job_warning(self, message: str, *args: object) -> None:
         """A warning every rank would log alike (they decide together what becomes of the
         aggregators): rank 0 logs it, the others at debug level, so a job says it once."""
         log.log(logging.WARNING if self._rank == 0 else logging.DEBUG, message, *args)
 
-    def _schedule(self, seq: int) -> None:
-        cap = self.settings.switch_retry_calls
-        self._retry_at = seq + self._retry_gap if cap else None
-        self._retry_gap = min(2 * self._retry_gap, max(cap, 1))
+    def _schedule(self, failed: bool) -> None:
+        """Missing aggregators are tried again (unless switch_retry_seconds is 0): at once
+        once one answers after an outage, or, after a failed join (``failed``), once
+        rank 0's clock has passed the next gap (doubling, at most switch_retry_seconds)."""
+        cap = self.settings.switch_retry_seconds
+        self._retrying = cap > 0
+        if not failed:
+            self._retry_gap, self._due_at = RETRY_FIRST_GAP, 0.0
+            return
+        self._due_at = time.monotonic() + min(self._retry_gap, cap)
+        self._retry_gap = min(2 * self._retry_gap, cap)
+
+    def _retry_text(self) -> str:
+        if not self._retrying:
+            return "; not tried again (switch_retry_seconds is 0)"
+        return (f"; rank 0 probes it, and the calls return to it once it answers (within "
+                f"{self.settings.switch_retry_seconds:g} s of that, or at the next call)")
 
     def answers_again(self) -> int:
-        """Rank 0's news for the next call's agreement: a bit per missing aggregator (its
-        index) that answered one of its probes since the last call (it may serve again),
-        else 0. While one is missing (and tried again), rank 0 sends a probe now and then
-        and reads the answers without waiting."""
+        """Rank 0's news for the next call boundary: a bit per missing aggregator (its
+        index) that answered one of its probes since the last news (it may serve again)
+        and is due to be tried (rank 0's clock: ``_schedule``), else 0. While one is
+        missing (and tried again), rank 0 sends a probe at most every PROBE_INTERVAL
+        seconds and reads the answers without waiting."""
         missing = self.missing()
-        if not missing or self._retry_at is None or self.comm.Get_rank() != 0:
-            if self._watch is not None:
-                self._watch.close()
-                self._watch = None
+        if not missing or not self._retrying or self.comm.Get_rank() != 0:
+            self._close_watch()
             return 0
         if self._watch is None or self._watch.indices != missing:
-            if self._watch is not None:
-                self._watch.close()
-                self._watch = None
+            self._close_watch()
             try:
                 self._watch = _AnswerWatch([self._prober(i) for i in missing], missing)
             except OSError as exc:  # (an installed port taken by another process)
@@ -378,46 +395,50 @@ class Aggregators:
                 self._watch_failed = True
                 return 0
             self._watch_failed = False
-        return int(self._watch.answered())
+        self._heard |= self._watch.answered()
+        if not self._heard or time.monotonic() < self._due_at:
+            return 0
+        heard, self._heard = self._heard, 0
+        return heard
+
+    def _close_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        self._heard = 0
 
     def quiet_at(self, seq: int) -> bool:
-        """Whether ``at_call_boundary(seq)`` would change nothing (no slots grown, no
-        reconnection due)."""
+        """Whether ``at_call_boundary(seq)`` is sure to change nothing (no slots grown, no
+        aggregator missing that rank 0's news may bring back): the same on every rank."""
         if self._grow_at is not None and seq >= self._grow_at and self.serving():
             return False
-        return self._retry_at is None or not self.missing() or seq < self._retry_at
+        return not self._retrying or not self.missing()
 
     def at_call_boundary(self, seq: int, answers: int | None = None) -> None:
         """The chooser calls this before offering call number ``seq`` (the same number on
-        every rank), with rank 0's news (``answers_again``; None when the agreement check
-        is off): when a reconnection is due, it happens here, on every rank alike."""
+        every rank), with rank 0's news (``answers_again``, carried on the call's
+        agreement; None where there was none: then, while an aggregator is missing, rank 0
+        broadcasts it here): when a reconnection is due, it happens here, on every rank
+        alike."""
         self._seq = seq
         if self._grow_at is not None and seq >= self._grow_at and self.serving():
             self._grow(seq)
-        if self._retry_at is None or not self.missing() or seq < self._retry_at:
+        if not self._retrying or not self.missing():
             return
         if answers is None:
-            self._reconnect(seq)
-        elif answers:
-            self._reconnect(seq, alive=answers)
+            news = np.array([self.answers_again()], np.int64)
+            self.collective(self.comm.Ibcast(news, root=0),
+                            "rank 0's news of the missing aggregators")
+            answers = int(news[0])
+        if answers:
+            self._reconnect(seq, answers)
 
-    def _reconnect(self, seq: int, alive: int | None = None) -> bool:
-        """Collective: the missing aggregators that answer (``alive``, a bit per index, or
-        None: rank 0 probes now and tells the others) are joined again by every rank (a
-        new job and epoch, or the installed entry); True if one came back."""
+    def _reconnect(self, seq: int, alive: int) -> bool:
+        """Collective: the missing aggregators that answered (``alive``, a bit per index,
+        rank 0's news) are joined again by every rank (a new job and epoch, or the
+        installed entry); True if one came back."""
         missing = self.missing()
-        if self._watch is not None:  # (its socket may hold rank 0's installed port)
-            self._watch.close()
-            self._watch = None
-        if alive is None:
-            answer = np.zeros(1, np.int64)
-            if self.comm.Get_rank() == 0:
-                wait_each = min(0.5, self.settings.switch_join_timeout)
-                answer[0] = sum(1 << i for i in missing
-                                if _answers(self._prober(i), wait_each))
-            self.collective(self.comm.Ibcast(answer, root=0),
-                             "whether the aggregator answers")
-            alive = int(answer[0])
+        self._close_watch()  # (its socket may hold rank 0's installed port)
         back = [i for i in missing if alive >> i & 1]
         if back:
             was_serving = bool(self.serving())
@@ -429,18 +450,19 @@ class Aggregators:
         returned = [i for i in back if self.links[i] is not None]
         if not returned:
             if self._lasting:
-                self._retry_at = None
+                self._retrying = False
                 self._job_warning("call #%d: %s; not tried again", seq,
                                   self.unavailable or self._why_missing())
                 return False
-            self._schedule(seq)
-            log.info("call #%d: the aggregator is still unavailable; next try at call #%d",
-                     seq, self._retry_at if self._retry_at is not None else -1)
+            self._schedule(failed=True)
+            log.info("call #%d: the aggregator answered but is still unavailable (%s); "
+                     "tried again in %.2f s at the earliest", seq,
+                     self.unavailable or self._why_missing(),
+                     max(self._due_at - time.monotonic(), 0.0))
             return False
-        if self.missing():
-            self._schedule(seq)
-        else:
-            self._retry_at, self._retry_gap = None, 1
+        self._schedule(failed=False)
+        if not self.missing():
+            self._retrying = False
         self._job_warning("call #%d: the aggregator at %s serves again; calls return to it",
                           seq, ", ".join(self.where(i) for i in returned))
         return True
@@ -480,8 +502,7 @@ class Aggregators:
                 return
         if any(self.links[i] is not None and self.links[i].slots < self.links[i].asked_slots
                for i in short):
-            cap = max(self.settings.switch_retry_calls, 1)
-            self._grow_gap = min(2 * self._grow_gap, cap)
+            self._grow_gap = min(2 * self._grow_gap, GROW_MAX_CALLS)
             self._grow_at = seq + self._grow_gap
         else:
             self._grow_gap = 1
@@ -500,13 +521,13 @@ class Prober:
 
 
 class _AnswerWatch:
-    """Rank 0's probes of the missing aggregators: a PROBE to each at each call, at most
-    one per PROBE_INTERVAL seconds, answers read without waiting (so the call after the
-    next probe's answer can rejoin). ``indices``: the aggregators' places in INA_SWITCH,
+    """Rank 0's probes of the missing aggregators: a PROBE to each at a call boundary, at
+    most one per PROBE_INTERVAL seconds (a fast caller sends no more), answers read
+    without waiting (so the call after the next probe's answer can rejoin). ``indices``: the aggregators' places in INA_SWITCH,
     the bits of ``answered``. Each prober has a socket of its own (an installed job's
     probe comes from the worker's installed port)."""
 
-    PROBE_INTERVAL = 0.001
+    PROBE_INTERVAL = 0.05
 
     def __init__(self, probers: list[Prober], indices: list[int]):
         self.probers, self.indices = probers, indices
@@ -583,9 +604,3 @@ def _shard_ports(address: tuple[str, int], timeout: float) -> tuple[int, ...]:
     not answer or does not say."""
     reply = _probe(address, timeout=timeout)
     return reply.shard_ports if reply is not None else ()
-
-
-def _answers(prober: Prober, timeout: float) -> bool:
-    """Whether an aggregator answers ``prober``'s PROBE within timeout."""
-    return _probe(prober.address, prober.job, prober.worker, prober.port,
-                  timeout) is not None

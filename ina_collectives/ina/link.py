@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import protocol as P
+from ..collectives.waiting import waiting_for
 from ..errors import AggregatorUnavailable, SystemCallError
 from ..protocol import control_request, enable_gro, sockaddr_be, status_text, udp_socket
 from ..settings import Settings
@@ -206,9 +207,12 @@ class WorkerLink:
         result said the ranks called differently). ``on_drain``: called once when the
         call's last window drains, to ``adopt`` the next call (docs/protocol.md, Calls
         back to back)."""
-        result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
-                                  value_bits, cancel, call & 0xFFFF, quorum, ready, ident,
-                                  learn, nonfinite, absent, on_drain)
+        with waiting_for(lambda: f"the results of call #{call} from the aggregator at "
+                                 f"{self.switch[0]}:{self.switch[1]} (silence bound "
+                                 f"{timers.silence:g} s)"):
+            result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
+                                      value_bits, cancel, call & 0xFFFF, quorum, ready,
+                                      ident, learn, nonfinite, absent, on_drain)
         result.reason = self._reason(result)
         return result
 

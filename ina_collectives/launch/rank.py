@@ -38,7 +38,9 @@ import time
 import traceback
 from typing import Any
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# (SIGUSR2: ina-run's ask, before it stops a rank for time, for what the rank waits for
+# and its stacks: collectives/waiting.py, dump_on_signal.)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
 # Hydra run with -disable-auto-cleanup sends SIGUSR1 to the processes it started when a
 # rank ends without MPI_Finalize (tests end ranks with os._exit(0)): passed on, it would
 # kill healthy ranks (Python's default action); ina-run's own watch handles failures.

@@ -39,6 +39,9 @@ def find_mpiexec() -> str:
 # After the first rank fails: how long the others get to end by themselves (their waits
 # raise at once, naming the failed rank), then SIGTERM, then SIGKILL STOP_KILL_AFTER later.
 GRACE_SECONDS = 5.0
+# Once the grace ran out: SIGUSR2 first (each rank prints what it waits for and its
+# stacks: collectives/waiting.py), then SIGTERM this much later.
+DUMP_SECONDS = 1.0
 STOP_KILL_AFTER = 3.0
 RANK_WRAPPER = Path(__file__).resolve().parent / "rank.py"
 
@@ -264,6 +267,7 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
     late_start = False  # some rank had not started by start_by
     handled = 0  # how many of the signals received were acted on
     passed: set[int] = set()  # the ranks the first signal was passed to
+    dumped = False  # SIGUSR2 sent: the ranks' stacks, before SIGTERM
     while True:
         try:
             code = process.wait(timeout=0.05)
@@ -283,7 +287,7 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
                 if stage == 0:
                     stage, stop_at = 1, now + grace
             elif stage in (1, 2):  # again: no more waiting
-                stop_at = now
+                stop_at, dumped = now, True
             handled = len(received)
         if received and not remote and stage == 1:  # to each rank once, as they start
             fresh = [r for r in watch.running() if r not in passed]
@@ -318,6 +322,14 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
                     stage, stop_at = 1, now + grace
         if code is not None:
             break
+        if stage == 1 and not dumped and stop_at is not None and now >= stop_at:
+            # The grace ran out: where each rank still running is stuck, then SIGTERM.
+            dumped = True
+            if watch.signal_running(signal.SIGUSR2):
+                print("ina-run: the ranks still running were asked for their stacks "
+                      "(SIGUSR2); SIGTERM follows", file=sys.stderr, flush=True)
+                stop_at = now + DUMP_SECONDS
+                continue
         if stage in (1, 2) and stop_at is not None and now >= stop_at:
             _signal_ranks(watch, signal.SIGTERM if stage == 1 else signal.SIGKILL)
             stage, stop_at = stage + 1, now + STOP_KILL_AFTER

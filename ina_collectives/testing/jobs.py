@@ -51,6 +51,44 @@ def mpiexec_line(mpiexec: str, command: Sequence[str], n: int | None = None,
     return line
 
 
+STACKS_SECONDS = 2.0  # for the ranks' stacks to reach the output, before the kill
+
+
+def descendants(root: int) -> list[int]:
+    """The processes below ``root`` (its children, theirs ...), as /proc shows them now:
+    Hydra puts its proxy and each rank in a session of its own."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [root]
+    while frontier:
+        below = [pid for pid, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = below
+    return found
+
+
+def ask_for_stacks(root: int) -> int:
+    """SIGUSR2 to each Python process below ``root`` (a job's ranks: their answer is what
+    they wait for and their stacks); how many were asked."""
+    asked = 0
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                program = os.path.basename(f.read().split(b"\0", 1)[0])
+            if program.startswith(b"python"):
+                os.kill(pid, signal.SIGUSR2)
+                asked += 1
+        except (OSError, ProcessLookupError):
+            continue
+    return asked
+
+
 def run_group(command: Sequence[str], env: Mapping[str, str], limit: float,
               cwd: str | os.PathLike = ROOT) -> tuple[int | None, str]:
     """``command`` (mpiexec and its ranks, say) in a session of its own, its output
@@ -63,6 +101,13 @@ def run_group(command: Sequence[str], env: Mapping[str, str], limit: float,
     try:
         output, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
+        # Where each rank is stuck (its waits and stacks, collectives/waiting.py) before
+        # the kill: SIGUSR2 to the job's Python processes (not to mpiexec's own).
+        if ask_for_stacks(proc.pid):
+            try:
+                proc.wait(STACKS_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         return None, output

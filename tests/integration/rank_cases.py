@@ -222,6 +222,63 @@ def ina_switch_restarts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return out
 
 
+def restarts_among_mpi_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """A training loop as the restart issue ran it, until the test writes "stop" in
+    p["dir"]: before each library call the ranks run MPI's own Allreduce on the
+    communicator, after it an allreduce of a flag (rank 0's "stop"); p["pause"] seconds
+    of compute between calls. Rank 0 writes "served" after the first call the switch
+    served. Each call: its start (time.monotonic(), one clock for every process here),
+    its engine, and whether its result is right (within the bound through the switch,
+    exact otherwise); the digest of every result, for the ranks to be compared."""
+    import hashlib
+
+    from tests.inputs import check_result, check_within_bound
+
+    ina.init(comm, **p.get("settings", {}))
+    flags = Path(p["dir"])
+    dtype, op, count = p["case"]
+    out: dict[str, Any] = {"starts": [], "engines": [], "wrong": [], "digest": []}
+    own = np.empty(4, np.float64)
+    i = 0
+    while True:
+        comm.Allreduce(np.full(4, comm.rank, np.float64), own, op=MPI.SUM)
+        x = make_input(dtype, op, count, 100 + i % 50, comm.rank)
+        out["starts"].append(time.monotonic())
+        y = ina.allreduce(x, op=op)
+        engine = ina.stats()["last_call"]["engine"]
+        out["engines"].append(engine)
+        out["digest"].append(hashlib.sha1(y.tobytes()).hexdigest())
+        try:
+            if engine == "ina":
+                check_within_bound(y, dtype, op, count, 100 + i % 50, comm.size)
+            else:
+                check_result(y, dtype, op, count, 100 + i % 50, comm.size)
+        except AssertionError as exc:
+            out["wrong"].append((i, engine, str(exc)[:200]))
+        if comm.rank == 0 and engine == "ina" and not (flags / "served").exists():
+            (flags / "served").touch()
+        stop = comm.allreduce(int(comm.rank == 0 and (flags / "stop").exists()), op=MPI.MAX)
+        i += 1
+        if stop or i > 100_000:
+            break
+        time.sleep(p.get("pause", 0.0))
+    out["stats"] = ina.stats()
+    ina.finalize()
+    return out
+
+
+def stuck_in_a_wait(comm: MPI.Intracomm, p: dict) -> None:
+    """Rank 0 waits (bounded, 600 s) for a message no rank sends; the others wait at a
+    barrier for rank 0: a hang for the test to kill for time."""
+    from ina_collectives.collectives.waiting import Deadline, dump_on_signal, wait
+
+    dump_on_signal()
+    if comm.rank == 0:
+        wait(comm.Irecv(np.empty(1), source=1, tag=99), Deadline(600),
+             lambda: "rank 1's message with tag 99 (never sent)")
+    comm.Barrier()
+
+
 def paced_calls(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """p["calls"] allreduces of p["case"] (dtype, op, count), call i with seed 100 + i.
     Before call i, for each p["pauses"][str(i)] = name: rank 0 writes ``name`` in p["dir"]

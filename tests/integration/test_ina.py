@@ -3,6 +3,7 @@ within the documented bound, identical on every rank; injected loss, duplication
 reordering; the switch or a worker dying; fallback to the ring with the reason."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
@@ -303,6 +304,80 @@ def test_after_a_switch_restart_the_ranks_return_to_it(tmp_path):
 
 
 @pytest.mark.mpi
+def test_restarts_between_the_ranks_own_mpi_calls_return_within_the_time_bound(tmp_path):
+    """The restart issue's scenario, three times in one job: 2 ranks loop over MPI's own
+    Allreduce, a library call of 256 KiB and an allreduce of a flag, with 10 ms of compute
+    between calls; the switch is SIGKILLed, and restarted at the same port 0.8 s later,
+    then serves 3 s.
+    After each restart the job is back on the switch by rank 0's clock, not a count of
+    calls: every call that starts more than switch_retry_seconds (1 s) after the switch
+    listens again is served by it (the test allows 1 s more, for a loaded machine). Every
+    result is right (exact on the ring, within the bound through the switch) and the
+    same bits on both ranks, and the stats count 3 outages and 3 returns."""
+    import threading
+
+    from ina_collectives.launch.cli import free_udp_ports
+
+    port = free_udp_ports(1)[0]
+    params = {"case": ("float32", "sum", 65_536), "pause": 0.01, "dir": str(tmp_path),
+              "settings": {"switch_min_bytes": 0, "switch_silence": 0.5,
+                           "switch_predict": False}}
+    outcome: dict = {}
+
+    def run_job() -> None:
+        try:
+            outcome["results"] = mpirun.run(2, rank_cases.restarts_among_mpi_calls, params,
+                                            env={"INA_SWITCH": f"127.0.0.1:{port}"},
+                                            timeout=180)
+        except Exception as exc:  # reported by the assertions below
+            outcome["error"] = exc
+
+    job = threading.Thread(target=run_job)
+    back_at: list[float] = []  # when the switch listened again
+    until: list[float] = []  # when it was killed again, or the job told to stop
+    with contextlib.ExitStack() as stack:
+        sw = stack.enter_context(embedded_switch("--port", str(port)))
+        job.start()
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "served").exists():
+            assert job.is_alive() and time.monotonic() < deadline, f"never served: {outcome}"
+            time.sleep(0.05)
+        for _ in range(3):
+            time.sleep(1.0)  # on the switch
+            until.append(time.monotonic())
+            sw.process.kill()
+            sw.process.wait(5)
+            stack.close()
+            time.sleep(0.8)  # on the ring
+            sw = stack.enter_context(embedded_switch("--port", str(port)))
+            back_at.append(time.monotonic())
+            time.sleep(2.0)  # the return, then the switch again
+        time.sleep(1.0)
+        until.append(time.monotonic())
+        (tmp_path / "stop").touch()
+        job.join(120)
+        assert not job.is_alive()
+    assert "error" not in outcome, outcome["error"]
+    results = outcome["results"]
+    bound = 1.0 + 1.0
+    for r in results:
+        assert r["wrong"] == [], r["wrong"][:3]
+        starts, engines = r["starts"], r["engines"]
+        for t, end in zip(back_at, until[1:]):
+            late = [e for s, e in zip(starts, engines) if t + bound < s < end]
+            timeline = " ".join(f"{s - t:.2f}:{e}" for s, e in zip(starts, engines)
+                                if t - 2 < s < t + 4)
+            assert late and set(late) == {"ina"}, (t, timeline)
+        # (the measured returns, for -s: seconds from listening to the first served call)
+        print("returned after", [round(next(s for s, e in zip(starts, engines)
+                                            if s > t and e == "ina") - t, 3) for t in back_at])
+        state = r["stats"]["switch"]
+        assert (state["serving"], state["outages"], state["returns"]) == (True, 3, 3), state
+    assert results[0]["digest"] == results[1]["digest"]
+    assert results[0]["engines"] == results[1]["engines"]
+
+
+@pytest.mark.mpi
 def test_ctrl_c_ends_a_blocked_call_at_once_and_the_others_learn_it(switch, faults):
     """The stream runs without the GIL; it takes it every 20 ms to see signals. With the
     switch holding every result back 500 ms, a call of 8 MiB takes seconds: SIGINT on
@@ -373,7 +448,7 @@ def test_a_refused_job_means_the_ring_with_the_reason():
         holder = WorkerLink((sw.host, sw.port), 77, 0, 1, 1024, 4)
         holder.join(5.0)
         cases = [("float32", "sum", 300_000, 42)]
-        results = run_ina(sw, 2, cases, settings={"switch_retry_calls": 0})
+        results = run_ina(sw, 2, cases, settings={"switch_retry_seconds": 0})
         holder.leave()
         holder.close()
     check_job(results, cases, 2, engine="ring")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.integration import mpirun
+from tests.integration import mpirun, rank_cases
 
 
 def seen_setting(comm, params):
@@ -52,3 +52,16 @@ def test_an_abandoning_case_marks_the_job_and_names_are_unique():
         mpirun.cases(("same", seen_setting, None), ("same", fails, None))
     with pytest.raises(ValueError, match="module-level function"):
         mpirun.cases(("lambda", lambda comm, p: None, None))
+
+
+@pytest.mark.mpi
+def test_a_job_killed_for_time_leaves_each_ranks_waits_and_stacks():
+    """A job past its bound: before the kill, each rank is asked (SIGUSR2) and prints what
+    it waits for, named, and every thread's Python stack, even one blocked inside MPI."""
+    with pytest.raises(mpirun.JobFailed) as failed:
+        mpirun.run(2, rank_cases.stuck_in_a_wait, {}, timeout=8)
+    text = str(failed.value)
+    assert "did not finish in 8 s" in text, text
+    assert "rank 0 (pid" in text and "waiting" in text and "tag 99 (never sent)" in text, text
+    assert text.count("most recent call first") >= 2, text  # faulthandler, both ranks
+    assert "stuck_in_a_wait" in text, text

@@ -98,7 +98,7 @@ def test_an_aggregator_killed_mid_call_hands_its_share_over_and_the_other_serves
         results = mpirun.run(2, rank_cases.ina_switch_dies, {
             "cases": cases, "kill_after": 0.02, "switch_pid": b.pid,
             "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0, "switch_silence": 0.5,
-                         "switch_retry_calls": 0, "switch_standby": standby}},
+                         "switch_retry_seconds": 0, "switch_standby": standby}},
             env={"INA_SWITCH": both(a, b).address_text}, timeout=120)
         assert a.process.poll() is None, a.lines
     for i, case in enumerate(cases):
