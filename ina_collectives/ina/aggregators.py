@@ -524,8 +524,9 @@ class _AnswerWatch:
     """Rank 0's probes of the missing aggregators: a PROBE to each at a call boundary, at
     most one per PROBE_INTERVAL seconds (a fast caller sends no more), answers read
     without waiting (so the call after the next probe's answer can rejoin). ``indices``:
-    the aggregators' places in INA_SWITCH, the bits of ``answered``. Each prober has a socket of its own (an installed job's
-    probe comes from the worker's installed port)."""
+    the aggregators' places in INA_SWITCH, the bits of ``answered``. Each prober has a
+    socket of its own (an installed job's probe comes from the worker's installed
+    port)."""
 
     PROBE_INTERVAL = 0.05
 
