@@ -844,7 +844,11 @@ def test_ina_run_with_a_running_switch_lets_the_ranks_join(tmp_path, ina_run_cas
         for r in results:
             assert r["stats"]["engines"] == {"ina": 1}, (r["stats"], output)
         sw.stop()
-        assert parse_status(sw.final_status)["drops"] == {}, sw.lines
+        # Nothing refused or malformed. A retransmission that reached the switch while
+        # its cell was still filling is dropped and counted (duplicate_in_progress): on a
+        # loaded machine a rank's timer fires before the others' packets are in.
+        drops = parse_status(sw.final_status)["drops"]
+        assert set(drops) <= {"duplicate_in_progress"}, sw.lines
 
 
 @pytest.mark.mpi

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -244,17 +245,28 @@ def test_the_timer_follows_a_slow_targets_round_trip():
     """Four workers stream through a switch that serves 4,000 packets a second (a slow
     target, as BMv2 is): the round trip is its queue of n x S packets, steady, so RTTVAR
     shrinks to nothing. Nothing is lost, so every timeout is needless: the RTO's margin
-    over SRTT keeps them at about 1% of the packets (without it, 13% asked again, and each
-    request lengthened the queue; docs/reliability.md). The bound is 5%: on a loaded
-    machine the threads' scheduling alone took it to 2.9% once. The sums are exact."""
+    over SRTT keeps them at about 1% of the packets on a quiet machine (without it, 13%
+    asked again, and each request lengthened the queue; docs/reliability.md). The bound
+    is 5%, plus what the machine's own stalls explain: a thread that sleeps 1 ms at a
+    time measures them, and each stall longer than the queue's round trip (n x S packets
+    at 4,000 a second: 8 ms) may fire every worker's S timers once. The sums are exact."""
     from ina_collectives.ina import kernels
     from tests.switch.test_server import switch_thread
 
-    n, k, slots, chunks = 4, 256, 8, 96
+    n, k, slots, chunks, pps = 4, 256, 8, 96, 4000
     x = np.arange(k * chunks, dtype=np.float32) % 1000 - 500
     local, _ = kernels.load("fast").block_exponents(x, k, P.DEFAULT_BLOCK)
+    stalls, measuring = [0], threading.Event()
+
+    def measure() -> None:  # the machine's stalls, as a thread of this process sees them
+        while not measuring.is_set():
+            before = time.monotonic()
+            time.sleep(0.001)
+            if time.monotonic() - before > n * slots / pps:
+                stalls[0] += 1
+
     with switch_thread() as sw, joined(sw.address, 902, n, k, slots, 3) as links:
-        sw.set_faults(service_pps=4000)
+        sw.set_faults(service_pps=pps)
         outs = [[np.full_like(x, np.nan) for _ in links] for _ in range(3)]
         results: list = [None] * n
 
@@ -264,20 +276,27 @@ def test_the_timer_follows_a_slow_targets_round_trip():
                                          deadline=60.0, call=call + 1)
 
         sent = needless = 0
-        for call in range(3):  # the estimate carries over from call to call
-            threads = [threading.Thread(target=one, args=(w, call)) for w in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(90)
-            for w, result in enumerate(results):
-                assert result is not None and result.ok, (call, w, result)
-                np.testing.assert_array_equal(outs[call][w], n * x)
-                c = result.counters
-                sent += c["sent"]
-                needless += c["retransmitted"] + c["result_requests"]
-    print(f"needless timeouts: {needless} of {sent} packets")
-    assert needless <= 0.05 * sent, (needless, sent, [r.counters for r in results])
+        meter = threading.Thread(target=measure)
+        meter.start()
+        try:
+            for call in range(3):  # the estimate carries over from call to call
+                threads = [threading.Thread(target=one, args=(w, call)) for w in range(n)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(90)
+                for w, result in enumerate(results):
+                    assert result is not None and result.ok, (call, w, result)
+                    np.testing.assert_array_equal(outs[call][w], n * x)
+                    c = result.counters
+                    sent += c["sent"]
+                    needless += c["retransmitted"] + c["result_requests"]
+        finally:
+            measuring.set()
+            meter.join()
+    print(f"needless timeouts: {needless} of {sent} packets; {stalls[0]} stalls")
+    bound = 0.05 * sent + stalls[0] * n * slots
+    assert needless <= bound, (needless, sent, stalls[0], [r.counters for r in results])
 
 
 def test_a_worker_absent_from_a_quorum_call_sends_nothing_new_and_takes_every_result():
