@@ -80,7 +80,13 @@ def agree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadline
             agreed = everyone[:, SIGNATURE:].copy().view(np.int16).max(axis=0)[:window.size]
         return Agreed(int(everyone[0, SIGNATURE - 1]), agreed)
     # Every rank saw the same table, so every rank takes this branch together.
-    descriptions = comm.allgather(call.describe())
+    mine = np.zeros(DESCRIPTION_BYTES, np.uint8)
+    text = call.describe().encode()[:DESCRIPTION_BYTES]
+    mine[:len(text)] = np.frombuffer(text, np.uint8)
+    rows = np.empty((comm.Get_size(), DESCRIPTION_BYTES), np.uint8)
+    wait(comm.Iallgather(mine, rows), deadline,
+         lambda: f"every rank's description of allreduce #{seq}")
+    descriptions = [row.tobytes().rstrip(b"\0").decode(errors="replace") for row in rows]
     calls = "; ".join(f"rank {r}: {d}" for r, d in enumerate(descriptions))
     fields = [name for i, name in enumerate(("API", "length", "dtype", "op"))
               if not (everyone[:, i] == everyone[0, i]).all()]
@@ -112,6 +118,7 @@ def disagree(comm: MPI.Intracomm, call: CallSignature, seq: int, deadline: Deadl
 
 
 SIGNATURE = 5  # the int64 columns of a row before the window: 4 compared, then news
+DESCRIPTION_BYTES = 256  # of each rank's description, where the ranks disagree
 
 
 def columns(width: int) -> int:
