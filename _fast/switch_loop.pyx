@@ -173,6 +173,7 @@ cdef class Aggregator(FaultInjection):
     cdef int nout
     cdef public uint64_t packets_in, packets_out, results, retransmits_answered
     cdef public uint64_t nacks  # workers told that their packet for a chunk never came
+    cdef public uint64_t held_replies  # workers told that their resent packet is held
     cdef public uint64_t result_requests  # header-only retransmissions (answer_request)
     cdef public uint64_t late_answered  # quorum: resends of a finished chunk, answered
     cdef public uint64_t openings  # calls' openings completed (not chunks: not in results)
@@ -636,6 +637,14 @@ cdef class Aggregator(FaultInjection):
             self.retransmits_answered += 1
             self.send(job.result + cell * job.width, job.result_len[cell],
                       &job.addr[worker])
+        elif (job.epoch[cell] == get16(pkt + OFF_EPOCH) and job.seen[cell] & bit
+                and job.count[cell] != 0 and job.call[cell] == get16(pkt + OFF_CALL)
+                and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)
+                and not job.managed):
+            # Its packet is here and the cell waits for a peer's: say so (held), so that
+            # the worker's silence bound waits on for a late peer (answer_again).
+            self.held_replies += 1
+            self.nack(job, pkt, worker, 0, 0)
 
     cdef void check_sequence(self, Job *job, const uint8_t *pkt, int worker,
                              uint16_t epoch) noexcept nogil:
@@ -699,7 +708,7 @@ cdef class Aggregator(FaultInjection):
         nack[OFF_SEQ] = <uint8_t>first
         put16(nack + OFF_COUNT, <uint16_t>count)
         put16(nack + OFF_EPOCH, get16(pkt + OFF_EPOCH))
-        self.nacks += 1
+        self.nacks += count > 0
         self.send(nack, HEADER, &job.addr[worker])
 
     cdef void opening(self, Job *job, const uint8_t *pkt, Py_ssize_t length, int worker,
@@ -731,7 +740,7 @@ cdef class Aggregator(FaultInjection):
             # handle) are not this opening's.
             job.seen[cell] = 0
         if job.seen[cell] & bit:
-            self.answer_again(job, cell, worker)
+            self.answer_again(job, cell, worker, pkt)
             return
         if job.count[cell] == 0:
             job.opened[cell] = 1
@@ -847,14 +856,20 @@ cdef class Aggregator(FaultInjection):
             for w in range(job.n):
                 self.send(result, length, &job.addr[w])
 
-    cdef void answer_again(self, Job *job, Py_ssize_t cell, int worker) noexcept nogil:
+    cdef void answer_again(self, Job *job, Py_ssize_t cell, int worker,
+                           const uint8_t *pkt) noexcept nogil:
         """A worker counted in the cell sent again: the stored result if the cell is done
-        (its result was lost), else a duplicate while the cell waits for the others."""
+        (its result was lost), else a duplicate while the cell waits for the others; the
+        worker is then told that its packet is held (a NACK naming no packet: a peer is
+        late, not the switch gone; its silence bound waits on: docs/protocol.md, Loss)."""
         if job.count[cell] == 0 and job.result_len[cell]:
             self.retransmits_answered += 1
             self.send(job.result + cell * job.width, job.result_len[cell], &job.addr[worker])
         else:
             self.drops[<int>DROP_DUPLICATE] += 1
+            if not job.managed:
+                self.held_replies += 1
+                self.nack(job, pkt, worker, 0, 0)
 
     cdef void handle(self, uint8_t *pkt, Py_ssize_t length, sockaddr_in *src) noexcept nogil:
         """The aggregation rule (docs/protocol.md) for one packet as the switch sees it."""
@@ -979,7 +994,7 @@ cdef class Aggregator(FaultInjection):
             self.drops[<int>DROP_STALE] += 1
             return
         if job.seen[cell] & bit:  # done, and this worker missed the result; or waiting
-            self.answer_again(job, cell, worker)
+            self.answer_again(job, cell, worker, pkt)
             return
         if (job.count[cell] == 0 and job.result_len[cell] and job.need[cell]
                 and job.call[cell] == call and job.offset[cell] == offset):

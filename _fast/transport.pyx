@@ -82,6 +82,7 @@ cdef double GRANULARITY = 0.001     # poll() waits in whole milliseconds
 # packets a second, n = 4, S = 8; none with the margin: docs/reliability.md).
 cdef double AGGREGATION_MARGIN = 0.5
 cdef double SIGNAL_CHECK = 0.02     # the GIL is taken this often to see Ctrl-C
+cdef double STALLED = 0.1           # a gap between two looks this long: the process was held
 # Results of later packets after which a packet in flight asks for its result: more than
 # one, so that a little reordering on the way asks nothing (TCP's duplicate-ACK threshold).
 cdef int OVERTAKEN = 3
@@ -141,6 +142,7 @@ cdef struct Call:  # one stream's or opening's progress, bounds and counts
     Estimator *est
     double rto, rto_max, rto_min, silence, deadline
     double start, last_result, next_signal_check
+    bint held              # the aggregator said it holds a packet of this call
     const uint8_t *cancel  # set to 1 by another thread: CANCELLED (NULL: none)
     int status
     int failure            # a failed send's errno
@@ -236,12 +238,14 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
 
 # What a call's Result.status is.
 cdef enum:
-    DONE, SILENT, TIMEOUT, SEND_FAILED, CANCELLED, LOST
-STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
+    DONE, SILENT, TIMEOUT, SEND_FAILED, CANCELLED, LOST, PEER_LATE
+STATUS = ("done", "no result within the silence bound (the aggregator stopped)",
           "the operation's deadline passed", "a send failed",
           "cancelled (another part of the call was interrupted)",
           "done but for chunks whose results the switch no longer holds (quorum: the "
-          "others had moved their cells on)")
+          "others had moved their cells on)",
+          "the operation's deadline passed while the aggregator held this rank's packets "
+          "for a peer's (a peer stopped or is slow)")
 COMPLETE = (DONE, LOST)
 _NONE_MISSING = np.zeros(0, np.intp)  # (read-only: every complete stream's ``missing``)
 _NONE_MISSING.flags.writeable = False  # what ended without a failure (LOST: ``missing`` says what)
@@ -320,6 +324,9 @@ cdef class Link:
     cdef Estimator stream_est, open_est
     cdef uint8_t _next_packet    # the next new packet's number (mod 256, across calls)
     cdef public bint nacking     # the aggregator NACKs (CAP_NACKS, or it sent a NACK)
+    # Called (with the GIL) every 20 ms while the aggregator holds this worker's packets
+    # and waits for a peer: a non-None answer (a peer failed) ends the call, CANCELLED.
+    cdef public object watch
     cdef public int gso          # 1 while UDP_SEGMENT may be used (cleared if refused)
     cdef uint8_t *rows           # the packet in flight per slot: slots x row_width
     cdef uint8_t *rx             # the receive buffers: BATCH x RX_BYTES
@@ -784,6 +791,7 @@ cdef class Link:
         c.counted_all = ~(<uint64_t>0)
         c.start = monotonic()
         c.last_result = c.next_signal_check = c.start
+        c.held = False
 
     cdef Result _result(self, Call *c, int status, dict counters, missing):
         """The call's Result: the failed system call's errno (a send's; a receive's if
@@ -808,17 +816,27 @@ cdef class Link:
         cdef Py_ssize_t nseg, i, s
         cdef Slot *w
         cdef bint idle
+        cdef double looked = monotonic()
         while c.status == DONE and c.completed < c.total and not c.stop:
             now = monotonic()
+            if now - looked > STALLED:
+                # This process did not run meanwhile (stopped, descheduled): the silence
+                # bound counts only the time it listened.
+                c.last_result += now - looked
+            looked = now
             if now >= c.next_signal_check:  # Ctrl-C ends the call (KeyboardInterrupt)
                 c.next_signal_check = now + SIGNAL_CHECK
                 with gil:
                     PyErr_CheckSignals()
+                    if c.held and self.watch is not None and self.watch() is not None:
+                        c.status = CANCELLED
+                if c.status != DONE:
+                    break
                 if c.cancel != NULL and c.cancel[0]:
                     c.status = CANCELLED
                     break
-            c.status = bounds_passed(now, c.start, c.deadline, c.last_result, c.silence)
-            if c.status != DONE:
+            if now - c.start > c.deadline:
+                c.status = PEER_LATE if c.held else TIMEOUT
                 break
             next_timer = now + SIGNAL_CHECK
             for s in range(c.slots):
@@ -828,9 +846,22 @@ cdef class Link:
             wait_ms = <int>((next_timer - now) * 1000) if next_timer > now else 0
             nseg = self._receive(c, wait_ms)
             now = monotonic()
+            if now - looked > STALLED + wait_ms / 1000.0:  # (held in the wait itself)
+                c.last_result += now - looked - wait_ms / 1000.0
+            looked = now
             for i in range(nseg):
                 self._take(c, self.seg_ptr[i], self.seg_len[i], now)
                 if c.status != DONE or c.stop:
+                    break
+            # The silence bound, once what has come is taken: a rank the machine held up
+            # past the bound (stopped, descheduled) finds the results queued meanwhile
+            # before it calls the aggregator dead.
+            if c.status == DONE and not c.stop:
+                c.status = bounds_passed(now, c.start, c.deadline, c.last_result,
+                                         c.silence)
+                if c.status == TIMEOUT and c.held:
+                    c.status = PEER_LATE
+                if c.status != DONE:
                     break
             if c.lost and c.quorum:  # nothing in flight, nothing to send: the rest is gone
                 idle = True
@@ -908,6 +939,13 @@ cdef class Link:
         cdef Py_ssize_t first = pkt[OFF_SEQ], count = get16(pkt + OFF_COUNT), s
         cdef Slot *w
         cdef Call *o
+        if count == 0:
+            # Held: the aggregator has this worker's resent packet and waits for a peer's
+            # (a stopped or slow rank). It is alive: the silence bound waits on; the
+            # call's deadline, and a peer's failure (``watch``), still end the wait.
+            c.last_result = now
+            c.held = True
+            return
         c.nacks += 1
         self.nacking = True
         for s in range(c.slots):

@@ -198,12 +198,13 @@ def check_job(name: str, code: int | None, ranks: list[dict[str, Any]],
     if differ:
         failures.append(f"{name}: {len(differ)} calls differ between the ranks; first: "
                         f"call {differ[0]}")
-    stall, at = 0.0, None
+    stall, at, where = 0.0, None, None
     for r in ranks:
         starts = r.get("starts", [])
-        for a, b in zip(starts, starts[1:]):
+        for i, (a, b) in enumerate(zip(starts, starts[1:])):
             if b - a > stall:
-                stall, at = b - a, a
+                stall, at, where = b - a, a, (r["rank"], i, r["engines"][i],
+                                              round(r["seconds"][i], 3))
     if stall > bound:
         failures.append(f"{name}: a stall of {stall:.2f} s, over the bound of {bound:.1f} s")
     engines: dict[str, int] = {}
@@ -212,13 +213,15 @@ def check_job(name: str, code: int | None, ranks: list[dict[str, Any]],
     switch = ((ranks[0].get("stats") or {}).get("switch") or {}) if ranks else {}
     return {"calls": done, "engines": engines, "outages": switch.get("outages"),
             "returns": switch.get("returns"), "longest_stall_s": round(stall, 3),
-            "longest_stall_at": at, "wrong": sum(len(r.get("wrong", [])) for r in ranks),
+            "longest_stall_at": at, "longest_stall_call": where,
+            "wrong": sum(len(r.get("wrong", [])) for r in ranks),
             "ranks_differ": len(differ)}, failures
 
 
 def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 << 10,
-              settings: dict[str, Any] | None = None, echo: bool = True) -> dict[str, Any]:
-    """Run the chaos soak; its summary (``summary["ok"]``)."""
+              settings: dict[str, Any] | None = None, echo: bool = True,
+              kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+    """Run the chaos soak (the events of ``kinds``); its summary (``summary["ok"]``)."""
     from ina_collectives.testing.fabric import SWITCH_IP, Fabric
 
     settings = {**RANK_SETTINGS, **(settings or {})}
@@ -246,7 +249,7 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
             while time.monotonic() - start < minutes * 60 and main.process.poll() is None:
                 time.sleep(rng.uniform(1.0, 4.0))
                 if not queue:
-                    queue = rng.sample(KINDS, len(KINDS))
+                    queue = rng.sample(kinds, len(kinds))
                 kind, at = queue.pop(), time.monotonic() - start
                 if kind == "restart":
                     switch.process.kill()
@@ -261,10 +264,13 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
                     rank = rng.randrange(n)
                     pid = main.pid(rank)
                     pause = rng.uniform(0.1, 2 * float(settings["switch_silence"]))
-                    if pid is not None:
-                        os.kill(pid, signal.SIGSTOP)
-                        time.sleep(pause)
-                        os.kill(pid, signal.SIGCONT)
+                    try:
+                        if pid is not None:
+                            os.kill(pid, signal.SIGSTOP)
+                            time.sleep(pause)
+                            os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass  # the rank has ended: the job's end says why
                     events.append({"at": round(at, 2), "kind": kind, "rank": rank,
                                    "stopped_s": round(pause, 2)})
                 elif kind == "loss":
@@ -296,14 +302,16 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
             code, ranks = main.finish(120.0)
             running.__exit__(None, None, None)
             status = switch.final_status
+            switch_lines = switch.lines[-40:]
         figures, failed = check_job("main job", code, ranks, bound)
         failures += failed
         if main.output.strip() and failed:
             failures.append("main job's output:\n" + main.output[-3000:])
-    counts = {k: sum(e["kind"] == k for e in events) for k in KINDS}
+    counts = {k: sum(e["kind"] == k for e in events) for k in kinds}
     summary = {"minutes": minutes, "n": n, "seed": seed, "settings": settings,
                "stall_bound_s": bound, "main": figures, "events": events,
                "event_counts": counts, "second_jobs": second_jobs, "switch_status": status,
+               "switch_lines": switch_lines,
                "ok": not failures, "failures": failures}
     return summary
 
@@ -334,11 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-bytes", type=int, default=256 << 10)
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"the events, comma-separated (default: {','.join(KINDS)})")
     args = ap.parse_args(argv)
+    kinds = tuple(k.strip() for k in args.kinds.split(","))
+    if not kinds or set(kinds) - set(KINDS):
+        ap.error(f"--kinds: each of {', '.join(KINDS)}")
     if os.geteuid() != 0:
         print("chaos: needs root (network namespaces, nftables)", file=sys.stderr)
         return 2
-    s = run_chaos(args.minutes, args.n, args.seed, args.max_bytes)
+    s = run_chaos(args.minutes, args.n, args.seed, args.max_bytes, kinds=kinds)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(s, indent=1))
     print(report(s))

@@ -356,17 +356,20 @@ class Aggregators:
         aggregators): rank 0 logs it, the others at debug level, so a job says it once."""
         log.log(logging.WARNING if self._rank == 0 else logging.DEBUG, message, *args)
 
-    def _schedule(self, failed: bool) -> None:
+    def _schedule(self, failed: bool) -> float:
         """Missing aggregators are tried again (unless switch_retry_seconds is 0): at once
         once one answers after an outage, or, after a failed join (``failed``), once
-        rank 0's clock has passed the next gap (doubling, at most switch_retry_seconds)."""
+        rank 0's clock has passed the next gap (doubling, at most switch_retry_seconds):
+        the gap, in seconds (0 after an outage)."""
         cap = self.settings.switch_retry_seconds
         self._retrying = cap > 0
         if not failed:
             self._retry_gap, self._due_at = RETRY_FIRST_GAP, 0.0
-            return
-        self._due_at = time.monotonic() + min(self._retry_gap, cap)
+            return 0.0
+        gap = min(self._retry_gap, cap)
+        self._due_at = time.monotonic() + gap
         self._retry_gap = min(2 * self._retry_gap, cap)
+        return gap
 
     def _retry_text(self) -> str:
         if not self._retrying:
@@ -454,11 +457,10 @@ class Aggregators:
                 self._job_warning("call #%d: %s; not tried again", seq,
                                   self.unavailable or self._why_missing())
                 return False
-            self._schedule(failed=True)
+            gap = self._schedule(failed=True)
             log.info("call #%d: the aggregator answered but is still unavailable (%s); "
-                     "tried again in %.2f s at the earliest", seq,
-                     self.unavailable or self._why_missing(),
-                     max(self._due_at - time.monotonic(), 0.0))
+                     "tried again once it answers %.2f s from now or later", seq,
+                     self.unavailable or self._why_missing(), gap)
             return False
         self._schedule(failed=False)
         if not self.missing():

@@ -305,7 +305,9 @@ class InaEngine(OffloadEngine):
         what = f"the opening of call #{self.aggregators.seq}"
         self.errors.report(f"{what}: {here}")
         got = take_part(self.errors, Role.OPENING, -1, what,
-                        opening=self.quorum.calls + 1, seq=agg.seq)
+                        opening=self.quorum.calls + 1, seq=agg.seq,
+                        switch_calls=self.quorum.calls)
+        self.quorum.calls = got.switch_calls
         reason = (f"ina: the aggregator failed at the opening of a call on rank(s) "
                   f"{got.failed}; here: {here}")
         self.shares.forget(0)
@@ -786,7 +788,8 @@ class InaEngine(OffloadEngine):
                 else "a result said an input held a NaN or an Inf")
         self.errors.report(f"{what}: {here}", number)
         got = take_part(self.errors, role, number, what,
-                        opening=number, seq=agg.seq)
+                        opening=number, seq=agg.seq, switch_calls=self.quorum.calls)
+        self.quorum.calls = got.switch_calls
         self.predictions.clear()
         self.quorum.after_call(-1, -1, 0, 0, 0)
         if got.failed:
@@ -822,7 +825,8 @@ class InaEngine(OffloadEngine):
         this rank finished it, and sends or stands by with its kept window; then marks
         the aggregator lost as they do when a stream failed."""
         self._drop_adopted()
-        got, kept = stand_by(self.errors, what, self.aggregators.seq)
+        got, kept = stand_by(self.errors, what, self.aggregators.seq, self.quorum.calls)
+        self.quorum.calls = got.switch_calls
         self.predictions.clear()
         if got.failed and kept is not None and self.aggregators.links[kept.aggregator]:
             self.shares.forget(kept.aggregator)

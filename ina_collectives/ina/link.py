@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import protocol as P
-from ..collectives.waiting import waiting_for
+from ..collectives.waiting import peer_failure, waiting_for
 from ..errors import AggregatorUnavailable, SystemCallError
 from ..protocol import control_request, enable_gro, sockaddr_be, status_text, udp_socket
 from ..settings import Settings
@@ -75,6 +75,9 @@ class WorkerLink:
         self._transport = transport
         self.wire = transport.Link(self.sock.fileno(), addr_be, port_be, job, worker, n, k,
                                    slots, block, value_bits, epoch, gso)
+        # While the aggregator holds this worker's packets for a late peer, the stream
+        # waits on; ina-run's word that a rank failed ends it.
+        self.wire.watch = peer_failure
 
     @property
     def slots(self) -> int:

@@ -88,15 +88,21 @@ class Rescue:
     holder: int | None
     restart: bool = False
     seq: int = 0
+    # The switch calls the ranks have numbered, the largest of theirs: a rank whose
+    # opening failed numbered one fewer than a rank whose stream then failed, and every
+    # rank numbers the next switch call alike from this (the switch compares numbers).
+    switch_calls: int = 0
 
 
 def rescue(comm: MPI.Intracomm, role: Role, call: int, kept: Kept | None,
-           seconds: float, what: str, opening: int = -1, seq: int = 0) -> Rescue:
+           seconds: float, what: str, opening: int = -1, seq: int = 0,
+           switch_calls: int = 0) -> Rescue:
     """Collective, once a gate showed TROUBLE: this rank's ``role`` in ``call`` (a CLEAN
     or OPENING rank passes its ``kept`` window, if any; an OPENING one the number
     ``opening`` the call it opened would have had). The window goes to every rank in the
     type its holder kept it in (its output's, as every rank's of the call).
-    ``seq``: the chooser's call number this rank is at. ``seconds`` bounds each wait;
+    ``seq``: the chooser's call number this rank is at; ``switch_calls``: the switch
+    calls this rank has numbered (Quorum.calls). ``seconds`` bounds each wait;
     ``what`` names the call in a timeout's message."""
     role = Role(role)
     n, me = comm.Get_size(), comm.Get_rank()
@@ -106,8 +112,8 @@ def rescue(comm: MPI.Intracomm, role: Role, call: int, kept: Kept | None,
     mine = np.array([role, call if have is None and role != Role.CLEAN else
                      (have.call if have else -1), have.start if have else -1,
                      have.values.size if have else 0, opening, seq,
-                     ord(have.values.dtype.char) if have else 0], np.int64)
-    rows = np.empty((n, 7), np.int64)
+                     ord(have.values.dtype.char) if have else 0, switch_calls], np.int64)
+    rows = np.empty((n, 8), np.int64)
     wait(comm.Iallgather(mine, rows), Deadline(seconds),
          lambda: f"every rank to say what it holds of {what}, which a rank could not "
                  f"finish alone (this rank: {_SAYS[role]})")
@@ -120,14 +126,15 @@ def rescue(comm: MPI.Intracomm, role: Role, call: int, kept: Kept | None,
                 rows[r, 1] = rows[r, 4]
     failed = [r for r in range(n) if rows[r, 0] in (Role.FAILED, Role.OPENING)]
     stuck = [r for r in range(n) if rows[r, 0] in (Role.FAILED, Role.NAN_OR_INF)]
-    seq = int(rows[:, 5].max())
+    seq, numbered = int(rows[:, 5].max()), int(rows[:, 7].max())
     if not stuck:  # only openings failed: nothing of any call is lost, start again
-        return Rescue(None, 0, False, failed, None, restart=True, seq=seq)
+        return Rescue(None, 0, False, failed, None, restart=True, seq=seq,
+                      switch_calls=numbered)
     target = int(rows[stuck[0], 1])
     if all(rows[r, 0] in (Role.FAILED, Role.NAN_OR_INF)
            or (rows[r, 0] == Role.OPENING and rows[r, 4] == target) for r in range(n)):
         # every rank is still in the call (or was opening it): none returned
-        return Rescue(None, 0, True, failed, None, seq=seq)
+        return Rescue(None, 0, True, failed, None, seq=seq, switch_calls=numbered)
     holders = [r for r in range(n)
                if rows[r, 0] in (Role.CLEAN, Role.OPENING) and rows[r, 1] == target]
     if any(rows[r, 0] == Role.NAN_OR_INF for r in stuck) or not holders:
@@ -144,7 +151,7 @@ def rescue(comm: MPI.Intracomm, role: Role, call: int, kept: Kept | None,
     wait(comm.Ibcast(buf, root=root), Deadline(seconds),
          lambda: f"rank {root}'s last window of {what} ({length} values)")
     return Rescue(buf if role == Role.FAILED else None, start, False, failed, root,
-                  restart=role == Role.OPENING, seq=seq)
+                  restart=role == Role.OPENING, seq=seq, switch_calls=numbered)
 
 
 def _read_predicted(rows: np.ndarray, r: int) -> Role:
@@ -158,17 +165,20 @@ def _read_predicted(rows: np.ndarray, r: int) -> Role:
 
 
 def take_part(errors: ErrorPath, role: Role, call: int, what: str, opening: int = -1,
-              seq: int = 0) -> Rescue:
+              seq: int = 0, switch_calls: int = 0) -> Rescue:
     """``rescue`` over the communicator's error path, with the window this rank kept
     there, which it then forgets."""
-    got = rescue(errors.comm, role, call, errors.kept, errors.seconds, what, opening, seq)
+    got = rescue(errors.comm, role, call, errors.kept, errors.seconds, what, opening, seq,
+                 switch_calls)
     errors.forget()
     return got
 
 
-def stand_by(errors: ErrorPath, what: str, seq: int) -> tuple[Rescue, Kept | None]:
+def stand_by(errors: ErrorPath, what: str, seq: int,
+             switch_calls: int = 0) -> tuple[Rescue, Kept | None]:
     """Collective with ranks that could not finish a call (a gate showed TROUBLE): this
     rank finished it, and sends or stands by with its kept window, which it returns with
     what every rank learned."""
     kept = errors.kept
-    return take_part(errors, Role.CLEAN, -1, what, seq=seq), kept
+    return take_part(errors, Role.CLEAN, -1, what, seq=seq,
+                     switch_calls=switch_calls), kept

@@ -2,9 +2,9 @@
 switch in a thread (tests/switch/test_server.py: switch_thread) or a port where nobody
 listens: the ranks join and agree on K and the path MTU, an INA_SWITCH that names no
 aggregator or one twice is refused, an aggregator nobody answers leaves every rank with
-the same reason (or, with require_switch, an error), the retries back off 1, 2, 4 calls,
-an aggregator lost mid-run is joined again at a call boundary (rank 0 probing with a
-wait, or its news from probes that do not wait), and an installed job whose ports do not
+the same reason (or, with require_switch, an error), failed joins back off in time,
+an aggregator lost mid-run is joined again at a call boundary (rank 0's news from
+probes that do not wait), and an installed job whose ports do not
 fit this communicator is joined as a job of its own. (tests/integration/test_aggregators.py
 runs the aggregators themselves, software and P4, under mpiexec jobs.)"""
 from __future__ import annotations
@@ -92,39 +92,48 @@ def test_an_aggregator_nobody_answers_leaves_every_rank_the_same_reason(closed_u
     run_ranks(2, rank, timeout=30)
 
 
-def test_the_retries_of_an_aggregator_that_never_answers_back_off_1_2_4_calls(
+def test_an_aggregator_that_never_answers_is_never_joined_and_failed_joins_back_off_in_time(
         closed_udp_port, caplog):
-    """Tried again at call 1 (the first after init), then 3, then 7: each time rank 0
-    probes, finds nobody, and every rank schedules the next try alike (each try says
-    so); the calls in between try nothing."""
+    """Nobody answers rank 0's probes: calls 1-7 (no agreement: rank 0's news comes in
+    a broadcast of its own) try no join at all. Where the news says it answered but the
+    join fails, the next news waits 0.05, 0.1, 0.2 ... s of rank 0's clock, at most
+    switch_retry_seconds (0.3 here), and every rank says the same."""
     address = f"127.0.0.1:{closed_udp_port}"
 
     def body(aggs, comm):
         for seq in range(1, 8):
             aggs.at_call_boundary(seq)
-        return aggs.unavailable is not None, aggs.returns
+        quiet = [r.getMessage() for r in caplog.records if "still unavailable" in
+                 r.getMessage()]
+        for seq in range(8, 13):
+            aggs.at_call_boundary(seq, 1)  # (news as if it answered: the join fails)
+        return quiet, aggs.unavailable is not None, aggs.returns
 
     caplog.set_level(logging.INFO, logger="ina_collectives")
-    results = on_aggregators(2, settings_for(address, switch_retry_calls=8), body)
-    assert results == [(True, 0)] * 2
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("call #")]
-    assert sorted(said) == sorted(
-        2 * [f"call #{seq}: the aggregator is still unavailable; next try at call #{after}"
-             for seq, after in ((1, 3), (3, 7), (7, 15))]), said
+    results = on_aggregators(2, settings_for(address, switch_retry_seconds=0.3), body)
+    assert results == [([], True, 0)] * 2
+    said = [r.getMessage() for r in caplog.records if "still unavailable" in r.getMessage()]
+    gaps = sorted(float(m.split("once it answers ")[1].split(" s")[0]) for m in said)
+    assert gaps == sorted(2 * [0.05, 0.1, 0.2, 0.3, 0.3]), said
 
 
 def test_an_aggregator_lost_mid_run_is_joined_again_at_a_call_boundary():
     """Lost at call 3 on every rank: calls take the ring (``unavailable`` is the
-    reason), and at call 4 rank 0 probes with a wait, finds it answering and every rank
-    joins it again. Lost again at call 5: rank 0's probes that do not wait see it answer,
-    and its news, given to call 6's boundary, brings every rank back."""
+    reason); from call 4 on (no agreement: rank 0's news in a broadcast of its own)
+    rank 0's probes find it answering, and every rank joins it again at the same call.
+    Lost again: rank 0's news, given to a call's boundary as an agreement would carry
+    it, brings every rank back."""
     with switch_thread() as sw:
         def body(aggs, comm):
             aggs.lost([0], "ina: the switch went silent", 3)
             out = [(aggs.unavailable, aggs.outages, aggs.link is None)]
-            aggs.at_call_boundary(4)  # (no news: the agreement check is off)
+            seq, deadline = 4, time.monotonic() + 5
+            while aggs.returns == 0 and time.monotonic() < deadline:
+                aggs.at_call_boundary(seq)  # (no news given: the agreement check is off)
+                seq += 1
+                time.sleep(0.01)
             out.append((aggs.unavailable, aggs.returns, aggs.serving()))
-            aggs.lost([0], "ina: the switch went silent again", 5)
+            aggs.lost([0], "ina: the switch went silent again", seq)
             news = 0
             if comm.Get_rank() == 0:
                 deadline = time.monotonic() + 5
@@ -132,7 +141,7 @@ def test_an_aggregator_lost_mid_run_is_joined_again_at_a_call_boundary():
                     news = aggs.answers_again()
                     time.sleep(0.002)
             news = comm.bcast(news, root=0)
-            aggs.at_call_boundary(6, news)
+            aggs.at_call_boundary(seq + 1, news)
             out.append((news, aggs.unavailable, aggs.returns, aggs.outages, aggs.serving()))
             return out
 

@@ -100,6 +100,10 @@ def test_numbers_skipped_are_nacked_to_that_worker_alone(job):
     send(a, packet(a, 2, seq=12, flags=P.FLAG_RETRANSMIT))
     send(a, packet(a, 4, seq=14))
     send(a, packet(a, 0, seq=10))  # a late duplicate: behind the expectation
+    # ... but it is a packet the switch holds while chunk 0 waits for b: "held" (a NACK
+    # naming no packet), which keeps a's silence bound waiting for its late peer.
+    head, data = receive(a)
+    assert head["flags"] == P.FLAG_NACK and head["count"] == 0 and len(data) == P.HEADER_BYTES
     assert silent(a)
     # Numbers wrap at 256; a jump past the window is taken as lost track, not 200 losses.
     send(b, packet(b, 5, seq=254))  # chunks a never sent: no result comes
@@ -123,9 +127,12 @@ def test_a_result_request_is_answered_only_by_a_done_cell(job):
     send(a, request)
     assert receive(a)[1] == results[0]  # the same result again, to a alone
     assert silent(b)
-    # Chunk 1 waits for b: a request from a is not answered, and adds nothing.
+    # Chunk 1 waits for b: a request from a gets no result and adds nothing; the switch
+    # says it holds a's packet (a NACK naming no packet: a's peer is late).
     send(a, packet(a, 1, seq=1))
     send(a, packet(a, 1, seq=1, flags=P.FLAG_RETRANSMIT, values=np.zeros(0, ">i4")))
+    held = P.unpack_header(receive(a)[1])
+    assert held["flags"] == P.FLAG_NACK and held["count"] == 0 and held["offset"] == 0
     assert silent(a)
     send(b, packet(b, 1, seq=1))
     done = [P.unpack_header(receive(link)[1]) for link in (a, b)]
@@ -334,3 +341,35 @@ def test_a_worker_absent_from_a_quorum_call_sends_nothing_new_and_takes_every_re
         assert (out == got[0][1]).all()
     counters = got[2][0].counters
     assert counters["left_out"] == chunks and counters["retransmitted"] == 0, counters
+
+
+@pytest.mark.parametrize("late", [0.0, 0.2])
+def test_a_late_peer_is_waited_for_past_the_silence_bound_while_the_switch_holds_the_packets(
+        late):
+    """Worker 1 starts its stream 1.5 s after worker 0 (a stopped or descheduled rank),
+    three times worker 0's silence bound of 0.5 s. The switch answers worker 0's resends
+    (a result request, then the whole packet) with "held" (a NACK naming no packet): it
+    is alive and waits for a peer. Worker 0 waits on and ends with the sums, as worker 1
+    does: no rank gives up on a call a peer then finishes (which would leave the ranks
+    apart, one in the error path, the other in the program's next MPI call). ``late``:
+    worker 1's first packets come just before, or long after, worker 0's resends began."""
+    from ina_collectives.ina import kernels
+    from tests.switch.test_server import switch_thread
+
+    n, k, slots, chunks = 2, 64, 4, 10
+    x = np.arange(k * chunks, dtype=np.float32) % 100 - 50
+    local, _ = kernels.load("fast").block_exponents(x, k, P.DEFAULT_BLOCK)
+    results: list = [None] * n
+    outs = [np.full_like(x, np.nan) for _ in range(n)]
+    with switch_thread() as sw, joined(sw.address, 903, n, k, slots, 3) as links:
+        def one(w: int) -> None:
+            if w == 1:
+                time.sleep(1.5 + late)
+            results[w] = links[w].stream(x, outs[w], local, local.copy(), False,
+                                         Timers(0.02, 0.005, 0.2, silence=0.5),
+                                         deadline=30.0, call=1)
+
+        per_worker(n, one)
+    for w in range(n):
+        assert results[w] is not None and results[w].ok, (w, results[w])
+        np.testing.assert_array_equal(outs[w], n * x)

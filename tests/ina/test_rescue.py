@@ -131,8 +131,8 @@ def test_a_holder_that_stops_after_saying_what_it_holds_is_named_with_the_window
     rank 1, which lost its results, names the window it waited for."""
     def rank(comm):
         if comm.Get_rank() == 0:
-            row = np.array([CLEAN, CALL, START, 8, -1, 0, ord("f")], np.int64)
-            comm.Iallgather(row, np.empty((2, 7), np.int64)).Wait()
+            row = np.array([CLEAN, CALL, START, 8, -1, 0, ord("f"), 0], np.int64)
+            comm.Iallgather(row, np.empty((2, 8), np.int64)).Wait()
             return None  # stopped before the broadcast
         return rescue(comm, FAILED, CALL, None, 0.3, "switch call #7")
 
@@ -183,3 +183,19 @@ def test_a_role_that_is_none_is_refused_before_any_rank_waits():
         return True
 
     assert run_ranks(1, rank) == [True]
+
+
+def test_every_rank_numbers_the_next_switch_call_from_the_largest_count_of_theirs():
+    """Rank 0's opening of a call failed (it numbered one switch call fewer); rank 1's
+    opening of it succeeded and its stream then failed. Both learn the larger count, so
+    that the next switch call has the same number on both (the switch compares numbers:
+    unequal ones read as ranks that called differently, a false AgreementError that a
+    chaos soak found after a stopped rank)."""
+    def rank(comm):
+        if comm.Get_rank() == 0:
+            return rescue(comm, OPENING, -1, None, 5.0, "switch call #7", CALL, 3,
+                          switch_calls=CALL - 1)
+        return rescue(comm, FAILED, CALL, None, 5.0, "switch call #7", CALL, 3,
+                      switch_calls=CALL)
+    for res in run_ranks(2, rank):
+        assert res.switch_calls == CALL and res.to_ring
