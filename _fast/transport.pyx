@@ -239,7 +239,7 @@ def rtt_update(double[::1] state, double sample, double rto_min, double rto_max)
 # What a call's Result.status is.
 cdef enum:
     DONE, SILENT, TIMEOUT, SEND_FAILED, CANCELLED, LOST, PEER_LATE
-STATUS = ("done", "no result within the silence bound (the aggregator stopped)",
+STATUS = ("done", "no result within the silence bound (the aggregator or a peer stopped)",
           "the operation's deadline passed", "a send failed",
           "cancelled (another part of the call was interrupted)",
           "done but for chunks whose results the switch no longer holds (quorum: the "
@@ -997,7 +997,9 @@ cdef class Link:
                 w.resent = 1
                 w.sent_at = now
                 w.overtaken = 0
-                w.timer = min(w.timer * 2, o.rto_max)
+                # (at most half the silence bound: a switch that holds the packet for a
+                # late peer says so to a resend, and the bound must see one first)
+                w.timer = min(w.timer * 2, o.rto_max, o.silence / 2)
                 o.rto = max(o.rto, w.timer)
 
     cdef inline void _queue(self, Call *c, Py_ssize_t s) noexcept nogil:
