@@ -4,6 +4,8 @@
     python p4/gen.py                         # K = 64, S = 4096, B = 32, V = 32: committed
     python p4/gen.py --elements 128 --value-bits 16 --out-dir /tmp/build16
     python p4/gen.py --elements 32 --slots 1024 --block 8 --out-dir /tmp/build
+    python p4/gen.py --arch tna              # p4/ina_aggregator_tna.p4 (Tofino 1: p4/tna.py)
+    python p4/gen.py --arch t2na             # p4/ina_aggregator_t2na.p4 (Tofino 2)
 
 The per-element and per-sub-block code (K value headers and G = ceil(K / B) pair
 headers, their parser states and registers, the add, the max and the copy of each) is
@@ -26,8 +28,16 @@ sys.path.insert(0, str(HERE.parent))
 from ina_collectives import protocol as P  # noqa: E402
 from ina_collectives.control import schema as S  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+import tna  # noqa: E402  (p4/tna.py: the Tofino program)
+
 PROGRAM = "ina_aggregator.p4"
 P4INFO = "ina_aggregator.p4info.txt"
+
+
+def tna_program_name(arch: str) -> str:
+    """The Tofino program's file: ina_aggregator_tna.p4, ina_aggregator_t2na.p4."""
+    return f"ina_aggregator_{arch}.p4"
 
 
 def annotate(thing: S.Action | S.Table | S.Register) -> str:
@@ -851,7 +861,21 @@ def main(argv: list[str] | None = None) -> int:
                         choices=P.VALUE_BITS,
                         help=f"V, the values' width (default {S.DEFAULT_VALUE_BITS})")
     parser.add_argument("--out-dir", type=Path, default=HERE)
+    parser.add_argument("--arch", choices=("v1model", *tna.ARCHES), default="v1model",
+                        help="v1model (BMv2; default), or tna / t2na: the Tofino 1 / 2 "
+                             "program (K and S: the largest that fit, unless given; "
+                             "32-bit values, one sub-block per packet)")
     args = parser.parse_args(argv)
+    if args.arch != "v1model":
+        fit_k, fit_s = tna.FIT[args.arch]
+        k = args.elements if "--elements" in (argv or sys.argv) else fit_k
+        slots = args.slots if "--slots" in (argv or sys.argv) else fit_s
+        if args.value_bits != 32 or args.block is not None:
+            parser.error(f"--arch {args.arch} builds K 32-bit values in one sub-block")
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / tna_program_name(args.arch)).write_text(tna.program(k, slots,
+                                                                           args.arch))
+        return 0
     k, block, bits = args.elements, args.block, args.value_bits
     if not 1 <= k <= S.MAX_BUILD_ELEMENTS:
         parser.error(f"--elements must be 1..{S.MAX_BUILD_ELEMENTS}")

@@ -1,0 +1,122 @@
+"""The Tofino programs through the open Tofino compiler: find it, compile (cached), read
+what it wrote (the P4Info, its resource figures).
+
+    compiler = find_compiler()                 # None, with missing_compiler() saying why
+    build = compile_tofino("tna")              # p4c-barefoot --target tofino --arch tna
+    build.p4info, build.out, build.log         # the P4Info text, its output folder, stderr
+
+The compiler is p4c 1.2.5.16's ``p4c-barefoot`` (backends/tofino), looked for on PATH,
+then in ``$P4TOOLS_DIR/tofino/bin`` (default ``/opt/p4tools``, where
+``../shared/p4-toolchain/build.sh tofino`` installs it). This module only runs it. A
+build is the program ``p4/gen.py --arch tna|t2na`` writes; it is compiled once per text
+of the program and compiler version, into ``$INA_P4_CACHE`` (default
+``~/.cache/ina-collectives/p4``).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .bmv2 import ROOT, tools_dir
+
+COMPILER = "p4c-barefoot"
+TARGETS = {"tna": "tofino", "t2na": "tofino2"}
+
+
+def tna_module():
+    """p4/tna.py, the Tofino program's generator (a file of the checkout, not a package:
+    ``p4`` is p4runtime's package name)."""
+    spec = importlib.util.spec_from_file_location("ina_p4_tna", ROOT / "p4" / "tna.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Compiler:
+    path: str
+    env: dict
+
+
+def find_compiler() -> Compiler | None:
+    """p4c-barefoot, or None where it is missing."""
+    env = dict(os.environ)
+    found = shutil.which(COMPILER)
+    base = tools_dir() / "tofino"
+    if found is None:
+        candidate = base / "bin" / COMPILER
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            found = str(candidate)
+    if found is None:
+        return None
+    lib = base / "lib"
+    if lib.is_dir():
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(lib), env.get("LD_LIBRARY_PATH", "")) if p)
+    # (it runs the C preprocessor, and bf-p4c finds tna.p4 beside itself)
+    return Compiler(found, env)
+
+
+def missing_compiler() -> str:
+    return (f"needs the open Tofino compiler ({COMPILER}) on PATH or in "
+            f"{tools_dir()}/tofino/bin (../shared/p4-toolchain/build.sh tofino, or set "
+            f"P4TOOLS_DIR)")
+
+
+@dataclass(frozen=True)
+class TofinoBuild:
+    arch: str
+    target: str
+    program: Path   # the program compiled (p4/ina_aggregator_<arch>.p4)
+    out: Path       # the compiler's output folder
+    p4info: Path    # the P4Info text it wrote
+    log: str        # its stdout and stderr
+
+
+_lock = threading.Lock()
+
+
+def compile_tofino(arch: str, compiler: Compiler | None = None,
+                   cache: Path | None = None) -> TofinoBuild:
+    """p4c-barefoot --target tofino[2] --arch tna|t2na on the committed program, with
+    P4Runtime files; RuntimeError with its messages if it fails."""
+    compiler = compiler or find_compiler()
+    if compiler is None:
+        raise FileNotFoundError(missing_compiler())
+    target = TARGETS[arch]
+    program = ROOT / "p4" / f"ina_aggregator_{arch}.p4"
+    source = program.read_text()
+    version = subprocess.run([compiler.path, "--version"], env=compiler.env,
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    key = hashlib.sha256(f"{version}\n{source}".encode()).hexdigest()[:20]
+    cache = cache or Path(os.environ.get("INA_P4_CACHE",
+                                         Path.home() / ".cache" / "ina-collectives" / "p4"))
+    where = cache / f"{arch}-{key}"
+    build = TofinoBuild(arch, target, program, where / "out", where / "p4info.txt",
+                        (where / "log.txt").read_text() if (where / "log.txt").is_file()
+                        else "")
+    with _lock:
+        if build.p4info.is_file() and (where / "log.txt").is_file():
+            return build
+        work = where.with_name(where.name + f".tmp{os.getpid()}")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        proc = subprocess.run([compiler.path, "--target", target, "--arch", arch,
+                               "-o", str(work / "out"),
+                               "--p4runtime-files", str(work / "p4info.txt"),
+                               str(program)],
+                              env=compiler.env, capture_output=True, text=True, timeout=900)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise RuntimeError(f"{COMPILER} --target {target} --arch {arch} failed "
+                               f"({proc.returncode}) on {program}:\n{log[-6000:]}")
+        (work / "log.txt").write_text(log)
+        shutil.rmtree(where, ignore_errors=True)
+        work.rename(where)
+    return TofinoBuild(arch, target, program, where / "out", where / "p4info.txt", log)

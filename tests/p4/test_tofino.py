@@ -1,0 +1,66 @@
+"""The Tofino builds (p4/tna.py, written by p4/gen.py --arch tna|t2na): the committed
+programs are what the generator writes; with the open Tofino compiler (marker tofino),
+both compile for their targets with no error, and the P4Info the compiler writes names
+the same tables, actions, counters and registers, with the same ids, as
+ina_collectives/control/schema.py. Without the compiler those cases skip, saying why."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ina_collectives.control import schema as S
+from ina_collectives.testing import tofino
+from tests.conftest import ROOT
+
+tna = tofino.tna_module()
+
+needs_compiler = pytest.mark.skipif(tofino.find_compiler() is None,
+                                    reason=tofino.missing_compiler())
+
+
+@pytest.mark.parametrize("arch", sorted(tna.ARCHES))
+def test_the_committed_tofino_program_is_what_gen_py_writes(arch, tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "p4" / "gen.py"), "--arch", arch,
+                    "--out-dir", str(tmp_path)], check=True, timeout=120)
+    name = f"ina_aggregator_{arch}.p4"
+    assert (tmp_path / name).read_text() == (ROOT / "p4" / name).read_text(), (
+        f"p4/{name} is stale: python p4/gen.py --arch {arch}")
+
+
+def expected(arch: str) -> dict[str, int]:
+    """Every entity a Tofino build has, by schema name, with its schema id."""
+    k, _ = tna.FIT[arch]
+    groups = S.sub_blocks(k, S.effective_block(k, min(k, 64)))
+    things = [*S.TABLES, *S.ACTIONS, S.EPOCH, S.BITMAP, S.COUNT,
+              *S.pair_registers(groups), *(S.value_register(i, 32) for i in range(k))]
+    ids = {t.name: t.id for t in things}
+    ids[S.DROPS_COUNTER_NAME] = S.DROPS_COUNTER_ID
+    ids[S.JOB_RESULTS_COUNTER_NAME] = S.JOB_RESULTS_COUNTER_ID
+    return ids
+
+
+def written(build: tofino.TofinoBuild) -> dict[str, int]:
+    """The P4Info's entities by name (the pipeline's prefix, ``pipe.``, left out)."""
+    from google.protobuf import text_format
+    from p4.config.v1 import p4info_pb2
+
+    info = text_format.Parse(build.p4info.read_text(), p4info_pb2.P4Info())
+    found = {}
+    for group in (info.tables, info.actions, info.counters, info.registers):
+        for entity in group:
+            found[entity.preamble.name.removeprefix("pipe.")] = entity.preamble.id
+    return found
+
+
+@pytest.mark.tofino
+@needs_compiler
+@pytest.mark.parametrize("arch", sorted(tna.ARCHES))
+def test_the_tofino_program_compiles_and_its_p4info_has_the_schemas_names_and_ids(arch):
+    build = tofino.compile_tofino(arch)
+    assert " error" not in build.log.lower().replace("0 errors", ""), build.log[-3000:]
+    want, have = expected(arch), written(build)
+    missing = sorted(set(want) - set(have))
+    assert not missing, (missing, sorted(have))
+    assert {name: have[name] for name in want} == want
