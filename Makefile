@@ -38,6 +38,11 @@ ifneq ($(wildcard $(P4TOOLS_DIR)/bin/simple_switch_grpc),)
 export PATH := $(P4TOOLS_DIR)/bin:$(PATH)
 export LD_LIBRARY_PATH := $(P4TOOLS_DIR)/lib$(if $(LD_LIBRARY_PATH),:$(LD_LIBRARY_PATH))
 endif
+# The open Tofino compiler (p4c-barefoot, `build.sh tofino`) for the tests marked tofino.
+ifneq ($(wildcard $(P4TOOLS_DIR)/tofino/bin/p4c-barefoot),)
+export PATH := $(PATH):$(P4TOOLS_DIR)/tofino/bin
+export LD_LIBRARY_PATH := $(LD_LIBRARY_PATH):$(P4TOOLS_DIR)/tofino/lib
+endif
 export P4TOOLS_DIR
 
 demo: $(STAMP)
