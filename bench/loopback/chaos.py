@@ -250,7 +250,7 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
                 time.sleep(rng.uniform(1.0, 4.0))
                 if not queue:
                     queue = rng.sample(kinds, len(kinds))
-                kind, at = queue.pop(), time.monotonic() - start
+                kind, at, mono = queue.pop(), time.monotonic() - start, time.monotonic()
                 if kind == "restart":
                     switch.process.kill()
                     running.__exit__(None, None, None)
@@ -295,6 +295,7 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
                                         "ok": not failed})
                     events.append({"at": round(at, 2), "kind": kind, "calls": calls,
                                    "engines": figures["engines"]})
+                events[-1]["mono"] = mono
                 say(f"{at:7.1f} s: {events[-1]}")
         finally:
             fabric.set_loss(0.0)
@@ -305,6 +306,11 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
             switch_lines = switch.lines[-40:]
         figures, failed = check_job("main job", code, ranks, bound)
         failures += failed
+        if figures["longest_stall_at"] is not None:  # the events around the longest stall
+            begin = figures["longest_stall_at"]
+            figures["events_near_longest_stall"] = [
+                e for e in events if begin - 5 <= e["mono"] <= begin + figures[
+                    "longest_stall_s"]]
         if main.output.strip() and failed:
             failures.append("main job's output:\n" + main.output[-3000:])
     counts = {k: sum(e["kind"] == k for e in events) for k in kinds}
