@@ -11,7 +11,7 @@ import pytest
 
 from ina_collectives import protocol as P
 from ina_collectives.ina import kernels
-from ina_collectives.ina.link import Timers
+from ina_collectives.ina.link import Timers, WorkerLink
 from ina_collectives.switch.faults import send_faults
 from tests.ina.test_link import joined, per_worker
 from tests.switch.test_server import switch_thread
@@ -27,13 +27,13 @@ def job():
         yield sw, links
 
 
-def open_all(links, identities, proposals, call=1, silence=5.0):
+def open_all(links, identities, proposals, call=1, silence=5.0, deadline=30.0):
     """Every worker's opening at once; [(outcome, counters)] by worker."""
     out: list = [None] * len(links)
 
     def one(w: int) -> None:
         result = links[w].opening(identities[w], proposals[w], call,
-                                  Timers(0.02, 0.001, 1.0, silence), 30.0)
+                                  Timers(0.02, 0.001, 1.0, silence), deadline)
         out[w] = result.reason, result.counters
     per_worker(len(links), one)
     return out
@@ -107,13 +107,29 @@ def test_an_opening_recovers_lost_packets(job):
     assert sum(sw.stats()["drops"].values()) > 0
 
 
-def test_an_opening_that_no_switch_answers_fails_by_the_silence_bound(job):
-    """Two of three workers open: the switch waits for the third, their openings end
-    by the silence bound and say so."""
+def test_an_opening_the_third_worker_never_joins_ends_by_the_deadline_saying_why(job):
+    """Two of three workers open: the switch waits for the third and says it holds their
+    packets (held: a late peer, not a dead switch), so past their silence bound of 0.3 s
+    they wait on, and their openings end by the call's deadline (1.5 s) and say so."""
     sw, links = job
-    got = open_all(links[:2], [1, 1], [proposals_of(w) for w in range(2)], 1, silence=0.3)
-    assert all(g[0].startswith("no result within the silence bound") for g in got), got
+    got = open_all(links[:2], [1, 1], [proposals_of(w) for w in range(2)], 1, silence=0.3,
+                   deadline=1.5)
+    assert all(g[0].startswith("the operation's deadline passed while the aggregator held")
+               for g in got), got
     assert [list(link.wire.versions) for link in links[:2]] == [[0] * S] * 2  # nothing moved
+
+
+def test_an_opening_that_no_switch_answers_fails_by_the_silence_bound(closed_udp_port):
+    """No switch at the address: nothing answers the openings, which end by the silence
+    bound and say so."""
+    links = [WorkerLink(("127.0.0.1", closed_udp_port), 700, w, N, K, S, epoch=9)
+             for w in range(2)]
+    got = open_all(links[:2], [1, 1], [proposals_of(w) for w in range(2)], 1, silence=0.3,
+                   deadline=10.0)
+    assert all(g[0].startswith("no result within the silence bound") for g in got), got
+    assert [list(link.wire.versions) for link in links] == [[0] * S] * 2  # nothing moved
+    for link in links:
+        link.close()
 
 
 def test_the_switch_refuses_malformed_openings_and_mixed_cells(job):
