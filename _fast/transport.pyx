@@ -941,10 +941,14 @@ cdef class Link:
         cdef Call *o
         if count == 0:
             # Held: the aggregator has this worker's resent packet and waits for a peer's
-            # (a stopped or slow rank). It is alive: the silence bound waits on; the
-            # call's deadline, and a peer's failure (``watch``), still end the wait.
-            c.last_result = now
-            c.held = True
+            # (a stopped or slow rank). It is alive: a stream's silence bound waits on;
+            # the call's deadline, and a peer's failure (``watch``), still end the wait.
+            # Not an opening's: a peer that could not finish its last call waits for
+            # this rank at the error path's gate, which an opening that fails by the
+            # silence bound reaches (docs/protocol.md, The error path).
+            if not c.opening:
+                c.last_result = now
+                c.held = True
             return
         c.nacks += 1
         self.nacking = True

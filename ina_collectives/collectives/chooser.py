@@ -62,7 +62,7 @@ class Collectives:
             log.setLevel(settings.log_level.upper())
             log._ina_level = log.level  # type: ignore[attr-defined]
         watch_run(settings.run_dir)  # (ina-run's mark of a failed rank ends every wait)
-        dump_on_signal()  # (kill -USR2: what this rank waits for, and its stacks)
+        dump_on_signal(settings.run_dir)  # (kill -USR2: what it waits for, its stacks)
         # Our own copy of the communicator: the ring's messages never match the user's.
         self.comm = comm.Dup()
         self.settings = settings

@@ -95,11 +95,13 @@ def _dump(signum: int, frame: object) -> None:
               flush=True)
 
 
-def dump_on_signal() -> bool:
+def dump_on_signal(run_dir: str = "") -> bool:
     """SIGUSR2 prints what each thread waits for (Python's handler: at the next poll of a
     wait, or within 20 ms in a stream) and every thread's stacks (faulthandler: at once,
     even inside MPI) on stderr. Installed only from the main thread and where SIGUSR2 has
-    no handler of the program's; True if installed."""
+    no handler of the program's; True if installed. Under ina-run (``run_dir``, settings'
+    run_dir) it leaves ``rank<r>.stacks`` there: ina-run asks only such ranks (a program
+    that never initialised the library would die of SIGUSR2)."""
     if threading.current_thread() is not threading.main_thread():
         return False
     try:
@@ -109,6 +111,13 @@ def dump_on_signal() -> bool:
         faulthandler.register(DUMP_SIGNAL, all_threads=True, chain=True)
     except (ValueError, OSError, RuntimeError, AttributeError):
         return False  # (no signals here: an embedded interpreter, say)
+    rank = os.environ.get("PMI_RANK") or os.environ.get("RANK") or ""
+    if run_dir and rank.isdigit():
+        try:
+            with open(os.path.join(run_dir, f"rank{rank}.stacks"), "w"):
+                pass
+        except OSError:
+            pass  # (another host's folder: ina-run does not ask it)
     return True
 
 

@@ -120,6 +120,10 @@ class RankWatch:
         tmp.write_text(text)
         tmp.replace(self.folder / name)
 
+    def answers_stacks(self, rank: int) -> bool:
+        """Whether the rank's library installed its SIGUSR2 dump (rank<r>.stacks)."""
+        return (self.folder / f"rank{rank}.stacks").exists()
+
     def signal_running(self, signum: int, ranks: Iterable[int] | None = None) -> list[int]:
         """Send ``signum`` to each running rank (of ``ranks``, if given); the ranks
         signalled. SIGKILL goes to the rank's process group (the rank and whatever it
@@ -325,7 +329,8 @@ def _supervise(process: subprocess.Popen, watch: RankWatch, grace: float,
         if stage == 1 and not dumped and stop_at is not None and now >= stop_at:
             # The grace ran out: where each rank still running is stuck, then SIGTERM.
             dumped = True
-            if watch.signal_running(signal.SIGUSR2):
+            asked = [r for r in watch.running() if watch.answers_stacks(r)]
+            if asked and watch.signal_running(signal.SIGUSR2, asked):
                 print("ina-run: the ranks still running were asked for their stacks "
                       "(SIGUSR2); SIGTERM follows", file=sys.stderr, flush=True)
                 stop_at = now + DUMP_SECONDS
