@@ -1,6 +1,6 @@
 # The README's two commands: `make demo` (the main job: 4 ranks train through the embedded
 # switch) and `make test` (the whole suite). `make check`: lint (ruff, cython-lint) and the
-# unit tests that need no launcher (pytest -m "not mpi and not slow"), in about a minute
+# unit tests that need no launcher (pytest -m "not mpi and not slow"), in a few minutes
 # (CI, .ci/run, runs it before the suite); `make lint` the linters alone.
 # `make bench` runs the benchmarks bench/ holds (bench/__init__.py: by kind) and saves
 # their JSON in bench/results/: every microbenchmark of bench/micro/ at the ranks it
