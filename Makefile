@@ -58,7 +58,7 @@ lint: $(STAMP)
 check: lint
 	$(PY) -m pytest -m "not mpi and not slow"
 
-BENCH_COMMANDS = $(subst /,.,$(basename $(filter-out %_ranks.py,\
+BENCH_COMMANDS = $(subst /,.,$(basename $(filter-out %_ranks.py %/chaos.py,\
 	$(shell grep -lE '^def main\b' bench/ceilings/*.py bench/loopback/*.py))))
 
 bench: $(STAMP)

@@ -10,7 +10,8 @@
   shaped, lossy links): ``netsim`` and ``training``;
 * ``gpu/``: what only a GPU runs (``make gpu-check``).
 
-``make bench`` runs micro/, every command of ceilings/ and loopback/; ``make netsim`` the
+``make bench`` runs micro/, every command of ceilings/ and loopback/ but the chaos soak
+(root, ten minutes: ``python -m bench.loopback.chaos``); ``make netsim`` the
 cluster's quick sweep. What runs them (the launcher, the namespace fabric, BMv2, the
 children's environment) is ina_collectives/testing/, which the tests share. Results go
 to ``RESULTS``.
