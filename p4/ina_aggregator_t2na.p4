@@ -2064,7 +2064,8 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
         } else {
             ina_workers.apply();
             ina_modes.apply();
-            meta.want_blocks = (bit<16>)((hdr.ina.count + 63) >> 6);
+            meta.want_blocks = 1;   // ceil(count / B), by comparisons (one stage)
+
         }
         if (meta.reason == DROP_NONE && hdr.ina.isValid()) {
             if (hdr.ina.worker_id != meta.worker_id) {
@@ -2587,7 +2588,9 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                     hdr.v63.v = value_63_read.execute(meta.cell);
                 }
                 if (meta.count != meta.num_workers) {
-                    meta.reason = meta.op == OP_READ ? DROP_DUPLICATE_IN_PROGRESS : DROP_NONE;
+                    if (meta.op == OP_READ) {
+                        meta.reason = DROP_DUPLICATE_IN_PROGRESS;
+                    }
                     ig_dprsr_md.drop_ctl = 1;   // counted in; the result comes when all are
                 } else if (meta.op == OP_READ) {
                     result_header();            // its result was lost: again, to it alone

@@ -40,7 +40,6 @@ def program(k: int, slots: int, arch: str = "tna") -> str:
     block = k if k <= 64 else 64
     block = S.effective_block(k, block)
     groups = S.sub_blocks(k, block)
-    shift = block.bit_length() - 1
     drop = {name: i for i, name in enumerate(S.DROP_REASONS)}
     values, pairs = range(k), range(groups)
     out: list[str] = []
@@ -238,6 +237,9 @@ parser IngressParserImpl(packet_in pkt, out headers_t hdr, out meta_t meta,
     w("}")
 
     admit = S.ADMIT
+    blocks_by_count = "\n".join(
+        f"            if (hdr.ina.count > {g * block}) {{ meta.want_blocks = {g + 1}; }}"
+        for g in range(1, groups))
     w(f"""
 control IngressImpl(inout headers_t hdr, inout meta_t meta,
                     in ingress_intrinsic_metadata_t ig_intr_md,
@@ -462,7 +464,8 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
         }} else {{
             ina_workers.apply();
             ina_modes.apply();
-            meta.want_blocks = (bit<16>)((hdr.ina.count + {block - 1}) >> {shift});
+            meta.want_blocks = 1;   // ceil(count / B), by comparisons (one stage)
+{blocks_by_count}
         }}
         if (meta.reason == DROP_NONE && hdr.ina.isValid()) {{
             if (hdr.ina.worker_id != meta.worker_id) {{
@@ -547,7 +550,9 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                     hdr.v{i}.v = value_{i}_read.execute(meta.cell);
                 }}""")
     w("""                if (meta.count != meta.num_workers) {
-                    meta.reason = meta.op == OP_READ ? DROP_DUPLICATE_IN_PROGRESS : DROP_NONE;
+                    if (meta.op == OP_READ) {
+                        meta.reason = DROP_DUPLICATE_IN_PROGRESS;
+                    }
                     ig_dprsr_md.drop_ctl = 1;   // counted in; the result comes when all are
                 } else if (meta.op == OP_READ) {
                     result_header();            // its result was lost: again, to it alone
