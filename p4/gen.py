@@ -78,7 +78,6 @@ def program(k: int, slots: int, block: int = S.DEFAULT_BLOCK,
     drop = {name: i for i, name in enumerate(S.DROP_REASONS)}
     values = range(k)
     groups = range(S.sub_blocks(k, block))
-    g_last = len(groups) - 1
     shift = block.bit_length() - 1            # B = 1 << shift
     vshift = (value_bits // 8).bit_length() - 1  # V / 8 = 1 << vshift bytes a value
     control_bit = P.FLAG_CONTROL.bit_length() - 1
@@ -214,76 +213,7 @@ struct metadata_t {{
 
 parser ParserImpl(packet_in packet, out headers_t hdr, inout metadata_t meta,
                   inout standard_metadata_t standard_metadata) {{
-    state start {{
-        packet.extract(hdr.ethernet);
-        transition select(hdr.ethernet.ether_type) {{
-            ETHERTYPE_IPV4: parse_ipv4;
-            default: accept;
-        }}
-    }}
-    state parse_ipv4 {{
-        packet.extract(hdr.ipv4);
-        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {{
-            (4w5, 13w0, IPPROTO_UDP): parse_udp;
-            default: accept;
-        }}
-    }}
-    state parse_udp {{
-        packet.extract(hdr.udp);
-        transition select(hdr.udp.dst_port) {{
-            INA_PORT: parse_ina;
-            default: accept;
-        }}
-    }}
-    // A control packet (flag CONTROL, bit {control_bit}): its first int32 value. A data
-    // packet: exactly `blocks` pairs (at most G), then exactly `count` values (at most
-    // K), one state each; ingress checks blocks = ceil(count / B) and the UDP length.
-    state parse_ina {{
-        packet.extract(hdr.ina);
-        transition select(hdr.ina.flags[{control_bit}:{control_bit}], hdr.ina.blocks,
-                          hdr.ina.count) {{
-            (1w1, _, 0): accept;
-            (1w1, _, _): parse_control;
-            (1w0, 0, _): accept;
-            default: parse_pair_0;
-        }}
-    }}
-    state parse_control {{
-        packet.extract(hdr.c0);
-        transition accept;
-    }}""")
-    for g in groups:
-        if g == g_last:
-            w(f"""    state parse_pair_{g} {{
-        packet.extract(hdr.p{g});
-        transition select(hdr.ina.count) {{
-            0: accept;
-            default: parse_value_0;
-        }}
-    }}""")
-        else:
-            w(f"""    state parse_pair_{g} {{
-        packet.extract(hdr.p{g});
-        transition select(hdr.ina.blocks, hdr.ina.count) {{
-            ({g + 1}, 0): accept;
-            ({g + 1}, _): parse_value_0;
-            default: parse_pair_{g + 1};
-        }}
-    }}""")
-    for i in values:
-        if i == k - 1:
-            w(f"""    state parse_value_{i} {{
-        packet.extract(hdr.v{i});
-        transition accept;
-    }}""")
-        else:
-            w(f"""    state parse_value_{i} {{
-        packet.extract(hdr.v{i});
-        transition select(hdr.ina.count) {{
-            {i + 1}: accept;
-            default: parse_value_{i + 1};
-        }}
-    }}""")
+{tna.parse_states(k, len(groups), block, "packet", "start")}""")
     w("}")
     w("""
 control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {

@@ -230,9 +230,13 @@ parser IngressParserImpl(packet_in pkt, out headers_t hdr, out meta_t meta,
             default: accept;
         }
     }
+    // A control packet (flag CONTROL, bit 2): its first int32 value. A data
+    // packet: exactly `blocks` pairs (at most G), then exactly `count` values (at most
+    // K), one state each; ingress checks blocks = ceil(count / B) and the UDP length.
     state parse_ina {
         pkt.extract(hdr.ina);
-        transition select(hdr.ina.flags[2:2], hdr.ina.blocks, hdr.ina.count) {
+        transition select(hdr.ina.flags[2:2], hdr.ina.blocks,
+                          hdr.ina.count) {
             (1w1, _, 0): accept;
             (1w1, _, _): parse_control;
             (1w0, 0, _): accept;

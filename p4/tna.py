@@ -168,72 +168,7 @@ parser IngressParserImpl(packet_in pkt, out headers_t hdr, out meta_t meta,
         pkt.advance(PORT_METADATA_SIZE);
         transition parse_ethernet;
     }}
-    state parse_ethernet {{
-        pkt.extract(hdr.ethernet);
-        transition select(hdr.ethernet.ether_type) {{
-            ETHERTYPE_IPV4: parse_ipv4;
-            default: accept;
-        }}
-    }}
-    state parse_ipv4 {{
-        pkt.extract(hdr.ipv4);
-        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {{
-            (4w5, 13w0, IPPROTO_UDP): parse_udp;
-            default: accept;
-        }}
-    }}
-    state parse_udp {{
-        pkt.extract(hdr.udp);
-        transition select(hdr.udp.dst_port) {{
-            INA_PORT: parse_ina;
-            default: accept;
-        }}
-    }}
-    state parse_ina {{
-        pkt.extract(hdr.ina);
-        transition select(hdr.ina.flags[{P.FLAG_CONTROL.bit_length() - 1}:\
-{P.FLAG_CONTROL.bit_length() - 1}], hdr.ina.blocks, hdr.ina.count) {{
-            (1w1, _, 0): accept;
-            (1w1, _, _): parse_control;
-            (1w0, 0, _): accept;
-            default: parse_pair_0;
-        }}
-    }}
-    state parse_control {{
-        pkt.extract(hdr.c0);
-        transition accept;
-    }}""")
-    for g in pairs:
-        if g == groups - 1:
-            w(f"""    state parse_pair_{g} {{
-        pkt.extract(hdr.p{g});
-        transition select(hdr.ina.count) {{
-            0: accept;
-            default: parse_value_0;
-        }}
-    }}""")
-        else:
-            w(f"""    state parse_pair_{g} {{
-        pkt.extract(hdr.p{g});
-        transition select(hdr.ina.blocks) {{
-            {g + 1}: parse_value_0;
-            default: parse_pair_{g + 1};
-        }}
-    }}""")
-    for i in values:
-        if i == k - 1:
-            w(f"""    state parse_value_{i} {{
-        pkt.extract(hdr.v{i});
-        transition accept;
-    }}""")
-        else:
-            w(f"""    state parse_value_{i} {{
-        pkt.extract(hdr.v{i});
-        transition select(hdr.ina.count) {{
-            {i + 1}: accept;
-            default: parse_value_{i + 1};
-        }}
-    }}""")
+{parse_states(k, groups, block, "pkt", "parse_ethernet")}""")
     w("}")
 
     admit = S.ADMIT
@@ -684,4 +619,85 @@ Pipeline(IngressParserImpl(), IngressImpl(), IngressDeparserImpl(),
 
 Switch(pipe) main;
 """)
+    return "\n".join(out)
+
+
+def parse_states(k: int, groups: int, block: int, packet: str, first: str) -> str:
+    """The parser states from Ethernet to the values, written once for both
+    architectures: ``first``, the Ethernet state's name (v1model's start; TNA's start
+    takes the intrinsic metadata first); ``packet``, the packet_in's name."""
+    control_bit = P.FLAG_CONTROL.bit_length() - 1
+    g_last = groups - 1
+    out: list[str] = []
+    w = out.append
+    w(f"""    state {first} {{
+        {packet}.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {{
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }}
+    }}
+    state parse_ipv4 {{
+        {packet}.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {{
+            (4w5, 13w0, IPPROTO_UDP): parse_udp;
+            default: accept;
+        }}
+    }}
+    state parse_udp {{
+        {packet}.extract(hdr.udp);
+        transition select(hdr.udp.dst_port) {{
+            INA_PORT: parse_ina;
+            default: accept;
+        }}
+    }}
+    // A control packet (flag CONTROL, bit {control_bit}): its first int32 value. A data
+    // packet: exactly `blocks` pairs (at most G), then exactly `count` values (at most
+    // K), one state each; ingress checks blocks = ceil(count / B) and the UDP length.
+    state parse_ina {{
+        {packet}.extract(hdr.ina);
+        transition select(hdr.ina.flags[{control_bit}:{control_bit}], hdr.ina.blocks,
+                          hdr.ina.count) {{
+            (1w1, _, 0): accept;
+            (1w1, _, _): parse_control;
+            (1w0, 0, _): accept;
+            default: parse_pair_0;
+        }}
+    }}
+    state parse_control {{
+        {packet}.extract(hdr.c0);
+        transition accept;
+    }}""")
+    for g in range(groups):
+        if g == g_last:
+            w(f"""    state parse_pair_{g} {{
+        {packet}.extract(hdr.p{g});
+        transition select(hdr.ina.count) {{
+            0: accept;
+            default: parse_value_0;
+        }}
+    }}""")
+        else:
+            w(f"""    state parse_pair_{g} {{
+        {packet}.extract(hdr.p{g});
+        transition select(hdr.ina.blocks, hdr.ina.count) {{
+            ({g + 1}, 0): accept;
+            ({g + 1}, _): parse_value_0;
+            default: parse_pair_{g + 1};
+        }}
+    }}""")
+    for i in range(k):
+        if i == k - 1:
+            w(f"""    state parse_value_{i} {{
+        {packet}.extract(hdr.v{i});
+        transition accept;
+    }}""")
+        else:
+            w(f"""    state parse_value_{i} {{
+        {packet}.extract(hdr.v{i});
+        transition select(hdr.ina.count) {{
+            {i + 1}: accept;
+            default: parse_value_{i + 1};
+        }}
+    }}""")
     return "\n".join(out)
