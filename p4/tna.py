@@ -71,6 +71,10 @@ const bit<8>  OP_FIRST = {OP_FIRST};   // the first packet of a cell's use: load
 const bit<8>  OP_ADD   = {OP_ADD};   // a later one: add
 const bit<8>  OP_READ  = {OP_READ};   // a worker already counted: read back (its result was lost)
 const bit<8>  DROP_NONE = 0xff;
+const bit<8>  KIND_MALFORMED = 0;   // what ina_classify makes of an INA header
+const bit<8>  KIND_PROBE     = 1;
+const bit<8>  KIND_DATA      = 2;
+const bit<8>  KIND_BAD_SLOT  = 3;
 """)
     for name, i in drop.items():
         w(f"const bit<8> DROP_{name.upper().replace(' ', '_')} = {i};   // {name}")
@@ -148,7 +152,8 @@ struct meta_t {
     bit<32> slot_count;
     bit<32> slot_index;    // slot_base + slot
     bit<32> cell;          // version x S + slot_base + slot
-    bit<16> want_blocks;
+    bit<8>  kind;          // KIND_*: ina_classify's verdict on the header
+    bit<32> slot_over;     // slot - slot_count: its sign bit set where the slot is in range
     bit<8>  fresh;         // the slot's epoch was another run's
     bit<32> seen;          // this worker's bit in the cell, before this packet
     bit<32> before;        // the cell's bitmap before this packet
@@ -172,9 +177,26 @@ parser IngressParserImpl(packet_in pkt, out headers_t hdr, out meta_t meta,
     w("}")
 
     admit = S.ADMIT
-    blocks_by_count = "\n".join(
-        f"            if (hdr.ina.count > {g * block}) {{ meta.want_blocks = {g + 1}; }}"
-        for g in range(1, groups))
+    # ina_classify's entries, first match wins: a probe (control, not a result, one
+    # element, CTRL_PROBE); a data packet (no result, control, opening or prediction
+    # flag), whose count needs exactly its sub-blocks, of this build's width and block,
+    # sync, version 0 or 1, a slot below 2^16 (its bound is the job's, checked after);
+    # any other data packet names a bad slot.
+    data_flags = P.FLAG_RESULT | P.FLAG_CONTROL | P.FLAG_OPEN | P.FLAG_PREDICTED
+    rows = ["            (INA_VERSION, FLAG_CONTROL &&& (FLAG_CONTROL | FLAG_RESULT), 1 .. 1,"
+            " _, _, _, _, _, _, true, CTRL_PROBE) : classify(KIND_PROBE);"]
+    for g in range(1, groups + 1):
+        rows.append(
+            f"            (INA_VERSION, 0 &&& 0x{data_flags:02x}, {(g - 1) * block + 1} .. "
+            f"{min(g * block, k)}, VALUE_BITS, BLOCK, {g}, 0, 0 &&& 0xfe, 0 &&& 0xffff0000,"
+            f" _, _) : classify(KIND_DATA);")
+    for g in range(1, groups + 1):
+        rows.append(
+            f"            (INA_VERSION, 0 &&& 0x{data_flags:02x}, {(g - 1) * block + 1} .. "
+            f"{min(g * block, k)}, VALUE_BITS, BLOCK, {g}, 0, _, _, _, _) : "
+            f"classify(KIND_BAD_SLOT);")
+    classify_entries = "\n".join(rows)
+    classify_size = len(rows)
     w(f"""
 control IngressImpl(inout headers_t hdr, inout meta_t meta,
                     in ingress_intrinsic_metadata_t ig_intr_md,
@@ -294,6 +316,7 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
         meta.mcast_grp = mcast_grp;
         meta.slot_index = slot_base + hdr.ina.slot;
         meta.slot_count = slot_count;
+        meta.slot_over = hdr.ina.slot - slot_count;
     }}
 
     {_id(S.REJECT)}
@@ -387,46 +410,103 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
         hdr.ina.mode_generation = meta.mode_generation;
     }}
 
+    // Tofino's gateways read at most 4 bytes + 12 bits and compare a field with a
+    // constant, so the header's checks are one ternary table: the first entry that
+    // matches says what the packet is; none says it is malformed.
+    action classify(bit<8> kind) {{
+        meta.kind = kind;
+    }}
+
+    table ina_classify {{
+        key = {{
+            hdr.ina.version : exact;
+            hdr.ina.flags : ternary;
+            hdr.ina.count : range;
+            hdr.ina.value_bits : ternary;
+            hdr.ina.block : ternary;
+            hdr.ina.blocks : ternary;
+            hdr.ina.quorum : ternary;
+            hdr.ina.slot_version : ternary;
+            hdr.ina.slot : ternary;
+            hdr.c0.isValid() : ternary;
+            hdr.c0.v : ternary;
+        }}
+        actions = {{
+            classify;
+        }}
+        const default_action = classify(KIND_MALFORMED);
+        const entries = {{
+{classify_entries}
+        }}
+        size = {classify_size};
+    }}
+
+    // The worker's bit in the cell before this packet, as an action (kept out of the
+    // gateway that reads it).
+    action find_seen() {{
+        meta.seen = meta.before & meta.worker_bit;
+    }}
+
+    table ina_seen {{
+        actions = {{
+            find_seen;
+        }}
+        const default_action = find_seen();
+        size = 1;
+    }}
+
+    action set_op(bit<8> op) {{
+        meta.op = op;
+    }}
+
+    // What this packet does to its cell: counted already (read back), the cell's first
+    // (load) or a later one (add).
+    table ina_op {{
+        key = {{
+            meta.seen : ternary;
+            meta.before : ternary;
+        }}
+        actions = {{
+            set_op;
+        }}
+        const default_action = set_op(OP_READ);
+        const entries = {{
+            (0 &&& 0xffffffff, 0 &&& 0xffffffff) : set_op(OP_FIRST);
+            (0 &&& 0xffffffff, _) : set_op(OP_ADD);
+        }}
+        size = 2;
+    }}
+
     apply {{
         hdr.bridge.setValid();
         hdr.bridge.mcast_grp = 0;
         meta.reason = DROP_NONE;
         if (!hdr.ina.isValid()) {{
             l2_forward.apply();
-        }} else if (hdr.ina.version != INA_VERSION
-                   || (hdr.ina.flags & (FLAG_RESULT | FLAG_CONTROL)) == FLAG_RESULT) {{
-            meta.reason = DROP_MALFORMED;
         }} else {{
-            ina_workers.apply();
-            ina_modes.apply();
-            meta.want_blocks = 1;   // ceil(count / B), by comparisons (one stage)
-{blocks_by_count}
+            ina_classify.apply();
+            if (meta.kind == KIND_MALFORMED) {{
+                meta.reason = DROP_MALFORMED;
+            }} else {{
+                ina_workers.apply();
+                ina_modes.apply();
+            }}
         }}
         if (meta.reason == DROP_NONE && hdr.ina.isValid()) {{
             if (hdr.ina.worker_id != meta.worker_id) {{
                 meta.reason = DROP_UNKNOWN_WORKER;
-            }} else if ((hdr.ina.flags & FLAG_CONTROL) != 0) {{
-                if (hdr.ina.count == 1 && hdr.c0.isValid() && hdr.c0.v == CTRL_PROBE) {{
-                    hdr.ina.flags = FLAG_CONTROL | FLAG_RESULT;
-                    hdr.ina.count = 3;
-                    hdr.c1.setValid();
-                    hdr.c1.v = 0;
-                    hdr.c2.setValid();
-                    hdr.c2.v = CAPABILITIES;
-                    hdr.udp.length = hdr.udp.length + 8;
-                    hdr.ipv4.total_len = hdr.ipv4.total_len + 8;
-                    answer_from_switch();
-                }} else {{
-                    meta.reason = DROP_MALFORMED;
-                }}
-            }} else if (hdr.ina.slot >= meta.slot_count || hdr.ina.slot_version > 1) {{
+            }} else if (meta.kind == KIND_PROBE) {{
+                hdr.ina.flags = FLAG_CONTROL | FLAG_RESULT;
+                hdr.ina.count = 3;
+                hdr.c1.setValid();
+                hdr.c1.v = 0;
+                hdr.c2.setValid();
+                hdr.c2.v = CAPABILITIES;
+                hdr.udp.length = hdr.udp.length + 8;
+                hdr.ipv4.total_len = hdr.ipv4.total_len + 8;
+                answer_from_switch();
+            }} else if (meta.kind == KIND_BAD_SLOT || meta.slot_over[31:31] == 0) {{
                 meta.reason = DROP_BAD_SLOT;
-            }} else if ((hdr.ina.flags & (FLAG_OPEN | FLAG_PREDICTED)) != 0
-                       || hdr.ina.count == 0 || hdr.ina.count > ELEMENTS
-                       || hdr.ina.value_bits != VALUE_BITS || hdr.ina.block != BLOCK
-                       || hdr.ina.blocks != meta.want_blocks || hdr.ina.quorum != 0) {{
-                meta.reason = DROP_MALFORMED;  // (openings, predicted windows, quorum: the
-                                               // v1model program's; p4/README.md)
             }} else {{
                 // One pass: the slot's epoch, its bitmaps, then the cell's count, pairs
                 // and values, each register once.
@@ -451,14 +531,8 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                         meta.before = bitmap_set_1.execute(meta.slot_index);
                     }
                 }
-                meta.seen = meta.before & meta.worker_bit;
-                if (meta.seen != 0) {
-                    meta.op = OP_READ;
-                } else if (meta.before == 0) {
-                    meta.op = OP_FIRST;
-                } else {
-                    meta.op = OP_ADD;
-                }
+                ina_seen.apply();
+                ina_op.apply();
                 if (meta.op == OP_FIRST) {
                     meta.count = count_first.execute(meta.cell);
                 } else if (meta.op == OP_ADD) {
