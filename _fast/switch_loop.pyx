@@ -52,6 +52,15 @@ cdef enum Drop:
     DROP_LATE, DROP_COUNT
 assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop differ"
 
+# What this aggregator serves (protocol.CAP_*), all of it unless a switch stands in for a
+# smaller build (ina-switch --like tofino): what it leaves out, it drops as malformed.
+cdef int CAP_NACKS = P.CAP_NACKS
+cdef int CAP_NARROW = P.CAP_NARROW
+cdef int CAP_OPEN = P.CAP_OPEN
+cdef int CAP_PREDICT = P.CAP_PREDICT
+cdef int CAP_QUORUM = P.CAP_QUORUM
+FEATURES = CAP_NACKS | CAP_NARROW | CAP_OPEN | CAP_PREDICT | CAP_QUORUM
+
 
 ctypedef struct Job:
     int n, k, slots
@@ -186,6 +195,10 @@ cdef class Aggregator(FaultInjection):
     cdef char controls[BATCH * 64]      # INA_GRO_CONTROL bytes per received message
     cdef public int last_errno          # why the last one was refused
     cdef public uint64_t control_overflow  # control packets lost: MAX_CONTROL held already
+    # protocol.CAP_* this aggregator serves and announces (FEATURES: all); a packet that
+    # needs one it lacks is malformed, and it sends no NACK or held answer without
+    # CAP_NACKS
+    cdef public int features
     cdef uint64_t drops[<int>DROP_COUNT]
     cdef uint8_t *ctrl              # control packets for Python, [MAX_CONTROL][65536]
     cdef int32_t ctrl_len[MAX_CONTROL]
@@ -201,6 +214,7 @@ cdef class Aggregator(FaultInjection):
         if self.bufs == NULL or self.ctrl == NULL:
             raise MemoryError("no memory for the aggregator's packet buffers")
         self.rng = seed | 1
+        self.features = FEATURES
 
     def __dealloc__(self):
         cdef int i
@@ -640,7 +654,7 @@ cdef class Aggregator(FaultInjection):
         elif (job.epoch[cell] == get16(pkt + OFF_EPOCH) and job.seen[cell] & bit
                 and job.count[cell] != 0 and job.call[cell] == get16(pkt + OFF_CALL)
                 and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)
-                and not job.managed):
+                and not job.managed and self.features & CAP_NACKS):
             # Its packet is here and the cell waits for a peer's: say so (held), so that
             # the worker's silence bound waits on for a late peer (answer_again).
             self.held_replies += 1
@@ -699,6 +713,8 @@ cdef class Aggregator(FaultInjection):
     cdef void nack(self, Job *job, const uint8_t *pkt, int worker, int first,
                    int count) noexcept nogil:
         """Send the worker a NACK for its packets numbered first .. first + count - 1."""
+        if not self.features & CAP_NACKS:
+            return
         cdef int at = job.nack_at[worker]
         job.nack_at[worker] = (at + 1) % NACK_BUFFERS
         cdef uint8_t *nack = job.nack + (worker * NACK_BUFFERS + at) * HEADER
@@ -867,7 +883,7 @@ cdef class Aggregator(FaultInjection):
             self.send(job.result + cell * job.width, job.result_len[cell], &job.addr[worker])
         else:
             self.drops[<int>DROP_DUPLICATE] += 1
-            if not job.managed:
+            if not job.managed and self.features & CAP_NACKS:
                 self.held_replies += 1
                 self.nack(job, pkt, worker, 0, 0)
 
@@ -918,6 +934,13 @@ cdef class Aggregator(FaultInjection):
         if self.is_stale(job, pkt, worker, slot, ver, flags, epoch):
             self.drops[<int>DROP_STALE] += 1
             return
+        if ((flags & FLAG_OPEN and not self.features & CAP_OPEN)
+                or (flags & FLAG_PREDICTED and not self.features & CAP_PREDICT)
+                or (pkt[OFF_QUORUM] and not self.features & CAP_QUORUM)
+                or (elements == 0 and length == HEADER and flags & FLAG_RETRANSMIT
+                    and not self.features & CAP_NACKS)):
+            self.drops[<int>DROP_MALFORMED] += 1  # (a feature this build leaves out)
+            return
         if elements == 0 and length == HEADER and flags & FLAG_RETRANSMIT:
             self.answer_request(job, pkt, worker, bit, ver * job.slots + slot)
             return
@@ -933,8 +956,9 @@ cdef class Aggregator(FaultInjection):
         cdef bint predicted = flags & FLAG_PREDICTED
         # The job's width, or 16 in a job of 32 (a call asking for 16-bit values: its
         # packets are smaller; the cell remembers which width it sums).
-        if (elements < 1 or elements > job.k or not (bits == job.bits
-                                                     or (bits == 16 and job.bits == 32))
+        if (elements < 1 or elements > job.k
+                or not (bits == job.bits or (bits == 16 and job.bits == 32
+                                             and self.features & CAP_NARROW))
                 or pkt[OFF_BLOCK] != job.block
                 or blocks != (elements + job.block - 1) // job.block
                 or length != HEADER + PAIR * blocks + vb * elements or quorum > job.n

@@ -118,8 +118,9 @@ const bit<8>  FLAG_MISMATCH   = 0x{P.FLAG_MISMATCH:02x};
 const bit<8>  FLAG_PREDICTED  = 0x{P.FLAG_PREDICTED:02x};
 const bit<8>  FLAG_OVERFLOW   = 0x{P.FLAG_OVERFLOW:02x};
 const bit<32> CTRL_PROBE      = {P.CTRL_PROBE};
-// Stated in a probe's answer: CAP_OPEN | CAP_PREDICT (openings, predicted first windows).
-const bit<32> CAPABILITIES    = {P.CAP_OPEN | P.CAP_PREDICT};
+// Stated in a probe's answer: CAP_OPEN | CAP_PREDICT | CAP_QUORUM (openings, predicted first
+// windows, quorum cells).
+const bit<32> CAPABILITIES    = {P.CAP_OPEN | P.CAP_PREDICT | P.CAP_QUORUM};
 // A predicted use's marks (slot_marks; docs/protocol.md, One round trip).
 const bit<8>  MARK_PREDICTED  = {S.MARK_PREDICTED};   // the use is a predicted chunk's
 const bit<8>  MARK_MISMATCH   = {S.MARK_MISMATCH};   // a packet differed (not only exponents)

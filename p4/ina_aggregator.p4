@@ -18,8 +18,9 @@ const bit<8>  FLAG_MISMATCH   = 0x20;
 const bit<8>  FLAG_PREDICTED  = 0x40;
 const bit<8>  FLAG_OVERFLOW   = 0x80;
 const bit<32> CTRL_PROBE      = 3;
-// Stated in a probe's answer: CAP_OPEN | CAP_PREDICT (openings, predicted first windows).
-const bit<32> CAPABILITIES    = 24;
+// Stated in a probe's answer: CAP_OPEN | CAP_PREDICT | CAP_QUORUM (openings, predicted first
+// windows, quorum cells).
+const bit<32> CAPABILITIES    = 56;
 // A predicted use's marks (slot_marks; docs/protocol.md, One round trip).
 const bit<8>  MARK_PREDICTED  = 1;   // the use is a predicted chunk's
 const bit<8>  MARK_MISMATCH   = 2;   // a packet differed (not only exponents)

@@ -14,7 +14,8 @@ const bit<8>  FLAG_CONTROL    = 0x04;
 const bit<8>  FLAG_OPEN       = 0x10;
 const bit<8>  FLAG_PREDICTED  = 0x40;
 const bit<32> CTRL_PROBE      = 3;
-const bit<32> CAPABILITIES    = 0;      // no openings, no predicted first windows
+// The probe answer's capabilities: none (no NACKs, openings, predicted windows, quorum).
+const bit<32> CAPABILITIES    = 0;
 const bit<16> WORKER_NONE     = 0xffff;
 const bit<16> ELEMENTS        = 64;
 const bit<8>  BLOCK           = 64;

@@ -20,10 +20,12 @@ from __future__ import annotations
 from ina_collectives import protocol as P
 from ina_collectives.control import schema as S
 
-ARCHES = {"tna": ("tna.p4", "tofino"), "t2na": ("t2na.p4", "tofino2")}
-# K and S each target fits (p4/README.md, Tofino: the compiler's resource figures).
-FIT = {"tna": (32, 4096), "t2na": (64, 4096)}
-MAX_WORKERS = 32
+# Each architecture's include and chip, and the K and S it fits (control/schema.py's
+# TOFINO; p4/README.md, Tofino: the compiler's resource figures).
+BUILDS = {build.arch: build for build in S.TOFINO.values()}
+ARCHES = {arch: (f"{arch}.p4", build.chip) for arch, build in BUILDS.items()}
+FIT = {arch: (build.k, build.slots) for arch, build in BUILDS.items()}
+MAX_WORKERS = S.TOFINO["tofino"].max_workers
 OP_FIRST, OP_ADD, OP_READ = 1, 2, 3
 
 
@@ -61,7 +63,8 @@ const bit<8>  FLAG_CONTROL    = 0x{P.FLAG_CONTROL:02x};
 const bit<8>  FLAG_OPEN       = 0x{P.FLAG_OPEN:02x};
 const bit<8>  FLAG_PREDICTED  = 0x{P.FLAG_PREDICTED:02x};
 const bit<32> CTRL_PROBE      = {P.CTRL_PROBE};
-const bit<32> CAPABILITIES    = 0;      // no openings, no predicted first windows
+// The probe answer's capabilities: none (no NACKs, openings, predicted windows, quorum).
+const bit<32> CAPABILITIES    = {BUILDS[arch].capabilities};
 const bit<16> WORKER_NONE     = 0xffff;
 const bit<16> ELEMENTS        = {k};
 const bit<8>  BLOCK           = {block};

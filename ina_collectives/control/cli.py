@@ -11,6 +11,7 @@ from ..errors import ControlError
 from ..helpformat import DefaultsHelpFormatter
 from .controller import Controller
 from .job import JobSpec, load_workers
+from .pipeline import TARGETS
 
 DESCRIPTION = ("What ina-run does through the controller, by hand, for ranks started some "
                "other way: show a P4Runtime target, configure or tear down a job, ask a "
@@ -30,7 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     pipe = pipeline.add_argument_group("the pipeline")
     pipe.add_argument("--p4info", type=Path, help="the program's P4Info (text format)")
     pipe.add_argument("--device-config", type=Path,
-                      help="the target's device config (BMv2: p4c-bm2-ss's JSON)")
+                      help="the target's device config: BMv2, p4c-bm2-ss's JSON; Tofino, the "
+                           "compiler's output folder (p4c-barefoot -o), packed as bf_switchd "
+                           "reads it, its P4Info taken from there unless --p4info is given")
+    pipe.add_argument("--p4-target", choices=TARGETS, default=None,
+                      help="what --device-config is for (default: a folder is a Tofino "
+                           "build, a file BMv2's); a build for another is refused")
     pipe.add_argument("--push", choices=("always", "if-needed", "never"), default="never",
                       help="set the pipeline first (needs --p4info and --device-config)")
     job = argparse.ArgumentParser(add_help=False)
@@ -85,10 +91,11 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ina_collectives.control {show,configure,teardown,mode} ...``."""
     args = _parser().parse_args(argv)
-    for name in ("p4info", "device_config", "push", "workers", "slots", "slot_base",
-                 "value_bits", "block"):
+    for name in ("p4info", "device_config", "p4_target", "push", "workers", "slots",
+                 "slot_base", "value_bits", "block"):
         if not hasattr(args, name):
-            setattr(args, name, None if name in ("p4info", "device_config", "workers")
+            setattr(args, name, None if name in ("p4info", "device_config", "p4_target",
+                                                 "workers")
                     else "never" if name == "push" else 0)
     try:
         job = None
@@ -96,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             job = JobSpec(args.job_id, load_workers(args.workers), args.slots,
                           args.slot_base, value_bits=args.value_bits, block=args.block)
         with Controller(args.target, args.p4info, args.device_config, push=args.push,
-                        device_id=args.device_id, timeout=args.timeout) as controller:
+                        device_id=args.device_id, timeout=args.timeout,
+                        target=args.p4_target) as controller:
             if args.action == "configure":
                 controller.configure(job)
                 print(f"INA_JOB={job.job_id} INA_WORKER_PORTS="

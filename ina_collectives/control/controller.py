@@ -39,6 +39,7 @@ from typing import Any, Iterable, Sequence
 
 from .. import protocol as P
 from ..errors import ControlError, TargetUnavailable
+from . import pipeline
 from . import schema as S
 from .job import JobSpec
 
@@ -122,14 +123,23 @@ class Controller:
     def __init__(self, address: str, p4info: str | Path | None = None,
                  device_config: str | Path | None = None, *, device_id: int = 1,
                  election_id: tuple[int, int] = (0, 1), timeout: float = 10.0,
-                 push: str = "always", known_p4info: Any = None):
+                 push: str = "always", known_p4info: Any = None,
+                 target: str | None = None):
         if push not in ("always", "if-needed", "never"):
             raise ValueError(f"push must be always, if-needed or never, got {push!r}")
+        if target is not None and target not in pipeline.TARGETS:
+            raise ValueError(f"target must be one of {pipeline.TARGETS}, got {target!r}")
+        if device_config is not None and Path(device_config).is_dir():
+            # A Tofino build: the compiler's folder, its P4Info beside the pipeline.
+            found = pipeline.find_tofino_build(device_config)
+            if p4info is None:
+                p4info = found.p4info
         if push != "never" and (p4info is None or device_config is None):
             raise ValueError("pushing a pipeline needs the P4Info and the device config")
         for path in (p4info, device_config):
-            if path is not None and not Path(path).is_file():
+            if path is not None and not Path(path).exists():
                 raise ControlError(f"no such file: {path}")
+        self.target = target
         self.address, self.device_id, self.election_id = address, device_id, election_id
         self.p4info_path, self.device_config_path = p4info, device_config
         self.timeout, self.push = timeout, push
@@ -220,7 +230,8 @@ class Controller:
         request = A(device_id=self.device_id, action=A.VERIFY_AND_COMMIT)
         request.election_id.high, request.election_id.low = self.election_id
         request.config.p4info.CopyFrom(wanted)
-        request.config.p4_device_config = Path(self.device_config_path).read_bytes()
+        request.config.p4_device_config = pipeline.device_config(self.device_config_path,
+                                                                 self.target)
         self._rpc("SetForwardingPipelineConfig", self._client.stub.SetForwardingPipelineConfig,
                   request)
         self._fresh_cells = True

@@ -147,6 +147,34 @@ MAX_IDS = EXPONENT_ID_BASE - VALUE_ID_BASE  # K and G below this: the ranges sta
 MAX_BUILD_ELEMENTS = 1024     # the largest K p4/gen.py writes a program for
 
 
+@dataclass(frozen=True)
+class TofinoBuild:
+    """A Tofino build of the program (p4/gen.py --arch tna|t2na; p4/README.md, Tofino):
+    its chip (the compiler's --target), architecture, K, S and B as fitted, its largest
+    n (the bitmap's width) and the capabilities its probe answer states (protocol.CAP_*:
+    none, so the ranks agree each call over MPI, stamp every call sync and time their
+    resends alone)."""
+    chip: str
+    arch: str
+    k: int
+    slots: int
+    max_workers: int = 32
+    capabilities: int = 0
+
+    @property
+    def block(self) -> int:
+        """B: one sub-block per packet."""
+        return self.k
+
+    @property
+    def value_bits(self) -> int:
+        return 32
+
+
+TOFINO = {build.chip: build for build in (TofinoBuild("tofino", "tna", 32, 4096),
+                                          TofinoBuild("tofino2", "t2na", 64, 4096))}
+
+
 def exponent_register(g: int) -> Register:
     """Sub-block g's exponent of the chunk being summed (int16 as 16 bits)."""
     return Register(f"{EXPONENT_PREFIX}{g}", _id(_REGISTER, EXPONENT_ID_BASE + g), 16,

@@ -545,7 +545,10 @@ class InaEngine(OffloadEngine):
         return before
 
     def _numbered(self, call: AllreduceCall) -> tuple[int, int]:
-        """The switch call's number and quorum stamp (Quorum.next_call)."""
+        """The switch call's number and quorum stamp (Quorum.next_call); sync where an
+        aggregator has no quorum cells (a Tofino build: CAP_QUORUM)."""
+        self.quorum.cells = all(link.quorum_cells for link in self.aggregators.links
+                                if link is not None)
         return self.quorum.next_call(
             (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
 
@@ -725,6 +728,7 @@ class InaEngine(OffloadEngine):
             at += local.size
             # (Sync, but for the ranks absent from the call: every chunk's exponents are
             # agreed here, as a quorum's are.)
+            self.quorum.cells = link.quorum_cells
             call_number, quorum = self.quorum.next_call(None, call.present)
             remaining = max(0.0, deadline.expires - time.monotonic())
             result = link.stream(x[a:b], out[a:b], local, theirs.copy(),

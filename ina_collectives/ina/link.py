@@ -164,6 +164,13 @@ class WorkerLink:
         return bool(self.capabilities & P.CAP_OPEN)
 
     @property
+    def quorum_cells(self) -> bool:
+        """Whether the aggregator completes a chunk at a call's quorum (CAP_QUORUM): where
+        it does not, the ranks stamp every call sync and quorum acts in the runtime only
+        (docs/quorum.md)."""
+        return bool(self.capabilities & P.CAP_QUORUM)
+
+    @property
     def predicts(self) -> bool:
         """Whether the aggregator takes predicted first windows (CAP_PREDICT): a call that
         repeats one made before then needs no opening (docs/protocol.md, One round

@@ -33,6 +33,9 @@ class Quorum:
         self.k = check_quorum(k)
         self.max_steps = max_steps
         self.generation = 0  # the control plane's mode last adopted (0: none yet)
+        # Whether every aggregator completes chunks at a quorum (CAP_QUORUM): where one
+        # does not, every call is stamped sync and quorum acts in the runtime alone.
+        self.cells = True
         # The staleness bound's count: the training steps in a row each rank was left out
         # of some chunk of every call, and the calls of its current such step.
         self.steps = np.zeros(n, np.int64)
@@ -65,7 +68,7 @@ class Quorum:
         self.calls += 1
         self._key = key
         self._present = present
-        stamp = self.k if 0 < self.k < self.n else 0
+        stamp = self.k if 0 < self.k < self.n and self.cells else 0
         waiting = (self.max_steps and (stamp or present)
                    and bool((self.steps >= self.max_steps).any()))
         if present and (present.bit_count() >= self.n or not stamp):

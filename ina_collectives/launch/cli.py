@@ -75,6 +75,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..control.pipeline import TARGETS as P4_TARGETS
 from ..errors import AggregatorUnavailable, LaunchError
 from ..settings import env_name
 from . import horovodrun
@@ -113,14 +114,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--require-switch", action="store_true",
                         help="with --switch HOST:PORT: fail (exit 2) if no switch answers "
                              "there, instead of warning and letting the ranks take the ring")
-    p4 = parser.add_argument_group("P4Runtime (a BMv2 or another P4 target)")
+    p4 = parser.add_argument_group("P4Runtime (BMv2, a Tofino switch's bf_switchd, or "
+                                   "another P4 target)")
     p4.add_argument("--p4runtime", metavar="HOST:PORT",
                     help="configure the job on this P4Runtime target, or on each of several "
                          "(comma-separated: the job stripes across them); needs --p4info "
                          "and --device-config, one build for all")
-    p4.add_argument("--p4info", type=Path, help="the program's P4Info (text format)")
+    p4.add_argument("--p4info", type=Path,
+                    help="the program's P4Info (text format; a Tofino build's folder "
+                         "holds it as p4info.txt)")
     p4.add_argument("--device-config", type=Path,
-                    help="the target's device config (BMv2: p4c-bm2-ss's JSON)")
+                    help="the target's device config: BMv2, p4c-bm2-ss's JSON; Tofino, the "
+                         "compiler's output folder (p4c-barefoot -o), packed as bf_switchd "
+                         "reads it")
+    p4.add_argument("--target", "--p4-target", dest="p4_target", choices=P4_TARGETS,
+                    default=None,
+                    help="what --device-config is for (default: a folder is a Tofino build, "
+                         "its chip from the binary's name; a file is BMv2's); a build for "
+                         "another is refused")
     p4.add_argument("--device-id", type=int, default=1)
     p4.add_argument("--control-timeout", type=float, default=10.0, metavar="SECONDS",
                     help="bound on each wait for the target (connect, arbitration, every "
@@ -174,8 +185,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("no command to run: ina-run -np N -- python train.py")
     if args.np < 1:
         parser.error(f"-np must be at least 1, got {args.np}")
-    if args.p4runtime and (args.p4info is None or args.device_config is None):
-        parser.error("--p4runtime needs --p4info and --device-config")
+    if args.p4runtime and (args.device_config is None
+                           or (args.p4info is None and not args.device_config.is_dir())):
+        parser.error("--p4runtime needs --device-config and --p4info (a Tofino build's "
+                     "folder holds its P4Info)")
     if args.p4runtime and args.switch == "none":
         parser.error("--p4runtime and --switch none contradict each other")
     if args.elements < 0:
@@ -262,7 +275,8 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
 
     def session(target: str, push_now: str, known: Any = None) -> Any:
         return Controller(target, p4info, device_config, device_id=args.device_id,
-                          push=push_now, timeout=args.control_timeout, known_p4info=known)
+                          push=push_now, timeout=args.control_timeout, known_p4info=known,
+                          target=args.p4_target)
 
     with ExitStack() as stack:
         jobs, builds = [], []

@@ -38,6 +38,7 @@ CAP_NARROW = 2    # a job of 32-bit values also takes calls of 16-bit values
 CAP_SHARDS = 4    # the reply lists the UDP ports of the switch's shards after the 4th value
 CAP_OPEN = 8      # it takes a call's opening (FLAG_OPEN): no host collective per call
 CAP_PREDICT = 16  # it takes predicted first windows (FLAG_PREDICTED): one round trip a call
+CAP_QUORUM = 32   # it completes a chunk at the call's quorum k < n (a stamp in its packets)
 FAULT_FIELDS = ("drop_in", "drop_out", "duplicate_in", "duplicate_out", "reorder_in",
                 "reorder_out", "delay_ms_in", "delay_ms_out", "straggler_worker",
                 "straggler_delay_ms", "probes_from_installed_only", "service_pps")

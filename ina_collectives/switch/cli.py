@@ -10,6 +10,7 @@ import socket
 import sys
 
 from .. import protocol as P
+from ..control import schema as S
 from ..helpformat import DefaultsHelpFormatter
 from .server import SoftwareSwitch
 from .shards import Shards
@@ -86,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                              "least, and asks again for the rest when slots free up")
     parser.add_argument("--max-elements", type=int, default=P.MAX_ELEMENTS,
                         help="largest K (int32 values per packet) a job may use")
+    parser.add_argument("--like", choices=sorted(S.TOFINO), default=None,
+                        help="serve as that Tofino build of the P4 program would (p4/README.md, "
+                             "Tofino): announce its capabilities (none), drop the packets "
+                             "they leave out (openings, predicted windows, quorum stamps, "
+                             "result requests), send no NACKs, take jobs of its K, B, n and "
+                             "32-bit values only")
     parser.add_argument("--p4runtime-port", type=_port, default=None, metavar="PORT",
                         help="serve P4Runtime (gRPC) on --p4runtime-host:PORT so that a "
                              "controller (ina_collectives.control) installs jobs; 0 picks a "
@@ -130,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--job-share must be in (0, 1], got {args.job_share}")
     options = dict(idle_seconds=args.idle, pool_slots=args.pool_slots,
                    max_elements=args.max_elements, job_share=args.job_share,
-                   gso=args.send_path == "segment")
+                   gso=args.send_path == "segment", like=args.like)
     try:
         if threads == 1:
             switch = SoftwareSwitch(args.host, args.port, p4runtime_port=args.p4runtime_port,

@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 from .. import protocol as P
+from ..control import schema as S
 from ..errors import SystemCallError
 
 log = logging.getLogger("ina_collectives.switch")
@@ -41,11 +42,15 @@ class SoftwareSwitch:
                  idle_seconds: float = 60.0, pool_slots: int = 1024,
                  max_elements: int = P.MAX_ELEMENTS, p4runtime_port: int | None = None,
                  device_id: int = 1, job_share: float = 1.0, gso: bool = True,
-                 p4runtime_host: str = "127.0.0.1", faults_from: str = "127.0.0.1"):
+                 p4runtime_host: str = "127.0.0.1", faults_from: str = "127.0.0.1",
+                 like: str | None = None):
         """``host``: the address the workers send to (loopback by default). P4Runtime
         (``p4runtime_port``) listens on ``p4runtime_host`` and fault settings are taken
         from ``faults_from``, loopback both by default, whatever ``host`` is: a switch
-        that serves other machines keeps its control to this one unless told otherwise."""
+        that serves other machines keeps its control to this one unless told otherwise.
+        ``like``: "tofino" or "tofino2", serve as that Tofino build would
+        (control/schema.py's TOFINO): announce its capabilities and drop what they leave
+        out, take jobs of its K, B, 32-bit values and n only."""
         from .._fast.switch_loop import DROP_REASONS, Aggregator
 
         self.sock = P.udp_socket(host, port)
@@ -56,6 +61,10 @@ class SoftwareSwitch:
         # in segmented sends (UDP_SEGMENT, sendmmsg where the kernel refuses it).
         self.gro = P.enable_gro(self.sock)
         self.aggregator.gso = 1 if gso else 0  # (0: sendmmsg, the fallback, forced)
+        self.like = None if like is None else S.TOFINO[like]
+        if self.like is not None:
+            self.aggregator.features = self.like.capabilities
+            max_elements = min(max_elements, self.like.k)
         self.drop_reasons = DROP_REASONS
         self.idle_seconds = idle_seconds
         # Like a P4 switch's register arrays: a fixed pool of slots shared by the jobs,
@@ -187,8 +196,7 @@ class SoftwareSwitch:
                  else (_mtu_towards(addr_be, port_be) or 0)
                  if op == P.CTRL_JOIN and status == P.JOIN_MTU
                  else self.free_slots() if op == P.CTRL_PROBE and head["job"] == 0 else 0)
-        caps = (P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN | P.CAP_PREDICT
-                | (P.CAP_SHARDS if self.shard_ports else 0))
+        caps = self.aggregator.features | (P.CAP_SHARDS if self.shard_ports else 0)
         try:
             self.aggregator.reply(P.control_packet(head["job"], head["worker"],
                                                    [op, status, caps, slots,
@@ -298,6 +306,12 @@ class SoftwareSwitch:
                 and 1 <= k and k * value_bits // 8 <= room
                 and P.packet_bytes(k, block, value_bits) <= P.MAX_DATAGRAM):
             return 1, ""
+        like = self.like
+        if like is not None and not (n <= like.max_workers and block == like.block
+                                     and value_bits == like.value_bits):
+            return 1, (f"job {job} asks for n {n}, B {block}, {value_bits}-bit values: "
+                       f"this switch serves as the {like.chip} build, which takes n up to "
+                       f"{like.max_workers}, B {like.block} and 32-bit values")
         # Its results leave by this host's route to the worker: a packet over that MTU
         # would leave as IP fragments or not at all.
         size = P.packet_bytes(k, block, value_bits) + P.IP_UDP_HEADER_BYTES

@@ -166,4 +166,4 @@ def test_a_predicted_packet_with_a_quorum_is_malformed(bench):
 def test_the_probe_answer_states_cap_predict(bench):
     reply = P.control_request(bench.socks[0], SWITCH, JOB, 0, [P.CTRL_PROBE], 5.0, "probe")
     assert reply.status == 0
-    assert reply.capabilities == P.CAP_OPEN | P.CAP_PREDICT
+    assert reply.capabilities == P.CAP_OPEN | P.CAP_PREDICT | P.CAP_QUORUM

@@ -495,7 +495,8 @@ def _exchange(sock: socket.socket, sw: SoftwareSwitch, packet: bytes,
         return None
 
 
-CAPS = P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN | P.CAP_PREDICT  # the software switch's
+# the software switch's
+CAPS = P.CAP_NACKS | P.CAP_NARROW | P.CAP_OPEN | P.CAP_PREDICT | P.CAP_QUORUM
 
 
 def test_a_stranger_cannot_end_or_steer_a_job():
