@@ -1,6 +1,8 @@
 """The software aggregator's data path: SwitchML's slot rule on batched UDP, no GIL."""
 
 DROP_REASONS: tuple[str, ...]
+FEATURES: int
+"""Every protocol.CAP_* the software aggregator can serve."""
 
 class FaultInjection:
     """Drop, duplicate, reorder and delay packets in either direction, while running."""
@@ -19,6 +21,16 @@ class Aggregator(FaultInjection):
     retransmits_answered: int
     nacks: int
     result_requests: int
+    held_replies: int
+    """Resent packets answered "held" (a NACK naming none): the cell waits for a peer."""
+    late_answered: int
+    openings: int
+    gso: int
+    """1: results leave with UDP_SEGMENT; 0: sendmmsg."""
+    send_calls: int
+    gro_buffers: int
+    features: int
+    """protocol.CAP_* served and announced (FEATURES: all; fewer with --like tofino)."""
     control_overflow: int
     send_failures: int
     last_errno: int
@@ -28,6 +40,14 @@ class Aggregator(FaultInjection):
                 value_bits: int = 32) -> bool:
         """Create a job (n workers, K values of value_bits in sub-blocks of block, S
         slots); False if no memory."""
+    def set_mode(self, job_id: int, quorum: int, generation: int) -> None:
+        """A managed job's mode (quorum k, 0: sync) as its results announce it."""
+    def mode(self, job_id: int) -> tuple[int, int] | None:
+        """(quorum, generation) of a job, or None."""
+    def job_ids(self) -> list[int]:
+        """The ids of the jobs present, in order."""
+    def job_results(self, job_id: int) -> int | None:
+        """Results a job's slots have multicast, or None if there is no such job."""
     def set_managed(self, job_id: int) -> None:
         """The job is a controller's: results go to its replicas; KeyError if no job."""
     def is_managed(self, job_id: int) -> bool:

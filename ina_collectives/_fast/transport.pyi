@@ -1,5 +1,5 @@
 """The worker's data path: a tensor streamed through the aggregator, windowed and reliable."""
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -71,6 +71,9 @@ class Link:
     epoch: int
     nacking: bool
     """Whether the aggregator NACKs (CAP_NACKS, or it sent a NACK)."""
+    watch: Callable[[], object] | None
+    """Called every 20 ms while the aggregator holds this worker's packets: a non-None
+    answer (a peer failed) ends the call, cancelled."""
     gso: int
     """1 while new packets may leave with UDP_SEGMENT (cleared if the kernel refuses)."""
     def __init__(self, fd: int, switch_addr_be: int, switch_port_be: int, job: int,
@@ -95,8 +98,24 @@ class Link:
     def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
                average: bool, timers: _Timers, deadline: float, value_bits: int = 0,
                cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-               ready: int = -1) -> Result:
-        """Allreduce x into out through the aggregator."""
+               ready: int = -1, ident: int = 0, learn: np.ndarray | None = None,
+               nonfinite: bool = False, absent: bool = False,
+               on_drain: Callable[[], None] | None = None) -> Result:
+        """Allreduce x into out through the aggregator (ina.link.WorkerLink.stream says
+        what each parameter is)."""
+    def adopt(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
+              average: bool, timers: _Timers, deadline: float, value_bits: int = 0,
+              call: int = 0, ready: int = -1, ident: int = 0,
+              learn: np.ndarray | None = None, nonfinite: bool = False) -> None:
+        """Start the next call during the running stream's drain (docs/protocol.md,
+        Calls back to back)."""
+    @property
+    def adopted(self) -> bool:
+        """Whether a call is adopted and not yet resumed or abandoned."""
+    def resume(self, on_drain: Callable[[], None] | None = None) -> Result:
+        """The adopted call run to its end."""
+    def abandon(self) -> bool:
+        """Drop the adopted call, if any (True if there was one)."""
     def opening(self, proposals: np.ndarray, ident_offset: int, ident_word: int,
                 timers: _Timers, deadline: float, call: int) -> Result:
         """A call's opening through the aggregator; ``proposals`` (S x G int16) becomes
