@@ -30,6 +30,13 @@ def _setting(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
 
 
+def _internal(default: Any, doc: str) -> Any:
+    """A setting no user needs: what a launcher tells its ranks, or an A/B switch of the
+    tests and benchmarks. Its variable is INTERNAL_PREFIX + its name; the public table
+    leaves it out."""
+    return field(default=default, metadata={"doc": doc, "internal": True})
+
+
 @dataclass(frozen=True)
 class Settings:
     ring_chunk_bytes: int = _setting(
@@ -48,7 +55,7 @@ class Settings:
         "Seconds a collective may wait for its peers before it raises CollectiveTimeout "
         "naming what it waited for. After a timeout the communicator is unusable.",
     )
-    check_agreement: bool = _setting(
+    check_agreement: bool = _internal(
         True,
         "Before each allreduce, check that every rank passes the same length, dtype and op "
         "(one small allgather); a mismatch raises AgreementError on every rank instead of "
@@ -88,7 +95,7 @@ class Settings:
         "for float tensors, with 14 - log2(n) bits per sub-block (docs/quantization.md "
         "has the error bound and measured errors); int32 tensors then take the ring.",
     )
-    switch_gso: bool = _setting(
+    switch_gso: bool = _internal(
         True,
         "Send each batch of new packets with UDP segmentation offload (one system call "
         "for up to 64 datagrams of one size) where the kernel takes it; False: sendmmsg. "
@@ -106,7 +113,7 @@ class Settings:
         "The Horovod DistributedOptimizer holds smaller gradients back and sends them "
         "with the next.",
     )
-    switch_opening: bool = _setting(
+    switch_opening: bool = _internal(
         True,
         "Open each call through the aggregator when it takes openings (the software "
         "switch does): the ranks agree on the call (its length, dtype, op and width) and "
@@ -114,14 +121,14 @@ class Settings:
         "with no host collective (docs/protocol.md, A call's opening). False: the "
         "agreement and the exponents go by MPI, as they do with a P4 switch.",
     )
-    switch_predict: bool = _setting(
+    switch_predict: bool = _internal(
         True,
         "Send the first window of a call that repeats an earlier one (same length, dtype, "
         "op and width) at once, its exponents predicted from the last such call, when the "
         "aggregator takes that (both aggregators do): one switch round trip a call, no "
         "opening (docs/protocol.md, One round trip). False: every call opens first.",
     )
-    switch_back_to_back: bool = _setting(
+    switch_back_to_back: bool = _internal(
         True,
         "Start a runtime's next call (the Horovod API's, torch.distributed's) while the "
         "running one's last window drains, each slot taking its first chunk as soon as "
@@ -129,7 +136,7 @@ class Settings:
         "(switch_predict): the uplink does not idle between calls (docs/protocol.md, "
         "Calls back to back). False: each call starts once the last returned.",
     )
-    switch_predict_headroom: int = _setting(
+    switch_predict_headroom: int = _internal(
         2,
         "The most bits a predicted exponent (switch_predict) adds to the one learned: "
         "each call identity starts at 0 (exact), a call of it that overflowed (a "
@@ -163,7 +170,7 @@ class Settings:
         "the step (every step repeats its tensors' calls), or after 64 calls. The default "
         "absorbs a worker late by twice the step time. 0: no bound.",
     )
-    quorum_run_ahead: bool = _setting(
+    quorum_run_ahead: bool = _internal(
         True,
         "Horovod API, quorum mode: where the quorum acts. 1: in the runtime, which runs "
         "a tensor without the ranks late to submit it (quorum_grace, quorum_max_steps), "
@@ -182,7 +189,7 @@ class Settings:
         "quorum_max_steps. Only a late training loop is left out: the late rank's "
         "background thread takes part in every call.",
     )
-    switch_standby: bool = _setting(
+    switch_standby: bool = _internal(
         True,
         "With several aggregators (INA_SWITCH names them): the unfinished share of one "
         "that fails mid-call is streamed again through a surviving one, which already "
@@ -209,18 +216,18 @@ class Settings:
         "controller installed them (ina-run sets it); with several aggregators, n ports "
         "per aggregator, in INA_SWITCH's order.",
     )
-    retransmit_timeout: float = _setting(
+    retransmit_timeout: float = _internal(
         0.02,
         "Retransmission timeout of a packet, in seconds, until the first round trip is "
         "measured; from then on it follows the measured round trips as TCP's does "
         "(RFC 6298), within retransmit_min .. retransmit_max, and doubles per resend.",
     )
-    retransmit_min: float = _setting(
+    retransmit_min: float = _internal(
         0.005,
         "Smallest retransmission timeout, in seconds: a floor under the measured one, "
         "against spurious resends when queueing delay jumps.",
     )
-    retransmit_max: float = _setting(0.5, "Largest retransmission timeout, in seconds.")
+    retransmit_max: float = _internal(0.5, "Largest retransmission timeout, in seconds.")
     fusion_threshold: int = _setting(
         128 * MiB,
         "Horovod API: ready allreduces of one dtype and op are packed into one buffer of "
@@ -277,14 +284,14 @@ class Settings:
         "on the ranks that did, with an error naming the missing ranks and tensors. "
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS is read too.",
     )
-    kernels: str = _setting(
+    kernels: str = _internal(
         "",
         "The quantization and packet kernels: 'fast' (the compiled ones in _fast/; an "
         "error if they are not built), 'numpy' (the NumPy reference), or empty: the "
         "compiled ones when built, else the reference. Read at init, by each "
         "communicator's switch engine.",
     )
-    run_dir: str = _setting(
+    run_dir: str = _internal(
         "",
         "Set by ina-run for each rank: the folder where it marks a rank that failed, so "
         "that a rank waiting on it gives up at once and names it instead of waiting out "
@@ -416,13 +423,20 @@ def horovod_environment(environ: Mapping[str, str] | None = None) -> dict[str, A
     return found
 
 
+# The variables of the internal settings: INA_INTERNAL_<NAME> (docs/settings.md, last
+# table). They may change from one release to the next.
+INTERNAL_PREFIX = "INA_INTERNAL_"
+INTERNAL = frozenset(f.name for f in dataclasses.fields(Settings) if f.metadata.get("internal"))
+PUBLIC = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in INTERNAL)
+
+
 def env_name(name: str) -> str:
-    return "INA_" + name.upper()
+    """A setting's variable: INA_<NAME>, or INA_INTERNAL_<NAME> for an internal one."""
+    return (INTERNAL_PREFIX if name in INTERNAL else "INA_") + name.upper()
 
 
 # INA_* variables that are not settings: read by the launchers, the tests and benchmarks.
 OTHER_VARIABLES = frozenset({
-    "INA_SWITCH_GSO",          # the ranks' send path (transport)
     "INA_P4_CACHE",            # ina_collectives/testing/bmv2.py: compiled P4 builds
     "INA_BENCH_STRAGGLER_MS", "INA_BENCH_SPARSE",
 })
@@ -433,7 +447,7 @@ def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Log, once per process and name, each INA_* variable that no setting reads (a
     misspelling is otherwise ignored), with the closest known name; the names. A
     launcher's rank other than 0 logs at debug level, and so does every rank under
-    ina-run (INA_RUN_DIR set), which says it itself: the job says it once."""
+    ina-run (INA_INTERNAL_RUN_DIR set), which says it itself: the job says it once."""
     import difflib
     import logging
 
@@ -484,14 +498,26 @@ def parse_size(text: str) -> int:
     return int(digits) * scale
 
 
-def table() -> str:
-    """The settings as a Markdown table (docs/settings.md holds the same)."""
+def table(internal: bool = False) -> str:
+    """The public settings as a Markdown table (docs/settings.md holds the same), or,
+    ``internal``, the internal ones."""
     rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(Settings):
-        rows.append(f"| `{f.name}` | `{env_name(f.name)}` | `{f.default!r}` | "
-                    f"{f.metadata['doc']} |")
+        if (f.name in INTERNAL) == internal:
+            rows.append(f"| `{f.name}` | `{env_name(f.name)}` | `{f.default!r}` | "
+                        f"{f.metadata['doc']} |")
     return "\n".join(rows)
 
 
+def page() -> str:
+    """docs/settings.md: the public table, then the internal one."""
+    return (f"# Settings\n\nGenerated by `python -m ina_collectives.settings`; "
+            f"tests/test_settings.py checks it is current.\n\n{table()}\n\n"
+            f"## Internal settings\n\nWhat `ina-run` tells its ranks, and the A/B switches "
+            f"of the tests and benchmarks. No user needs them; their variables start with "
+            f"`{INTERNAL_PREFIX}` and may change from one release to the next, and "
+            f"`init()` takes them by name as the others.\n\n{table(internal=True)}\n")
+
+
 if __name__ == "__main__":
-    print(table())
+    print(page(), end="")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ina_collectives.settings import Settings, table
+from ina_collectives.settings import Settings, page, table
 
 
 def test_keyword_beats_environment_beats_default():
@@ -25,13 +25,13 @@ def test_sizes_accept_suffixes(text, value):
 @pytest.mark.parametrize("text, value", [("0", False), ("off", False), ("Yes", True),
                                          ("1", True)])
 def test_booleans(text, value):
-    assert Settings.load(environ={"INA_CHECK_AGREEMENT": text}).check_agreement is value
+    assert Settings.load(environ={"INA_INTERNAL_CHECK_AGREEMENT": text}).check_agreement is value
 
 
 @pytest.mark.parametrize("env, message", [
     ({"INA_TIMEOUT": "soon"}, "INA_TIMEOUT: cannot read 'soon' as float"),
     ({"INA_TIMEOUT": "-1"}, "INA_TIMEOUT='-1': timeout must be > 0"),
-    ({"INA_CHECK_AGREEMENT": "maybe"}, "INA_CHECK_AGREEMENT"),
+    ({"INA_INTERNAL_CHECK_AGREEMENT": "maybe"}, "INA_INTERNAL_CHECK_AGREEMENT"),
     ({"INA_RING_CHUNK_BYTES": "0"}, "INA_RING_CHUNK_BYTES='0': ring_chunk_bytes must be >= 1"),
     ({"INA_LOG_LEVEL": "loud"}, "log_level"),
 ])
@@ -47,7 +47,9 @@ def test_unknown_keyword_is_named():
 
 def test_docs_table_is_current():
     doc = (Path(__file__).parent.parent / "docs" / "settings.md").read_text()
-    assert table() in doc, "docs/settings.md is stale: python -m ina_collectives.settings"
+    assert doc == page(), ("docs/settings.md is stale: python -m ina_collectives.settings "
+                           "> docs/settings.md")
+    assert table() in doc and table(internal=True) in doc
 
 
 def test_an_unknown_variable_is_warned_about_once_with_the_closest_name(caplog):

@@ -51,7 +51,7 @@ from ina_collectives.testing.fabric import (  # noqa: E402
 from ina_collectives.testing.jobs import child_env  # noqa: E402
 
 # ina-quorum: ina in quorum mode, n - 1 of n (docs/quorum.md); ina-gate: ina with each
-# call agreed by MPI instead of its opening through the switch (INA_SWITCH_OPENING=0)
+# call agreed by MPI instead of its opening through the switch (INA_INTERNAL_SWITCH_OPENING=0)
 SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo", "ina-quorum",
            "fsdp2-ina", "fsdp2-gloo", "sparse-ina", "sparse-exact", "sparse-gloo",
            "sparse-dense", "ina-gate")
@@ -91,7 +91,7 @@ def run_system(cluster: Fabric, switch: str, system: str, sizes: list[int],
     if system == "ina-quorum":
         env["INA_QUORUM"] = str(len(workers) - 1)
     if system == "ina-gate":
-        env["INA_SWITCH_OPENING"] = "0"
+        env["INA_INTERNAL_SWITCH_OPENING"] = "0"
     if target is not None and system in ("ina", "ina16", "ina-gate", "ina-quorum"):
         # The P4 program on BMv2: the job installed by the controller, K of its build.
         env.update(target.install(workers, VALUE_BITS.get(system, 32),

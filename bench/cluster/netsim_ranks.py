@@ -95,7 +95,7 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
     comm = MPI.COMM_WORLD
     collectives = None
     # ina16: INA_SWITCH_VALUE_BITS=16; ina-quorum: INA_QUORUM=n-1; ina-gate:
-    # INA_SWITCH_OPENING=0
+    # INA_INTERNAL_SWITCH_OPENING=0
     through_switch = system in ("ina", "ina16", "ina-quorum", "ina-gate")
     if through_switch:
         collectives = Collectives(comm, Settings.load({"switch_min_bytes": 0}),

@@ -25,7 +25,7 @@ host's cores stay free as under a GPU). Runs:
   slower sets every scheme's pace); ``late-packets`` (the switch holds each packet of the
   last rank back --packet-delay-ms: a straggler on a slow path, off by default). Quorum
   runs ahead of late ranks in the runtime (quorum_run_ahead), except for late packets,
-  which the switch's quorum leaves out (INA_QUORUM_RUN_AHEAD=0).
+  which the switch's quorum leaves out (INA_INTERNAL_QUORUM_RUN_AHEAD=0).
 
 The measure: wall time until the held-out loss first reaches the target, the highest
 final loss among the sync systems without stragglers (so each of them reaches it),
@@ -217,7 +217,7 @@ def run(cluster: Fabric, switch: str, cfg: dict[str, Any],
         env["INA_SWITCH_VALUE_BITS"] = "16"
     late = cfg["scenario"] == "late-packets"
     if late:  # (late packets: the switch's quorum leaves them out; the runtime's cannot)
-        env["INA_QUORUM_RUN_AHEAD"] = "0"
+        env["INA_INTERNAL_QUORUM_RUN_AHEAD"] = "0"
     with tempfile.TemporaryDirectory(prefix="training-") as tmp:
         config, out = Path(tmp, "config.json"), Path(tmp, "record.json")
         config.write_text(json.dumps(cfg))

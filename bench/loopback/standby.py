@@ -1,6 +1,6 @@
 """What an aggregator killed mid-call costs a running job (issue 34, MLfabric): its share
 streamed again through the surviving aggregator (switch_standby, the default) against
-handed to the ring (INA_SWITCH_STANDBY=0), and the calls after it against the survivor
+handed to the ring (INA_INTERNAL_SWITCH_STANDBY=0), and the calls after it against the survivor
 alone.
 
     python -m bench.loopback.standby                  # 2 ranks, 2 switches, 10 calls of 32 MiB
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace, standby: bool | None) -> dict[str, Any]:
         env = child_env(dict(INA_SWITCH=",".join(s.address_text for s in switches),
                              INA_SWITCH_MIN_BYTES="0", INA_RING_MIN_BYTES="0",
                              INA_SWITCH_SILENCE=str(args.silence), INA_SWITCH_RETRY_SECONDS="0",
-                             INA_SWITCH_STANDBY="1" if standby is not False else "0"),
+                             INA_INTERNAL_SWITCH_STANDBY="1" if standby is not False else "0"),
                         keep_settings=True)
         out = Path(tmp, "record.json")
         pid = switches[1].pid if standby is not None else 0

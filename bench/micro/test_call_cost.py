@@ -10,9 +10,9 @@ Rows (microseconds per call, the median of fixed rounds; bench.micro starts the 
   goes predicted, with no opening: docs/protocol.md, One round trip), no vote (its
   outcome is in the results), and the Python around them; no host collective;
 * ``ina-opened``: the same with every call opened through the switch first (which agrees
-  on the call and on the first window's exponents: INA_SWITCH_PREDICT=0);
+  on the call and on the first window's exponents: INA_INTERNAL_SWITCH_PREDICT=0);
 * ``ina-gate``: the same with the opening's agreement made by MPI instead (the gate:
-  INA_SWITCH_OPENING=0, as with a switch that takes no openings);
+  INA_INTERNAL_SWITCH_OPENING=0, as with a switch that takes no openings);
 * ``opening``: the opening alone, with the first window's exponents as the engine
   passes them;
 * ``ina-unchecked``: the same without the agreement (check_agreement off): with no gate

@@ -32,11 +32,12 @@ def load(name: str) -> SimpleNamespace:
         except ImportError as exc:
             raise ImportError(
                 f"the compiled fast path is not built ({exc}); reinstall with "
-                f"'pip install -e .' (needs a C compiler) or set INA_KERNELS=numpy") from exc
+                f"'pip install -e .' (needs a C compiler) or set "
+                f"INA_INTERNAL_KERNELS=numpy") from exc
     else:
-        raise ValueError(f"INA_KERNELS must be 'fast' or 'numpy', got {name!r}")
+        raise ValueError(f"INA_INTERNAL_KERNELS must be 'fast' or 'numpy', got {name!r}")
     found = {f: getattr(blockfp if hasattr(blockfp, f) else packets, f) for f in API}
-    why = "" if name == "fast" else "INA_KERNELS=numpy chose the NumPy reference kernels"
+    why = "" if name == "fast" else "INA_INTERNAL_KERNELS=numpy chose the NumPy reference kernels"
     return SimpleNamespace(name=name, why_not_fast=why, **found)
 
 
@@ -64,7 +65,7 @@ def why_not_fast(settings: Settings | str) -> str:
     compiled kernels, in words for stats(); "" when it runs with them."""
     wanted = settings if isinstance(settings, str) else settings.kernels
     if wanted == "numpy":
-        return "INA_KERNELS=numpy chose the NumPy reference kernels"
+        return "INA_INTERNAL_KERNELS=numpy chose the NumPy reference kernels"
     try:
         load("fast")
     except ImportError as exc:

@@ -297,10 +297,10 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
                               f"(K, B, value bits: {sorted(kinds)}); a job striped across "
                               "them needs one")
         build = builds[0]
-        if bmv2_config(device_config) and "INA_SWITCH_GSO" not in env:
-            env["INA_SWITCH_GSO"] = "0"
+        if bmv2_config(device_config) and "INA_INTERNAL_SWITCH_GSO" not in env:
+            env["INA_INTERNAL_SWITCH_GSO"] = "0"
             print("ina-run: the device config is BMv2's: the ranks send each packet as a "
-                  "datagram of its own (INA_SWITCH_GSO=0), since a software target on "
+                  "datagram of its own (INA_INTERNAL_SWITCH_GSO=0), since a software target on "
                   "veths would take a segmented batch as one frame and drop it",
                   file=sys.stderr, flush=True)
         env.update({"INA_SWITCH": ",".join(switch_addresses), "INA_JOB": str(job_id),

@@ -130,7 +130,7 @@ def where_raised(tb: Any, package: str) -> str:
 
 
 def record_raises(folder: str) -> bool:
-    """Under ina-run (``folder``: the rank's run folder, INA_RUN_DIR): an exception that
+    """Under ina-run (``folder``: the rank's run folder, INA_INTERNAL_RUN_DIR): an exception that
     ends this process is written to ``folder/rank<r>.raised`` as it reaches the top
     (sys.excepthook), before the exit's MPI_Finalize, which waits for the other ranks:
     ina-run then names the rank that raised first, not one that failed because of it.

@@ -306,7 +306,7 @@ class OneArmedTarget:
                                              for r in range(len(workers))),
                 "INA_SWITCH_ELEMENTS": str(build.k), "INA_SWITCH_BLOCK": str(build.block),
                 "INA_SWITCH_VALUE_BITS": str(value_bits), "INA_SWITCH_SLOTS": "16",
-                "INA_SWITCH_GSO": "0"}
+                "INA_INTERNAL_SWITCH_GSO": "0"}
 
     def counters(self) -> str:
         """What the control CLI shows of the target: its drops and installed entries."""

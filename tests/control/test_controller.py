@@ -708,7 +708,7 @@ def test_ina_run_on_a_p4runtime_target_with_the_committed_p4info(tmp_path, ina_r
             assert r["stats"]["engines"] == {"ina": 1}, (r["stats"], output)
             if config == "bmv2":  # (otherwise whatever the kernel takes)
                 assert r["stats"]["switch"]["send_path"] == "sendmmsg", r["stats"]["switch"]
-        assert ("INA_SWITCH_GSO=0" in output) == (config == "bmv2"), output
+        assert ("INA_INTERNAL_SWITCH_GSO=0" in output) == (config == "bmv2"), output
         check_within_bound(results[0]["results"][0], *cases[0], 2, k=64)
         # ina-run removed the job: nothing is installed any more.
         with Controller(sw.p4runtime_address, push="never", timeout=5) as c:

@@ -222,7 +222,7 @@ def test_shift_uses_the_largest_safe_power_of_two():
 
 
 def test_kernels_selector():
-    with pytest.raises(ValueError, match="INA_KERNELS"):
+    with pytest.raises(ValueError, match="INA_INTERNAL_KERNELS"):
         kernel_module.load("turbo")
 
 

@@ -10,7 +10,7 @@ import ina_collectives._fast as fast_package
 from ina_collectives.ina import kernels
 from ina_collectives.settings import Settings
 
-CHOSEN = "INA_KERNELS=numpy chose the NumPy reference kernels"
+CHOSEN = "INA_INTERNAL_KERNELS=numpy chose the NumPy reference kernels"
 
 
 def test_the_setting_that_chose_the_reference_is_named_not_a_missing_build():

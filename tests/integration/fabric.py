@@ -150,7 +150,7 @@ class Fabric(namespaces.Fabric):
                "INA_SWITCH_VALUE_BITS": str(self.value_bits),
                "INA_SWITCH_SLOTS": str(job.slots)}
         if self.kind == "bmv2":  # BMv2 takes a segmented batch as one frame (PITFALLS)
-            env["INA_SWITCH_GSO"] = "0"
+            env["INA_INTERNAL_SWITCH_GSO"] = "0"
         return env
 
     def namespaces_of(self, job: JobSpec) -> list[str]:

@@ -272,12 +272,13 @@ def test_a_served_call_opens_through_the_switch_and_makes_no_mpi_call(fabric, ag
     """The switch states that it takes openings and predicted first windows (its probe
     answer): the first sync call the switch serves is agreed on by its opening, the
     calls that repeat it go predicted (one round trip, no opening), and none makes an
-    MPI call. With the MPI gate (INA_SWITCH_OPENING=0) the same calls make one each, at
+    MPI call. With the MPI gate (INA_INTERNAL_SWITCH_OPENING=0) the same calls make one each, at
     least."""
     job = new_job(fabric, [0, 1, 2])
     params = {"calls": 5, "count": 500, "settings": {**NO_THRESHOLDS, "switch_predict": True}}
     opened = fabric.run(job, rank_cases.mpi_calls_per_call, params)
-    gated = fabric.run(job, rank_cases.mpi_calls_per_call, params, env={"INA_SWITCH_OPENING": "0"})
+    gated = fabric.run(job, rank_cases.mpi_calls_per_call, params,
+                       env={"INA_INTERNAL_SWITCH_OPENING": "0"})
     for r in opened:
         assert "engines" in r, r.get("traceback", r)
         assert r["engines"] == ["ina"] * 5, r["engines"]
@@ -484,7 +485,7 @@ def test_replayed_copies_of_earlier_packets_are_dropped_as_stale(fabric, aggrega
     the same run (a delayed duplicate): dropped and counted as stale; no call stalls, and
     every result is the one a run without them gives."""
     job = new_job(fabric, [0, 1], slots=4)
-    one_datagram_each = {"INA_SWITCH_GSO": "0"}  # frames to replay, not segmented batches
+    one_datagram_each = {"INA_INTERNAL_SWITCH_GSO": "0"}  # frames to replay, not segmented batches
     clean = fabric.run(job, rank_cases.paced_calls, {"case": ("float32", "sum", 400), "calls": 8,
                                             "settings": NO_THRESHOLDS}, env=one_datagram_each)
     capture = fabric.capture(0)

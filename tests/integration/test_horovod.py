@@ -253,7 +253,7 @@ def test_switch16_compression_sums_16_bit_values_through_the_switch(two_ranks):
 
 @pytest.mark.mpi
 def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_counted():
-    """hvd.set_quorum(2), the switch's quorum (INA_QUORUM_RUN_AHEAD=0), in a job of three
+    """hvd.set_quorum(2), the switch's quorum (INA_INTERNAL_QUORUM_RUN_AHEAD=0), in a job of three
     whose rank 2 the switch holds back 150 ms:
     Average is the mean of ranks 0 and 1 (divided by 2), Sum their sum; set_quorum(0)
     returns to the mean of all three; ranks asking for different quorums all raise, and
@@ -266,7 +266,7 @@ def test_set_quorum_leaves_a_straggler_out_and_average_divides_by_the_ranks_coun
     with embedded_switch() as sw:
         send_faults((sw.host, sw.port), straggler_worker=2, straggler_delay_ms=150)
         results = run(n, torch_cases.torch_quorum, env={"INA_SWITCH": sw.address_text,
-                                                        "INA_QUORUM_RUN_AHEAD": "0"},
+                                                        "INA_INTERNAL_QUORUM_RUN_AHEAD": "0"},
                       timeout=180)
     xs = np.stack([gradient_like(r) for r in range(n)])
     k = P.max_elements(P.MAX_DATAGRAM, P.DEFAULT_BLOCK, 32)
@@ -888,7 +888,7 @@ def test_overlap_gives_the_parameters_of_the_plain_loop(switch, faults, optimize
     first layers first: with K a multiple of B, a float's result does not depend on the
     order or the fusion), also with 2% of the packets lost each way (partitions' packets
     resent). Updates were pending after the last step. Every call opens
-    (INA_SWITCH_PREDICT=0): a predicted call's first window is summed with exponents
+    (INA_INTERNAL_SWITCH_PREDICT=0): a predicted call's first window is summed with exponents
     learned from the call before it of the same length, which the order changes
     (docs/quantization.md)."""
     n, steps = 2, 4
@@ -897,7 +897,7 @@ def test_overlap_gives_the_parameters_of_the_plain_loop(switch, faults, optimize
     results = run(n, torch_cases.torch_overlap, {"steps": steps, "optimizer": optimizer},
                   env={"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
                        "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "16384",
-                       "INA_SWITCH_PREDICT": "0"})
+                       "INA_INTERNAL_SWITCH_PREDICT": "0"})
     for out in results:
         assert "error" not in out, out
         assert set(out["engines"]) == {"ina"}, out["engines"]

@@ -60,13 +60,13 @@ def three_ranks(switch):
 def two_ranks(switch):
     """One mpiexec job of 2 ranks for the cases that run on 2: ranks that disagree
     ("mismatch", no switch) and the optimizer's overlap through the switch ("overlap")."""
-    # (every call opened: INA_SWITCH_PREDICT=0, as test_horovod's overlap test says why)
+    # (every call opened: INA_INTERNAL_SWITCH_PREDICT=0, as test_horovod's overlap test says why)
     return run(2, mpirun.several, mpirun.cases(
         ("mismatch", ddp_cases.ddp_mismatch, None, {"INA_SWITCH": ""}),
         ("overlap", ddp_cases.dist_overlap, {"steps": 4},
          {"INA_SWITCH": switch.address_text, "INA_SWITCH_MIN_BYTES": "0",
           "INA_SWITCH_ELEMENTS": "1024", "INA_PARTITION_BYTES": "4096",
-          "INA_SWITCH_PREDICT": "0"})))
+          "INA_INTERNAL_SWITCH_PREDICT": "0"})))
 
 
 def of_case(results, name):

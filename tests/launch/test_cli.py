@@ -616,7 +616,7 @@ def test_without_the_p4_extra_the_usual_path_is_said_only_with_verbose(monkeypat
 
 
 def test_a_misspelt_variable_is_said_once_by_ina_run_not_again_by_a_rank(caplog):
-    """ina-run says it before the ranks start; under ina-run (INA_RUN_DIR set) rank 0
+    """ina-run says it before the ranks start; under ina-run (INA_INTERNAL_RUN_DIR set) rank 0
     leaves it at debug level, where without ina-run it says it itself."""
     import logging
 
@@ -624,7 +624,7 @@ def test_a_misspelt_variable_is_said_once_by_ina_run_not_again_by_a_rank(caplog)
     caplog.set_level(logging.DEBUG, logger="ina_collectives")
     for environ, level in (({"INA_SWITCH_ELEMNTS": "1"}, logging.WARNING),
                            ({"INA_SWITCH_ELEMNTS": "1", "PMI_RANK": "0",
-                             "INA_RUN_DIR": "/tmp/x"}, logging.DEBUG),
+                             "INA_INTERNAL_RUN_DIR": "/tmp/x"}, logging.DEBUG),
                            ({"INA_SWITCH_ELEMNTS": "1", "PMI_RANK": "0"}, logging.WARNING)):
         settings._warned.discard("INA_SWITCH_ELEMNTS")
         caplog.clear()
