@@ -449,13 +449,11 @@ cdef class Link:
 
     # -- the calls ------------------------------------------------------------------
 
-    def stream(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
-               double deadline, int value_bits=0, const uint8_t[::1] cancel=None,
-               int call=0, int quorum=0, Py_ssize_t ready=-1, uint64_t ident=0,
-               int16_t[::1] learn=None, bint nonfinite=False, bint absent=False,
+    def stream(self, plan, timers, double deadline, const uint8_t[::1] cancel=None,
                on_drain=None):
-        """Allreduce x (1-D float32/float64) into out through the aggregator, within
-        ``deadline`` seconds.
+        """One call's stream, ``plan`` (ina.link.StreamPlan, read once into this stream's
+        C state): allreduce plan.x (1-D float32/float64) into plan.out through the
+        aggregator, within ``deadline`` seconds. The plan's fields:
 
         local: this worker's sub-block exponents (G = ceil(K / block) per chunk); agreed:
         the first window's agreed exponents (the rest are filled in from results).
@@ -505,9 +503,7 @@ cdef class Link:
         if self.has_next:
             raise RuntimeError("a call is adopted on this link: resume or abandon it first")
         cdef Call c
-        done_arr = self._set_up(&c, x, out, local, agreed, average, timers, deadline,
-                                value_bits, cancel, call, quorum, ready, ident, learn,
-                                nonfinite, absent)
+        done_arr = self._set_up(&c, plan, timers, deadline, cancel)
         if done_arr is None:
             return Result(DONE, {}, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
         self._fresh_window()
@@ -515,16 +511,14 @@ cdef class Link:
         c.draining = c.nb <= self.slots
         with nogil:
             for s in range(first):
-                self._queue(&c, self._write_chunk(&c, s, ident != 0))
+                self._queue(&c, self._write_chunk(&c, s, c.ident != 0))
                 c.sent += 1
                 if self.npend == INA_BATCH_MAX or s == first - 1:
                     if self._flush(&c) < 0:
                         break
         return self._drive(&c, done_arr, on_drain)
 
-    def adopt(self, x, out, int16_t[::1] local, int16_t[::1] agreed, bint average, timers,
-              double deadline, int value_bits=0, int call=0, Py_ssize_t ready=-1,
-              uint64_t ident=0, int16_t[::1] learn=None, bint nonfinite=False):
+    def adopt(self, plan, timers, double deadline):
         """Start the next call (a sync stream; the arguments as ``stream``'s) while the
         running one drains: called from the running stream's ``on_drain``, or between
         calls. Each slot the running call is done with takes the new call's first chunk
@@ -536,14 +530,14 @@ cdef class Link:
             raise RuntimeError("a call is adopted on this link already")
         if self.running != NULL and (self.running.opening or self.running.quorum):
             raise ValueError("a call is adopted during a sync stream only")
-        done_arr = self._set_up(&self.next_call, x, out, local, agreed, average, timers,
-                                deadline, value_bits, None, call, 0, ready, ident, learn,
-                                nonfinite, False)
+        if plan.quorum or plan.absent:
+            raise ValueError("a call is adopted in sync only (quorum 0)")
+        done_arr = self._set_up(&self.next_call, plan, timers, deadline, None)
         if done_arr is None:
             raise ValueError("an empty call is not adopted")
         if self.running == NULL:
             self._fresh_window()
-        self.next_keep = (x, out, local, agreed, done_arr, learn)
+        self.next_keep = (plan, done_arr)
         self.has_next = True
         cdef Call *nc = &self.next_call
         cdef Py_ssize_t s
@@ -575,7 +569,7 @@ cdef class Link:
             self.window[s].adopted = 0
         c.last_result = c.next_signal_check = monotonic()  # (its silence from now)
         self.npend = 0
-        result = self._drive(&c, keep[4], on_drain)
+        result = self._drive(&c, keep[1], on_drain)
         result.counters["adopted"] = 1
         return result
 
@@ -593,12 +587,19 @@ cdef class Link:
         self.next_keep = None
         return True
 
-    cdef object _set_up(self, Call *c, x, out, int16_t[::1] local, int16_t[::1] agreed,
-                        bint average, timers, double deadline, int value_bits,
-                        const uint8_t[::1] cancel, int call, int quorum, Py_ssize_t ready,
-                        uint64_t ident, int16_t[::1] learn, bint nonfinite, bint absent):
-        """A stream's checks and its Call; the per-chunk done flags it points into (None:
-        an empty call, nothing set up)."""
+    cdef object _set_up(self, Call *c, plan, timers, double deadline,
+                        const uint8_t[::1] cancel):
+        """A stream's checks and its Call, read once from ``plan``; the per-chunk done
+        flags it points into (None: an empty call, nothing set up). The plan keeps the
+        arrays the Call points into alive: the caller holds it until the stream ends."""
+        x, out = plan.x, plan.out
+        cdef int16_t[::1] local = plan.local
+        cdef int16_t[::1] agreed = plan.agreed
+        cdef int16_t[::1] learn = plan.learn
+        cdef int value_bits = plan.value_bits, call = plan.call, quorum = plan.quorum
+        cdef Py_ssize_t ready = plan.ready
+        cdef uint64_t ident = plan.ident
+        cdef bint average = plan.average, nonfinite = plan.nonfinite, absent = plan.absent
         if x.dtype not in (np.float32, np.float64) or out.dtype != x.dtype:
             raise TypeError(f"the stream reduces float32 or float64 into the same dtype, "
                             f"not {x.dtype} into {out.dtype}")

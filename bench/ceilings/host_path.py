@@ -31,6 +31,7 @@ from bench.ceilings.udp_ceiling import ceiling, echo_ceiling
 from ina_collectives import protocol as P
 from ina_collectives.ina import kernels
 from ina_collectives.ina.link import Timers, WorkerLink
+from ina_collectives.ina.plan import StreamPlan
 
 MTU = 9000
 
@@ -50,7 +51,7 @@ def worker_path(k: int, seconds: float, slots: int = 64, chunks: int = 20_000) -
         best = None
         start = time.monotonic()
         while time.monotonic() - start < seconds or best is None:
-            result = link.stream(x, out, local, local.copy(), False,
+            result = link.stream(StreamPlan(x, out, local, local.copy()),
                                  Timers(0.2, 0.05, 1.0, 5.0), 60.0)
             assert result.ok, result.reason
             c = result.counters

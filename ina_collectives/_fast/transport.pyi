@@ -25,6 +25,22 @@ class _Timers(Protocol):  # ina.link.Timers
     silence: float
 
 
+class _StreamPlan(Protocol):  # ina.link.StreamPlan
+    x: np.ndarray
+    out: np.ndarray
+    local: np.ndarray
+    agreed: np.ndarray
+    average: bool
+    value_bits: int
+    call: int
+    quorum: int
+    ready: int
+    ident: int
+    learn: np.ndarray | None
+    nonfinite: bool
+    absent: bool
+
+
 class Result:
     """How one stream or opening ended, built once at its end."""
     status: int
@@ -95,18 +111,11 @@ class Link:
     @property
     def opening_rtt(self) -> tuple[float, float, float]:
         """The openings' (SRTT, RTTVAR, RTO), seconds."""
-    def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
-               average: bool, timers: _Timers, deadline: float, value_bits: int = 0,
-               cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-               ready: int = -1, ident: int = 0, learn: np.ndarray | None = None,
-               nonfinite: bool = False, absent: bool = False,
+    def stream(self, plan: _StreamPlan, timers: _Timers, deadline: float,
+               cancel: np.ndarray | None = None,
                on_drain: Callable[[], None] | None = None) -> Result:
-        """Allreduce x into out through the aggregator (ina.link.WorkerLink.stream says
-        what each parameter is)."""
-    def adopt(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
-              average: bool, timers: _Timers, deadline: float, value_bits: int = 0,
-              call: int = 0, ready: int = -1, ident: int = 0,
-              learn: np.ndarray | None = None, nonfinite: bool = False) -> None:
+        """One call's stream (``plan``, read once) through the aggregator."""
+    def adopt(self, plan: _StreamPlan, timers: _Timers, deadline: float) -> None:
         """Start the next call during the running stream's drain (docs/protocol.md,
         Calls back to back)."""
     @property

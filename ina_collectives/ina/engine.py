@@ -37,6 +37,7 @@ from .aggregators import Aggregators
 from .link import WorkerLink
 from .opening import open_call
 from .outcome import vote
+from .plan import CallPlan, StreamPlan
 from .prediction import Predictions
 from .preparing import Prepared, Share, prepare, window_size
 from .quorum import Quorum
@@ -237,7 +238,7 @@ class InaEngine(OffloadEngine):
         proposal does not fit, or it is a quorum call (which agrees on every chunk's
         exponents itself). None for a call this engine declines."""
         if self._adopted is not None and self._adopted.call is call:
-            return self._adopted.prepared  # (made when it was adopted)
+            return self._adopted.plan.prepared  # (made when it was adopted)
         if self.declines(call) is not None:
             return None
         prepared = prepare(call, self.aggregators.links, self.serving(), self._shares,
@@ -338,7 +339,7 @@ class InaEngine(OffloadEngine):
             return False
         shape = self._shape()
         adopted = self._adopted
-        if adopted is not None and adopted.prepared is prepared:
+        if adopted is not None and adopted.plan.prepared is prepared:
             # Started in the last call's drain (``adopt``): the table is looked up now, as
             # a rank that did not start it looks it up (alike: nothing it looks at
             # changed since).
@@ -408,7 +409,7 @@ class InaEngine(OffloadEngine):
         predicted = bool(ident) and agreed_first is None
         if predicted:
             agreed_first = _predicted_first(identified[3])
-        call_number, quorum = self._numbered(call)
+        _, quorum = self._numbered(call)
         number = self.quorum.calls
         # A sync call through one aggregator needs no vote when the caller's next
         # collective is a gate (collectives/recovery.py): its outcome is in the results.
@@ -435,28 +436,29 @@ class InaEngine(OffloadEngine):
         # (``adopt``).
         if vote_free:
             self._running = (ident, shares[0].end - shares[0].first, place)
+        # The call's plan, once: what every share's stream takes whole.
+        plan = CallPlan(prepared, out, prepared.agreed(agreed_first), deadline,
+                        call.op is Op.AVERAGE, bits, number, quorum,
+                        ident if predicted else 0, learn,
+                        predicted and bool(prepared.proposal[0]),
+                        call.absent(self.quorum.rank) and bool(quorum))
         try:
-            results = self.streams.run(links, prepared, out, prepared.agreed(agreed_first),
-                                       call.op is Op.AVERAGE, bits, deadline, call_number,
-                                       quorum, ident if predicted else 0, learn,
-                                       predicted and bool(prepared.proposal[0]),
-                                       call.absent(self.quorum.rank) and bool(quorum),
-                                       call.on_drain if vote_free else None)
+            results = self.streams.run(links, plan, call.on_drain if vote_free else None)
         finally:
             self._running = None
         for share, result in zip(shares, results):
             self._account(links[share.aggregator], result)
         self.predicted_calls += predicted
         if vote_free:
-            return self._end_alone(call, prepared, out, results[0], learn, ident, shape,
-                                   place, number, predicted)
+            return self._end_alone(call, plan, results[0], ident, shape, place, predicted)
         return self._finish_by_vote(call, prepared, out, results, bits, deadline)
 
-    def _end_alone(self, call: AllreduceCall, prepared: Prepared, out: np.ndarray,
-                   result: Result, learn: np.ndarray | None, ident: int, shape: Any,
-                   place: Hashable, number: int, predicted: bool) -> HandOver | None:
-        """A vote-free call's end (switch call ``number``): a mismatch handed back, else
-        ``_finish_alone``, and what its results teach learned."""
+    def _end_alone(self, call: AllreduceCall, plan: CallPlan, result: Result, ident: int,
+                   shape: Any, place: Hashable, predicted: bool) -> HandOver | None:
+        """A vote-free call's end (its ``plan``; ``ident``, the identity it was known by,
+        predicted or not): a mismatch handed back, else ``_finish_alone``, and what its
+        results teach learned."""
+        prepared, out, learn, number = plan.prepared, plan.out, plan.learn, plan.number
         if result.reason == "mismatch":
             # Every rank got the mark; some ranks' packets may wait in cells the others
             # never use: a new epoch leaves every cell idle (as after a marked opening).
@@ -515,23 +517,22 @@ class InaEngine(OffloadEngine):
         if predicted is None:
             return False
         run_before = self._enter_run(ident)
-        call_number, _ = self._numbered(call)
+        self._numbered(call)
         agreed = prepared.agreed(_predicted_first(predicted))
         out = _output(call, prepared)
         learn = np.full(2 * link.slots * prepared.g, P.PROPOSAL_NONE, np.int16)
         bits = link.value_bits_for(call.value_bits)
-        x, into, local, theirs = prepared.arrays(share, out, agreed)
+        timeout = self.settings.timeout
+        plan = CallPlan(prepared, out, agreed, Deadline(timeout), call.op is Op.AVERAGE,
+                        bits, self.quorum.calls, 0, ident, learn,
+                        bool(prepared.proposal[0]))
         try:
-            link.adopt(x, into, local, theirs, call.op is Op.AVERAGE, self.streams.timers,
-                       self.settings.timeout, value_bits=bits, call=call_number,
-                       ready=share.ready, ident=ident, learn=learn,
-                       nonfinite=bool(prepared.proposal[0]))
+            link.adopt(plan.stream(share), self.streams.timers, timeout)
         except BaseException:
             self.quorum.call_not_made()
             self._run = run_before
             raise
-        self._adopted = _Adopted(call, prepared, ident, shape, place, self.quorum.calls,
-                                 out, learn, bits, run_before)
+        self._adopted = _Adopted(call, plan, ident, shape, place, run_before)
         return True
 
     def adopted(self) -> AllreduceCall | None:
@@ -556,9 +557,10 @@ class InaEngine(OffloadEngine):
         """The adopted call run to its end, and ended as any vote-free call."""
         self._adopted = None
         self._identified = None
-        call, prepared = adopted.call, adopted.prepared
+        call, plan = adopted.call, adopted.plan
+        prepared, bits = plan.prepared, plan.value_bits
         link = self.aggregators.link
-        self.calls_by_width[adopted.bits] = self.calls_by_width.get(adopted.bits, 0) + 1
+        self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.adopted_calls += 1
         self._running = (adopted.ident, prepared.shares[0].end - prepared.shares[0].first,
                          adopted.place)
@@ -568,9 +570,8 @@ class InaEngine(OffloadEngine):
             self._running = None
         self._account(link, result)
         self.predicted_calls += 1
-        return self._end_alone(call, prepared, adopted.out, result, adopted.learn,
-                               adopted.ident, adopted.shape, adopted.place, adopted.number,
-                               True)
+        return self._end_alone(call, plan, result, adopted.ident, adopted.shape,
+                               adopted.place, True)
 
     def _drop_adopted(self) -> None:
         """The adopted call given up on this rank (the running call did not end cleanly
@@ -731,10 +732,11 @@ class InaEngine(OffloadEngine):
             self.quorum.cells = link.quorum_cells
             call_number, quorum = self.quorum.next_call(None, call.present)
             remaining = max(0.0, deadline.expires - time.monotonic())
-            result = link.stream(x[a:b], out[a:b], local, theirs.copy(),
-                                 call.op is Op.AVERAGE, self.streams.timers, remaining,
-                                 value_bits=bits, call=call_number, quorum=quorum,
-                                 absent=call.absent(self.quorum.rank) and bool(quorum))
+            result = link.stream(
+                StreamPlan(x[a:b], out[a:b], local, theirs.copy(), call.op is Op.AVERAGE,
+                           bits, call_number, quorum,
+                           absent=call.absent(self.quorum.rank) and bool(quorum)),
+                self.streams.timers, remaining)
             self._account(link, result)
             outcome = vote(self.comm, len(agg.addresses), [standby], [result], s.timeout,
                            f"the {b - a}-element share the aggregator at "
@@ -846,14 +848,10 @@ class _Adopted:
     """A call ``InaEngine.adopt`` started: what its run finishes it with."""
 
     call: AllreduceCall
-    prepared: Prepared
+    plan: CallPlan           # its plan (its out: call.recv, or wider; its learn)
     ident: int
     shape: Any
     place: Hashable
-    number: int              # its switch call number (Quorum.calls)
-    out: np.ndarray          # where its stream writes (call.recv, or wider)
-    learn: np.ndarray
-    bits: int
     run_before: tuple[int, int]  # the engine's run of identities before it (dropped: back)
 
 

@@ -23,6 +23,30 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class StreamPlan:
+    """One stream through one aggregator (``WorkerLink.stream`` says what each is): the
+    input ``x`` into ``out``, this worker's exponents ``local`` and the agreed ones
+    ``agreed`` (G per chunk); ``value_bits`` (0: the job's), the call's number ``call``
+    (mod 65536), its ``quorum`` stamp (0: sync), ``ready`` (the chunks whose exponents
+    ``local`` holds; -1: all), ``ident`` (nonzero: a predicted call), ``learn`` (where
+    the next prediction's exponents go, or None), ``nonfinite`` (the ready chunks hold a
+    NaN or an Inf) and ``absent`` (a quorum call this worker adds nothing to)."""
+    x: np.ndarray
+    out: np.ndarray
+    local: np.ndarray
+    agreed: np.ndarray
+    average: bool = False
+    value_bits: int = 0
+    call: int = 0
+    quorum: int = 0
+    ready: int = -1
+    ident: int = 0
+    learn: np.ndarray | None = None
+    nonfinite: bool = False
+    absent: bool = False
+
+
+@dataclass(frozen=True)
 class Timers:
     """How long a stream or an opening waits, built once from Settings (``of``):
     ``first``, the retransmit timeout until a round trip is measured; ``least`` and
@@ -190,22 +214,19 @@ class WorkerLink:
         result.reason = self._reason(result)
         return result
 
-    def stream(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
-               average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
-               cancel: np.ndarray | None = None, call: int = 0, quorum: int = 0,
-               ready: int = -1, ident: int = 0, learn: np.ndarray | None = None,
-               nonfinite: bool = False, absent: bool = False,
+    def stream(self, plan: StreamPlan, timers: Timers, deadline: float,
+               cancel: np.ndarray | None = None,
                on_drain: Callable[[], None] | None = None) -> Result:
-        """Allreduce x (float32/64, 1-D) into out through the aggregator, within
-        ``deadline`` seconds: ``local``, this worker's exponents, and ``agreed``, the
-        agreed ones (G per chunk); ``timers``, its waits. value_bits: this call's width
-        (0: the job's; see value_bits_for). cancel: a uint8 [0] another thread sets to 1
-        to end the stream. The counters are the caller's to add up (a job striped over
-        several links streams them in threads).
-        call: the call's number (mod 65536); quorum: the k its chunks complete at (0:
-        all n, sync). ready: the chunks whose exponents ``local`` holds (-1: all); the
-        stream computes the others' as it goes, and counters["nonfinite"] says whether
-        it met a NaN or an Inf there (then the result is not the sum).
+        """One call's stream through the aggregator, ``plan`` (ina.link.StreamPlan): allreduce
+        plan.x (float32/64, 1-D) into plan.out within ``deadline`` seconds, ``timers`` its
+        waits. ``cancel``: a uint8 [0] another thread sets to 1 to end the stream. The
+        counters are the caller's to add up (a job striped over several links streams
+        them in threads). The plan's fields: ``local``, this worker's exponents, and
+        ``agreed``, the agreed ones (G per chunk); value_bits: the call's width (0: the
+        job's; see value_bits_for); call: its number (mod 65536); quorum: the k its chunks
+        complete at (0: all n, sync). ready: the chunks whose exponents ``local`` holds
+        (-1: all); the stream computes the others' as it goes, and counters["nonfinite"]
+        says whether it met a NaN or an Inf there (then the result is not the sum).
         ident: nonzero, a predicted call (its identity; ``agreed``'s first window holds the
         prediction); learn: S x G int16 that receives the first window's proposals (the
         next prediction), or None; nonfinite: the ready chunks hold a NaN or an Inf
@@ -217,24 +238,18 @@ class WorkerLink:
         result said the ranks called differently). ``on_drain``: called once when the
         call's last window drains, to ``adopt`` the next call (docs/protocol.md, Calls
         back to back)."""
-        with waiting_for(lambda: f"the results of call #{call} from the aggregator at "
+        with waiting_for(lambda: f"the results of call #{plan.call} from the aggregator at "
                                  f"{self.switch[0]}:{self.switch[1]} (silence bound "
                                  f"{timers.silence:g} s)"):
-            result = self.wire.stream(x, out, local, agreed, average, timers, deadline,
-                                      value_bits, cancel, call & 0xFFFF, quorum, ready,
-                                      ident, learn, nonfinite, absent, on_drain)
+            result = self.wire.stream(plan, timers, deadline, cancel, on_drain)
         result.reason = self._reason(result)
         return result
 
-    def adopt(self, x: np.ndarray, out: np.ndarray, local: np.ndarray, agreed: np.ndarray,
-              average: bool, timers: Timers, deadline: float, *, value_bits: int = 0,
-              call: int = 0, ready: int = -1, ident: int = 0,
-              learn: np.ndarray | None = None, nonfinite: bool = False) -> None:
-        """Start the next call (a sync stream, arguments as ``stream``'s) during the
+    def adopt(self, plan: StreamPlan, timers: Timers, deadline: float) -> None:
+        """Start the next call (a sync stream, ``plan`` as ``stream``'s) during the
         running stream's drain: each slot takes its first chunk as soon as the running
         call is done with it. ``resume`` runs it to its end; ``abandon`` drops it."""
-        self.wire.adopt(x, out, local, agreed, average, timers, deadline, value_bits,
-                        call & 0xFFFF, ready, ident, learn, nonfinite)
+        self.wire.adopt(plan, timers, deadline)
 
     @property
     def adopted(self) -> bool:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..collectives.waiting import Deadline
 from ..errors import CollectiveTimeout
 from ..settings import Settings
 from .link import Timers, WorkerLink
-from .preparing import Prepared, Share
+from .plan import CallPlan
+from .preparing import Share
 
 if TYPE_CHECKING:
     from .._fast.transport import Result
@@ -81,31 +81,20 @@ class Streams:
         self.timers = Timers.of(settings)  # (built once: every stream's waits)
         self._threads: ThreadPoolExecutor | None = None
 
-    def run(self, links: list[WorkerLink | None], prepared: Prepared, out: np.ndarray,
-            agreed: np.ndarray, average: bool, bits: int, deadline: Deadline,
-            call_number: int = 0, quorum: int = 0, ident: int = 0,
-            learn: np.ndarray | None = None, nonfinite: bool = False,
-            absent: bool = False, on_drain: Callable[[], None] | None = None
-            ) -> list[Result]:
-        """Stream each of ``prepared``'s shares through its aggregator's link: the input's
-        chunks into ``out``, with this rank's exponents and the agreed ones ``agreed`` (G
-        per chunk); ``bits``, the call's value width. ``ident``, ``learn`` and
-        ``nonfinite``: a call of one share that is predicted or learns, and whether its
-        first window holds a NaN or an Inf; ``absent``, a quorum call this rank adds
-        nothing to (WorkerLink.stream); ``on_drain``, a call of one share: called in its
-        drain (WorkerLink.stream)."""
+    def run(self, links: list[WorkerLink | None], plan: CallPlan,
+            on_drain: Callable[[], None] | None = None) -> list[Result]:
+        """Stream each of the call's shares (``plan``, ina.plan.CallPlan) through its
+        aggregator's link, by its deadline; ``on_drain``, a call of one share: called in
+        its drain (WorkerLink.stream)."""
         s = self.settings
-        remaining = max(0.0, deadline.expires - time.monotonic())
+        remaining = max(0.0, plan.deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
-        shares = prepared.shares
+        shares = plan.prepared.shares
 
         def stream(share: Share) -> Result:
-            x, into, local, theirs = prepared.arrays(share, out, agreed)
             return links[share.aggregator].stream(
-                x, into, local, theirs, average, self.timers, remaining, value_bits=bits,
-                cancel=cancel, call=call_number, quorum=quorum, ready=share.ready,
-                ident=ident, learn=learn, nonfinite=nonfinite, absent=absent,
-                on_drain=on_drain if len(shares) == 1 else None)
+                plan.stream(share), self.timers, remaining, cancel,
+                on_drain if len(shares) == 1 else None)
 
         if not shares:  # an empty call
             return []

@@ -13,6 +13,7 @@ import pytest
 
 from ina_collectives import protocol as P
 from ina_collectives.ina.link import WorkerLink
+from ina_collectives.ina.plan import StreamPlan
 from tests.ina.test_link import joined, per_worker
 from tests.ina.test_predicted import IDENT, TIMERS, G, K, N, S, own, window_max
 from tests.switch.test_server import switch_thread
@@ -43,13 +44,14 @@ class Call:
         self.learn = np.full(2 * S * G, P.PROPOSAL_NONE, np.int16)
 
     def stream(self, link: WorkerLink, on_drain=None):
-        return link.stream(self.x, self.out, self.local, self.agreed, False, TIMERS, 30.0,
-                           call=self.number, ident=IDENT + self.number, learn=self.learn,
-                           on_drain=on_drain)
+        return link.stream(self.plan(), TIMERS, 30.0, on_drain=on_drain)
 
     def adopt(self, link: WorkerLink) -> None:
-        link.adopt(self.x, self.out, self.local, self.agreed, False, TIMERS, 30.0,
-                   call=self.number, ident=IDENT + self.number, learn=self.learn)
+        link.adopt(self.plan(), TIMERS, 30.0)
+
+    def plan(self) -> StreamPlan:
+        return StreamPlan(self.x, self.out, self.local, self.agreed, call=self.number,
+                          ident=IDENT + self.number, learn=self.learn)
 
 
 def exact(xs: list[np.ndarray], out: np.ndarray) -> None:
@@ -161,8 +163,8 @@ def test_a_link_with_an_adopted_call_refuses_another_until_it_is_resumed_or_aban
         link.resume()
     empty = np.zeros(0, np.float32)
     with pytest.raises(ValueError, match="an empty call is not adopted"):
-        link.adopt(empty, empty.copy(), np.zeros(0, np.int16), np.zeros(0, np.int16),
-                   False, TIMERS, 1.0)
+        link.adopt(StreamPlan(empty, empty.copy(), np.zeros(0, np.int16),
+                              np.zeros(0, np.int16)), TIMERS, 1.0)
 
 
 # -- through the chooser, ranks in threads (tests/threadcomm.py) -----------------------

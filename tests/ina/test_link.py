@@ -15,6 +15,7 @@ import pytest
 
 from ina_collectives import protocol as P
 from ina_collectives.ina.link import Timers, WorkerLink
+from ina_collectives.ina.plan import StreamPlan
 from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
 
@@ -161,7 +162,7 @@ def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, fault
         x = np.arange(k * chunks, dtype=np.float32) % 1000 - 500
         local, _ = kernels.load("fast").block_exponents(x, k, link.block)
         out = np.full_like(x, np.nan)
-        result = link.stream(x, out, local, local.copy(), False,
+        result = link.stream(StreamPlan(x, out, local, local.copy()),
                              Timers(0.01, 0.005, 0.5, silence=10.0), deadline=60.0)
     finally:
         link.leave()
@@ -183,7 +184,7 @@ def test_a_packet_overtaken_by_the_whole_window_asks_once_until_it_is_sent_again
         send(b, packet(b, chunk, seq=chunk))
     x = np.ones(S * K, np.float32)
     exps = np.zeros(S, np.int16)  # (G = 1 sub-block per chunk of K = 4)
-    result = a.stream(x, np.empty_like(x), exps, exps.copy(), False,
+    result = a.stream(StreamPlan(x, np.empty_like(x), exps, exps.copy()),
                       Timers(5.0, 5.0, 5.0, silence=1.0), deadline=1.5)
     assert not result.ok and result.missing.tolist() == [0], (result.reason, result.missing)
     assert result.counters["result_requests"] == 1, result.counters
@@ -244,8 +245,8 @@ def test_the_stream_takes_floats_into_the_same_dtype(job):
                    (np.ones(S * K, np.float32), np.empty(S * K, np.float64))):
         with pytest.raises(TypeError, match=f"float32 or float64 .* not {x.dtype} into "
                                             f"{out.dtype}"):
-            a.stream(x, out, exps, exps.copy(), False, Timers(1.0, 1.0, 1.0, silence=1.0),
-                     deadline=1.0)
+            a.stream(StreamPlan(x, out, exps, exps.copy()),
+                     Timers(1.0, 1.0, 1.0, silence=1.0), deadline=1.0)
 
 
 def test_the_timer_follows_a_slow_targets_round_trip():
@@ -278,9 +279,9 @@ def test_the_timer_follows_a_slow_targets_round_trip():
         results: list = [None] * n
 
         def one(w: int, call: int) -> None:
-            results[w] = links[w].stream(x, outs[call][w], local, local.copy(), False,
-                                         Timers(0.02, 0.005, 0.5, silence=10.0),
-                                         deadline=60.0, call=call + 1)
+            results[w] = links[w].stream(
+                StreamPlan(x, outs[call][w], local, local.copy(), call=call + 1),
+                Timers(0.02, 0.005, 0.5, silence=10.0), deadline=60.0)
 
         sent = needless = 0
         meter = threading.Thread(target=measure)
@@ -326,14 +327,16 @@ def test_a_worker_absent_from_a_quorum_call_sends_nothing_new_and_takes_every_re
     with switch_thread() as sw, joined(sw.address, 712, n, k, slots, 3) as links:
         def one(w: int) -> None:
             out = np.full_like(xs[w], np.nan)
-            result = links[w].stream(xs[w], out, exps[w], agreed.copy(), False,
-                                     Timers(0.02, 0.002, 0.5, 5.0), 30.0, call=1,
-                                     quorum=2, absent=w == 2)
+            result = links[w].stream(
+                StreamPlan(xs[w], out, exps[w], agreed.copy(), call=1, quorum=2,
+                           absent=w == 2),
+                Timers(0.02, 0.002, 0.5, 5.0), 30.0)
             got[w] = result, out
         per_worker(n, one)
         with pytest.raises(ValueError, match="absent from a quorum call only"):
-            links[2].stream(xs[2], np.empty_like(xs[2]), exps[2], agreed.copy(), False,
-                            Timers(0.02, 0.002, 0.5, 5.0), 30.0, call=2, absent=True)
+            links[2].stream(StreamPlan(xs[2], np.empty_like(xs[2]), exps[2], agreed.copy(),
+                                       call=2, absent=True),
+                            Timers(0.02, 0.002, 0.5, 5.0), 30.0)
     total = xs[0].astype(np.float64) + xs[1]
     for w, (result, out) in enumerate(got):
         assert result.ok, (w, result.reason)
@@ -365,9 +368,9 @@ def test_a_late_peer_is_waited_for_past_the_silence_bound_while_the_switch_holds
         def one(w: int) -> None:
             if w == 1:
                 time.sleep(1.5 + late)
-            results[w] = links[w].stream(x, outs[w], local, local.copy(), False,
+            results[w] = links[w].stream(StreamPlan(x, outs[w], local, local.copy(), call=1),
                                          Timers(0.02, 0.005, 0.2, silence=0.5),
-                                         deadline=30.0, call=1)
+                                         deadline=30.0)
 
         per_worker(n, one)
     for w in range(n):

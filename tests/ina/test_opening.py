@@ -12,6 +12,7 @@ import pytest
 from ina_collectives import protocol as P
 from ina_collectives.ina import kernels
 from ina_collectives.ina.link import Timers, WorkerLink
+from ina_collectives.ina.plan import StreamPlan
 from ina_collectives.switch.faults import send_faults
 from tests.ina.test_link import joined, per_worker
 from tests.switch.test_server import switch_thread
@@ -203,8 +204,9 @@ def test_a_gate_alone_leaves_its_call_number_to_a_quorum_call_after_it(job):
 
     def one(w: int) -> None:
         out = np.full_like(xs[w], np.nan)
-        result = links[w].stream(xs[w], out, local[w], agreed.copy(), False,
-                                 Timers(0.02, 0.001, 0.5, 3.0), 30.0, call=1, quorum=N)
+        result = links[w].stream(StreamPlan(xs[w], out, local[w], agreed.copy(), call=1,
+                                            quorum=N),
+                                 Timers(0.02, 0.001, 0.5, 3.0), 30.0)
         outs[w] = result, out
     per_worker(N, one)
     total = np.sum([x.astype(np.float64) for x in xs], axis=0)

@@ -14,6 +14,7 @@ import pytest
 from ina_collectives import protocol as P
 from ina_collectives.ina import kernels
 from ina_collectives.ina.link import Timers
+from ina_collectives.ina.plan import StreamPlan
 from ina_collectives.ina.prediction import CLEAN_CALLS, PREDICT_HEADROOM, Predictions
 from ina_collectives.switch.faults import send_faults
 from tests.ina.test_link import joined, per_worker
@@ -56,9 +57,11 @@ def stream_all(links, xs, first, idents=None, call=1, silence=5.0, nonfinite=Non
         out = np.full_like(x, np.nan)
         learn = np.full(2 * S * G, P.PROPOSAL_NONE, np.int16)
         timers = Timers(TIMERS.first, TIMERS.least, TIMERS.most, silence)
-        result = links[w].stream(x, out, local, agreed, False, timers, 30.0, call=call,
-                                 ident=(idents or [IDENT] * len(links))[w], learn=learn,
-                                 nonfinite=bool(nonfinite and nonfinite[w]))
+        result = links[w].stream(
+            StreamPlan(x, out, local, agreed, call=call,
+                       ident=(idents or [IDENT] * len(links))[w], learn=learn,
+                       nonfinite=bool(nonfinite and nonfinite[w])),
+            timers, 30.0)
         got[w] = result, out, learn
     per_worker(len(links), one)
     return got

@@ -16,6 +16,7 @@ from ina_collectives._fast.transport import Result
 from ina_collectives.collectives.waiting import Deadline
 from ina_collectives.errors import CollectiveTimeout
 from ina_collectives.ina.outcome import vote
+from ina_collectives.ina.plan import CallPlan
 from ina_collectives.ina.preparing import Prepared, Share
 from ina_collectives.ina.striping import Shares, Streams
 from ina_collectives.settings import Settings
@@ -116,13 +117,13 @@ class FakeLink:
         self.times, self.wait, self.error, self.heed = times, wait, error, heed_cancel
         self.calls: list[dict] = []
 
-    def stream(self, x, into, local, agreed, average, timers, deadline, value_bits, cancel,
-               call, quorum, ready, ident=0, learn=None, nonfinite=False, absent=False,
-               on_drain=None):
+    def stream(self, plan, timers, deadline, cancel=None, on_drain=None):
+        x, into = plan.x, plan.out
         self.calls.append({"thread": threading.current_thread().name, "size": x.size,
-                           "deadline": deadline, "bits": value_bits, "call": call,
-                           "quorum": quorum, "ready": ready, "average": average,
-                           "exponents": (local.size, agreed.size)})
+                           "deadline": deadline, "bits": plan.value_bits, "call": plan.call,
+                           "quorum": plan.quorum, "ready": plan.ready,
+                           "average": plan.average,
+                           "exponents": (plan.local.size, plan.agreed.size)})
         end = time.monotonic() + self.wait
         while time.monotonic() < end:
             if self.heed and cancel[0]:
@@ -154,8 +155,8 @@ def test_each_share_streams_its_own_slices_the_first_in_the_calling_thread(strea
     links = [FakeLink(2.0), FakeLink(3.0), FakeLink(4.0)]
     call = prepared([0, 2, 3, 5], 5 * K - 1)  # the last chunk short
     out = np.zeros(call.x.size, np.float32)
-    results = streams.run(links, call, out, call.agreed(np.zeros(1, np.int16)), True, 16,
-                          Deadline(5.0), call_number=7, quorum=2)
+    results = streams.run(links, CallPlan(call, out, call.agreed(np.zeros(1, np.int16)),
+                                          Deadline(5.0), True, 16, 7, 2))
     assert [r.reason for r in results] == ["done"] * 3
     want = np.concatenate([call.x[:8] * 2, call.x[8:12] * 3, call.x[12:] * 4])
     assert out.tolist() == want.tolist()
@@ -174,18 +175,18 @@ def test_the_shares_stream_at_once(streams):
     links = [FakeLink(wait=0.3), FakeLink(wait=0.3), FakeLink(wait=0.3)]
     call = prepared([0, 1, 2, 3], 3 * K)
     start = time.monotonic()
-    streams.run(links, call, np.zeros(3 * K, np.float32), np.zeros(3, np.int16), False, 32,
-                Deadline(5.0))
+    streams.run(links, CallPlan(call, np.zeros(3 * K, np.float32), np.zeros(3, np.int16),
+                                Deadline(5.0), value_bits=32))
     assert time.monotonic() - start < 0.75  # not 0.9 s: one after another
 
 
 def test_a_call_with_no_share_streams_nothing_and_one_share_starts_no_thread(streams):
-    assert streams.run([], prepared([0], 0), np.zeros(0, np.float32),
-                       np.zeros(0, np.int16), False, 32, Deadline(1.0)) == []
+    assert streams.run([], CallPlan(prepared([0], 0), np.zeros(0, np.float32),
+                                    np.zeros(0, np.int16), Deadline(1.0))) == []
     link = FakeLink()
     call = prepared([0, 3], 3 * K)
-    (result,) = streams.run([link], call, np.zeros(3 * K, np.float32),
-                            np.zeros(3, np.int16), False, 32, Deadline(1.0))
+    (result,) = streams.run([link], CallPlan(call, np.zeros(3 * K, np.float32),
+                                             np.zeros(3, np.int16), Deadline(1.0)))
     assert result.ok and streams._threads is None
 
 
@@ -195,8 +196,8 @@ def test_an_error_in_one_stream_cancels_the_others_and_propagates(streams):
     call = prepared([0, 1, 2, 3], 3 * K)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        streams.run(links, call, np.zeros(3 * K, np.float32), np.zeros(3, np.int16), False,
-                    32, Deadline(20.0))
+        streams.run(links, CallPlan(call, np.zeros(3 * K, np.float32),
+                                    np.zeros(3, np.int16), Deadline(20.0)))
     assert time.monotonic() - start < 2.0  # the others ended when cancelled
     assert all(len(link.calls) == 1 for link in slow)
 
@@ -210,8 +211,8 @@ def test_a_stream_past_its_bound_is_a_timeout_naming_its_aggregator(streams, mon
     links = [FakeLink(), FakeLink(), FakeLink(wait=1.0, heed_cancel=False)]
     call = prepared([0, 1, 2, 3], 3 * K)
     with pytest.raises(CollectiveTimeout) as timed_out:
-        streams.run(links, call, np.zeros(3 * K, np.float32), np.zeros(3, np.int16), False,
-                    32, Deadline(0.2))
+        streams.run(links, CallPlan(call, np.zeros(3 * K, np.float32),
+                                    np.zeros(3, np.int16), Deadline(0.2)))
     bound = str(timed_out.value).split()[1]
     assert 0.45 < float(bound) <= 0.5, timed_out.value
     assert str(timed_out.value) == (f"waited {bound} s for the stream of a share through "
