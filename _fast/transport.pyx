@@ -587,6 +587,24 @@ cdef class Link:
         self.next_keep = None
         return True
 
+    def settle(self, Py_ssize_t chunks):
+        """The last call, a sync stream of ``chunks`` chunks this worker could not finish,
+        was finished from a peer's kept window (ina/windows.py): each slot's version as
+        the call's completion leaves it (one flip per use), nothing in flight."""
+        if self.has_next or self.running != NULL:
+            raise RuntimeError("a call is running or adopted on this link")
+        cdef Py_ssize_t s, slots = self.slots
+        cdef Slot *w
+        for s in range(slots):
+            w = &self.window[s]
+            if s < chunks:
+                w.version = use_version(w.first_version,
+                                        s + slots * ((chunks - s + slots - 1) // slots),
+                                        slots)
+            w.chunk = -1
+            w.adopted = 0
+        self.npend = 0
+
     cdef object _set_up(self, Call *c, plan, timers, double deadline,
                         const uint8_t[::1] cancel):
         """A stream's checks and its Call, read once from ``plan``; the per-chunk done

@@ -125,6 +125,9 @@ class Link:
         """The adopted call run to its end."""
     def abandon(self) -> bool:
         """Drop the adopted call, if any (True if there was one)."""
+    def settle(self, chunks: int) -> None:
+        """The last sync call of ``chunks`` chunks, finished from a peer's kept window:
+        each slot's version as its completion leaves it."""
     def opening(self, proposals: np.ndarray, ident_offset: int, ident_word: int,
                 timers: _Timers, deadline: float, call: int) -> Result:
         """A call's opening through the aggregator; ``proposals`` (S x G int16) becomes

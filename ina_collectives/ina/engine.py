@@ -18,6 +18,8 @@ NaN/Inf in the input or a failed aggregator give the call back to the chooser
 """
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable
@@ -44,6 +46,7 @@ from .quorum import Quorum
 from .repair import repair_share
 from .rescue import Kept, Role, stand_by, take_part
 from .striping import Shares, Streams
+from .windows import WindowServer, fetch_window
 
 if TYPE_CHECKING:
     from .._fast.transport import Result
@@ -82,6 +85,11 @@ class InaEngine(OffloadEngine):
         # (rescue.py: Kept).
         self.errors = errors
         self.vote_free_calls = self.rescued_calls = 0
+        # The kept windows served to the peers and asked of them (ina/windows.py): a rank
+        # that lost results of a call a peer finished completes it from that peer's
+        # window, without waiting for a gate the peer may never make.
+        self.peer_completed_calls = 0
+        self.windows, self.window_peers = self._serve_windows()
         self.opened_calls = self.failed_openings = 0
         # Calls that repeat one made before go without an opening (docs/protocol.md, One
         # round trip); ``_identified``: the prepared call whose identity the chooser gave
@@ -125,6 +133,33 @@ class InaEngine(OffloadEngine):
     def close(self) -> None:
         self.aggregators.release()
         self.streams.close()
+        self.windows.close()
+
+    def _serve_windows(self) -> tuple[WindowServer, list[tuple[str, int]]]:
+        """Collective: this rank's window server, and every other rank's address, in rank
+        order (each rank's is the one it reaches its first aggregator from)."""
+        server = WindowServer(lambda: self.errors.kept)
+        host = "127.0.0.1"
+        if self.aggregators.addresses:
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                    probe.connect(self.aggregators.addresses[0])
+                    host = probe.getsockname()[0]
+            except OSError:
+                pass
+        n, me = self.comm.Get_size(), self.comm.Get_rank()
+        rows = np.zeros((n, 2), np.int64)
+        rows[me] = (int(ipaddress.IPv4Address(host)), server.port)
+        try:
+            wait(self.comm.Iallreduce(MPI.IN_PLACE, rows, op=MPI.SUM),
+                 Deadline(self.settings.timeout),
+                 lambda: "every rank's address for its kept windows")
+        except BaseException:
+            server.close()
+            raise
+        peers = [(str(ipaddress.IPv4Address(int(a))), int(p)) for a, p in rows]
+        server.peers = {host for r, (host, _) in enumerate(peers) if r != me}
+        return server, [peer for r, peer in enumerate(peers) if r != me]
 
     def report(self) -> dict[str, Any]:
         """stats()'s "kernels" (the quantization and packet kernels this engine runs:
@@ -187,6 +222,10 @@ class InaEngine(OffloadEngine):
                 # to back)
                 "adopted_calls": self.adopted_calls,
                 "rescued_calls": self.rescued_calls,
+                # vote-free calls whose lost results this rank took from a peer's kept
+                # window (ina/windows.py), and the peers' requests it answered
+                "peer_completed_calls": self.peer_completed_calls,
+                "windows_served": self.windows.answered,
                 "partial_handovers": self.partial_handovers,
                 # failed shares a surviving aggregator streamed again (switch_standby)
                 "standby_takeovers": self.standby_takeovers,
@@ -762,6 +801,30 @@ class InaEngine(OffloadEngine):
 
     # -- a call without a vote (rescue.py) --------------------------------------------
 
+    def _from_a_peer(self, call: AllreduceCall, share: Share, result: Result,
+                     out: np.ndarray, k: int, number: int) -> bool:
+        """The results this rank lacks of a vote-free call, from a peer that finished it
+        (ina/windows.py), asked within the silence bound: True if had, the call then
+        complete here as there (the same bits: the switch's results) and kept as any
+        vote-free call's; False if no peer finished it (every rank is still in it)."""
+        first_missing = int(result.missing[0]) * k if result.missing.size else 0
+        got = fetch_window(self.window_peers, number, call.recv.dtype,
+                           min(1.0, self.silence_bound()))
+        if got is None:
+            return False
+        start, values, _ = got
+        if first_missing < start or start + values.size != call.recv.size:
+            return False  # (not this call's last window: the rescue decides)
+        if out is not call.recv:
+            np.copyto(call.recv, out, casting="unsafe")
+        call.recv[start:] = values
+        self.aggregators.links[share.aggregator].settle(share.end - share.first)
+        self.quorum.after_call(-1, -1, 0, 0, 0)
+        self.errors.keep(Kept(number, share.aggregator, start, values), number)
+        self.vote_free_calls += 1
+        self.peer_completed_calls += 1
+        return True
+
     def _finish_alone(self, call: AllreduceCall, share: Share, result: Result,
                       x: np.ndarray, out: np.ndarray, k: int, number: int,
                       predicted: bool = False) -> HandOver | None:
@@ -784,6 +847,9 @@ class InaEngine(OffloadEngine):
             self.errors.keep(Kept(number, i, start, call.recv[start:].copy()),
                              number)
             self.vote_free_calls += 1
+            return None
+        if (not result.ok and not predicted and self._adopted is None
+                and self._from_a_peer(call, share, result, out, k, number)):
             return None
         self._drop_adopted()  # (before its rescue: this call's number is the last taken)
         what = f"switch call #{number} ({call.nbytes} bytes)"

@@ -266,6 +266,11 @@ class WorkerLink:
         """Drop the adopted call, if any (True if there was one)."""
         return self.wire.abandon()
 
+    def settle(self, chunks: int) -> None:
+        """The last sync call (``chunks`` chunks), which this worker could not finish,
+        was finished from a peer's kept window: the slots as its completion leaves them."""
+        self.wire.settle(chunks)
+
     def _reason(self, result: Result) -> str:
         """How a stream or an opening ended (transport.STATUS; "mismatch": a result said
         the ranks called differently), with the failed system call's own words, as

@@ -69,11 +69,12 @@ def settings_for(sw: SoftwareSwitch, **more) -> Settings:
 def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_bits(
         predicted):
     """Rank 0 holds every result of a sync call, returns and kills the switch; rank 1
-    lost them. Rank 1 reaches its error path by the silence bound, rank 0 at its next
-    call's gate, and rank 1 completes the call from rank 0's kept window: both return
-    the exact sum, bit for bit, and the next call takes the exact engine. Predicted: the
-    call repeats the first (no opening: rank 1 hears nothing of it), and rank 1's role
-    PREDICTED is read as FAILED since rank 0 finished it."""
+    lost them. Rank 1 completes the call from rank 0's kept window: opened, it asks rank
+    0 for it directly at its silence bound (ina/windows.py) and returns; predicted (the
+    call repeats the first, no opening: rank 1 hears nothing of it), it reaches its
+    error path, rank 0 its next call's gate, where rank 1's role PREDICTED is read as
+    FAILED since rank 0 finished it. Both return the exact sum, bit for bit, and the
+    next call, which the dead switch fails on both, takes the exact engine."""
     with mortal_switch() as sw:
         def rank(comm):
             r = comm.Get_rank()
@@ -101,7 +102,8 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
     assert second1.tobytes() == second0.tobytes()
     assert third0.tolist() == third1.tolist() == [4.0] * COUNT
     assert engines0 == engines1 == ["ina", "ina", "gloo"], (engines0, engines1)
-    assert (state0["rescued_calls"], state1["rescued_calls"]) == (0, 1)
+    assert (state0["rescued_calls"], state1["rescued_calls"]) == (0, int(predicted))
+    assert state1["peer_completed_calls"] == int(not predicted)
     assert [s["outages"] for s in (state0, state1)] == [1, 1]
     assert [s["serving"] for s in (state0, state1)] == [False, False]
 
