@@ -23,10 +23,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..control import schema as S
 from .bmv2 import ROOT, tools_dir
 
 COMPILER = "p4c-barefoot"
-TARGETS = {"tna": "tofino", "t2na": "tofino2"}
+TARGETS = {build.arch: build.chip for build in S.TOFINO.values()}  # arch -> --target
 
 
 def tna_module():
@@ -98,7 +99,7 @@ def compile_tofino(arch: str, compiler: Compiler | None = None,
     cache = cache or Path(os.environ.get("INA_P4_CACHE",
                                          Path.home() / ".cache" / "ina-collectives" / "p4"))
     where = cache / f"{arch}-{key}"
-    build = TofinoBuild(arch, target, program, where / "out", where / "p4info.txt",
+    build = TofinoBuild(arch, target, program, where / "out", where / "out" / "p4info.txt",
                         (where / "log.txt").read_text() if (where / "log.txt").is_file()
                         else "")
     with _lock:
@@ -106,11 +107,9 @@ def compile_tofino(arch: str, compiler: Compiler | None = None,
             return build
         work = where.with_name(where.name + f".tmp{os.getpid()}")
         shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        proc = subprocess.run([compiler.path, "--target", target, "--arch", arch,
-                               "-o", str(work / "out"),
-                               "--p4runtime-files", str(work / "p4info.txt"),
-                               str(program)],
+        (work / "out").mkdir(parents=True)
+        proc = subprocess.run([compiler.path, *compile_arguments(arch, work / "out",
+                                                                 program)],
                               env=compiler.env, capture_output=True, text=True, timeout=900)
         log = proc.stdout + proc.stderr
         if proc.returncode != 0:
@@ -119,4 +118,15 @@ def compile_tofino(arch: str, compiler: Compiler | None = None,
         (work / "log.txt").write_text(log)
         shutil.rmtree(where, ignore_errors=True)
         work.rename(where)
-    return TofinoBuild(arch, target, program, where / "out", where / "p4info.txt", log)
+    return TofinoBuild(arch, target, program, where / "out", where / "out" / "p4info.txt",
+                       log)
+
+
+def compile_arguments(arch: str, out: Path | str, program: Path | str | None = None
+                      ) -> list[str]:
+    """The compiler's arguments for ``arch`` into folder ``out``, its P4Info inside (the
+    folder ina-run's --device-config takes; p4/README.md quotes them, from the checkout's
+    root); ``program``: the source (default p4/ina_aggregator_<arch>.p4)."""
+    return ["--target", TARGETS[arch], "--arch", arch, "-o", str(out),
+            "--p4runtime-files", f"{out}/p4info.txt",
+            str(program or f"p4/ina_aggregator_{arch}.p4")]

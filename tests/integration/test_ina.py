@@ -364,7 +364,9 @@ def test_restarts_between_the_ranks_own_mpi_calls_return_within_the_time_bound(t
         assert r["wrong"] == [], r["wrong"][:3]
         starts, engines = r["starts"], r["engines"]
         for t, end in zip(back_at, until[1:]):
-            late = [e for s, e in zip(starts, engines) if t + bound < s < end]
+            # (a call that starts in the last moments before the next kill may still be
+            # in flight when it comes, and rightly end on the ring)
+            late = [e for s, e in zip(starts, engines) if t + bound < s < end - 0.25]
             timeline = " ".join(f"{s - t:.2f}:{e}" for s, e in zip(starts, engines)
                                 if t - 2 < s < t + 4)
             assert late and set(late) == {"ina"}, (t, timeline)
@@ -481,14 +483,15 @@ def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
 def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_bits(
         predicted):
     """All or nothing without a vote (docs/protocol.md): rank 0 holds every result of a
-    sync call, returns and kills the switch; rank 1 lost those results. Rank 1 reaches
-    its error path by the silence bound, rank 0 at its next gate (the next call's
-    agreement, or finalize), and rank 1 completes the call from rank 0's kept window:
-    both return the same bits, the exact sum, and the next call takes an exact engine.
-    Predicted (docs/protocol.md, One round trip): rank 1's call went without an opening
-    and it heard nothing of it; it takes the role PREDICTED, read as FAILED since rank 0
-    finished that call. Here rank 0's next gate is finalize; the next call's agreement as
-    that gate runs in one process: tests/ina/test_engine_faults.py."""
+    sync call, returns and kills the switch; rank 1 lost those results, and completes
+    the call from rank 0's kept window: both return the same bits, the exact sum.
+    Opened: at its silence bound rank 1 asks rank 0 for the window directly
+    (ina/windows.py) while rank 0 waits in finalize. Predicted (docs/protocol.md, One
+    round trip): rank 1's call went without an opening and it heard nothing of it; it
+    reaches its error path by the silence bound, rank 0 at its next gate (here
+    finalize), where rank 1's role PREDICTED is read as FAILED since rank 0 finished that
+    call. The next call's agreement as that gate runs in one process:
+    tests/ina/test_engine_faults.py."""
     count = 3 * K + 100  # 4 chunks: with S 8, all of them are the last window
     with embedded_switch() as sw:
         results = mpirun.run(2, rank_cases.ina_switch_dies_after_the_last_result,
@@ -501,8 +504,10 @@ def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_b
         np.testing.assert_array_equal(r["second"], expected)
     assert results[0]["second"].tobytes() == results[1]["second"].tobytes()
     assert results[0]["switch"]["rescued_calls"] == 0
-    assert results[1]["switch"]["rescued_calls"] == 1
-    assert results[0]["switch"]["vote_free_calls"] == 2   # (rank 1's second was rescued)
+    assert results[1]["switch"]["rescued_calls"] == int(predicted)
+    assert results[1]["switch"]["peer_completed_calls"] == int(not predicted)
+    assert results[0]["switch"]["vote_free_calls"] == 2
+    assert results[1]["switch"]["vote_free_calls"] == 1 + (not predicted)
     assert results[1]["seconds"] >= 1.5   # it waited for its silence bound
     # Finalize makes a gate again after the rescue, and both ranks meet in it (a rank
     # left waiting there would give up after its bound, 1.5 + 5 s, with a warning).

@@ -29,6 +29,19 @@ def test_the_committed_tofino_program_is_what_gen_py_writes(arch, tmp_path):
         f"p4/{name} is stale: python p4/gen.py --arch {arch}")
 
 
+def test_the_compile_commands_p4_readme_quotes_are_the_suites():
+    """p4/README.md's p4c-barefoot lines, from the checkout's root into build/<arch>, are
+    what compile_tofino runs: a newcomer compiles what the suite compiled."""
+    import re
+    import shlex
+
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "p4" / "README.md").read_text())
+    quoted = [shlex.split(line)[1:] for line in text.splitlines()
+              if line.strip().startswith("p4c-barefoot ")]
+    want = [tofino.compile_arguments(arch, f"build/{arch}") for arch in sorted(tna.ARCHES)]
+    assert sorted(quoted) == sorted(want), quoted
+
+
 def expected(arch: str) -> dict[str, int]:
     """Every entity a Tofino build has, by schema name, with its schema id."""
     k, _ = tna.FIT[arch]
