@@ -196,7 +196,7 @@ class Controller:
             if info is None:
                 info = self._rpc("GetForwardingPipelineConfig", self._client.get_p4info)
             self.p4info_message = info
-            sh.context.set_p4info(info)
+            sh.context.set_p4info(S.with_local_names(info))
             try:
                 self.build = S.read_build(info)
             except ValueError as exc:
@@ -247,7 +247,7 @@ class Controller:
             info = self._client.get_p4info()
         except Exception:  # no pipeline yet: no groups either
             return
-        self._sh.context.set_p4info(info)
+        self._sh.context.set_p4info(S.with_local_names(info))
         for group in self._read("multicast groups", self._sh.MulticastGroupEntry()):
             gid = group.msg().multicast_group_entry.multicast_group_id
             self._write(f"deleting multicast group {gid} before the pipeline push",
@@ -390,7 +390,8 @@ class Controller:
 
     def reset_registers(self, job: JobSpec) -> None:
         """Zero the job's cells (both versions) of the slot state registers and of the
-        sub-blocks' exponent and proposal registers."""
+        sub-blocks' exponent and proposal registers; a Tofino build's, its slots'
+        epochs (Build.state_registers)."""
         from p4.v1 import p4runtime_pb2
 
         build = self._need()
@@ -398,15 +399,15 @@ class Controller:
         for reg in build.state_registers:
             rid = build.ids[reg.name]
             zero = bytes((reg.bits + 7) // 8)
-            for version in (0, 1):
-                for slot in range(job.slots):
-                    index = S.cell(version, job.slot_base, slot, build.slots)
-                    u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
-                    u.entity.register_entry.register_id = rid
-                    u.entity.register_entry.index.index = index
-                    u.entity.register_entry.data.bitstring = zero
-                    updates.append(u)
-                    names.append(f"{reg.name}[{index}]")
+            indices = sorted({build.index(reg, version, job.slot_base, slot)
+                              for version in (0, 1) for slot in range(job.slots)})
+            for index in indices:
+                u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
+                u.entity.register_entry.register_id = rid
+                u.entity.register_entry.index.index = index
+                u.entity.register_entry.data.bitstring = zero
+                updates.append(u)
+                names.append(f"{reg.name}[{index}]")
         self._write(f"resetting job {job.job_id}'s registers", updates, names)
 
     def teardown(self, job: JobSpec) -> None:

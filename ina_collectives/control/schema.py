@@ -145,6 +145,7 @@ EXPONENT_ID_BASE = 0x10000    # exponent_g: 0x10000 + g
 PROPOSAL_ID_BASE = 0x20000    # proposal_g: 0x20000 + g
 MAX_IDS = EXPONENT_ID_BASE - VALUE_ID_BASE  # K and G below this: the ranges stay apart
 MAX_BUILD_ELEMENTS = 1024     # the largest K p4/gen.py writes a program for
+TOFINO_PIPE = "pipe."         # the Tofino compiler's prefix of every entity's name
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,7 @@ class Build:
     ids: dict[str, int]
     block: int = DEFAULT_BLOCK
     value_bits: int = DEFAULT_VALUE_BITS
+    chip: str = ""  # a Tofino build's chip (TOFINO's key); "": the v1model program
 
     @property
     def groups(self) -> int:
@@ -330,16 +332,48 @@ class Build:
 
     @property
     def state_registers(self) -> tuple[Register, ...]:
-        """The per-cell state a job reset zeroes: the slot registers and the pairs'."""
+        """The per-cell state a job reset zeroes: the slot registers and the pairs'. A
+        Tofino build's: its per-slot epoch alone (epochs are never 0, so each slot's
+        next packet finds it another run's, and its bitmaps, count, pairs and values
+        start again there)."""
+        if self.chip:
+            return (EPOCH,)
         return STATE_REGISTERS + pair_registers(self.groups)
+
+    def index(self, register: Register, version: int, slot_base: int, slot: int) -> int:
+        """Where ``register`` holds a job's slot ``slot`` of ``version``: its cell
+        (``cell``), or, for a Tofino build's per-slot registers (epoch, bitmaps), its
+        slot alone."""
+        if self.chip and register in (EPOCH, BITMAP):
+            return slot_base + slot
+        return cell(version, slot_base, slot, self.slots)
+
+
+def local_name(name: str) -> str:
+    """An entity's name as this schema writes it: the Tofino compiler prefixes its
+    pipeline's, ``pipe.``."""
+    return name.removeprefix(TOFINO_PIPE)
+
+
+def with_local_names(info: Any) -> Any:
+    """A copy of a P4Info with every entity's name as this schema writes it (local_name):
+    what p4runtime-shell looks names up in. The target knows entities by id, so the
+    P4Info pushed stays the compiler's."""
+    copy = type(info)()
+    copy.CopyFrom(info)
+    for group in (copy.tables, copy.actions, copy.counters, copy.registers):
+        for entity in group:
+            entity.preamble.name = local_name(entity.preamble.name)
+    return copy
 
 
 def read_build(info: Any) -> Build:
     """Check that a P4Info has every entity the controller and the switch use, with the
-    widths they expect; K and S from its value registers. ValueError names what is wrong."""
-    tables = {t.preamble.name: t for t in info.tables}
-    actions = {a.preamble.name: a for a in info.actions}
-    registers = {r.preamble.name: r for r in info.registers}
+    widths they expect; K and S from its value registers. ValueError names what is wrong.
+    A Tofino build's (no slot_call: p4/README.md, Tofino) is read by ``_tofino_build``."""
+    tables = {local_name(t.preamble.name): t for t in info.tables}
+    actions = {local_name(a.preamble.name): a for a in info.actions}
+    registers = {local_name(r.preamble.name): r for r in info.registers}
     ids: dict[str, int] = {}
     for table in (WORKERS, REPLICAS, MODES):
         t = tables.get(table.name)
@@ -359,6 +393,8 @@ def read_build(info: Any) -> Build:
             if have != want:
                 raise ValueError(f"action {action.name}: parameters {have}, expected {want}")
             ids[action.name] = a.preamble.id
+    if CALL.name not in registers and BITMAP.name in registers:
+        return _tofino_build(info, ids, registers)
     sizes = set()
     for reg in STATE_REGISTERS:
         r = registers.get(reg.name)
@@ -394,7 +430,54 @@ def read_build(info: Any) -> Build:
     block = build_block(k, groups)
     if len(sizes) != 1 or min(sizes) % 2:
         raise ValueError(f"the slot registers differ in size or are odd: {sorted(sizes)}")
-    for counter in info.counters:
-        if counter.preamble.name in (DROPS_COUNTER_NAME, JOB_RESULTS_COUNTER_NAME):
-            ids[counter.preamble.name] = counter.preamble.id
+    _counter_ids(info, ids)
     return Build(k, min(sizes) // 2, ids, block, value_bits)
+
+
+def _counter_ids(info: Any, ids: dict[str, int]) -> None:
+    for counter in info.counters:
+        name = local_name(counter.preamble.name)
+        if name in (DROPS_COUNTER_NAME, JOB_RESULTS_COUNTER_NAME):
+            ids[name] = counter.preamble.id
+
+
+def _tofino_build(info: Any, ids: dict[str, int], registers: dict[str, Any]) -> Build:
+    """A Tofino build's P4Info (compiled with --p4runtime-force-std-externs): per slot the
+    epoch (16 bits) and the bitmap pair; per cell the count and the values (32 bits) and
+    the pairs (16 bits); its chip from TOFINO, by K."""
+    def bits(r: Any) -> int:
+        return r.type_spec.bitstring.bit.bitwidth
+
+    epoch, bitmap = registers.get(EPOCH.name), registers[BITMAP.name]
+    count = registers.get(COUNT.name)
+    if epoch is None or bits(epoch) != 16 or count is None or bits(count) != 32:
+        raise ValueError(f"a Tofino build's P4Info needs {EPOCH.name} of 16 bits and "
+                         f"{COUNT.name} of 32")
+    slots = epoch.size
+    if bitmap.size != slots or count.size != 2 * slots:
+        raise ValueError(f"the slot registers' sizes differ: epoch {slots}, bitmap "
+                         f"{bitmap.size}, count {count.size} (2 x S)")
+    for reg in (epoch, bitmap, count):
+        ids[local_name(reg.preamble.name)] = reg.preamble.id
+    k = 0
+    while f"{VALUE_PREFIX}{k}" in registers:
+        r = registers[f"{VALUE_PREFIX}{k}"]
+        if bits(r) != 32 or r.size != 2 * slots:
+            raise ValueError(f"{VALUE_PREFIX}{k}: {bits(r)} bits, {r.size} cells; a Tofino "
+                             f"build's values are 32 bits, 2 x S cells")
+        ids[f"{VALUE_PREFIX}{k}"] = r.preamble.id
+        k += 1
+    groups = 0
+    while f"{PROPOSAL_PREFIX}{groups}" in registers:
+        groups += 1
+    for reg in pair_registers(groups):
+        r = registers.get(reg.name)
+        if r is None or bits(r) != 16:
+            raise ValueError(f"the P4Info has no register {reg.name} of 16 bits")
+        ids[reg.name] = r.preamble.id
+    chips = [b.chip for b in TOFINO.values() if b.k == k]
+    if not k or not groups or not chips:
+        raise ValueError(f"a Tofino build of K {k} and {groups} sub-blocks: no such build "
+                         f"in {sorted(TOFINO)}")
+    _counter_ids(info, ids)
+    return Build(k, slots, ids, build_block(k, groups), 32, chips[0])

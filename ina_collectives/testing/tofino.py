@@ -126,7 +126,9 @@ def compile_arguments(arch: str, out: Path | str, program: Path | str | None = N
                       ) -> list[str]:
     """The compiler's arguments for ``arch`` into folder ``out``, its P4Info inside (the
     folder ina-run's --device-config takes; p4/README.md quotes them, from the checkout's
-    root); ``program``: the source (default p4/ina_aggregator_<arch>.p4)."""
+    root); ``program``: the source (default p4/ina_aggregator_<arch>.p4). The P4Info
+    names registers and counters as P4Runtime's own entities, not Tofino's externs:
+    what p4runtime-shell, and so the controller, reads and writes."""
     return ["--target", TARGETS[arch], "--arch", arch, "-o", str(out),
-            "--p4runtime-files", f"{out}/p4info.txt",
+            "--p4runtime-files", f"{out}/p4info.txt", "--p4runtime-force-std-externs",
             str(program or f"p4/ina_aggregator_{arch}.p4")]
