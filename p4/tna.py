@@ -39,8 +39,7 @@ def _short(name: str) -> str:
 
 def program(k: int, slots: int, arch: str = "tna") -> str:
     include, target = ARCHES[arch]
-    block = k if k <= 64 else 64
-    block = S.effective_block(k, block)
+    block = S.effective_block(k, 64)  # one sub-block: the power of two K fits in
     groups = S.sub_blocks(k, block)
     drop = {name: i for i, name in enumerate(S.DROP_REASONS)}
     values, pairs = range(k), range(groups)
@@ -156,9 +155,8 @@ struct meta_t {
     bit<32> slot_index;    // slot_base + slot
     bit<32> cell;          // version x S + slot_base + slot
     bit<8>  kind;          // KIND_*: ina_classify's verdict on the header
-    bit<32> slot_over;     // slot - slot_count: its sign bit set where the slot is in range
+    bit<32> slot_room;     // slot_count - slot: positive where the slot is the job's
     bit<8>  fresh;         // the slot's epoch was another run's
-    bit<32> seen;          // this worker's bit in the cell, before this packet
     bit<32> before;        // the cell's bitmap before this packet
     bit<8>  op;
     bit<32> count;
@@ -174,9 +172,10 @@ parser IngressParserImpl(packet_in pkt, out headers_t hdr, out meta_t meta,
     state start {{
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
+        meta.reason = DROP_NONE;   // (set here, not in a stage: ina_workers may write it)
         transition parse_ethernet;
     }}
-{parse_states(k, groups, block, "pkt", "parse_ethernet")}""")
+{parse_states(k, groups, block, "pkt", "parse_ethernet", narrow=True)}""")
     w("}")
 
     admit = S.ADMIT
@@ -199,6 +198,11 @@ parser IngressParserImpl(packet_in pkt, out headers_t hdr, out meta_t meta,
             f"{min(g * block, k)}, VALUE_BITS, BLOCK, {g}, 0, _, _, _, _) : "
             f"classify(KIND_BAD_SLOT);")
     classify_entries = "\n".join(rows)
+    flip_proposals = "\n".join(f"        meta.proposal_{g} = hdr.p{g}.proposal ^ 0x8000;"
+                                for g in pairs)
+    op_entries = "\n".join(f"            ({w}, 0x{1 << w:08x} &&& 0x{1 << w:08x}) : "
+                            f"set_op(OP_READ);" for w in range(MAX_WORKERS))
+    op_size = MAX_WORKERS + 1
     classify_size = len(rows)
     w(f"""
 control IngressImpl(inout headers_t hdr, inout meta_t meta,
@@ -319,7 +323,11 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
         meta.mcast_grp = mcast_grp;
         meta.slot_index = slot_base + hdr.ina.slot;
         meta.slot_count = slot_count;
-        meta.slot_over = hdr.ina.slot - slot_count;
+        // slot_count - slot, positive where the slot is the job's (the action data
+        // first: Tofino subtracts a field, not action data); the proposals with their
+        // sign bit flipped, as the registers compare them.
+        meta.slot_room = slot_count - hdr.ina.slot;
+{flip_proposals}
     }}
 
     {_id(S.REJECT)}
@@ -444,17 +452,18 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
         size = {classify_size};
     }}
 
-    // The worker's bit in the cell before this packet, as an action (kept out of the
-    // gateway that reads it).
-    action find_seen() {{
-        meta.seen = meta.before & meta.worker_bit;
+    // The job's results counted, by job id: an action of its own, since an index from a
+    // field goes through the hash unit, which a keyless table's action may use only
+    // without action data (constants).
+    action count_result() {{
+        ina_job_results.count(hdr.ina.job_id);
     }}
 
-    table ina_seen {{
+    table ina_count_result {{
         actions = {{
-            find_seen;
+            count_result;
         }}
-        const default_action = find_seen();
+        const default_action = count_result();
         size = 1;
     }}
 
@@ -462,37 +471,38 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
         meta.op = op;
     }}
 
-    // What this packet does to its cell: counted already (read back), the cell's first
-    // (load) or a later one (add).
+    // What this packet does to its cell, from the bitmap as it was: its worker counted
+    // already (read back: one entry per worker, its bit), the cell's first (load), or a
+    // later one (add). A table, not a gateway: a gateway compares a field with a
+    // constant, not a bit of one field that another names.
     table ina_op {{
         key = {{
-            meta.seen : ternary;
+            meta.worker_id : ternary;
             meta.before : ternary;
         }}
         actions = {{
             set_op;
         }}
-        const default_action = set_op(OP_READ);
+        const default_action = set_op(OP_ADD);
         const entries = {{
-            (0 &&& 0xffffffff, 0 &&& 0xffffffff) : set_op(OP_FIRST);
-            (0 &&& 0xffffffff, _) : set_op(OP_ADD);
+{op_entries}
+            (_, 0 &&& 0xffffffff) : set_op(OP_FIRST);
         }}
-        size = 2;
+        size = {op_size};
     }}
 
     apply {{
         hdr.bridge.setValid();
         hdr.bridge.mcast_grp = 0;
-        meta.reason = DROP_NONE;
         if (!hdr.ina.isValid()) {{
             l2_forward.apply();
         }} else {{
+            // (All three in one stage: none reads what another writes.)
             ina_classify.apply();
+            ina_workers.apply();
+            ina_modes.apply();
             if (meta.kind == KIND_MALFORMED) {{
                 meta.reason = DROP_MALFORMED;
-            }} else {{
-                ina_workers.apply();
-                ina_modes.apply();
             }}
         }}
         if (meta.reason == DROP_NONE && hdr.ina.isValid()) {{
@@ -508,7 +518,8 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                 hdr.udp.length = hdr.udp.length + 8;
                 hdr.ipv4.total_len = hdr.ipv4.total_len + 8;
                 answer_from_switch();
-            }} else if (meta.kind == KIND_BAD_SLOT || meta.slot_over[31:31] == 0) {{
+            }} else if (meta.kind == KIND_BAD_SLOT || meta.slot_room[31:31] == 1
+                       || meta.slot_room == 0) {{
                 meta.reason = DROP_BAD_SLOT;
             }} else {{
                 // One pass: the slot's epoch, its bitmaps, then the cell's count, pairs
@@ -518,8 +529,6 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                 }} else {{
                     meta.cell = meta.slot_index + SLOTS;
                 }}""")
-    for g in pairs:
-        w(f"                meta.proposal_{g} = hdr.p{g}.proposal ^ 0x8000;")
     w("""                meta.fresh = epoch_check.execute(meta.slot_index);
                 if (hdr.ina.slot_version == 0) {
                     if (meta.fresh == 1) {
@@ -534,7 +543,6 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                         meta.before = bitmap_set_1.execute(meta.slot_index);
                     }
                 }
-                ina_seen.apply();
                 ina_op.apply();
                 if (meta.op == OP_FIRST) {
                     meta.count = count_first.execute(meta.cell);
@@ -576,7 +584,7 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                     hdr.udp.checksum = 0;
                     ig_tm_md.mcast_grp_a = meta.mcast_grp;
                     hdr.bridge.mcast_grp = meta.mcast_grp;
-                    ina_job_results.count(hdr.ina.job_id);
+                    ina_count_result.apply();
                 }
             }
         }
@@ -699,11 +707,17 @@ Switch(pipe) main;
     return "\n".join(out)
 
 
-def parse_states(k: int, groups: int, block: int, packet: str, first: str) -> str:
+def parse_states(k: int, groups: int, block: int, packet: str, first: str,
+                 narrow: bool = False) -> str:
     """The parser states from Ethernet to the values, written once for both
     architectures: ``first``, the Ethernet state's name (v1model's start; TNA's start
-    takes the intrinsic metadata first); ``packet``, the packet_in's name."""
+    takes the intrinsic metadata first); ``packet``, the packet_in's name. ``narrow``
+    (Tofino): the states select on the low bytes of count and blocks alone, which its
+    parser's match registers hold (K and G are below 256 there; ingress's ina_classify
+    checks the whole fields)."""
     control_bit = P.FLAG_CONTROL.bit_length() - 1
+    count = "hdr.ina.count[7:0]" if narrow else "hdr.ina.count"
+    blocks = "hdr.ina.blocks[7:0]" if narrow else "hdr.ina.blocks"
     g_last = groups - 1
     out: list[str] = []
     w = out.append
@@ -733,8 +747,8 @@ def parse_states(k: int, groups: int, block: int, packet: str, first: str) -> st
     // K), one state each; ingress checks blocks = ceil(count / B) and the UDP length.
     state parse_ina {{
         {packet}.extract(hdr.ina);
-        transition select(hdr.ina.flags[{control_bit}:{control_bit}], hdr.ina.blocks,
-                          hdr.ina.count) {{
+        transition select(hdr.ina.flags[{control_bit}:{control_bit}], {blocks},
+                          {count}) {{
             (1w1, _, 0): accept;
             (1w1, _, _): parse_control;
             (1w0, 0, _): accept;
@@ -749,7 +763,7 @@ def parse_states(k: int, groups: int, block: int, packet: str, first: str) -> st
         if g == g_last:
             w(f"""    state parse_pair_{g} {{
         {packet}.extract(hdr.p{g});
-        transition select(hdr.ina.count) {{
+        transition select({count}) {{
             0: accept;
             default: parse_value_0;
         }}
@@ -757,7 +771,7 @@ def parse_states(k: int, groups: int, block: int, packet: str, first: str) -> st
         else:
             w(f"""    state parse_pair_{g} {{
         {packet}.extract(hdr.p{g});
-        transition select(hdr.ina.blocks, hdr.ina.count) {{
+        transition select({blocks}, {count}) {{
             ({g + 1}, 0): accept;
             ({g + 1}, _): parse_value_0;
             default: parse_pair_{g + 1};
@@ -772,7 +786,7 @@ def parse_states(k: int, groups: int, block: int, packet: str, first: str) -> st
         else:
             w(f"""    state parse_value_{i} {{
         {packet}.extract(hdr.v{i});
-        transition select(hdr.ina.count) {{
+        transition select({count}) {{
             {i + 1}: accept;
             default: parse_value_{i + 1};
         }}

@@ -64,9 +64,10 @@ def unpack_tofino(data: bytes) -> TofinoConfig:
 
 
 def find_tofino_build(folder: str | Path) -> TofinoOutput:
-    """The Tofino compiler's output in ``folder`` (``p4c-barefoot -o folder``): its
-    ``.conf`` names the program and the pipeline's files; without one, the folder's
-    ``pipe/`` holds them. ControlError naming what is missing."""
+    """The Tofino compiler's output in ``folder`` (``p4c-barefoot -o folder``, then
+    ``bfas``): its ``.conf`` names the program and the pipeline's files; without one,
+    ``manifest.json`` names the program and ``pipe/`` holds the files. ControlError
+    naming what is missing."""
     folder = Path(folder)
     confs = sorted(folder.glob("*.conf"))
     program, binary, context = folder.name, None, None
@@ -83,6 +84,11 @@ def find_tofino_build(folder: str | Path) -> TofinoOutput:
         if not (binary.is_file() and context.is_file()):  # (paths relative to elsewhere)
             binary, context = folder / "pipe" / binary.name, folder / "pipe" / context.name
     else:
+        try:  # (the compiler's manifest names the program)
+            manifest = json.loads((folder / "manifest.json").read_text())
+            program = manifest["programs"][0]["program_name"].removesuffix(".p4")
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+            pass
         found = [p for p in (folder / "pipe" / "tofino.bin", folder / "pipe" / "tofino2.bin")
                  if p.is_file()]
         binary = found[0] if found else folder / "pipe" / "tofino.bin"

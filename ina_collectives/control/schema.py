@@ -159,21 +159,25 @@ class TofinoBuild:
     arch: str
     k: int
     slots: int
+    stages: int          # the chip's match-action stages per pipe (4 stateful ALUs each)
     max_workers: int = 32
     capabilities: int = 0
 
     @property
     def block(self) -> int:
-        """B: one sub-block per packet."""
-        return self.k
+        """B: one sub-block per packet (the power of two K fits in)."""
+        return effective_block(self.k, 64)
 
     @property
     def value_bits(self) -> int:
         return 32
 
 
-TOFINO = {build.chip: build for build in (TofinoBuild("tofino", "tna", 32, 4096),
-                                          TofinoBuild("tofino2", "t2na", 64, 4096))}
+# K as fitted (p4/README.md, Tofino): 5 stages before the values (the header's checks and
+# admission, the epoch, the bitmaps, the cell's op), then 4 registers a stage (the count,
+# the pair, K values), and the drop counter last.
+TOFINO = {build.chip: build for build in (TofinoBuild("tofino", "tna", 20, 4096, 12),
+                                          TofinoBuild("tofino2", "t2na", 48, 4096, 20))}
 
 
 def exponent_register(g: int) -> Register:
@@ -327,8 +331,18 @@ class Build:
 
     @property
     def registers(self) -> tuple[Register, ...]:
-        """Every register of the build (what the software switch serves)."""
+        """Every register of the build the software switch serves: a Tofino build's, its
+        per-slot epoch, the pairs and the values (its bitmaps and count, which no
+        controller writes, are the aggregator's own)."""
+        if self.chip:
+            return ((EPOCH, *pair_registers(self.groups),
+                     *(value_register(i, 32) for i in range(self.k))))
         return build_registers(self.k, self.block, self.value_bits)
+
+    def per_slot(self, register: Register) -> bool:
+        """Whether ``register`` holds one entry per slot (a Tofino build's epoch and
+        bitmaps), not one per cell (slot and version)."""
+        return bool(self.chip) and register in (EPOCH, BITMAP)
 
     @property
     def state_registers(self) -> tuple[Register, ...]:
@@ -344,7 +358,7 @@ class Build:
         """Where ``register`` holds a job's slot ``slot`` of ``version``: its cell
         (``cell``), or, for a Tofino build's per-slot registers (epoch, bitmaps), its
         slot alone."""
-        if self.chip and register in (EPOCH, BITMAP):
+        if self.per_slot(register):
             return slot_base + slot
         return cell(version, slot_base, slot, self.slots)
 

@@ -77,7 +77,7 @@ class Target:
         self.jobs: dict[int, ManagedJob] = {}
         self.primary: tuple[int, int] | None = None      # the primary's election id
         self.streams: dict[int, tuple[int, int]] = {}
-        self._register_map: tuple[S.Build, dict[int, tuple[Any, int]]] | None = None
+        self._register_map: tuple[S.Build, dict[int, tuple[Any, int, bool]]] | None = None
 
     # -- arbitration ---------------------------------------------------------------
 
@@ -133,8 +133,14 @@ class Target:
             self._clear()
             self.config, self.build = request.config, build
             self.tables = {t.preamble.id: {} for t in request.config.p4info.tables}
-            log.info("pipeline set: K %d, S %d, B %d, %d-bit values", build.k, build.slots,
-                     build.block, build.value_bits)
+            # A Tofino build's P4Info: the switch serves as that build would (its
+            # capabilities, protocol.CAP_*), as ina-switch --like does.
+            from .._fast.switch_loop import FEATURES
+            self.aggregator.features = (S.TOFINO[build.chip].capabilities if build.chip
+                                        else FEATURES)
+            log.info("pipeline set: K %d, S %d, B %d, %d-bit values%s", build.k,
+                     build.slots, build.block, build.value_bits,
+                     f", as the {build.chip} build" if build.chip else "")
         elif action == A.COMMIT:
             if self.config is None:
                 raise P4RuntimeError(code_pb2.FAILED_PRECONDITION, "no saved pipeline to commit")
@@ -452,13 +458,15 @@ class Target:
 
     # -- registers and counters --------------------------------------------------------
 
-    def _registers(self) -> dict[int, tuple[Any, int]]:
-        """register id -> (what the aggregator calls it, bit width): "bitmap", "count",
-        "chunk", "epoch", ("exponent", g), ("proposal", g) (16 bits), or the element
-        index of a value register (V bits)."""
+    def _registers(self) -> dict[int, tuple[Any, int, bool]]:
+        """register id -> (what the aggregator calls it, bit width, per slot): "bitmap",
+        "count", "chunk", "epoch", ("exponent", g), ("proposal", g) (16 bits), or the
+        element index of a value register (V bits); per slot: one entry for both
+        versions' cells (a Tofino build's epoch)."""
         build = self._need_pipeline()
         if self._register_map is None or self._register_map[0] is not build:
-            self._register_map = (build, {build.ids[reg.name]: (reg.state, reg.bits)
+            self._register_map = (build, {build.ids[reg.name]: (reg.state, reg.bits,
+                                                                 build.per_slot(reg))
                                           for reg in build.registers})
         return self._register_map[1]
 
@@ -478,18 +486,20 @@ class Target:
         registers = self._registers()
         if entry.register_id not in registers:
             raise P4RuntimeError(code_pb2.NOT_FOUND, f"no register with id {entry.register_id}")
-        what, bits = registers[entry.register_id]
+        what, bits, per_slot = registers[entry.register_id]
         if entry.data.WhichOneof("data") != "bitstring":
             raise P4RuntimeError(code_pb2.INVALID_ARGUMENT, "register data must be a bitstring")
         value = _bits_value(S.canonical(entry.data.bitstring), bits, f"register {what}")
-        for index in self._register_indices(entry):
-            owner = self._owner(index)
-            if owner is not None:  # cells of no installed job hold nothing: always 0
-                self.aggregator.set_cell(owner[0], owner[1], what, value)
+        for index in self._register_indices(entry, per_slot):
+            for cell in ((index, index + self.build.slots) if per_slot else (index,)):
+                owner = self._owner(cell)
+                if owner is not None:  # cells of no installed job hold nothing: always 0
+                    self.aggregator.set_cell(owner[0], owner[1], what, value)
 
-    def _register_indices(self, entry: Any) -> list[int] | range:
-        """The cells a register entry names: its index, or every cell if it has none."""
-        cells = 2 * self.build.slots
+    def _register_indices(self, entry: Any, per_slot: bool = False) -> list[int] | range:
+        """The entries a register entry names: its index, or every entry if it has none
+        (a cell's, or a slot's where ``per_slot``)."""
+        cells = self.build.slots if per_slot else 2 * self.build.slots
         if not entry.HasField("index"):
             return range(cells)
         if not 0 <= entry.index.index < cells:
@@ -503,8 +513,8 @@ class Target:
         for rid in ids:
             if rid not in registers:
                 raise P4RuntimeError(code_pb2.NOT_FOUND, f"no register with id {rid}")
-            what, bits = registers[rid]
-            for index in self._register_indices(entry):
+            what, bits, per_slot = registers[rid]
+            for index in self._register_indices(entry, per_slot):
                 owner = self._owner(index)
                 value = 0 if owner is None else self.aggregator.get_cell(owner[0], owner[1],
                                                                           what)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -75,9 +76,19 @@ class TofinoBuild:
     arch: str
     target: str
     program: Path   # the program compiled (p4/ina_aggregator_<arch>.p4)
-    out: Path       # the compiler's output folder
+    out: Path       # the compiler's output folder (pipe/: the .bfa, context.json, the binary)
     p4info: Path    # the P4Info text it wrote
-    log: str        # its stdout and stderr
+    log: str        # its stdout and stderr, then the assembler's
+
+    def stages(self) -> int:
+        """The ingress stages the program uses (from the assembly)."""
+        bfa = (self.out / "pipe" / f"{self.program.stem}.bfa").read_text()
+        return len(set(re.findall(r"^stage (\d+) ingress:", bfa, re.M)))
+
+    def stateful_alus(self) -> int:
+        """The stateful ALUs (one per register) the program uses."""
+        bfa = (self.out / "pipe" / f"{self.program.stem}.bfa").read_text()
+        return len(re.findall(r"^  stateful ", bfa, re.M))
 
 
 _lock = threading.Lock()
@@ -115,6 +126,17 @@ def compile_tofino(arch: str, compiler: Compiler | None = None,
         if proc.returncode != 0:
             raise RuntimeError(f"{COMPILER} --target {target} --arch {arch} failed "
                                f"({proc.returncode}) on {program}:\n{log[-6000:]}")
+        # The assembler makes the pipeline's binary, and refuses a program that uses more
+        # stages than the chip has: what "fitted" means here.
+        pipe = work / "out" / "pipe"
+        asm = subprocess.run([str(Path(compiler.path).with_name("bfas")), "--no-warn",
+                              "--target", target, "--table-handle-offset0", "-o", str(pipe),
+                              str(pipe / f"{program.stem}.bfa")],
+                             env=compiler.env, capture_output=True, text=True, timeout=300)
+        log += asm.stdout + asm.stderr
+        if asm.returncode != 0:
+            raise RuntimeError(f"bfas --target {target} refused {program.stem}.bfa "
+                               f"({asm.returncode}):\n{(asm.stdout + asm.stderr)[-3000:]}")
         (work / "log.txt").write_text(log)
         shutil.rmtree(where, ignore_errors=True)
         work.rename(where)
