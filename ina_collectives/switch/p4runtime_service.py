@@ -34,6 +34,8 @@ from .. import protocol as P
 from ..control import schema as S
 from ..errors import P4RuntimeError
 
+MAX_MESSAGE_BYTES = 64 << 20  # the largest P4Runtime request taken (a pipeline push)
+
 log = logging.getLogger("ina_collectives.p4runtime")
 
 API_VERSION = "1.4.1"
@@ -689,8 +691,11 @@ class Server:
 
     def __init__(self, target: Target, run: Callable[[Callable[[], Any], str], Any],
                  host: str, port: int):
+        # A Tofino build's device config (its context.json, several MiB) is over gRPC's
+        # default 4 MiB per message.
         self.server = grpc.server(futures.ThreadPoolExecutor(
-            max_workers=8, thread_name_prefix="p4runtime"))
+            max_workers=8, thread_name_prefix="p4runtime"),
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(Servicer(target, run), self.server)
         self.port = self.server.add_insecure_port(f"{host}:{port}")
         if not self.port:

@@ -105,3 +105,35 @@ def test_the_tofino_program_compiles_fits_and_its_p4info_has_the_schemas_names_a
     assert (found.chip, found.program) == (chip.chip, f"ina_aggregator_{arch}")
     assert pipeline.unpack_tofino(pipeline.device_config(build.out, chip.chip)).binary == (
         found.binary.read_bytes())
+
+
+@pytest.mark.tofino
+@needs_compiler
+def test_the_controller_pushes_a_tofino_build_and_installs_a_job_on_a_p4runtime_target(
+        p4runtime_switch):
+    """The compiler's output folder as ina-run's --device-config: the controller packs
+    it, pushes it with its P4Info to a P4Runtime target (the software switch's), reads it
+    as the Tofino 1 build, installs a job (its slots' epochs reset through the per-slot
+    register) and tears it down; the target then serves as that build (capabilities 0)."""
+    import socket
+
+    from ina_collectives import protocol as P
+    from ina_collectives.control import Controller, JobSpec, Worker
+
+    build = tofino.compile_tofino("tna")
+    with Controller(p4runtime_switch.p4runtime_address, None, build.out, push="always",
+                    target="tofino", timeout=10) as controller:
+        assert (controller.build.chip, controller.build.k) == ("tofino", S.TOFINO["tofino"].k)
+        job = JobSpec(77, [Worker("127.0.0.1", 40001), Worker("127.0.0.1", 40002)], slots=4,
+                      slot_base=2)
+        controller.configure(job)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.settimeout(5)
+                sock.sendto(P.control_packet(0, 0, [P.CTRL_PROBE]),
+                            (p4runtime_switch.host, p4runtime_switch.port))
+                reply, _ = sock.recvfrom(1024)
+            caps = int.from_bytes(reply[P.HEADER_BYTES + 8:P.HEADER_BYTES + 12], "big")
+            assert caps == S.TOFINO["tofino"].capabilities
+        finally:
+            controller.teardown(job)
