@@ -764,8 +764,9 @@ def test_the_runtime_opens_each_call_of_a_cycle_and_rescues_across_them():
     """Two calls in one cycle (docs/protocol.md, A call's opening): each opens through the
     switch and ends without a vote, the first because the second's opening is a gate. A
     rank deaf from the first call's stream on: the other holds every result and opens
-    the second; both end in the rescue, the first call's bits come from the kept window
-    and the second call takes the ring. Same bits on both ranks, exact sums."""
+    the second; the deaf rank takes the first call's bits from the other's kept window
+    (ina/windows.py: it asks for it directly), both end the second in the rescue, which
+    takes the ring. Same bits on both ranks, exact sums."""
     from ina_collectives.switch.embedded import embedded_switch
     count = 5000
     with embedded_switch() as sw:
@@ -781,7 +782,7 @@ def test_the_runtime_opens_each_call_of_a_cycle_and_rescues_across_them():
         assert out["switch"]["outages"] == 1, out["switch"]
     for i in range(2):
         assert results[0]["deaf"][i].tobytes() == results[1]["deaf"][i].tobytes()
-    assert results[1]["switch"]["rescued_calls"] == 1, results[1]["switch"]
+    assert results[1]["switch"]["peer_completed_calls"] == 1, results[1]["switch"]
     assert results[0]["switch"]["failed_openings"] == 1, results[0]["switch"]
 
 

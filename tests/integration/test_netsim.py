@@ -150,7 +150,9 @@ def test_the_training_benchmark_runs_end_to_end_and_writes_its_records(tmp_path)
                          ("ina", "priority", 0, "none")}
     reference = data["one_process_loss"]
     for key, r in runs.items():
-        assert len(r["step_times"]) == r["steps"] and 0 < r["cpu_utilisation"] <= 1, key
+        # (the machine's CPU share, read from /proc/stat in 10 ms jiffies: a run of a few
+        # tens of ms may count none busy)
+        assert len(r["step_times"]) == r["steps"] and 0 <= r["cpu_utilisation"] <= 1, key
         assert [done for done, _, _ in r["losses"]] == list(range(1, r["steps"] + 1)), key
         if not r["quorum"]:  # the same data and the same averaged gradients
             assert abs(r["losses"][-1][2] - reference) <= 0.01 * reference, (key, r["losses"])
