@@ -339,15 +339,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             // Probe: an installed worker checks its entry; the answer is [PROBE, 0,
             // CAPABILITIES] (int32 values, whatever V is): the program takes openings.
             if (hdr.ina.count == 1 && hdr.c0.isValid() && hdr.c0.v == CTRL_PROBE) {{
-                hdr.ina.flags = FLAG_CONTROL | FLAG_RESULT;
-                hdr.ina.count = 3;
-                hdr.c1.setValid();
-                hdr.c1.v = 0;
-                hdr.c2.setValid();
-                hdr.c2.v = CAPABILITIES;
-                hdr.udp.length = hdr.udp.length + 8;
-                hdr.ipv4.total_len = hdr.ipv4.total_len + 8;
-                answer_from_switch();
+{tna.probe_answer()}
                 standard_metadata.egress_spec = standard_metadata.ingress_port;
             }} else {{
                 reason = DROP_MALFORMED;      // join/leave/faults: the software switch's

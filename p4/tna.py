@@ -509,15 +509,7 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
             if (hdr.ina.worker_id != meta.worker_id) {{
                 meta.reason = DROP_UNKNOWN_WORKER;
             }} else if (meta.kind == KIND_PROBE) {{
-                hdr.ina.flags = FLAG_CONTROL | FLAG_RESULT;
-                hdr.ina.count = 3;
-                hdr.c1.setValid();
-                hdr.c1.v = 0;
-                hdr.c2.setValid();
-                hdr.c2.v = CAPABILITIES;
-                hdr.udp.length = hdr.udp.length + 8;
-                hdr.ipv4.total_len = hdr.ipv4.total_len + 8;
-                answer_from_switch();
+{probe_answer()}
             }} else if (meta.kind == KIND_BAD_SLOT || meta.slot_room[31:31] == 1
                        || meta.slot_room == 0) {{
                 meta.reason = DROP_BAD_SLOT;
@@ -705,6 +697,16 @@ Pipeline(IngressParserImpl(), IngressImpl(), IngressDeparserImpl(),
 Switch(pipe) main;
 """)
     return "\n".join(out)
+
+
+def probe_answer(indent: str = " " * 16) -> str:
+    """A probe's answer, written once for both architectures: [PROBE, 0, CAPABILITIES]
+    (int32 values, whatever V is), back to the worker from the switch."""
+    lines = ["hdr.ina.flags = FLAG_CONTROL | FLAG_RESULT;", "hdr.ina.count = 3;",
+             "hdr.c1.setValid();", "hdr.c1.v = 0;", "hdr.c2.setValid();",
+             "hdr.c2.v = CAPABILITIES;", "hdr.udp.length = hdr.udp.length + 8;",
+             "hdr.ipv4.total_len = hdr.ipv4.total_len + 8;", "answer_from_switch();"]
+    return "\n".join(indent + line for line in lines)
 
 
 def parse_states(k: int, groups: int, block: int, packet: str, first: str,

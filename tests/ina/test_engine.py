@@ -26,6 +26,22 @@ def settings_for(sw, **more) -> Settings:
                     **more)
 
 
+def gated_engine(comm, sw) -> InaEngine:
+    """An engine whose next collective is a gate (vote-free calls), opening by MPI, a
+    silence bound of 0.5 s."""
+    errors = ErrorPath(comm, 10.0)
+    errors.set_gate(lambda: 4)
+    return InaEngine(comm, settings_for(sw, switch_silence=0.5, switch_opening=False),
+                     errors)
+
+
+def deafen(engine: InaEngine) -> None:
+    """The engine's link takes datagrams from a dead address only: no result reaches it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dead:
+        dead.bind(("127.0.0.1", 0))
+        engine.link.sock.connect(dead.getsockname())
+
+
 def test_a_call_through_the_switch_ends_by_the_vote_alike_on_every_rank():
     count = 70_001
     with switch_thread() as sw:
@@ -59,17 +75,12 @@ def test_a_rank_that_lost_a_vote_free_calls_results_completes_it_from_the_others
     with switch_thread() as sw:
         def rank(comm):
             r = comm.Get_rank()
-            errors = ErrorPath(comm, 10.0)
-            errors.set_gate(lambda: 4)
-            engine = InaEngine(comm, settings_for(sw, switch_silence=0.5,
-                                                  switch_opening=False), errors)
+            engine = gated_engine(comm, sw)
             try:
                 if r == 0:
                     engine.windows.close()
                 if r == 1:
-                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dead:
-                        dead.bind(("127.0.0.1", 0))
-                        engine.link.sock.connect(dead.getsockname())
+                    deafen(engine)
                 x = np.arange(count, dtype=np.float32) * (r + 1)
                 handed = engine.run(AllreduceCall(None, x, Op.SUM), Deadline(10.0))
                 if r == 0:  # the next gate
@@ -103,15 +114,10 @@ def test_a_rank_that_lost_results_takes_them_from_a_peer_in_its_own_collective()
     with switch_thread() as sw:
         def rank(comm):
             r = comm.Get_rank()
-            errors = ErrorPath(comm, 10.0)
-            errors.set_gate(lambda: 4)
-            engine = InaEngine(comm, settings_for(sw, switch_silence=0.5,
-                                                  switch_opening=False), errors)
+            engine = gated_engine(comm, sw)
             try:
                 if r == 1:
-                    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dead:
-                        dead.bind(("127.0.0.1", 0))
-                        engine.link.sock.connect(dead.getsockname())
+                    deafen(engine)
                 x = np.arange(count, dtype=np.float32) * (r + 1)
                 handed = engine.run(AllreduceCall(None, x, Op.SUM), Deadline(10.0))
                 mine = np.full(1, r, np.int64)  # the program's own collective

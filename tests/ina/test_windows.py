@@ -55,4 +55,7 @@ def test_a_host_that_is_no_peer_is_not_answered_and_the_wait_is_bounded(servers)
     server.peers = {"127.0.0.2"}
     begun = time.monotonic()
     assert fetch_window([("127.0.0.1", server.port)], 7, np.float32, 0.3) is None
-    assert time.monotonic() - begun < 1.0 and server.answered == 0
+    waited = time.monotonic() - begun
+    # (its bound, and one last wait of at most 0.5 s begun before it: slack for a busy
+    # machine on top)
+    assert 0.3 <= waited < 0.3 + 0.5 + 2.0 and server.answered == 0, waited
