@@ -63,13 +63,14 @@ def quantize(x, exps, int n, Py_ssize_t k, Py_ssize_t b=P.DEFAULT_BLOCK, int bit
     cdef const int16_t[::1] e = np.ascontiguousarray(exps, np.int16)
     cdef Py_ssize_t count = x.size, itemsize = x.itemsize, c, start
     cdef Py_ssize_t g = ref.sub_blocks_per_chunk(k, b), width = bits // 8
+    cdef Format f = Format(kind=kind, k=k, b=b, bits=bits, n=n, average=False)
     if count == 0:
         return out
     with nogil:
         for c in range((count + k - 1) // k):
             start = c * k
-            quantize_chunk(<const char *>&raw[start * itemsize], min(k, count - start), kind,
-                           b, &e[c * g], n, bits, <char *>&q[start * width])
+            quantize_chunk(<const char *>&raw[start * itemsize], min(k, count - start), &f,
+                           &e[c * g], <char *>&q[start * width])
     return out
 
 
@@ -91,12 +92,12 @@ def dequantize(q, exps, int n, Py_ssize_t k, out, bint average=False,
     cdef const int16_t[::1] e = np.ascontiguousarray(exps, np.int16)
     cdef Py_ssize_t count = out.size, itemsize = target.itemsize, c, start
     cdef Py_ssize_t g = ref.sub_blocks_per_chunk(k, b), width = bits // 8
+    cdef Format f = Format(kind=kind, k=k, b=b, bits=bits, n=n, average=average)
     if count:
         with nogil:
             for c in range((count + k - 1) // k):
                 start = c * k
                 dequantize_chunk(<const char *>&qv[start * width], min(k, count - start),
-                                 kind, b, &e[c * g], n, average, bits,
-                                 <char *>&raw[start * itemsize])
+                                 &f, &e[c * g], <char *>&raw[start * itemsize])
     if target is not out:
         out[...] = target

@@ -41,6 +41,16 @@ cdef enum Kind:
     KIND_F64 = 1
     KIND_I32 = 2
 
+# How a tensor's values go on the wire, fixed for a call: the element type, chunks of k
+# values (a packet's), sub-blocks of b (one exponent each), values ``bits`` wide, the n
+# workers a sum may hold (the headroom), and whether a result is an AVERAGE (divided by
+# the workers it counted).
+cdef struct Format:
+    Kind kind
+    Py_ssize_t k, b
+    int bits, n
+    bint average
+
 # Sub-blocks handled per kernel call: their scales or peaks live on the stack.
 cdef enum:
     PIECE = 256
@@ -112,11 +122,13 @@ cdef inline bint chunk_proposals(const char *x, Py_ssize_t count, Kind kind, Py_
     return nonfinite
 
 
-cdef inline void quantize_chunk(const char *x, Py_ssize_t count, Kind kind, Py_ssize_t b,
-                                const int16_t *exps, int n, int bits,
-                                char *out) noexcept nogil:
-    """A chunk's count values into out (network order, ``bits`` wide), sub-block j scaled
-    by its agreed exponent exps[j]."""
+cdef inline void quantize_chunk(const char *x, Py_ssize_t count, const Format *f,
+                                const int16_t *exps, char *out) noexcept nogil:
+    """A chunk's count values into out (network order, ``f.bits`` wide), sub-block j
+    scaled by its agreed exponent exps[j]."""
+    cdef Kind kind = f.kind
+    cdef Py_ssize_t b = f.b
+    cdef int n = f.n, bits = f.bits
     cdef double scales[PIECE]
     cdef Py_ssize_t start = 0, span, j, blocks
     if kind == KIND_I32:
@@ -143,12 +155,16 @@ cdef inline void quantize_chunk(const char *x, Py_ssize_t count, Kind kind, Py_s
         start += span
 
 
-cdef inline void dequantize_chunk(const char *q, Py_ssize_t count, Kind kind, Py_ssize_t b,
-                                  const int16_t *exps, int n, bint average, int bits,
-                                  char *out, int counted=0) noexcept nogil:
-    """A chunk's aggregated values (network order, ``bits`` wide) into out, sub-block j
+cdef inline void dequantize_chunk(const char *q, Py_ssize_t count, const Format *f,
+                                  const int16_t *exps, char *out,
+                                  int counted=0) noexcept nogil:
+    """A chunk's aggregated values (network order, ``f.bits`` wide) into out, sub-block j
     times 2**-shift of exps[j] (and, for AVERAGE, 1 / the workers counted: ``counted``,
     or n if 0), one rounding to out's type."""
+    cdef Kind kind = f.kind
+    cdef Py_ssize_t b = f.b
+    cdef int n = f.n, bits = f.bits
+    cdef bint average = f.average
     cdef double scales[PIECE]
     cdef Py_ssize_t start = 0, span, j, blocks
     if kind == KIND_I32:

@@ -52,16 +52,17 @@ cdef int receive_batch(int fd, mmsghdr *msgs, int count) except -1 nogil:
     return got if got > 0 else 0
 
 
-def replay_workers(int[::1] fds, uint32_t addr_be, uint16_t port_be, uint8_t[:, ::1] rows,
-                   int32_t length, int n, int slots, double seconds, bint gso=False):
-    """n workers (one socket each) stream chunks through the switch, S in flight, each
+def replay_workers(int[::1] fds, tuple switch, uint8_t[:, ::1] rows, int32_t length, int n,
+                   int slots, double seconds, bint gso=False):
+    """n workers (one socket each) stream chunks through the switch at ``switch``
+    (protocol.sockaddr_be's (address, port) in network order), S in flight, each
     slot refilled when worker 0 gets its result. rows[w * S + s] is worker w's packet for
     slot s. The refills a batch of results frees leave per worker in one go: with
     UDP_SEGMENT if ``gso``, else sendmmsg (results coalesced by UDP_GRO are split).
     Returns (chunks completed, seconds, send system calls)."""
     import numpy as np
     cdef sockaddr_in to
-    set_sockaddr(&to, addr_be, port_be)
+    set_sockaddr(&to, switch[0], switch[1])
     cdef uint8_t[:, ::1] inbox = np.empty((BATCH, 65536), np.uint8)
     cdef mmsghdr msgs[BATCH]
     cdef iovec iovs[BATCH]

@@ -155,9 +155,7 @@ cdef struct Call:  # one stream's or opening's progress, bounds and counts
     const char *x
     char *out
     Py_ssize_t size, nb, g
-    Kind kind
-    int bits
-    bint average
+    Format fmt             # its values' format (the link's k, b and n, the call's rest)
     int16_t *local
     int16_t *agreed
     uint8_t *done          # per chunk: its result applied
@@ -285,12 +283,12 @@ cdef class Result:
 
     def __init__(self, int status=DONE, dict counters=None, missing=None,
                  counted_all=~0, counted_any=~0, int64_t mode=0, int error=0,
-                 str failed_call="", str reason=""):
+                 str failed_call=""):
         self.status = status
         self.counters = {} if counters is None else counters
         self.missing = np.zeros(0, np.int64) if missing is None else missing
         self.counted_all, self.counted_any, self.mode = counted_all, counted_any, mode
-        self.error, self.failed_call, self.reason = error, failed_call, reason
+        self.error, self.failed_call, self.reason = error, failed_call, ""
 
     @property
     def ok(self) -> bool:
@@ -306,8 +304,9 @@ cdef class Result:
 @cython.final
 cdef class Link:
     """One worker's data path to one aggregator, for one job: the socket (``fd``, bound
-    and owned by the caller, WorkerLink) and the switch's address; the job's format (K,
-    B, value bits, n, job, worker, epoch); and the state that lasts from call to call:
+    and owned by the caller, WorkerLink) and the switch's address; the job's format
+    (``fmt``, a protocol.JobFormat: job, n, K, B, value bits), the worker, the epoch;
+    and the state that lasts from call to call:
     each slot's version, the streams' and the openings' RTT estimates, the packet number
     of the next new packet and whether the aggregator NACKs (``nacking``), whether new
     packets may leave with UDP_SEGMENT (``gso``), and the window (one Slot per slot) with
@@ -353,21 +352,18 @@ cdef class Link:
     cdef bint drain_due
     cdef object drain_error
 
-    def __cinit__(self, int fd, uint32_t switch_addr_be, uint16_t switch_port_be, int job,
-                  int worker, int n, Py_ssize_t k, Py_ssize_t slots,
-                  Py_ssize_t block=P.DEFAULT_BLOCK, int value_bits=32, int epoch=0,
-                  bint gso=True):
+    def __cinit__(self, int fd, uint32_t switch_addr_be, uint16_t switch_port_be, fmt,
+                  int worker, Py_ssize_t slots, int epoch=0, bint gso=True):
         cdef Py_ssize_t j
-        P.check_format(block, value_bits)
-        if k < 1 or slots < 1:
-            raise ValueError(f"a link needs K >= 1 and S >= 1, not K {k}, S {slots}")
+        if slots < 1:
+            raise ValueError(f"a link needs S >= 1, not {slots}")
         self.fd = fd
         set_sockaddr(&self.to, switch_addr_be, switch_port_be)
-        self.job, self.worker, self.n, self.value_bits = job, worker, n, value_bits
-        self.k, self.block = k, block
-        self.groups = P.sub_blocks(k, block)
+        self.job, self.worker, self.n = fmt.job, worker, fmt.n
+        self.k, self.block, self.value_bits = fmt.k, fmt.block, fmt.value_bits
+        self.groups = P.sub_blocks(self.k, self.block)
         # Wide enough for the widest values a call may ask for (value_bits_for).
-        self.row_width = P.packet_bytes(k, block, max(P.VALUE_BITS))
+        self.row_width = P.packet_bytes(self.k, self.block, max(P.VALUE_BITS))
         self.epoch = epoch
         self.gso = 1 if gso else 0
         self.pfd.fd = fd
@@ -649,8 +645,8 @@ cdef class Link:
         c.ident = ident
         c.learn = &learn[0] if learn is not None else NULL
         c.x, c.out, c.size, c.nb, c.g = <const char *>&xin[0], <char *>&xout[0], size, nb, g
-        c.kind = KIND_F64 if x.dtype == np.float64 else KIND_F32
-        c.bits, c.average = bits, average
+        c.fmt = Format(kind=KIND_F64 if x.dtype == np.float64 else KIND_F32, k=self.k,
+                       b=self.block, bits=bits, n=self.n, average=average)
         c.local, c.agreed = &local[0], &agreed[0]
         done_arr = np.zeros(nb, np.uint8)
         cdef uint8_t[::1] done = done_arr
@@ -1101,12 +1097,12 @@ cdef class Link:
         cdef Py_ssize_t s = chunk % slots, size = c.size
         cdef Py_ssize_t blocks = (min(k, size - chunk * k) + self.block - 1) // self.block
         cdef bint fits = True
-        cdef Py_ssize_t start, width = kind_itemsize(c.kind)
+        cdef Py_ssize_t start, width = kind_itemsize(c.fmt.kind)
         cdef uint8_t *row = self.rows + s * self.row_width
         cdef Lazy *lazy = &c.lazy
         while lazy.have < nb and lazy.have <= chunk + slots:  # its own and the proposals'
             start = lazy.have * k
-            if chunk_proposals(c.x + start * width, min(k, size - start), c.kind,
+            if chunk_proposals(c.x + start * width, min(k, size - start), c.fmt.kind,
                                self.block, lazy.floor, g, &c.local[lazy.have * g]):
                 lazy.nonfinite = True
             lazy.have += 1
@@ -1130,11 +1126,12 @@ cdef class Link:
             for j in range(blocks):
                 mine[j] = max(c.agreed[chunk * g + j], c.local[chunk * g + j])
             exponents = mine
-        self.window[s].length = <int32_t>write_packet(
-            row, c.x, size, c.kind, chunk, k, self.block, c.bits, self.n,
-            exponents, proposals, <uint32_t>s, self.window[s].version, self.job,
-            self.worker, FLAG_PREDICTED if predicted else 0, self._epoch, c.number,
-            c.quorum)
+        cdef Stamp h = Stamp(slot=<uint32_t>s, slot_version=self.window[s].version,
+                             job=self.job, worker=self.worker,
+                             flags=FLAG_PREDICTED if predicted else 0, epoch=self._epoch,
+                             call=c.number, quorum=c.quorum)
+        self.window[s].length = <int32_t>write_packet(row, c.x, size, &c.fmt, chunk,
+                                                      exponents, proposals, &h)
         if predicted:
             put64(row + OFF_CONTRIBUTORS, c.ident)
         self.window[s].predicted = predicted
@@ -1218,8 +1215,8 @@ cdef class Link:
                     and ver == use_version(w.first_version, chunk, slots))):
             c.stale += 1
             return
-        if parse_result(pkt, length, c.out, c.size, c.kind, k, self.block, c.bits, self.n,
-                        c.average, self.job, -32767, 32767) != PARSE_OK:
+        if parse_result(pkt, length, c.out, c.size, &c.fmt, self.job, -32767,
+                        32767) != PARSE_OK:
             c.rejected += 1
             return
         c.done[chunk] = 1
@@ -1232,8 +1229,8 @@ cdef class Link:
                 for j in range(get16(pkt + OFF_BLOCKS)):
                     c.learn[(slots + s) * g + j] = <int16_t>get16(pkt + HEADER + PAIR * j + 2)
         if chunk + 1 < nb:  # where the next result goes, fetched meanwhile
-            ina_prefetch(c.out + (chunk + 1) * k * kind_itemsize(c.kind),
-                         min(k, c.size - (chunk + 1) * k) * kind_itemsize(c.kind), 1)
+            ina_prefetch(c.out + (chunk + 1) * k * kind_itemsize(c.fmt.kind),
+                         min(k, c.size - (chunk + 1) * k) * kind_itemsize(c.fmt.kind), 1)
         counted = get64(pkt + OFF_CONTRIBUTORS)
         if counted:  # (an aggregator that names none counted all)
             c.counted_all &= counted

@@ -43,7 +43,7 @@ def worker_path(k: int, seconds: float, slots: int = 64, chunks: int = 20_000) -
     port = loads.free_port()
     server = loads.start(f"echo(fd, {seconds + 30})", port, gro=True)
     try:
-        link = WorkerLink(("127.0.0.1", port), 1, 0, 1, k, slots)
+        link = WorkerLink(("127.0.0.1", port), P.JobFormat(1, 1, k), 0, slots)
         fast = kernels.load("fast")
         x = np.random.default_rng(0).standard_normal(k * chunks).astype(np.float32)
         local, _ = fast.block_exponents(x, k)

@@ -45,8 +45,8 @@ def switch_rate(n: int, k: int, bits: int, seconds: float, gso: bool = False,
         def replay(feed: tuple) -> tuple:
             links, rows, address, job = feed
             fds = np.array([link.sock.fileno() for link in links], np.int32)
-            return loadgen.replay_workers(fds, *P.sockaddr_be(address), rows, rows.shape[1],
-                                          n, SLOTS, seconds, gso)
+            return loadgen.replay_workers(fds, P.sockaddr_be(address), rows, rows.shape[1], n,
+                                          SLOTS, seconds, gso)
 
         with ThreadPoolExecutor(len(feeds)) as pool:
             outcomes = list(pool.map(replay, feeds))
@@ -63,7 +63,8 @@ def switch_rate(n: int, k: int, bits: int, seconds: float, gso: bool = False,
 
 def _feed(address: tuple[str, int], job: int, n: int, k: int, bits: int) -> tuple:
     """n workers joined to ``job`` at one aggregator, and their packets (one per slot)."""
-    links = [WorkerLink(address, job, w, n, k, SLOTS, value_bits=bits) for w in range(n)]
+    links = [WorkerLink(address, P.JobFormat(job, n, k, value_bits=bits), w, SLOTS)
+             for w in range(n)]
     for link in links:
         link.join(5.0)
     rows = np.zeros((n * SLOTS, P.packet_bytes(k, P.DEFAULT_BLOCK, bits)), np.uint8)

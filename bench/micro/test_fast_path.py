@@ -53,8 +53,8 @@ def results(tensor, ring, bits):
     """The ring filled with result packets, as the switch would send them back."""
     fast, k = BACKENDS["fast"], k_for(bits)
     exps, _ = fast.block_exponents(tensor, k, BLOCK)
-    lengths = fast.pack_chunks(tensor, k, N_WORKERS, exps, exps, 0, ring.shape[0], ring,
-                               SLOTS, 0, 1, 0, block=BLOCK, value_bits=bits)
+    lengths = fast.pack_chunks(tensor, P.JobFormat(1, N_WORKERS, k, BLOCK, bits), exps, exps,
+                               0, ring.shape[0], ring, P.Stamp(0, SLOTS))
     ring[:, P.OFF_FLAGS] |= P.FLAG_RESULT
     return ring.copy(), lengths
 
@@ -70,8 +70,8 @@ def _quantize(backend, tensor, ring, bits):
     k = k_for(bits)
     exps, nonfinite = backend.block_exponents(tensor, k, BLOCK)
     assert not nonfinite
-    return backend.pack_chunks(tensor, k, N_WORKERS, exps, exps, 0, ring.shape[0], ring,
-                               SLOTS, 0, 1, 0, block=BLOCK, value_bits=bits)
+    return backend.pack_chunks(tensor, P.JobFormat(1, N_WORKERS, k, BLOCK, bits), exps, exps,
+                               0, ring.shape[0], ring, P.Stamp(0, SLOTS))
 
 
 @pytest.mark.benchmark(group="quantize-64MiB")
@@ -105,8 +105,8 @@ def test_dequantize(benchmark, tensor, results, bits, name):
     benchmark.name = f"test_dequantize_int{bits}_{name}"
     rows, lengths = results
     out = np.empty_like(tensor)
-    status = benchmark(BACKENDS[name].unpack_results, rows, lengths, out, N_WORKERS,
-                       k_for(bits), 1, False, BLOCK, bits)
+    status = benchmark(BACKENDS[name].unpack_results, rows, lengths, out,
+                       P.JobFormat(1, N_WORKERS, k_for(bits), BLOCK, bits))
     assert (status == P.PARSE_OK).all()
     # one worker's values read as the sum of 4: x / 4 * 4 within the width's resolution
     tol = 2.0 ** (-28 if bits == 32 else -12) * 8

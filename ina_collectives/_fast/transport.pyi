@@ -3,6 +3,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from ina_collectives.protocol import JobFormat
+
 STATUS: tuple[str, ...]
 """A Result's status, by index: done, silent, timeout, a send failed, cancelled, lost
 (quorum: done but for chunks the switch no longer holds)."""
@@ -64,7 +66,7 @@ class Result:
     def __init__(self, status: int = 0, counters: dict[str, float] | None = None,
                  missing: np.ndarray | None = None, counted_all: int = -1,
                  counted_any: int = -1, mode: int = 0, error: int = 0,
-                 failed_call: str = "", reason: str = "") -> None: ...
+                 failed_call: str = "") -> None: ...
     @property
     def ok(self) -> bool:
         """Ended without a failure (LOST included)."""
@@ -92,9 +94,8 @@ class Link:
     answer (a peer failed) ends the call, cancelled."""
     gso: int
     """1 while new packets may leave with UDP_SEGMENT (cleared if the kernel refuses)."""
-    def __init__(self, fd: int, switch_addr_be: int, switch_port_be: int, job: int,
-                 worker: int, n: int, k: int, slots: int, block: int = 32,
-                 value_bits: int = 32, epoch: int = 0, gso: bool = True) -> None: ...
+    def __init__(self, fd: int, switch_addr_be: int, switch_port_be: int, fmt: JobFormat,
+                 worker: int, slots: int, epoch: int = 0, gso: bool = True) -> None: ...
     def resize(self, slots: int) -> None:
         """S slots from now on, each from version 0."""
     def new_epoch(self, epoch: int) -> None:

@@ -183,9 +183,10 @@ class Aggregators:
             if error is not None:
                 continue
             try:
-                link = WorkerLink(self.addresses[i], job, rank, n, k, settings.switch_slots,
-                                  ports[i * n + rank] if settings.job else 0, epoch, block,
-                                  bits, settings.switch_gso)
+                link = WorkerLink(self.addresses[i], P.JobFormat(job, n, k, block, bits),
+                                  rank, settings.switch_slots,
+                                  ports[i * n + rank] if settings.job else 0, epoch,
+                                  settings.switch_gso)
                 self.links[i] = link
                 if settings.job:  # installed by a controller: worker id = rank
                     link.probe(settings.switch_join_timeout)

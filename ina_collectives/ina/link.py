@@ -65,24 +65,26 @@ class Timers:
 
 
 class WorkerLink:
-    """One worker's UDP socket to the aggregator, for one job: joined by the worker
-    itself (``join``), or installed by a controller at the socket's address (``port``
-    given) and checked with ``probe``. ``epoch``: this run's, the same on every worker
-    (docs/protocol.md): the switch takes a cell last used in another epoch for idle."""
+    """One worker's UDP socket to the aggregator, for one job of ``fmt``'s
+    (protocol.JobFormat), with ``slots`` in flight: joined by the worker itself
+    (``join``), or installed by a controller at the socket's address (``port`` given)
+    and checked with ``probe``. ``epoch``: this run's, the same on every worker
+    (docs/protocol.md): the switch takes a cell last used in another epoch for idle.
+    ``gso``: new packets may leave with UDP_SEGMENT, results come with UDP_GRO."""
 
-    def __init__(self, switch: tuple[str, int], job: int, worker: int, n: int, k: int,
-                 slots: int, port: int = 0, epoch: int = 0, block: int = P.DEFAULT_BLOCK,
-                 value_bits: int = 32, gso: bool = True):
+    def __init__(self, switch: tuple[str, int], fmt: P.JobFormat, worker: int, slots: int,
+                 port: int = 0, epoch: int = 0, gso: bool = True):
         if not 0 <= epoch < 65536:
             raise ValueError(f"epoch {epoch} is not 0..65535")
-        P.check_format(block, value_bits)
         from .._fast import transport
 
         self.switch = switch
-        self.job, self.worker, self.n, self.k = job, worker, n, k
+        self.format = fmt
+        self.job, self.n, self.k = fmt.job, fmt.n, fmt.k
+        self.block, self.value_bits = fmt.block, fmt.value_bits
+        self.worker = worker
         self.asked_slots = slots
         self.reply_slots = -1  # the last control reply's slots value (control_request)
-        self.block, self.value_bits = block, value_bits
         self.narrow = False  # set by the join or probe reply
         self.capabilities = 0  # the join or probe reply's (CAP_*)
         self.sock = udp_socket("0.0.0.0", port)
@@ -97,8 +99,8 @@ class WorkerLink:
         # then sendmmsg), the window and its buffers.
         addr_be, port_be = sockaddr_be(switch)
         self._transport = transport
-        self.wire = transport.Link(self.sock.fileno(), addr_be, port_be, job, worker, n, k,
-                                   slots, block, value_bits, epoch, gso)
+        self.wire = transport.Link(self.sock.fileno(), addr_be, port_be, fmt, worker, slots,
+                                   epoch, gso)
         # While the aggregator holds this worker's packets for a late peer, the stream
         # waits on; ina-run's word that a rank failed ends it.
         self.wire.watch = peer_failure

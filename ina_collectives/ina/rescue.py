@@ -94,17 +94,28 @@ class Rescue:
     switch_calls: int = 0
 
 
-def rescue(comm: MPI.Intracomm, role: Role, call: int, kept: Kept | None,
-           seconds: float, what: str, opening: int = -1, seq: int = 0,
-           switch_calls: int = 0) -> Rescue:
-    """Collective, once a gate showed TROUBLE: this rank's ``role`` in ``call`` (a CLEAN
-    or OPENING rank passes its ``kept`` window, if any; an OPENING one the number
-    ``opening`` the call it opened would have had). The window goes to every rank in the
-    type its holder kept it in (its output's, as every rank's of the call).
-    ``seq``: the chooser's call number this rank is at; ``switch_calls``: the switch
-    calls this rank has numbered (Quorum.calls). ``seconds`` bounds each wait;
+@dataclass(frozen=True)
+class Holding:
+    """What one rank brings to a rescue: its ``role`` in ``call``; a CLEAN or OPENING
+    rank's ``kept`` window, if any; an OPENING one's number ``opening`` the call it
+    opened would have had; ``seq``, the chooser's call number this rank is at;
+    ``switch_calls``, the switch calls this rank has numbered (Quorum.calls)."""
+
+    role: Role
+    call: int
+    kept: Kept | None = None
+    opening: int = -1
+    seq: int = 0
+    switch_calls: int = 0
+
+
+def rescue(comm: MPI.Intracomm, holding: Holding, seconds: float, what: str) -> Rescue:
+    """Collective, once a gate showed TROUBLE: every rank says what it holds
+    (``holding``), and the window goes to the ranks that lack it, in the type its holder
+    kept it in (its output's, as every rank's of the call). ``seconds`` bounds each wait;
     ``what`` names the call in a timeout's message."""
-    role = Role(role)
+    role, call, kept = Role(holding.role), holding.call, holding.kept
+    opening, seq, switch_calls = holding.opening, holding.seq, holding.switch_calls
     n, me = comm.Get_size(), comm.Get_rank()
     have = kept if role in _KEEPERS else None
     # (the last column: the kept window's dtype, as its character code, so that every
@@ -168,8 +179,8 @@ def take_part(errors: ErrorPath, role: Role, call: int, what: str, opening: int 
               seq: int = 0, switch_calls: int = 0) -> Rescue:
     """``rescue`` over the communicator's error path, with the window this rank kept
     there, which it then forgets."""
-    got = rescue(errors.comm, role, call, errors.kept, errors.seconds, what, opening, seq,
-                 switch_calls)
+    got = rescue(errors.comm, Holding(role, call, errors.kept, opening, seq, switch_calls),
+                 errors.seconds, what)
     errors.forget()
     return got
 

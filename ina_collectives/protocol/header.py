@@ -10,6 +10,7 @@ so.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import NamedTuple
 
 # 2: the reserved byte became seq, the flag NACK came (docs/protocol.md, Loss). 3: an
@@ -178,6 +179,47 @@ def check_format(block: int, value_bits: int) -> None:
         raise ValueError(f"value bits must be 32 or 16, got {value_bits}")
 
 
+@dataclass(frozen=True)
+class JobFormat:
+    """A job's packets, as its workers and aggregator take them at the join: the job's
+    id, its n workers, chunks of k values, sub-blocks of ``block`` (one exponent each),
+    values ``value_bits`` wide (the job's widest: a call may go narrower)."""
+
+    job: int
+    n: int
+    k: int
+    block: int = DEFAULT_BLOCK
+    value_bits: int = 32
+
+    def __post_init__(self) -> None:
+        check_format(self.block, self.value_bits)
+        if not 0 <= self.job < 65536:
+            raise ValueError(f"job {self.job} is not 0..65535")
+        if not 1 <= self.n <= MAX_WORKERS:
+            raise ValueError(f"a job has 1..{MAX_WORKERS} workers, not {self.n}")
+        if self.k < 1:
+            raise ValueError(f"a job needs K >= 1, not {self.k}")
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What one worker's data packets say besides their values: the worker, and where
+    each chunk goes, chunk c in slot c % slots with version (c // slots + version_base)
+    % 2; their flags and the run's epoch."""
+
+    worker: int
+    slots: int
+    version_base: int = 0
+    flags: int = 0
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if not 0 <= self.epoch < 65536:
+            raise ValueError(f"epoch {self.epoch} is not 0..65535")
+
+
 # K on loopback (64 KiB datagrams), for the default format.
 MAX_ELEMENTS = max_elements(MAX_DATAGRAM, DEFAULT_BLOCK, 32)
 # The most values any packet of any format may carry (B 64, 16 bits): buffers' bound.
@@ -280,6 +322,6 @@ def markdown_table() -> str:
 
 
 __all__ = [name for name in dir() if name.isupper() and not name.startswith("_")] + [
-    "Field", "elements_for_mtu", "pack_data", "sub_blocks", "packet_bytes", "max_elements",
-    "check_format", "pack_header", "unpack_header", "p4_header",
-    "markdown_table"]
+    "Field", "JobFormat", "Stamp", "elements_for_mtu", "pack_data", "sub_blocks",
+    "packet_bytes", "max_elements", "check_format", "pack_header", "unpack_header",
+    "p4_header", "markdown_table"]

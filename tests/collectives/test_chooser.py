@@ -334,12 +334,13 @@ def test_a_job_granted_fewer_slots_runs_with_them_and_grows_when_they_free_up():
     """The switch's pool (8 slots) is shared: another job holds 6, so this one (asking 8)
     is granted 2 and runs with them; when the other leaves, a later call boundary asks
     again (after 1, 2 ... calls) and the job rejoins with all 8."""
+    from ina_collectives import protocol as P
     from ina_collectives.ina.link import WorkerLink
     from ina_collectives.switch.embedded import embedded_switch
     from tests.inputs import check_within_bound, make_input
 
     with embedded_switch("--pool-slots", "8") as sw:
-        holder = WorkerLink((sw.host, sw.port), 77, 0, 1, 1024, 6)
+        holder = WorkerLink((sw.host, sw.port), P.JobFormat(77, 1, 1024), 0, 6)
         holder.join(5.0)
         settings = Settings(switch=sw.address_text, switch_slots=8, switch_min_bytes=0,
                             ring_min_bytes=0)

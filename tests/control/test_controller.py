@@ -455,15 +455,14 @@ def test_join_cannot_take_a_controllers_job(controller, switch):
     job = JobSpec(41, [Worker("127.0.0.1", 41400), Worker("127.0.0.1", 41401)], slots=2)
     controller.configure(job)
     try:
-        link = WorkerLink((switch.host, switch.port), 41, 0, 2, K, 2, block=B,
-                          value_bits=BITS)
+        link = WorkerLink((switch.host, switch.port), P.JobFormat(41, 2, K, B, BITS), 0, 2)
         with pytest.raises(AggregatorUnavailable, match="configured by a controller"):
             link.join(2.0)
         with pytest.raises(AggregatorUnavailable, match="not installed"):
             link.probe(2.0)  # its ephemeral port is not the installed one
         link.close()
-        installed = WorkerLink((switch.host, switch.port), 41, 1, 2, K, 2, port=41401,
-                               block=B, value_bits=BITS)
+        installed = WorkerLink((switch.host, switch.port), P.JobFormat(41, 2, K, B, BITS), 1, 2,
+                               port=41401)
         installed.probe(2.0)
         installed.close()
     finally:

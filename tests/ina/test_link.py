@@ -28,7 +28,8 @@ def joined(address: tuple[str, int], job_id: int, n: int, k: int, slots: int,
            epoch: int) -> Iterator[list[WorkerLink]]:
     """The n workers of a job, joined at the switch at ``address``; left and closed
     after."""
-    links = [WorkerLink(address, job_id, w, n, k, slots, epoch=epoch) for w in range(n)]
+    links = [WorkerLink(address, P.JobFormat(job_id, n, k), w, slots, epoch=epoch)
+             for w in range(n)]
     try:
         for link in links:
             link.join(5.0)
@@ -156,7 +157,7 @@ def test_a_worker_resends_what_is_nacked_and_asks_for_lost_results(switch, fault
 
     k, slots, chunks = 64, 8, 400
     faults(drop_in=0.2, drop_out=0.2)
-    link = WorkerLink((switch.host, switch.port), 901, 0, 1, k, slots, epoch=5)
+    link = WorkerLink((switch.host, switch.port), P.JobFormat(901, 1, k), 0, slots, epoch=5)
     try:
         link.join(5.0)
         x = np.arange(k * chunks, dtype=np.float32) % 1000 - 500
@@ -198,7 +199,7 @@ def test_a_late_retransmission_is_stale_not_summed_into_a_later_call():
     that cell with the same offset: older than a's latest packet to the slot, it is
     dropped as stale (found by bench/loopback/soak.py)."""
     with embedded_switch() as sw:
-        links = [WorkerLink((sw.host, sw.port), 902, w, 2, K, 1, epoch=EPOCH)
+        links = [WorkerLink((sw.host, sw.port), P.JobFormat(902, 2, K), w, 1, epoch=EPOCH)
                  for w in range(2)]
         for link in links:
             link.join(5.0)

@@ -127,7 +127,7 @@ def test_an_opening_the_third_worker_never_joins_fails_by_the_silence_bound(job)
 def test_an_opening_that_no_switch_answers_fails_by_the_silence_bound(closed_udp_port):
     """No switch at the address: nothing answers the openings, which end by the silence
     bound and say so."""
-    links = [WorkerLink(("127.0.0.1", closed_udp_port), 700, w, N, K, S, epoch=9)
+    links = [WorkerLink(("127.0.0.1", closed_udp_port), P.JobFormat(700, N, K), w, S, epoch=9)
              for w in range(2)]
     got = open_all(links[:2], [1, 1], [proposals_of(w) for w in range(2)], 1, silence=0.3,
                    deadline=10.0)

@@ -42,8 +42,9 @@ def test_every_header_field_as_scapy_reads_it(backend, size, k, slots, n, versio
     first = data.draw(st.integers(0, nb - 1))
     count = data.draw(st.integers(0, nb - first))
     rows = ring(max(count, 1), k, block, bits)
-    lengths = kernels.pack_chunks(x, k, n, agreed, local, first, count, rows, slots,
-                                  version_base, job, worker, flags, epoch, block, bits)
+    lengths = kernels.pack_chunks(x, P.JobFormat(job, n, k, block, bits), agreed, local,
+                                  first, count, rows,
+                                  P.Stamp(worker, slots, version_base, flags, epoch))
     assert lengths.shape == (count,)
     payload_all = kernels.quantize(x, agreed, n, k, block, bits)
     for i, c in enumerate(range(first, first + count)):
@@ -74,7 +75,7 @@ def test_scapy_builds_what_the_parser_takes(kernels):
     rows = ring(1, k)
     rows[0, :len(raw)] = np.frombuffer(raw, np.uint8)
     out = np.zeros(8, np.float32)
-    status = kernels.unpack_results(rows, np.array([len(raw)]), out, n, k, job=9)
+    status = kernels.unpack_results(rows, np.array([len(raw)]), out, P.JobFormat(9, n, k))
     assert status.tolist() == [P.PARSE_OK]
     shift = 30 - 1 - 1  # exponent 1, n = 2
     np.testing.assert_array_equal(out[4:], np.array(values) * 2.0**-shift)
@@ -84,7 +85,8 @@ def test_scapy_builds_what_the_parser_takes(kernels):
                     pairs=[INAPair(exponent=1), INAPair(exponent=-3)], values=[3, -5, 7, 1]))
     rows = ring(1, k, 2, 16)
     rows[0, :len(raw)] = np.frombuffer(raw, np.uint8)
-    status = kernels.unpack_results(rows, np.array([len(raw)]), out, n, k, 9, False, 2, 16)
+    status = kernels.unpack_results(rows, np.array([len(raw)]), out,
+                                    P.JobFormat(9, n, k, 2, 16))
     assert status.tolist() == [P.PARSE_OK]
     np.testing.assert_array_equal(out[4:], [3 * 2.0**-12, -5 * 2.0**-12, 7 * 2.0**-16, 2.0**-16])
 
@@ -95,19 +97,22 @@ def test_round_trip_through_results_with_average(kernels):
     k, n = 64, 1
     exps, _ = kernels.block_exponents(x, k, 32)
     rows = ring(16, k)
-    lengths = kernels.pack_chunks(x, k, n, exps, exps, 0, 16, rows, 16, 0, 3, 0)
+    lengths = kernels.pack_chunks(x, P.JobFormat(3, n, k), exps, exps, 0, 16, rows,
+                                  P.Stamp(0, 16))
     rows[:, P.OFF_FLAGS] |= P.FLAG_RESULT
     out = np.full_like(x, np.nan)
     order = rng.permutation(16)  # results arrive in any order
-    status = kernels.unpack_results(rows[order].copy(), lengths[order], out, n, k, 3)
+    status = kernels.unpack_results(rows[order].copy(), lengths[order], out,
+                                    P.JobFormat(3, n, k))
     assert (status == P.PARSE_OK).all()
     np.testing.assert_allclose(out, x, rtol=0, atol=2.0**-28)
     # Packed for n=4 and read back as AVERAGE: one worker's payload stands for the sum,
     # so the result is x / 4, with 1/n folded into the scale.
-    lengths = kernels.pack_chunks(x, k, 4, exps, exps, 0, 16, rows, 16, 0, 3, 0)
+    lengths = kernels.pack_chunks(x, P.JobFormat(3, 4, k), exps, exps, 0, 16, rows,
+                                  P.Stamp(0, 16))
     rows[:, P.OFF_FLAGS] |= P.FLAG_RESULT
     avg = np.empty_like(x)
-    status = kernels.unpack_results(rows, lengths, avg, 4, k, 3, average=True)
+    status = kernels.unpack_results(rows, lengths, avg, P.JobFormat(3, 4, k), average=True)
     assert (status == P.PARSE_OK).all()
     np.testing.assert_allclose(avg, x / 4, rtol=0, atol=2.0**-28)
 
@@ -147,7 +152,8 @@ def test_malformed_and_foreign_results_are_rejected_untouched(kernels, fields, l
     k = 4
     rows, length = _result_row(k, **fields)
     out = np.full(10, 7.0, np.float32)
-    status = kernels.unpack_results(rows, np.array([length + length_delta]), out, 2, k, 1)
+    status = kernels.unpack_results(rows, np.array([length + length_delta]), out,
+                                    P.JobFormat(1, 2, k))
     assert P.PARSE_STATUS[status[0]] == P.PARSE_STATUS[reason]
     assert (out == 7.0).all()
 
@@ -164,19 +170,20 @@ def test_garbage_never_crashes_or_writes_out_of_bounds(kernels):
     out = guard[10:30]
     rows[1::4, P.OFF_VALUE_BITS], rows[1::4, P.OFF_BLOCK] = 32, 4
     rows[1::4, P.OFF_BLOCKS:P.OFF_BLOCKS + 2] = [0, 2]
-    kernels.unpack_results(rows, lengths, out, 3, k, 0, False, 4, 32)
+    kernels.unpack_results(rows, lengths, out, P.JobFormat(0, 3, k, 4, 32))
     assert (guard[:10] == 0).all() and (guard[30:] == 0).all()
 
 
 def test_ring_and_chunk_arguments_are_checked(kernels):
+    fmt = P.JobFormat(0, 2, 4)
     x = np.ones(10, np.float32)
     exps, _ = kernels.block_exponents(x, 4)
     with pytest.raises(ValueError, match="cannot hold a packet of 4 values"):
-        kernels.pack_chunks(x, 4, 2, exps, exps, 0, 3, ring(3, 3), 2, 0, 0, 0)
+        kernels.pack_chunks(x, fmt, exps, exps, 0, 3, ring(3, 3), P.Stamp(0, 2))
     with pytest.raises(ValueError, match="do not fit a ring of 2 rows"):
-        kernels.pack_chunks(x, 4, 2, exps, exps, 0, 3, ring(2, 4), 2, 0, 0, 0)
+        kernels.pack_chunks(x, fmt, exps, exps, 0, 3, ring(2, 4), P.Stamp(0, 2))
     with pytest.raises(ValueError, match="outside the tensor's 3 chunks"):
-        kernels.pack_chunks(x, 4, 2, exps, exps, 2, 2, ring(2, 4), 2, 0, 0, 0)
+        kernels.pack_chunks(x, fmt, exps, exps, 2, 2, ring(2, 4), P.Stamp(0, 2))
 
 
 def test_header_constants():

@@ -27,7 +27,7 @@ def test_loopback_takes_the_largest_packet_a_datagram_holds():
 def test_a_send_refused_for_its_size_names_the_mtu_and_the_fix():
     from ina_collectives._fast import transport
 
-    link = WorkerLink(("127.0.0.1", 9), 1, 0, 2, P.MAX_ELEMENTS, 8)
+    link = WorkerLink(("127.0.0.1", 9), P.JobFormat(1, 2, P.MAX_ELEMENTS), 0, 8)
     try:
         reason = link._reason(transport.Result(transport.STATUS.index("a send failed"),
                                                error=errno.EMSGSIZE, failed_call="send"))
@@ -48,7 +48,7 @@ def inside_a_1500_byte_namespace() -> None:
     assert P.path_mtu(("127.0.0.1", 9)) == 1500
     fits = P.elements_for_mtu(1500)
     with switch_thread() as sw:
-        big = WorkerLink(sw.address, 5, 0, 1, P.MAX_ELEMENTS, 4)
+        big = WorkerLink(sw.address, P.JobFormat(5, 1, P.MAX_ELEMENTS), 0, 4)
         try:
             with pytest.raises(AggregatorUnavailable) as refused:
                 big.join(2.0)
@@ -58,7 +58,7 @@ def inside_a_1500_byte_namespace() -> None:
         assert "do not fit the switch's MTU" in text and "MTU 1500" in text, text
         assert f"K {fits} fits" in text, text
         assert sw.stats()["refusals"] == 1, sw.stats()
-        small = WorkerLink(sw.address, 6, 0, 1, fits, 4)
+        small = WorkerLink(sw.address, P.JobFormat(6, 1, fits), 0, 4)
         try:
             small.join(2.0)
             small.leave()

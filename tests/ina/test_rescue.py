@@ -11,7 +11,7 @@ import pytest
 
 from ina_collectives.collectives.recovery import TROUBLE, ErrorPath
 from ina_collectives.errors import CommunicatorBroken
-from ina_collectives.ina.rescue import Kept, Rescue, Role, rescue, stand_by, take_part
+from ina_collectives.ina.rescue import Holding, Kept, Rescue, Role, rescue, stand_by, take_part
 from tests.threadcomm import RankFailed, run_ranks, timed_out
 
 CLEAN, FAILED, NAN_OR_INF, OPENING = Role.CLEAN, Role.FAILED, Role.NAN_OR_INF, Role.OPENING
@@ -29,7 +29,7 @@ def rescued(roles: list[tuple], seconds: float = 5.0) -> list[Rescue]:
         role, call, kept, *rest = roles[comm.Get_rank()]
         opening = rest[0] if rest else -1
         seq = rest[1] if len(rest) > 1 else 0
-        return rescue(comm, role, call, kept, seconds, "switch call #7", opening, seq)
+        return rescue(comm, Holding(role, call, kept, opening, seq), seconds, "switch call #7")
     return run_ranks(len(roles), rank)
 
 
@@ -119,7 +119,7 @@ def test_a_rank_that_never_takes_up_the_rescue_is_named_by_the_others_wait():
     def rank(comm):
         if comm.Get_rank() == 0:
             return None  # stopped
-        return rescue(comm, FAILED, CALL, None, 0.3, "switch call #7")
+        return rescue(comm, Holding(FAILED, CALL), 0.3, "switch call #7")
 
     assert timed_out(3, rank) == (
         "waited 0.3 s for every rank to say what it holds of switch call #7, which a rank "
@@ -134,7 +134,7 @@ def test_a_holder_that_stops_after_saying_what_it_holds_is_named_with_the_window
             row = np.array([CLEAN, CALL, START, 8, -1, 0, ord("f"), 0], np.int64)
             comm.Iallgather(row, np.empty((2, 8), np.int64)).Wait()
             return None  # stopped before the broadcast
-        return rescue(comm, FAILED, CALL, None, 0.3, "switch call #7")
+        return rescue(comm, Holding(FAILED, CALL), 0.3, "switch call #7")
 
     assert timed_out(2, rank) == (
         "waited 0.3 s for rank 0's last window of switch call #7 (8 values)")
@@ -179,7 +179,7 @@ def test_a_result_lost_on_one_rank_is_completed_from_a_peers_kept_window():
 def test_a_role_that_is_none_is_refused_before_any_rank_waits():
     def rank(comm):
         with pytest.raises(ValueError, match="7 is not a valid Role"):
-            rescue(comm, 7, CALL, None, 1.0, "switch call #7")
+            rescue(comm, Holding(7, CALL), 1.0, "switch call #7")
         return True
 
     assert run_ranks(1, rank) == [True]
@@ -193,9 +193,9 @@ def test_every_rank_numbers_the_next_switch_call_from_the_largest_count_of_their
     chaos soak found after a stopped rank)."""
     def rank(comm):
         if comm.Get_rank() == 0:
-            return rescue(comm, OPENING, -1, None, 5.0, "switch call #7", CALL, 3,
-                          switch_calls=CALL - 1)
-        return rescue(comm, FAILED, CALL, None, 5.0, "switch call #7", CALL, 3,
-                      switch_calls=CALL)
+            return rescue(comm, Holding(OPENING, -1, None, CALL, 3, switch_calls=CALL - 1),
+                          5.0, "switch call #7")
+        return rescue(comm, Holding(FAILED, CALL, None, CALL, 3, switch_calls=CALL), 5.0,
+                      "switch call #7")
     for res in run_ranks(2, rank):
         assert res.switch_calls == CALL and res.to_ring

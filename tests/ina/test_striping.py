@@ -127,12 +127,18 @@ class FakeLink:
         end = time.monotonic() + self.wait
         while time.monotonic() < end:
             if self.heed and cancel[0]:
-                return Result(4, {}, reason="cancelled")
+                return said(Result(4, {}), "cancelled")
             time.sleep(0.005)
         if self.error is not None:
             raise self.error
         into[:] = x * self.times
-        return Result(0, {"seconds": self.wait}, reason="done")
+        return said(Result(0, {"seconds": self.wait}), "done")
+
+
+def said(result: Result, reason: str) -> Result:
+    """``result`` with the words WorkerLink would fill in."""
+    result.reason = reason
+    return result
 
 
 def prepared(edges: list[int], size: int) -> Prepared:

@@ -447,7 +447,7 @@ def test_a_refused_job_means_the_ring_with_the_reason():
     from ina_collectives.ina.link import WorkerLink
 
     with embedded_switch("--pool-slots", "4") as sw:
-        holder = WorkerLink((sw.host, sw.port), 77, 0, 1, 1024, 4)
+        holder = WorkerLink((sw.host, sw.port), P.JobFormat(77, 1, 1024), 0, 4)
         holder.join(5.0)
         cases = [("float32", "sum", 300_000, 42)]
         results = run_ina(sw, 2, cases, settings={"switch_retry_seconds": 0})

@@ -45,12 +45,12 @@ def check_chunks(x: np.ndarray, k: int, agreed: np.ndarray, local: np.ndarray, f
                          f"{nb} chunks")
 
 
-def pack_chunks(x: np.ndarray, k: int, n: int, agreed: np.ndarray, local: np.ndarray,
-                first: int, count: int, rows: np.ndarray, slots: int, version_base: int,
-                job: int, worker: int, flags: int = 0, epoch: int = 0,
-                block: int = P.DEFAULT_BLOCK, value_bits: int = 32) -> np.ndarray:
-    """Write chunks first .. first+count-1 of x into rows 0 .. count-1; returns the
-    packets' lengths in bytes."""
+def pack_chunks(x: np.ndarray, fmt: P.JobFormat, agreed: np.ndarray, local: np.ndarray,
+                first: int, count: int, rows: np.ndarray, stamp: P.Stamp) -> np.ndarray:
+    """Write chunks first .. first+count-1 of x into rows 0 .. count-1, as ``fmt``'s
+    packets stamped by ``stamp``; returns the packets' lengths in bytes."""
+    k, n, block, value_bits = fmt.k, fmt.n, fmt.block, fmt.value_bits
+    slots = stamp.slots
     check_chunks(x, k, agreed, local, first, count, block, value_bits)
     check_ring(rows, k, count, block, value_bits)
     g = blockfp.sub_blocks_per_chunk(k, block)
@@ -65,11 +65,11 @@ def pack_chunks(x: np.ndarray, k: int, n: int, agreed: np.ndarray, local: np.nda
         nxt = c + slots
         proposals = (local[nxt * g:nxt * g + blocks] if nxt < nb
                      else np.full(blocks, P.PROPOSAL_NONE, np.int16))
-        header = P.pack_header(flags=flags, job=job, worker=worker,
-                               slot_version=((c // slots) + version_base) & 1,
+        header = P.pack_header(flags=stamp.flags, job=fmt.job, worker=stamp.worker,
+                               slot_version=((c // slots) + stamp.version_base) & 1,
                                slot=c % slots, offset=start, count=stop - start,
                                blocks=blocks, value_bits=value_bits, block=block,
-                               epoch=epoch)
+                               epoch=stamp.epoch)
         pairs = np.stack([exps[:blocks], proposals]).T.astype(">i2").tobytes()
         # The chunk alone is a tensor of one chunk: G exponents.
         values = blockfp.quantize(x[start:stop], exps, n, k, block, value_bits)
@@ -79,13 +79,13 @@ def pack_chunks(x: np.ndarray, k: int, n: int, agreed: np.ndarray, local: np.nda
     return lengths
 
 
-def parse_result(packet: np.ndarray, out: np.ndarray, n: int, k: int, job: int,
-                 average: bool = False, block: int = P.DEFAULT_BLOCK,
-                 value_bits: int = 32) -> int:
-    """Check one result packet and, if it is good, write its chunk into out.
+def parse_result(packet: np.ndarray, out: np.ndarray, fmt: P.JobFormat,
+                 average: bool = False) -> int:
+    """Check one result packet of ``fmt``'s and, if it is good, write its chunk into out.
 
     Returns PARSE_OK or the PARSE_* reason it was dropped (nothing written then).
     """
+    n, k, job, block, value_bits = fmt.n, fmt.k, fmt.job, fmt.block, fmt.value_bits
     if packet.size < P.HEADER_BYTES:
         return P.PARSE_SHORT
     h = P.unpack_header(packet.tobytes()[:P.HEADER_BYTES])
@@ -121,14 +121,13 @@ def parse_result(packet: np.ndarray, out: np.ndarray, n: int, k: int, job: int,
     return P.PARSE_OK
 
 
-def unpack_results(rows: np.ndarray, lengths: np.ndarray, out: np.ndarray, n: int, k: int,
-                   job: int, average: bool = False, block: int = P.DEFAULT_BLOCK,
-                   value_bits: int = 32) -> np.ndarray:
+def unpack_results(rows: np.ndarray, lengths: np.ndarray, out: np.ndarray,
+                   fmt: P.JobFormat, average: bool = False) -> np.ndarray:
     """parse_result for each row i (its first lengths[i] bytes); the statuses (uint8)."""
-    blockfp.check_kernel_args(out, k, block, value_bits)
-    check_ring(rows, k, lengths.size, block, value_bits)
+    blockfp.check_kernel_args(out, fmt.k, fmt.block, fmt.value_bits)
+    check_ring(rows, fmt.k, lengths.size, fmt.block, fmt.value_bits)
     status = np.empty(lengths.size, np.uint8)
     for i, length in enumerate(lengths):
-        status[i] = parse_result(rows[i, :min(int(length), rows.shape[1])], out, n, k, job,
-                                 average, block, value_bits)
+        status[i] = parse_result(rows[i, :min(int(length), rows.shape[1])], out, fmt,
+                                 average)
     return status
