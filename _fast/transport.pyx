@@ -81,6 +81,7 @@ cdef double GRANULARITY = 0.001     # poll() waits in whole milliseconds
 # result request then lengthened that queue (13% of the packets asked again at 4,000
 # packets a second, n = 4, S = 8; none with the margin: docs/reliability.md).
 cdef double AGGREGATION_MARGIN = 0.5
+RTO_MARGIN = AGGREGATION_MARGIN  # (as Python sees it: the tests' bounds derive from it)
 cdef double SIGNAL_CHECK = 0.02     # the GIL is taken this often to see Ctrl-C
 cdef double STALLED = 0.1           # a gap between two looks this long: the process was held
 # Results of later packets after which a packet in flight asks for its result: more than

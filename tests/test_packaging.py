@@ -19,6 +19,10 @@ pytestmark = pytest.mark.slow
 
 
 def _run(*cmd: str, cwd=None, timeout: float = 600, env=None) -> str:
+    """``cmd``, which must succeed; its output. Without the caller's PYTHONPATH: what the
+    new environment imports is what it installed (a checkout on the path would win)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=env)
     assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout}\n{proc.stderr}"

@@ -11,6 +11,9 @@ STATUS: tuple[str, ...]
 COMPLETE: tuple[int, ...]
 """The statuses of a call that ended without a failure: done, lost."""
 OPEN_MISMATCH: int
+RTO_MARGIN: float
+"""The RTO's least margin over SRTT, a fraction of it (RFC 6298's SRTT + 4 RTTVAR alone
+fired on a steady queue's ordinary swings)."""
 """An opening's status when a result said the workers' identities differ."""
 CALLS: tuple[str, ...]
 """The system calls whose failure a Result reports (``failed_call``): send, recvmmsg,
