@@ -262,9 +262,57 @@ cdef enum:
 CALLS = ("send", "recvmmsg", "poll")
 
 
+cdef struct Counts:  # what one call did; a link's calls all told (Link.totals)
+    int64_t sent, open_sent, send_calls, gro_buffers, retransmitted, nacks, nack_resent
+    int64_t result_requests, rtt_samples, stale, rejected, left_out, skipped, lost
+    int64_t nonfinite, nonfinite_seen, predicted, overflows, adopted
+    double seconds, open_seconds
+
+
+cdef inline void add_counts(Counts *into, const Counts *n) noexcept nogil:
+    into.sent += n.sent
+    into.open_sent += n.open_sent
+    into.send_calls += n.send_calls
+    into.gro_buffers += n.gro_buffers
+    into.retransmitted += n.retransmitted
+    into.nacks += n.nacks
+    into.nack_resent += n.nack_resent
+    into.result_requests += n.result_requests
+    into.rtt_samples += n.rtt_samples
+    into.stale += n.stale
+    into.rejected += n.rejected
+    into.left_out += n.left_out
+    into.skipped += n.skipped
+    into.lost += n.lost
+    into.nonfinite += n.nonfinite
+    into.nonfinite_seen += n.nonfinite_seen
+    into.predicted += n.predicted
+    into.overflows += n.overflows
+    into.adopted += n.adopted
+    into.seconds += n.seconds
+    into.open_seconds += n.open_seconds
+
+
+cdef void counts_of(const Call *c, Counts *n, double seconds) noexcept nogil:
+    """A stream's or an opening's counts, from its progress."""
+    memset(n, 0, sizeof(Counts))
+    n.send_calls, n.retransmitted, n.nacks = c.send_calls, c.retransmitted, c.nacks
+    n.nack_resent, n.stale, n.rtt_samples = c.nacked, c.stale, c.samples
+    if c.opening:
+        n.open_sent, n.open_seconds = c.slots, seconds
+        return
+    n.sent, n.gro_buffers, n.result_requests = c.sent, c.gro_buffers, c.requests
+    n.rejected, n.left_out, n.skipped, n.lost = c.rejected, c.left_out, c.skipped, c.lost
+    n.nonfinite, n.nonfinite_seen = c.lazy.nonfinite, c.nonfinite_seen
+    n.predicted, n.overflows, n.seconds = c.ident != 0, c.overflows, seconds
+
+
 cdef class Result:
     """How one stream or opening ended, built once at its end: ``status`` (an index of
-    STATUS, or OPEN_MISMATCH), ``counters`` (counts only: the caller adds them up),
+    STATUS, or OPEN_MISMATCH), ``counters`` (its counts by name, made when read: the
+    link keeps their totals, ``Link.totals``; the ones the caller decides on are
+    attributes of their own: ``seconds``, ``overflows``, ``left_out``, ``skipped``,
+    ``nonfinite`` and ``nonfinite_seen``),
     ``missing`` (the chunks not completed), ``counted_all`` and ``counted_any`` (the
     workers every result counted, a bitmap, all ones if no result came; those some result
     counted, all ones (-1) if none came), ``mode`` (the largest mode generation << 8 |
@@ -273,7 +321,7 @@ cdef class Result:
     caller's words for it (WorkerLink fills it in)."""
 
     cdef readonly int status
-    cdef readonly dict counters
+    cdef Counts n
     cdef readonly object missing
     cdef readonly object counted_all
     cdef readonly object counted_any
@@ -286,7 +334,14 @@ cdef class Result:
                  counted_all=~0, counted_any=~0, int64_t mode=0, int error=0,
                  str failed_call=""):
         self.status = status
-        self.counters = {} if counters is None else counters
+        memset(&self.n, 0, sizeof(Counts))
+        if counters:  # (made by hand: tests, a caller's own)
+            named = <dict>self.n
+            unknown = set(counters) - set(named)
+            if unknown:
+                raise ValueError(f"no such counters: {sorted(unknown)}")
+            named.update(counters)
+            self.n = named
         self.missing = np.zeros(0, np.int64) if missing is None else missing
         self.counted_all, self.counted_any, self.mode = counted_all, counted_any, mode
         self.error, self.failed_call, self.reason = error, failed_call, ""
@@ -295,6 +350,41 @@ cdef class Result:
     def ok(self) -> bool:
         """Ended without a failure (LOST included: ``missing`` says what it lacks)."""
         return self.status == DONE or self.status == LOST
+
+    @property
+    def counters(self) -> dict:
+        """The call's counts by name (a new dict: read, not kept, on the hot path)."""
+        return self.n
+
+    @property
+    def seconds(self) -> float:
+        """How long the stream (or the opening) took."""
+        return self.n.seconds + self.n.open_seconds  # (one of them is 0)
+
+    @property
+    def overflows(self) -> int:
+        """A predicted call's chunks sent again: their values overflowed the prediction."""
+        return self.n.overflows
+
+    @property
+    def left_out(self) -> int:
+        """A quorum call's chunks this worker's values were not counted in."""
+        return self.n.left_out
+
+    @property
+    def skipped(self) -> int:
+        """A quorum call's chunks this worker sent no values for (they did not fit)."""
+        return self.n.skipped
+
+    @property
+    def nonfinite(self) -> bool:
+        """This worker's input held a NaN or an Inf."""
+        return self.n.nonfinite != 0
+
+    @property
+    def nonfinite_seen(self) -> bool:
+        """A result said some worker's input held a NaN or an Inf."""
+        return self.n.nonfinite_seen != 0
 
     def __repr__(self):
         return (f"Result(status={self.status}, reason={self.reason!r}, "
@@ -317,6 +407,7 @@ cdef class Link:
 
     cdef int fd
     cdef sockaddr_in to
+    cdef Counts counts                        # its calls' counts all told (``totals``)
     cdef readonly int job, worker, n, value_bits
     cdef readonly Py_ssize_t k, block, groups, slots, row_width
     cdef int _epoch
@@ -439,6 +530,11 @@ cdef class Link:
         return (self.stream_est.srtt, self.stream_est.rttvar, self.stream_est.rto)
 
     @property
+    def totals(self) -> dict:
+        """Its calls' counts all told, by name, as a Result's ``counters``."""
+        return self.counts
+
+    @property
     def opening_rtt(self):
         """The openings' own: their small packets meet no queue, and their round trips
         would pull the stream's estimate below its first window's (one per call)."""
@@ -502,7 +598,7 @@ cdef class Link:
         cdef Call c
         done_arr = self._set_up(&c, plan, timers, deadline, cancel)
         if done_arr is None:
-            return Result(DONE, {}, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
+            return Result(DONE, None, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
         self._fresh_window()
         cdef Py_ssize_t s, first = min(self.slots, c.nb)
         c.draining = c.nb <= self.slots
@@ -566,8 +662,9 @@ cdef class Link:
             self.window[s].adopted = 0
         c.last_result = c.next_signal_check = monotonic()  # (its silence from now)
         self.npend = 0
-        result = self._drive(&c, keep[1], on_drain)
-        result.counters["adopted"] = 1
+        cdef Result result = self._drive(&c, keep[1], on_drain)
+        result.n.adopted = 1
+        self.counts.adopted += 1
         return result
 
     def abandon(self):
@@ -716,19 +813,8 @@ cdef class Link:
                 w = &self.window[s]
                 w.version = use_version(w.first_version,
                                         s + slots * ((nb - s + slots - 1) // slots), slots)
-        counters = {"sent": c.sent, "send_calls": c.send_calls,
-                    "gro_buffers": c.gro_buffers,
-                    "retransmitted": c.retransmitted, "nacks": c.nacks,
-                    "nack_resent": c.nacked, "result_requests": c.requests,
-                    "rtt_samples": c.samples,
-                    "stale": c.stale, "rejected": c.rejected,
-                    "seconds": monotonic() - c.start,
-                    "left_out": c.left_out, "skipped": c.skipped, "lost": c.lost,
-                    "nonfinite": int(c.lazy.nonfinite),
-                    "nonfinite_seen": int(c.nonfinite_seen),
-                    "predicted": int(c.ident != 0), "overflows": c.overflows}
         status = c.stop_status if c.status == DONE and c.stop else c.status
-        return self._result(c, status, counters, missing)
+        return self._result(c, status, missing)
 
     cdef void _drained(self, Call *c):
         """The running stream's last window drains: ``on_drain`` called (what it raises
@@ -786,12 +872,8 @@ cdef class Link:
         if c.completed == slots:
             for s in range(slots):
                 self.window[s].version ^= 1
-        counters = {"open_sent": slots, "retransmitted": c.retransmitted,
-                    "nacks": c.nacks, "nack_resent": c.nacked, "stale": c.stale,
-                    "rtt_samples": c.samples, "open_seconds": monotonic() - c.start,
-                    "send_calls": c.send_calls}
         status = OPEN_MISMATCH if c.status == DONE and c.stop else c.status
-        return self._result(&c, status, counters, np.zeros(0, np.int64))
+        return self._result(&c, status, np.zeros(0, np.int64))
 
     # -- what both share --------------------------------------------------------------
 
@@ -809,17 +891,23 @@ cdef class Link:
         c.last_result = c.next_signal_check = c.start
         c.held = False
 
-    cdef Result _result(self, Call *c, int status, dict counters, missing):
-        """The call's Result: the failed system call's errno (a send's; a receive's if
-        the call ended without its results)."""
+    cdef Result _result(self, Call *c, int status, missing):
+        """The call's Result, its counts added to the link's: the failed system call's
+        errno (a send's; a receive's if the call ended without its results)."""
         cdef int error = 0, failed = -1
         if c.failure:
             error, failed = c.failure, CALL_SEND
         elif c.receive_failure and c.status != DONE:
             error, failed = c.receive_failure, c.receive_call
-        return Result(status, counters, missing, c.counted_all,
-                      c.counted_any if c.counted_any else ~0,  # (no result: nothing known)
-                      c.mode, error, CALLS[failed] if failed >= 0 else "")
+        cdef Result r = Result.__new__(Result)
+        counts_of(c, &r.n, monotonic() - c.start)
+        add_counts(&self.counts, &r.n)
+        r.status, r.missing, r.mode, r.error = status, missing, c.mode, error
+        r.counted_all = c.counted_all
+        r.counted_any = c.counted_any if c.counted_any else ~0  # (no result: nothing known)
+        r.failed_call = CALLS[failed] if failed >= 0 else ""
+        r.reason = ""
+        return r
 
     cdef int _run(self, Call *c) except -1 nogil:
         """The loop of a stream and of an opening, once its first window is out: until

@@ -50,8 +50,6 @@ class Result:
     """How one stream or opening ended, built once at its end."""
     status: int
     """An index of STATUS, or OPEN_MISMATCH."""
-    counters: dict[str, float]
-    """Counts only: the caller adds them up."""
     missing: np.ndarray
     """The chunks not completed (int64)."""
     counted_all: int
@@ -73,6 +71,27 @@ class Result:
     @property
     def ok(self) -> bool:
         """Ended without a failure (LOST included)."""
+    @property
+    def counters(self) -> dict[str, float]:
+        """The call's counts by name (made when read; the link keeps their totals)."""
+    @property
+    def seconds(self) -> float:
+        """How long the stream (or the opening) took."""
+    @property
+    def overflows(self) -> int:
+        """A predicted call's chunks sent again (their values overflowed)."""
+    @property
+    def left_out(self) -> int:
+        """A quorum call's chunks this worker's values were not counted in."""
+    @property
+    def skipped(self) -> int:
+        """A quorum call's chunks this worker sent no values for."""
+    @property
+    def nonfinite(self) -> bool:
+        """This worker's input held a NaN or an Inf."""
+    @property
+    def nonfinite_seen(self) -> bool:
+        """A result said some worker's input held a NaN or an Inf."""
 
 
 class Link:
@@ -109,6 +128,9 @@ class Link:
     @property
     def next_packet(self) -> int:
         """The number of the next new packet (mod 256, counted across calls)."""
+    @property
+    def totals(self) -> dict[str, float]:
+        """Its calls' counts all told, by name (as a Result's counters)."""
     @property
     def stream_rtt(self) -> tuple[float, float, float]:
         """The streams' (SRTT, RTTVAR, RTO), seconds."""

@@ -55,6 +55,7 @@ class Aggregators:
         self._rank = comm.Get_rank()
         self.addresses: list[tuple[str, int]] = []
         self.links: list[WorkerLink | None] = []
+        self.retired: dict[str, float] = {}  # the counts of the links closed so far
         self.missing_reasons: dict[int, str] = {}  # aggregator index -> why it is not used
         self.unavailable: str | None = None
         # K of the job's packets and the smallest path MTU of its ranks, agreed at join
@@ -318,8 +319,26 @@ class Aggregators:
     def close_link(self, i: int) -> None:
         link, self.links[i] = self.links[i], None
         if link is not None:
+            self._count(self.retired, link)
             link.leave()
             link.close()
+
+    def counts(self) -> dict[str, float]:
+        """The links' calls' counts all told (transport.Link.totals), over reconnections,
+        and the streams' latest RTT estimate (``srtt``, ``rto``: seconds)."""
+        out = dict(self.retired)
+        for link in self.links:
+            if link is not None:
+                self._count(out, link)
+        return out
+
+    @staticmethod
+    def _count(into: dict[str, float], link: WorkerLink) -> None:
+        for name, value in link.wire.totals.items():
+            into[name] = into.get(name, 0) + value
+        srtt, _, rto = link.wire.stream_rtt
+        if srtt > 0:
+            into["srtt"], into["rto"] = float(srtt), float(rto)
 
     def release(self) -> None:
         """This communicator is done: another may use the installed job now."""

@@ -70,7 +70,6 @@ class InaEngine(OffloadEngine):
 
         self.comm, self.settings = comm, settings
         self.kernels = kernels.select(settings.kernels)
-        self.totals: dict[str, float] = {}  # the links' counters, over reconnections
         self.calls_by_width: dict[int, int] = {}  # calls served, by value bits
         self.striped_calls = self.partial_handovers = self.standby_takeovers = 0
         self.quorum = Quorum(comm.Get_size(), comm.Get_rank(), settings.quorum,
@@ -165,7 +164,7 @@ class InaEngine(OffloadEngine):
         """stats()'s "kernels" (the quantization and packet kernels this engine runs:
         "fast", compiled, or "numpy", the reference), "transport" (the links' counters)
         and "switch" (without this engine: offload.ABSENT)."""
-        return {"kernels": self.kernels.name, "transport": dict(self.totals),
+        return {"kernels": self.kernels.name, "transport": self.aggregators.counts(),
                 "switch": self.switch_state()}
 
     def silence_bound(self) -> float:
@@ -321,7 +320,6 @@ class InaEngine(OffloadEngine):
         # call number (a quorum's late packets of earlier calls are dropped as late).
         outcome, window, result = open_call(link, ident, prepared,
                                             self.quorum.calls + 1, s, deadline)
-        self._account(link, result)
         self._identified = None
         if outcome == "mismatch":
             # The ranks may have opened different slots, some of which wait for packets
@@ -485,8 +483,6 @@ class InaEngine(OffloadEngine):
             results = self.streams.run(links, plan, call.on_drain if vote_free else None)
         finally:
             self._running = None
-        for share, result in zip(shares, results):
-            self._account(links[share.aggregator], result)
         self.predicted_calls += predicted
         if vote_free:
             return self._end_alone(call, plan, results[0], ident, shape, place, predicted)
@@ -515,7 +511,7 @@ class InaEngine(OffloadEngine):
                 and self.aggregators.link is not None):
             span, half = self._span(prepared), learn.size // 2
             self.predictions.learn(ident, shape, learn[half:half + span], learn[:span],
-                                   result.counters["overflows"] > 0, place)
+                                   result.overflows > 0, place)
         elif learn is not None:
             self.predictions.clear()
         return handover
@@ -607,7 +603,6 @@ class InaEngine(OffloadEngine):
             result = link.resume(call.on_drain)
         finally:
             self._running = None
-        self._account(link, result)
         self.predicted_calls += 1
         return self._end_alone(call, plan, result, adopted.ident, adopted.shape,
                                adopted.place, True)
@@ -699,8 +694,8 @@ class InaEngine(OffloadEngine):
                 ring_ranges += ranges
                 self.quorum.repaired += repaired
         self.quorum.after_call(counted_all, counted_any, outcome.mode,
-                               sum(r.counters.get("left_out", 0) for r in results),
-                               sum(r.counters.get("skipped", 0) for r in results))
+                               sum(r.left_out for r in results),
+                               sum(r.skipped for r in results))
         for p in parts:
             seconds = outcome.seconds[p.aggregator]
             if p.aggregator not in outcome.failed and seconds > 0 and p.end - p.first >= 2:
@@ -776,7 +771,6 @@ class InaEngine(OffloadEngine):
                            bits, call_number, quorum,
                            absent=call.absent(self.quorum.rank) and bool(quorum)),
                 self.streams.timers, remaining)
-            self._account(link, result)
             outcome = vote(self.comm, len(agg.addresses), [standby], [result], s.timeout,
                            f"the {b - a}-element share the aggregator at "
                            f"{agg.where(standby)} took over")
@@ -790,14 +784,6 @@ class InaEngine(OffloadEngine):
                 return False
         self.standby_takeovers += 1
         return True
-
-    def _account(self, link: WorkerLink, result: Result) -> None:
-        """A stream's or an opening's counters into the totals; the streams' RTT
-        estimate."""
-        for name, value in result.counters.items():
-            self.totals[name] = self.totals.get(name, 0) + value
-        srtt, _, rto = link.wire.stream_rtt
-        self.totals["srtt"], self.totals["rto"] = float(srtt), float(rto)
 
     # -- a call without a vote (rescue.py) --------------------------------------------
 
@@ -835,7 +821,7 @@ class InaEngine(OffloadEngine):
         (rescue.py, PREDICTED)."""
         i, c0, c1 = share.aggregator, share.first, share.end
         agg = self.aggregators
-        nonfinite = bool(result.counters.get("nonfinite_seen", 0))
+        nonfinite = result.nonfinite_seen
         if result.ok and not nonfinite:
             self.quorum.after_call(result.counted_all, result.counted_any, result.mode,
                                    0, 0)

@@ -40,10 +40,10 @@ def vote(comm: MPI.Intracomm, aggregators: int, served: list[int],
     mine = np.zeros(4 * count + 1)
     for i, result in zip(served, results):
         mine[i] = 0 if result.ok else 1
-        mine[count + i] = result.counters.get("seconds", 0.0)
+        mine[count + i] = result.seconds
         mine[2 * count + i] = result.mode  # exact in a float64
         mine[3 * count + i] = bool(result.ok and result.missing.size)
-        mine[4 * count] = max(mine[4 * count], result.counters.get("nonfinite", 0))
+        mine[4 * count] = max(mine[4 * count], result.nonfinite)
     votes = np.empty_like(mine)
     here = "; ".join(r.reason for r in results) or "nothing to stream"
     wait(comm.Iallreduce(mine, votes, MPI.MAX), Deadline(seconds),

@@ -16,8 +16,10 @@ DONE, SILENT, TIMEOUT, LOST = 0, 1, 2, 5
 
 
 def result(status=DONE, seconds=0.0, mode=0, missing=(), nonfinite=0, reason=""):
-    return Result(status, {"seconds": seconds, "nonfinite": nonfinite},
-                  np.array(missing, np.int64), mode=mode, reason=reason or STATUS[status])
+    made = Result(status, {"seconds": seconds, "nonfinite": nonfinite},
+                  np.array(missing, np.int64), mode=mode)
+    made.reason = reason or STATUS[status]
+    return made
 
 
 def voted(aggregators: int, served: list[int], results_by_rank: list[list[Result]],
