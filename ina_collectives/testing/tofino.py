@@ -4,6 +4,9 @@ what it wrote (the P4Info, its resource figures).
     compiler = find_compiler()                 # None, with missing_compiler() saying why
     build = compile_tofino("tna")              # p4c-barefoot --target tofino --arch tna
     build.p4info, build.out, build.log         # the P4Info text, its output folder, stderr
+    build.resources()                          # its figures per stage, and the PHV's
+
+    python -m ina_collectives.testing.tofino tna t2na   # p4/README.md's resource tables
 
 The compiler is p4c 1.2.5.16's ``p4c-barefoot`` (backends/tofino), looked for on PATH,
 then in ``$P4TOOLS_DIR/tofino/bin`` (default ``/opt/p4tools``, where
@@ -16,11 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +96,59 @@ class TofinoBuild:
         bfa = (self.out / "pipe" / f"{self.program.stem}.bfa").read_text()
         return len(re.findall(r"^  stateful ", bfa, re.M))
 
+    def resources(self) -> dict:
+        """The compiler's own figures (``-g``: pipe/logs/resources.json and phv.json), each
+        a (used, in the chip) pair: per MAU stage (``stages``, in order) its SRAM, TCAM
+        and map RAM blocks, its stateful ALUs and logical tables (used only); the PHV's
+        containers (``phv``) by kind ("normal", and Tofino's tag-along or Tofino 2's
+        mocha and dark ones) and width in bits."""
+        logs = self.out / "pipe" / "logs"
+        mau = json.loads((logs / "resources.json").read_text())["resources"]
+        stages = []
+        for s in sorted(mau["mau"]["mau_stages"], key=lambda s: s["stage_number"]):
+            rams, tcams, maps = s["rams"], s["tcams"], s["map_rams"]
+            stages.append({
+                "stage": s["stage_number"],
+                "sram": (len(rams["srams"]), rams["nRows"] * rams["nColumns"]),
+                "tcam": (len(tcams["tcams"]), tcams["nRows"] * tcams["nColumns"]),
+                "map_ram": (len(maps["maprams"]), maps["nRows"] * maps["nUnits"]),
+                "stateful_alus": (len(s["meter_alus"]["meters"]), s["meter_alus"]["nAlus"]),
+                "tables": len(s["logical_tables"]["ids"])})
+        have: Counter = Counter()
+        for kind, groups in mau["phv_containers"].items():
+            for group in groups:
+                have[kind, group["width"]] += group["units"]
+        used = Counter((c["container_type"], c["bit_width"])
+                       for c in json.loads((logs / "phv.json").read_text())["containers"])
+        phv: dict[str, dict[int, tuple[int, int]]] = {}
+        for kind, width in sorted(have):
+            phv.setdefault(kind, {})[width] = (used[kind, width], have[kind, width])
+        return {"stages": stages, "phv": phv}
+
+
+def resource_table(build: TofinoBuild) -> str:
+    """``build``'s resources() as p4/README.md gives them: a row per MAU stage, then the
+    PHV's containers."""
+    r = build.resources()
+    lines = [f"{TARGETS[build.arch]} (`{build.arch}`), per MAU stage (used of the stage's):",
+             "", "| stage | SRAM blocks | TCAM blocks | map RAMs | stateful ALUs | tables |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for s in r["stages"]:
+        lines.append(f"| {s['stage']} | " + " | ".join(
+            f"{s[key][0]} of {s[key][1]}" for key in ("sram", "tcam", "map_ram",
+                                                      "stateful_alus"))
+            + f" | {s['tables']} |")
+    total = {key: sum(s[key][0] for s in r["stages"])
+             for key in ("sram", "tcam", "map_ram", "stateful_alus")}
+    lines.append(f"| all {len(r['stages'])} | {total['sram']} | {total['tcam']} | "
+                 f"{total['map_ram']} | {total['stateful_alus']} | "
+                 f"{sum(s['tables'] for s in r['stages'])} |")
+    phv = "; ".join(f"{kind}: " + ", ".join(f"{u} of {h} x {w} bits"
+                                            for w, (u, h) in widths.items())
+                    for kind, widths in r["phv"].items())
+    lines += ["", f"PHV containers used: {phv}."]
+    return "\n".join(lines) + "\n"
+
 
 _lock = threading.Lock()
 
@@ -106,7 +165,8 @@ def compile_tofino(arch: str, compiler: Compiler | None = None,
     source = program.read_text()
     version = subprocess.run([compiler.path, "--version"], env=compiler.env,
                              capture_output=True, text=True, timeout=60).stdout.strip()
-    key = hashlib.sha256(f"{version}\n{source}".encode()).hexdigest()[:20]
+    arguments = compile_arguments(arch, "OUT", program)
+    key = hashlib.sha256(f"{version}\n{arguments}\n{source}".encode()).hexdigest()[:20]
     cache = cache or Path(os.environ.get("INA_P4_CACHE",
                                          Path.home() / ".cache" / "ina-collectives" / "p4"))
     where = cache / f"{arch}-{key}"
@@ -150,7 +210,24 @@ def compile_arguments(arch: str, out: Path | str, program: Path | str | None = N
     folder ina-run's --device-config takes; p4/README.md quotes them, from the checkout's
     root); ``program``: the source (default p4/ina_aggregator_<arch>.p4). The P4Info
     names registers and counters as P4Runtime's own entities, not Tofino's externs:
-    what p4runtime-shell, and so the controller, reads and writes."""
-    return ["--target", TARGETS[arch], "--arch", arch, "-o", str(out),
+    what p4runtime-shell, and so the controller, reads and writes; ``-g`` writes the
+    compiler's resource logs (``TofinoBuild.resources``)."""
+    return ["-g", "--target", TARGETS[arch], "--arch", arch, "-o", str(out),
             "--p4runtime-files", f"{out}/p4info.txt", "--p4runtime-force-std-externs",
             str(program or f"p4/ina_aggregator_{arch}.p4")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile each architecture named (tna, t2na) and print its resource table."""
+    arches = (argv if argv is not None else sys.argv[1:]) or sorted(TARGETS)
+    unknown = [a for a in arches if a not in TARGETS]
+    if unknown:
+        print(f"unknown architecture(s) {unknown}: one of {sorted(TARGETS)}", file=sys.stderr)
+        return 2
+    for arch in arches:
+        print(resource_table(compile_tofino(arch)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

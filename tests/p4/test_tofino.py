@@ -72,8 +72,9 @@ def written(build: tofino.TofinoBuild) -> dict[str, int]:
 @pytest.mark.parametrize("arch", sorted(tna.ARCHES))
 def test_the_tofino_program_compiles_fits_and_its_p4info_has_the_schemas_names_and_ids(arch):
     """Zero errors from the compiler, a binary from the assembler within the chip's
-    stages, the P4Info's names and ids schema.py's, and the controller reads it as that
-    chip's build; the compiler's output folder is a device config the controller packs."""
+    stages, the compiler's resource figures within each stage's and p4/README.md's, the
+    P4Info's names and ids schema.py's, and the controller reads it as that chip's
+    build; the compiler's output folder is a device config the controller packs."""
     from google.protobuf import text_format
     from p4.config.v1 import p4info_pb2
 
@@ -86,6 +87,17 @@ def test_the_tofino_program_compiles_fits_and_its_p4info_has_the_schemas_names_a
     assert build.stages() <= chip.stages
     # one stateful ALU per register: epoch, bitmaps, count, the pair, the K values
     assert build.stateful_alus() == 5 + chip.k
+    figures = build.resources()
+    assert sum(s["stateful_alus"][0] for s in figures["stages"]) == 5 + chip.k
+    for stage in figures["stages"]:
+        for key in ("sram", "tcam", "map_ram", "stateful_alus"):
+            used, of = stage[key]
+            assert 0 <= used <= of, (stage["stage"], key, stage[key])
+    for kind, widths in figures["phv"].items():
+        assert all(used <= of for used, of in widths.values()), (kind, widths)
+    assert tofino.resource_table(build) in (ROOT / "p4" / "README.md").read_text(), (
+        "p4/README.md's resource table is not this build's: python -m "
+        "ina_collectives.testing.tofino " + arch)
     want, have = expected(arch), written(build)
     missing = sorted(set(want) - set(have))
     assert not missing, (missing, sorted(have))
