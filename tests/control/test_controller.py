@@ -74,10 +74,15 @@ def free_ports(n):
 
 
 def job_env(switch, job):
-    """What the ranks of an installed job are told (ina-run and the CLI say the same)."""
+    """What the ranks of an installed job are told (ina-run and the CLI say the same),
+    with the bounds for a dead switch raised from 3 s to 20 s: these tests assert that
+    the switch served every call, and 4 ranks and the switch on 2 busy cores can go 3 s
+    without a result (CI once saw a call of two jobs at once fall back). A test of an
+    outage sets its own switch_silence in the ranks' settings, which take precedence."""
     return {"INA_SWITCH": f"{switch.host}:{switch.port}", "INA_JOB": str(job.job_id),
             "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in job.workers),
-            **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots)}
+            **BUILD_ENV, "INA_SWITCH_SLOTS": str(job.slots),
+            "INA_SWITCH_JOIN_TIMEOUT": "20", "INA_SWITCH_SILENCE": "20"}
 
 
 def test_pipeline_push_and_entries_read_back(controller):
@@ -584,7 +589,9 @@ def test_two_jobs_installed_side_by_side_run_at_once(controller, switch):
                 assert len({x.tobytes() for x in per_rank}) == 1
                 check_within_bound(per_rank[0], "float32", "sum", 20 * K + 1, 80 + j, 2,
                                    k=K, block=B, bits=BITS)
-            assert all(r["stats"]["engines"] == {"ina": 3} for r in results)
+            for r in results:
+                assert r["stats"]["engines"] == {"ina": 3}, (
+                    r["stats"]["engines"], r["stats"]["fallback_reasons"])
             # the per-job counter over P4Runtime: one result per chunk, each job its own
             assert controller.read_job_results(jobs[j].job_id) == 3 * -(-(20 * K + 1) // K)
     finally:
