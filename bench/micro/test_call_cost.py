@@ -112,7 +112,7 @@ def test_call_cost(benchmark, system):
     ident = identity(signature)
 
     def opening():
-        opened = _ina.offload.gate(ident, _ina.offload.prepare(call), Deadline(60))
+        opened = _ina.offload.opening(ident, _ina.offload.prepare(call), Deadline(60))
         assert opened.outcome == "agreed", opened
 
     run = {

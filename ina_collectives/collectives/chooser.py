@@ -5,12 +5,15 @@ decides which engine serves a call, and the owner of the communicator's error pa
 to it (``offload``, or None: the layer above decides whether the job has one, and what
 stats() shows where it has none), so this layer never imports one, nor reads its settings.
 
-An allreduce goes in steps (``allreduce_flat``): its engine chosen (``_choose``); its
-gate, through the offload (``_through_offload``; none for a call the offload predicts)
-or through the agreement (``_through_agreement``), or none where the caller compared
-the calls (``_unchecked``); the run (``_run``); and a call given up midway finished
-alike on every rank (``_finish``). A gate that ended in a rescue, or at a call boundary
-that changed the offload's layout, starts the call over.
+An allreduce goes in steps (``allreduce_flat``): its identity, once; its engine
+chosen (``_choose``: the first whose ``declines`` says None, Horovod's ``Enabled``);
+the run (``_run``, its ``Execute``), where the offload makes the gate of a call it serves
+itself, with the chooser's part of it (``_HostGate``: the call boundary and the
+agreement by MPI); the gate of a call another engine serves (``_gated``: through the
+offload's ``gate``, or the agreement), or none where the caller compared the calls
+(``_unchecked``); and a call given up midway finished alike on every rank
+(``_finish``). A gate that ended in a rescue, or at a call boundary that changed the
+offload's layout, starts the call over.
 """
 from __future__ import annotations
 
@@ -25,7 +28,16 @@ from .. import protocol as P
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .agreement import Agreed, CallSignature, agree, columns, disagree, identity
-from .engine import AllreduceCall, Engine, Gated, GateOutcome, HandOver, OffloadEngine, was_refused
+from .engine import (
+    AllreduceCall,
+    Engine,
+    Gated,
+    GateOutcome,
+    HandOver,
+    HostGate,
+    OffloadEngine,
+    was_refused,
+)
 from .mpi_engine import MpiEngine
 from .ops import Op, as_op, check_quorum, check_supported, dtype_code, op_code
 from .peers import TorchPeers
@@ -177,24 +189,20 @@ class Collectives:
         if following is not None and not callable(following):
             raise TypeError(f"following must be a callable that returns the next call's "
                             f"arguments (Following) or None, got {following!r:.80}")
-        call = self._adopted_call(args)
+        signature = _signature(recv, op)
+        call = AllreduceCall(*args, ident=identity(signature, value_bits))
         self._following_refused = None
         if following is not None and self.offload is not None:
-            call.on_drain = lambda: self._adopt(following)
+            call.on_drain = lambda: self._next_call(following)
         deadline = Deadline(self.settings.timeout)
-        signature = _signature(recv, op)
         self._seq += 1
         passed_over: list[str] = []  # why the engines before the one that served did not
         served = None
         while served is None:  # (None: the gate ended in a rescue or a new layout)
-            offload = self.offload
             if not self.settings.check_agreement:
                 served = self._unchecked(call, signature, deadline, passed_over)
-            elif offload is not None and offload.gates():
-                served = self._through_offload(offload, call, signature, deadline,
-                                               passed_over)
             else:
-                served = self._through_agreement(call, signature, deadline, passed_over)
+                served = self._gated(call, signature, deadline, passed_over)
         self.stats.record(served.name, recv.nbytes, passed_over)
         refused, self._following_refused = self._following_refused, None
         if refused is not None:  # (this call is done: only its successor was not started)
@@ -219,30 +227,17 @@ class Collectives:
             raise ValueError(f"present must be a bitmap of some of the "
                              f"{self.comm.Get_size()} ranks, got {present:#x}")
 
-    def _adopted_call(self, args: Following) -> AllreduceCall:
-        """The call these arguments make: the one the offload started in the last call's
-        drain (it must be), or a new one."""
-        adopted = self.offload.adopted() if self.offload is not None else None
-        if adopted is None:
-            return AllreduceCall(*args)
-        if (adopted.send is args.send and adopted.recv is args.recv and adopted.op is args.op
-                and adopted.value_bits == args.value_bits and adopted.key == args.key
-                and adopted.present == args.present):
-            return adopted
-        self._broken = (f"allreduce #{self._seq + 1} is not the call its caller said came "
-                        f"next ({adopted.recv.size} x {adopted.dtype}, started already)")
-        raise CommunicatorBroken(self._broken)
-
-    def _adopt(self, following: Callable[[], Following | None]) -> None:
-        """A call's ``on_drain``: the caller's next call made ready, and started by the
-        offload where it goes through the offload with no gate (OffloadEngine.adopt)."""
-        offload = self.offload
-        if offload is None or not self.settings.check_agreement or not offload.gates():
-            return
+    def _next_call(self, following: Callable[[], Following | None]
+                   ) -> AllreduceCall | None:
+        """A call's ``on_drain``: the caller's next call made ready (``following``) and
+        checked, for the offload to start where it can (docs/protocol.md, Calls back to
+        back); None where there is none, or the ranks' calls are not compared."""
+        if not self.settings.check_agreement:
+            return None
         try:
             args = following()
             if args is None:
-                return
+                return None
             if not isinstance(args, Following):
                 raise TypeError(f"following returned {args!r:.80}, not the next call's "
                                 f"arguments (Following) or None")
@@ -258,16 +253,9 @@ class Collectives:
             self._check_arguments(args)
         except Exception as exc:  # (raised once this call is done: allreduce_flat)
             self._following_refused = exc
-            return
-        call = AllreduceCall(*args)
-        try:
-            engine, _ = self._choose(call)
-        except TypeError:  # (no engine takes it: its own call says so)
-            return
-        if engine is offload:
-            offload.adopt(call, offload.prepare(call),
-                          identity(_signature(call.recv, call.op), call.value_bits),
-                          self._seq + 1)
+            return None
+        return AllreduceCall(*args, ident=identity(_signature(args.recv, args.op),
+                                                   args.value_bits))
 
     def _choose(self, call: AllreduceCall) -> tuple[Engine, list[str]]:
         """The first engine that takes ``call``, and why the ones before it did not."""
@@ -288,74 +276,60 @@ class Collectives:
             self.offload.at_call_boundary(self._seq, None)
         engine, declined = self._choose(call)
         passed_over += declined
-        handover = self._run(engine, call, deadline, None, None, signature)
+        handover = self._run(engine, call, deadline, signature)
         return engine if handover is None else self._finish(call, handover, passed_over)
 
-    def _through_offload(self, offload: OffloadEngine, call: AllreduceCall,
-                         signature: CallSignature, deadline: Deadline,
-                         passed_over: list[str]) -> Engine | None:
-        """The gate through the offload, which agrees on the call and on an offload
-        call's first window with no host collective; none for a call that repeats one
-        the offload served, whose own traffic carries what the gate would (docs/protocol.md,
-        One round trip). Returns the engine that served the call; None: start over."""
-        engine, declined = self._choose(call)
-        ident = identity(signature, call.value_bits)
-        prepared = offload.prepare(call) if engine is offload else None
-        if prepared is not None and offload.predicts(ident, prepared):
-            if not self._call_boundary(0):
-                return None
-            handover = self._run(offload, call, deadline, prepared, None, signature)
-            if handover is not None and handover.rechoose:
-                # No rank finished it and nothing of it moved: every rank starts the call
-                # over, its gate included (the offload lost what served it).
-                passed_over.append(handover.reason)
-                return None
-            passed_over += declined
-            return offload if handover is None else self._finish(call, handover,
-                                                                 passed_over)
-        gated = self._offload_gate(offload, ident, signature, deadline, prepared)
-        if gated is None:
-            return None  # the gate failed and nothing was lost: choose again
-        passed_over += declined
-        if gated.outcome is GateOutcome.TO_FALLBACK:  # a rank was running it: all take
-            passed_over.append(gated.reason)          # the fallback
-            engine, prepared = self.fallback, None
-        handover = self._run(engine, call, deadline, prepared, gated.window, signature)
-        return engine if handover is None else self._finish(call, handover, passed_over)
-
-    def _through_agreement(self, call: AllreduceCall, signature: CallSignature,
-                           deadline: Deadline, passed_over: list[str]) -> Engine | None:
-        """The gate by MPI (agreement.py), one per call: it also agrees on an offload
-        call's first window, as long as every rank's (``window_size``). Returns the
-        engine that served the call; None: start over (a rescue ran)."""
+    def _gated(self, call: AllreduceCall, signature: CallSignature, deadline: Deadline,
+               passed_over: list[str]) -> Engine | None:
+        """A call whose ranks' calls are compared: the offload's run makes the gate of a
+        call it serves (with ``_HostGate``); another engine's call has the offload's gate
+        (``_offload_gate``), or the agreement by MPI. Returns the engine that served the
+        call; None: start over (a rescue ran, or the layout changed)."""
         engine, declined = self._choose(call)
         offload = self.offload
-        width = self._width()
-        prepared = offload.prepare(call, width) if engine is offload else None
+        if engine is offload:
+            handover = self._run(offload, call, deadline, signature,
+                                 _HostGate(self, signature, deadline))
+            if handover is not None and handover.rechoose:
+                if handover.reason:  # (nothing moved: every rank starts the call over)
+                    passed_over.append(handover.reason)
+                return None
+            return offload if handover is None else self._finish(call, handover,
+                                                                 passed_over)
+        if offload is not None:
+            gated = self._offload_gate(offload, call.ident, signature, deadline)
+            if gated is None:
+                return None  # the gate failed and nothing was lost: choose again
+            if gated.outcome is not GateOutcome.NOT_HERE:
+                passed_over += declined
+                if gated.outcome is GateOutcome.TO_FALLBACK:  # a rank was running it:
+                    passed_over.append(gated.reason)          # all take the fallback
+                    engine = self.fallback
+                handover = self._run(engine, call, deadline, signature)
+                return engine if handover is None else self._finish(call, handover,
+                                                                     passed_over)
         agreed = self._agree(signature, deadline,
-                             offload.news() if offload is not None else 0,
-                             prepared.proposal if prepared is not None else None, width)
+                             offload.news() if offload is not None else 0, None,
+                             self._width())
         if agreed is None:
             return None
         if not self._call_boundary(agreed.news):  # (the same on every rank)
             engine, declined = self._choose(call)  # joined again, or grown: choose again
-            prepared = None
         passed_over += declined
-        handover = self._run(engine, call, deadline, prepared, agreed.window, signature)
+        handover = self._run(engine, call, deadline, signature)
         return engine if handover is None else self._finish(call, handover, passed_over)
 
     def _run(self, engine: Engine, call: AllreduceCall, deadline: Deadline,
-             prepared: Any, first: np.ndarray | None, signature: CallSignature
-             ) -> HandOver | None:
-        """``engine.run`` (``prepared`` and ``first``: the offload's call, made ready and
-        its first window agreed); an exception leaves the communicator broken (part of
+             signature: CallSignature, gate: HostGate | None = None) -> HandOver | None:
+        """``engine.run`` (``gate``: the chooser's part of the offload's gate, for a
+        call the offload serves); an exception leaves the communicator broken (part of
         the call may be in flight), unless MPI refused the call's arguments before it
         started. A call the offload saw the ranks make differently
         (``HandOver.mismatch``) raises AgreementError on every rank, naming what differs
         (``disagree``)."""
         try:
-            handover = (engine.run(call, deadline) if prepared is None else
-                        engine.run(call, deadline, prepared, first))  # type: ignore[call-arg]
+            handover = (engine.run(call, deadline) if gate is None else
+                        engine.run(call, deadline, gate))  # type: ignore[call-arg]
             if handover is not None and handover.mismatch:
                 disagree(self.comm, signature, self._seq, deadline, self._width())
             return handover
@@ -409,22 +383,17 @@ class Collectives:
         """Call ``self._seq`` starts, alike on every rank, with rank 0's ``news``; False
         when the offload's layout changed (a prepared call must be chosen again)."""
         offload = self.offload
-        if offload is None:
-            return True
-        layout = offload.layout()
-        offload.at_call_boundary(self._seq, news)
-        return offload.layout() == layout
+        return offload is None or offload.at_call_boundary(self._seq, news)
 
     def _offload_gate(self, offload: OffloadEngine, ident: int, signature: CallSignature,
-                      deadline: Deadline, prepared: Any = None) -> Gated | None:
-        """The gate through the offload (``offload.gate``), this call's number a call
-        boundary first. None when the ranks must choose again (the gate failed, or the
-        layout changed); raises AgreementError on every rank when the offload saw their
-        calls differ."""
-        if not self._call_boundary(0):
-            return None
+                      deadline: Deadline) -> Gated | None:
+        """The gate of a call the offload does not serve, through the offload
+        (``offload.gate``, which makes the call boundary): NOT_HERE where it makes
+        none now. None when the ranks must choose again (the gate failed, or the layout
+        changed); raises AgreementError on every rank when the offload saw their calls
+        differ."""
         try:
-            gated = offload.gate(ident, prepared, deadline)
+            gated = offload.gate(ident, deadline, _HostGate(self, signature, deadline))
             if gated.outcome is GateOutcome.MISMATCH:
                 disagree(self.comm, signature, self._seq, deadline, self._width())
         except AgreementError:
@@ -434,16 +403,6 @@ class Collectives:
             raise
         return None if gated.outcome is GateOutcome.RESTART else gated
 
-    def help_rescue(self, what: str) -> None:
-        """Collective, when a gate (this communicator's, or its owner's) showed TROUBLE:
-        this rank takes part in the offload's rescue of the call a rank could not finish
-        alone (recovery.py)."""
-        if self.offload is None:
-            raise CommunicatorBroken(f"a rank could not finish {what}, and this "
-                                     "communicator has no engine that ends calls "
-                                     "without a host collective")
-        self.offload.help_rescue(what)
-
     def _agree(self, signature: CallSignature, deadline: Deadline, news: int = 0,
                window: np.ndarray | None = None, width: int = 0) -> Agreed | None:
         """The gate by MPI: agree, or (a rank could not finish its last call alone) run
@@ -451,7 +410,7 @@ class Collectives:
         try:
             agreed = agree(self.comm, signature, self._seq, deadline, news, window, width)
             if agreed.trouble:
-                self.help_rescue(f"the call before allreduce #{self._seq}")
+                self.errors.rescue(f"the call before allreduce #{self._seq}")
                 return None
             self.errors.forget()  # every rank is past its last call: nothing to keep
             return agreed
@@ -512,12 +471,12 @@ class Collectives:
                                      f"{-extremes[1]} to {extremes[0]}); every rank must "
                                      "call set_quorum with the same k")
         if self.offload is not None:
-            self.offload.set_quorum(k)
+            self.offload.quorum.set(k)
 
     def quorum_active(self) -> bool:
         """Whether the offload's calls now complete with fewer than every rank (an
         AVERAGE then divides each chunk by the ranks it counted; docs/quorum.md)."""
-        return self.offload is not None and self.offload.quorum_active()
+        return self.offload is not None and self.offload.quorum.active()
 
     def check_agreement(self, signature: CallSignature, deadline: Deadline | None = None,
                         news: int = 0, through_offload: bool = True) -> int | None:
@@ -532,10 +491,13 @@ class Collectives:
         deadline = deadline or Deadline(self.settings.timeout)
         while True:  # (again after a gate that ended in a rescue: each one bounded)
             offload = self.offload
-            if through_offload and offload is not None and offload.gates():
-                if self._offload_gate(offload, identity(signature), signature, deadline):
+            if through_offload and offload is not None:
+                gated = self._offload_gate(offload, identity(signature), signature,
+                                           deadline)
+                if gated is None:
+                    continue
+                if gated.outcome is not GateOutcome.NOT_HERE:
                     return 0  # (news is for what the offload lost: nothing is)
-                continue
             agreed = self._agree(signature, deadline, news, None, self._width())
             if agreed is not None:
                 return agreed.news
@@ -550,7 +512,7 @@ class Collectives:
                        self._seq + 1, Deadline(self.settings.timeout), 0, None,
                        self._width())
         if agreed.trouble:
-            self.help_rescue(what)
+            self.errors.rescue(what)
         self.errors.forget()
 
     def finish_calls(self) -> None:
@@ -561,13 +523,12 @@ class Collectives:
         if self.errors.kept is None or not self.errors.gated:
             return
         signature = CallSignature(CallSignature.FINISH, -1, -1, -1, "finalize")
-        silence = self.offload.silence_bound() if self.offload is not None else 0.0
-        bound = Deadline(silence + 5.0)
+        bound = Deadline(self.errors.silence + 5.0)
         try:
             agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None,
                            self._width())
             while agreed.trouble:  # (each gate bounded by what is left of ``bound``)
-                self.help_rescue("the last call before finalize")
+                self.errors.rescue("the last call before finalize")
                 agreed = agree(self.comm, signature, self._seq + 1, bound, 0, None,
                                self._width())
         except Exception as exc:  # (the ranks may free at different times: log only)
@@ -600,3 +561,16 @@ class Following(NamedTuple):
     value_bits: int = 0
     key: Hashable = None
     present: int = 0
+
+
+class _HostGate(HostGate):
+    """The chooser's part of one call's gate, for the offload (engine.HostGate)."""
+
+    def __init__(self, chooser: Collectives, signature: CallSignature, deadline: Deadline):
+        self._chooser, self._signature, self._deadline = chooser, signature, deadline
+
+    def boundary(self, news: int | None) -> bool:
+        return self._chooser._call_boundary(news)
+
+    def agree(self, news: int, proposal: np.ndarray | None, width: int) -> Agreed | None:
+        return self._chooser._agree(self._signature, self._deadline, news, proposal, width)

@@ -7,12 +7,13 @@ gives a call up midway. An engine is ``Engine``: a name, ``declines`` (Horovod's
 
 One engine may be more than that: an ``OffloadEngine`` moves the reduction out of the
 hosts, and with it state that outlives a call (calls numbered alike on every rank, a
-layout that changes at call boundaries). It may agree on a call by its own traffic
-instead of a host collective (``gate``), predict a call that needs no gate at all, end
-a call with no host collective (its error path: recovery.py) and complete calls with
-fewer than every rank (a quorum). The chooser holds one, or none, beside its engines,
-and asks those hooks of it alone; the layer above gives it (``Collectives``'s
-``offload``), so this layer never imports one.
+layout that changes at call boundaries). It makes the gate of a call it serves inside
+its ``run`` (by its own traffic, by the chooser's agreement through ``HostGate``, or
+none for a call it predicts), may make the gate of another engine's call
+(``gate``), ends a call with no host collective where it can (its error path:
+recovery.py) and completes calls with fewer than every rank (a quorum). The chooser
+holds one, or none, beside its engines, and asks those hooks of it alone; the layer
+above gives it (``Collectives``'s ``offload``), so this layer never imports one.
 """
 from __future__ import annotations
 
@@ -42,10 +43,14 @@ class AllreduceCall:
     # others pass zeros and are not counted: the Horovod runtime ran ahead of them in
     # quorum mode (docs/quorum.md, Running ahead); AVERAGE divides by those counted.
     present: int = 0
-    # Called once, with no arguments, while the call's last window drains, by an engine
-    # that can start the next call then (the chooser's: it adopts what its caller says
-    # comes next, Collectives.allreduce_flat's ``following``); None: nothing.
-    on_drain: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    # The call's identity (agreement.identity of its signature and value width), made
+    # once by the chooser; 0: none given.
+    ident: int = field(default=0, compare=False)
+    # Called at most once, with no arguments, while the call's last window drains, by an
+    # engine that can start the next call then: the next call, checked and made ready
+    # by its caller (Collectives.allreduce_flat's ``following``), or None.
+    on_drain: Callable[[], "AllreduceCall | None"] | None = field(
+        default=None, compare=False, repr=False)
 
     @property
     def dtype(self) -> np.dtype:
@@ -62,6 +67,13 @@ class AllreduceCall:
     def absent(self, rank: int) -> bool:
         """Whether ``rank`` adds nothing to this call."""
         return bool(self.present) and not (self.present >> rank) & 1
+
+    def same_as(self, other: "AllreduceCall") -> bool:
+        """Whether ``other`` is this call made again: the same buffers, op, value width,
+        key and ranks present."""
+        return (self.send is other.send and self.recv is other.recv
+                and self.op is other.op and self.value_bits == other.value_bits
+                and self.key == other.key and self.present == other.present)
 
 
 @dataclass
@@ -90,6 +102,7 @@ class GateOutcome(enum.StrEnum):
     RESTART = "restart"          # the gate failed and nothing is lost: choose again
     TO_FALLBACK = "to_fallback"  # the gate failed while a rank was already running the
     #                              call: every rank takes it to the fallback
+    NOT_HERE = "not_here"        # the offload makes no gate now: the agreement does
 
 
 @dataclass
@@ -136,100 +149,66 @@ class Engine:
         return {}
 
 
-class OffloadEngine(Engine):
-    """An engine that moves the reduction out of the hosts, with state of its own between
-    calls: the hooks the chooser asks of its offload alone (module docstring)."""
+class HostGate:
+    """The chooser's part of a call's gate, as the offload's ``run`` and ``gate`` use it:
+    the call boundary and the agreement by MPI (chooser.py makes one per call)."""
 
-    def run(self, call: AllreduceCall, deadline: Deadline, prepared: Any = None,
-            agreed_first: np.ndarray | None = None) -> HandOver | None:
-        """``Engine.run``; ``prepared``: what ``prepare`` made of the call, and
-        ``agreed_first`` the ranks' max of its ``proposal``, where the chooser's gate
-        agreed on it (``prepared`` alone: after ``predicts`` said yes)."""
+    def boundary(self, news: int | None) -> bool:
+        """The call starts, alike on every rank, with rank 0's ``news`` (None: no gate
+        carried it): False when the offload's layout changed at it (what the call was
+        made ready for no longer holds: it starts over)."""
         raise NotImplementedError
 
-    # -- a first window agreed in the chooser's gate --------------------------------------
+    def agree(self, news: int, proposal: np.ndarray | None, width: int) -> Any:
+        """The agreement by MPI (agreement.agree): this rank's ``news`` and the call's
+        first-window ``proposal`` (None: none), in a gate of ``width`` values; its
+        ``Agreed``, or None where the gate ended in a rescue (the call starts over)."""
+        raise NotImplementedError
 
-    def prepare(self, call: AllreduceCall, width: int | None = None) -> Any:
-        """The call made ready, with ``proposal`` (int16) for the gate to take the max of
-        over the ranks; None where it declines the call (or, with ``width``, it does not
-        fit a gate of that many values)."""
+
+class OffloadEngine(Engine):
+    """An engine that moves the reduction out of the hosts, with state of its own between
+    calls. The chooser asks it ``declines`` and ``run`` (``Enabled`` and ``Execute``),
+    as any engine; the gate of a call it serves (by its own traffic, or the agreement) and
+    calls back to back happen inside its ``run``. Beside those, the chooser asks it
+    only what a call it does not serve needs: its ``gate``, its ``news`` and
+    ``window_size`` for the agreement by MPI, and the ``at_call_boundary``; and the
+    ``quorum`` mode. Its rescue and its silence bound it registers with the ErrorPath
+    it is given (recovery.py: ``set_rescue``)."""
+
+    # The quorum mode (docs/quorum.md): ``set(k)``, calls from the next one on complete
+    # at k ranks (0: every rank); ``active()``, whether calls now complete with fewer.
+    quorum: Any
+
+    def run(self, call: AllreduceCall, deadline: Deadline, gate: HostGate | None = None
+            ) -> HandOver | None:
+        """``Engine.run``, its gate made here: ``gate``, the chooser's part of it, where
+        the chooser compares the ranks' calls (None: the caller did, as the runtime's
+        negotiation does: the call boundary is made already). A HandOver with
+        ``rechoose`` and no ``reason``: nothing moved and the call starts over (its
+        gate failed, or the layout changed at its boundary)."""
+        raise NotImplementedError
+
+    def gate(self, ident: int, deadline: Deadline, gate: HostGate) -> Gated:
+        """Collective: the gate of a call this offload does not serve (another engine's
+        allreduce, another collective), whose identity is ``ident``
+        (agreement.identity), through the offload; NOT_HERE, alike on every rank,
+        where the offload makes no gate now (the chooser's agreement does)."""
+        raise NotImplementedError
+
+    def news(self) -> int:
+        """This rank's news for the agreement (rank 0's reaches every rank): non-zero
+        when what the offload lost answers again."""
         raise NotImplementedError
 
     def window_size(self) -> int:
-        """The int16 values every rank passes in the gate (the same on every rank
+        """The int16 values every rank passes in the agreement (the same on every rank
         between call boundaries)."""
         raise NotImplementedError
 
-    # -- call boundaries ------------------------------------------------------------------
-
-    def news(self) -> int:
-        """This rank's news for the gate (rank 0's reaches every rank): non-zero when
-        what the offload lost answers again."""
-        raise NotImplementedError
-
-    def at_call_boundary(self, seq: int, news: int | None) -> None:
+    def at_call_boundary(self, seq: int, news: int | None) -> bool:
         """Call ``seq`` starts, the same on every rank, with rank 0's ``news`` (None:
-        no gate carried it)."""
-        raise NotImplementedError
-
-    def layout(self) -> tuple:
-        """What a prepared call depends on: it changes at a call boundary when the call
-        must be chosen again."""
-        raise NotImplementedError
-
-    # -- the offload's own gate -----------------------------------------------------------
-
-    def gates(self) -> bool:
-        """Whether the next call's gate goes through the offload (``gate``) rather than
-        the chooser's agreement."""
-        raise NotImplementedError
-
-    def gate(self, ident: int, prepared: Any, deadline: Deadline) -> Gated:
-        """Collective through the offload (``gates()`` holds, alike on every rank): the
-        gate of the call whose identity is ``ident`` (agreement.identity), agreeing on
-        ``prepared``'s first window where the offload serves it (None: another engine
-        does)."""
-        raise NotImplementedError
-
-    def predicts(self, ident: int, prepared: Any) -> bool:
-        """Whether this call needs no gate: its own traffic carries what a gate would
-        (then ``run`` gets ``prepared`` without ``agreed_first``). Alike on every rank
-        while ``gates()`` holds."""
-        raise NotImplementedError
-
-    # -- calls back to back -----------------------------------------------------------------
-
-    def adopt(self, call: AllreduceCall, prepared: Any, ident: int, seq: int) -> bool:
-        """Start ``call`` (``prepared``; ``ident``, its identity; ``seq``, its number at
-        the chooser) now, while the running call drains (its ``on_drain``), where its
-        run would need no gate and nothing could differ on a rank that starts it only
-        after the running call returned; True if started. The chooser's next call must
-        then be this one: ``run`` finishes it. (An offload that cannot: never.)"""
-        return False
-
-    def adopted(self) -> AllreduceCall | None:
-        """The call ``adopt`` started and no ``run`` finished yet (None: none)."""
-        return None
-
-    # -- the error path (recovery.py) and the quorum --------------------------------------
-
-    def help_rescue(self, what: str) -> None:
-        """Collective, when a gate showed TROUBLE: take part in the rescue of the call a
-        rank could not finish alone (``what`` names it)."""
-        raise NotImplementedError
-
-    def set_quorum(self, k: int) -> None:
-        """Calls it serves from the next one complete at k ranks (0: every rank)."""
-        raise NotImplementedError
-
-    def quorum_active(self) -> bool:
-        """Whether calls now complete with fewer than every rank."""
-        raise NotImplementedError
-
-    def silence_bound(self) -> float:
-        """Seconds a call of its goes without an answer before it gives up: what bounds
-        the last gate at finalize (``Collectives.finish_calls``), where a rank may still
-        be finishing its last call."""
+        no gate carried it); False when the offload's layout changed."""
         raise NotImplementedError
 
 

@@ -8,7 +8,7 @@ anything else on the communicator (the chooser's agreement, an offload's own gat
 while no gate comes of itself: the runtime, between negotiated rounds).
 A rank that cannot finish such a call alone says so in that gate, with ``TROUBLE`` in
 the first column of its row (``trouble``); every rank that reads it then takes part in
-the offload's rescue (``Collectives.help_rescue``), which may need what a rank kept of
+the offload's rescue (``ErrorPath.rescue``), which may need what a rank kept of
 its last call until every rank is past it.
 
 ``ErrorPath`` holds a communicator's part of it: whether its owner's next collective is
@@ -62,6 +62,28 @@ class ErrorPath:
         # rounds) tells the other ranks, which make one (runtime/background.py).
         self.kept_call: int | None = None
         self.reporting: int | None = None
+        # The offload's rescue and silence bound (``set_rescue``): none without one.
+        self._rescue: Callable[[str], None] | None = None
+        self.silence = 0.0
+
+    # -- the rescue ---------------------------------------------------------------------
+
+    def set_rescue(self, rescue: Callable[[str], None] | None, silence: float = 0.0
+                   ) -> None:
+        """The offload's part in a rescue (``rescue(what)``, collective, when a gate
+        showed TROUBLE), and ``silence``, the seconds a call of its goes without an
+        answer before it gives up (what bounds the last gate at finalize); None: the
+        communicator has no engine that ends calls without a host collective."""
+        self._rescue, self.silence = rescue, silence if rescue is not None else 0.0
+
+    def rescue(self, what: str) -> None:
+        """Collective, when a gate showed TROUBLE: take part in the rescue of ``what``,
+        the call a rank could not finish alone."""
+        if self._rescue is None:
+            raise CommunicatorBroken(f"a rank could not finish {what}, and this "
+                                     "communicator has no engine that ends calls "
+                                     "without a host collective")
+        self._rescue(what)
 
     # -- the gate -----------------------------------------------------------------------
 

@@ -22,15 +22,21 @@ import ipaddress
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import protocol as P
-from ..collectives.agreement import CallSignature, identity
-from ..collectives.engine import AllreduceCall, Gated, GateOutcome, HandOver, OffloadEngine
-from ..collectives.ops import FLOAT_DTYPES, Op, dtype_code, op_code
+from ..collectives.engine import (
+    AllreduceCall,
+    Gated,
+    GateOutcome,
+    HandOver,
+    HostGate,
+    OffloadEngine,
+)
+from ..collectives.ops import FLOAT_DTYPES, Op
 from ..collectives.recovery import ErrorPath
 from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
@@ -83,6 +89,7 @@ class InaEngine(OffloadEngine):
         # the next collective is a gate, and the last window of the last vote-free call
         # (rescue.py: Kept).
         self.errors = errors
+        errors.set_rescue(self.help_rescue, settings.switch_silence)
         self.vote_free_calls = self.rescued_calls = 0
         # The kept windows served to the peers and asked of them (ina/windows.py): a rank
         # that lost results of a call a peer finished completes it from that peer's
@@ -91,11 +98,9 @@ class InaEngine(OffloadEngine):
         self.windows, self.window_peers = self._serve_windows()
         self.opened_calls = self.failed_openings = 0
         # Calls that repeat one made before go without an opening (docs/protocol.md, One
-        # round trip); ``_identified``: the prepared call whose identity the chooser gave
-        # (``open``, ``predicts``), for ``run`` to learn from or predict with.
+        # round trip).
         self.predictions = Predictions(headroom=settings.switch_predict_headroom)
         self.predicted_calls = self.mismatched_predictions = 0
-        self._identified: tuple[Prepared, int, Any] | None = None
         self._learn = np.empty(0, np.int16)
         # The run of identified calls this engine ran last: its identity and length (a
         # call's place in it keys its prediction: alike on every rank, which run the
@@ -126,8 +131,10 @@ class InaEngine(OffloadEngine):
         """Non-zero when an aggregator this rank lost answers again."""
         return self.aggregators.answers_again()
 
-    def at_call_boundary(self, seq: int, news: int | None = None) -> None:
+    def at_call_boundary(self, seq: int, news: int | None = None) -> bool:
+        layout = self.layout()
         self.aggregators.at_call_boundary(seq, news)
+        return self.layout() == layout
 
     def close(self) -> None:
         self.aggregators.release()
@@ -166,11 +173,6 @@ class InaEngine(OffloadEngine):
         and "switch" (without this engine: offload.ABSENT)."""
         return {"kernels": self.kernels.name, "transport": self.aggregators.counts(),
                 "switch": self.switch_state()}
-
-    def silence_bound(self) -> float:
-        """The seconds a stream goes without a result before it declares the aggregator
-        dead (INA_SWITCH_SILENCE)."""
-        return self.settings.switch_silence
 
     def switch_state(self) -> dict:
         """What stats()["switch"] reports: whether the aggregator serves, its outages and
@@ -234,7 +236,7 @@ class InaEngine(OffloadEngine):
     # -- one call ---------------------------------------------------------------------
 
     def declines(self, call: AllreduceCall) -> str | None:
-        if (call.present and call.op is Op.AVERAGE and not self.quorum_active()
+        if (call.present and call.op is Op.AVERAGE and not self.quorum.active()
                 and call.divisor(self.quorum.n) < self.quorum.n):
             # (In sync an absent rank adds zeros and is counted: its caller asks for a
             # SUM and divides, as the Horovod runtime does.)
@@ -301,26 +303,31 @@ class InaEngine(OffloadEngine):
                 and link is not None and link.opens
                 and not 0 < self.quorum.k < self.quorum.n)
 
-    def set_quorum(self, k: int) -> None:
-        self.quorum.set(k)
+    def gate(self, ident: int, deadline: Deadline, gate: HostGate) -> Gated:
+        """The gate of a call another engine serves, or of another collective: its
+        opening through the switch (``opening``), its boundary first; NOT_HERE where the
+        next call does not open through the switch (``gates``)."""
+        self._check_adopted(None)
+        if not self.gates():
+            return Gated(GateOutcome.NOT_HERE)
+        if not gate.boundary(0):
+            return Gated(GateOutcome.RESTART)
+        return self.opening(ident, None, deadline)
 
-    def quorum_active(self) -> bool:
-        return 0 < self.quorum.k < self.quorum.n
-
-    def gate(self, ident: int, prepared: Prepared | None, deadline: Deadline) -> Gated:
+    def opening(self, ident: int, prepared: Prepared | None, deadline: Deadline) -> Gated:
         """Collective through the switch (``gates()`` must hold, alike on every rank): the
         call's opening, numbered as the next switch call. ``ident``: the call's
         identity (agreement.identity); ``prepared``: a switch call's, whose first window
-        of exponents (and whether it holds a NaN or an Inf) the opening agrees on; None
-        for a call another engine serves. A rank whose opening fails takes the error path
-        with the others (rescue.py) and marks the aggregator lost, as they do."""
+        of exponents (and whether it holds a NaN or an Inf) the opening agrees on, and
+        which learns from it (``predictions``); None for a call another engine serves. A
+        rank whose opening fails takes the error path with the others (rescue.py) and
+        marks the aggregator lost, as they do."""
         link = self.aggregators.link
         s = self.settings
         # Numbered as the next switch call will be: the switch orders a cell's uses by
         # call number (a quorum's late packets of earlier calls are dropped as late).
         outcome, window, result = open_call(link, ident, prepared,
                                             self.quorum.calls + 1, s, deadline)
-        self._identified = None
         if outcome == "mismatch":
             # The ranks may have opened different slots, some of which wait for packets
             # that never come: a new epoch leaves every cell idle (docs/protocol.md).
@@ -331,9 +338,7 @@ class InaEngine(OffloadEngine):
             self.opened_calls += 1
             self.errors.forget()  # every rank is past its last call
             if prepared is not None and window is not None and self._learns(prepared):
-                shape = self._shape()
-                self._identified = (prepared, ident, shape)
-                self.predictions.learn(ident, shape, window[1:],
+                self.predictions.learn(ident, self._shape(), window[1:],
                                        place=self._place(ident, prepared))
             return Gated(GateOutcome.AGREED, window)
         self.predictions.clear()
@@ -368,27 +373,15 @@ class InaEngine(OffloadEngine):
         return (self.can_open() and link is not None and link.predicts
                 and len(prepared.shares) == 1 and not prepared.quorum)
 
-    def predicts(self, ident: int, prepared: Prepared | None) -> bool:
-        """Whether this call (``ident``: its identity, the opening's) goes without an
-        opening, its first window predicted: alike on every rank (``gates()`` holds)."""
-        if (prepared is None or not prepared.shares or not self._learns(prepared)
+    def _predict(self, ident: int, prepared: Prepared) -> np.ndarray | None:
+        """The predicted first window of this call (``ident``: its identity, the
+        opening's), where it goes without an opening; None where it opens. Alike on
+        every rank (``gates()`` holds)."""
+        if (not prepared.shares or not self._learns(prepared)
                 or not self.settings.switch_predict):
-            return False
-        shape = self._shape()
-        adopted = self._adopted
-        if adopted is not None and adopted.plan.prepared is prepared:
-            # Started in the last call's drain (``adopt``): the table is looked up now, as
-            # a rank that did not start it looks it up (alike: nothing it looks at
-            # changed since).
-            self.predictions.predict(ident, shape, self._span(prepared), prepared.wide,
-                                     adopted.place)
-            return True
-        predicted = self.predictions.predict(ident, shape, self._span(prepared),
-                                             prepared.wide, self._place(ident, prepared))
-        if predicted is None:
-            return False
-        self._identified = (prepared, ident, shape, predicted)
-        return True
+            return None
+        return self.predictions.predict(ident, self._shape(), self._span(prepared),
+                                        prepared.wide, self._place(ident, prepared))
 
     def _place(self, ident: int, prepared: Prepared) -> Hashable:
         """The call's place (Predictions): its caller's key where it has one, else its
@@ -404,48 +397,92 @@ class InaEngine(OffloadEngine):
         a, b = prepared.shares[0].window
         return b - a
 
-    def run(self, call: AllreduceCall, deadline: Deadline, prepared: Prepared | None = None,
-            agreed_first: np.ndarray | None = None) -> HandOver | None:
-        """One call through the switch: its first window agreed, the stream, its outcome.
-        ``prepared`` and ``agreed_first`` (the max of every rank's proposal): the caller
-        agreed on the first window's exponents already (the chooser's gate or opening);
-        ``prepared`` alone, after ``predicts`` said yes: the first window goes predicted;
-        else this opens the call through the switch (``gates``) or makes the exponent
-        round by MPI itself. The call ``adopt`` started is finished where it left off."""
-        adopted = self._adopted
-        if adopted is not None:
-            if adopted.call is call:
-                return self._resume(adopted)
-            self._drop_adopted()
-            raise CommunicatorBroken(
-                f"a {call.nbytes}-byte allreduce was run where the call started during "
-                f"the last one's drain ({adopted.call.nbytes} bytes) was due")
+    def run(self, call: AllreduceCall, deadline: Deadline, gate: HostGate | None = None
+            ) -> HandOver | None:
+        """One call through the switch: its gate (``_first_window``), the stream, its
+        outcome. ``gate``: the chooser's part of the gate (the call boundary, the
+        agreement by MPI); None where the caller compared the calls (the boundary made).
+        The call ``adopt`` started in the last call's drain is finished where it left
+        off (``_resume``)."""
+        adopted = self._check_adopted(call)
         try:
-            return self._run_call(call, deadline, prepared, agreed_first)
+            if adopted is not None:
+                if gate is not None and not gate.boundary(0):
+                    return HandOver("", adopted.plan.prepared.x, rechoose=True)
+                return self._resume(adopted, call)
+            first = self._first_window(call, deadline, gate)
+            if isinstance(first, HandOver):
+                return first
+            return self._stream(call, deadline, *first)
         except BaseException:
             self._drop_adopted()
             raise
 
-    def _run_call(self, call: AllreduceCall, deadline: Deadline,
-                  prepared: Prepared | None, agreed_first: np.ndarray | None
-                  ) -> HandOver | None:
-        identified = self._identified
-        if prepared is None or (agreed_first is None
-                                and not (identified and identified[0] is prepared)):
-            first = self._first_window(call, deadline)
-            if isinstance(first, HandOver):
-                return first
-            prepared, agreed_first = first
-        identified, self._identified = self._identified, None
-        if not (identified and identified[0] is prepared):
-            identified = None
-        ident, shape = (identified[1], identified[2]) if identified else (0, None)
+    def _check_adopted(self, call: AllreduceCall | None) -> _Adopted | None:
+        """The call started in the last call's drain, where ``call`` is it; None where
+        none was. Any other call, or another collective's gate (``call`` None), leaves
+        the communicator broken: the call started is due."""
+        adopted = self._adopted
+        if adopted is None or (call is not None and adopted.call.same_as(call)):
+            return adopted
+        self._drop_adopted()
+        what = (f"a {call.nbytes}-byte allreduce was run" if call is not None
+                else "another collective's gate was made")
+        raise CommunicatorBroken(f"{what} where the call started during the last one's "
+                                 f"drain ({adopted.call.nbytes} bytes) was due")
+
+    def _first_window(self, call: AllreduceCall, deadline: Deadline, gate: HostGate | None
+                      ) -> tuple[Prepared, np.ndarray, int, np.ndarray | None] | HandOver:
+        """The call's gate, written once: the call made ready and its first window's
+        exponents agreed by every rank, with the identity it learns or predicts by (0:
+        none) and its predicted exponents (None: agreed). Predicted where it repeats a
+        call the switch served; else through an opening of its own where the switch
+        takes them; else by MPI: in the chooser's agreement (``gate``) where the window
+        fits it, or in a round of its own. A HandOver where nothing moved: ``rechoose``
+        where the call starts over (the chooser's gate: without a reason where the
+        layout changed), else to the fallback."""
+        prepared = self.prepare(call)
+        ident = call.ident
+        if self.gates():
+            predicted = self._predict(ident, prepared)
+            if gate is not None and not gate.boundary(0):
+                return HandOver("", prepared.x, rechoose=True)
+            if predicted is not None:
+                return prepared, _predicted_first(predicted), ident, predicted
+            opened = self.opening(ident, prepared, deadline)
+            if opened.outcome is GateOutcome.MISMATCH:
+                if gate is None:  # (the runtime's negotiation compared the calls)
+                    raise AgreementError(f"the switch saw the ranks' calls differ at a "
+                                         f"{call.nbytes}-byte allreduce")
+                return HandOver(opened.reason, prepared.x, rechoose=True, mismatch=True)
+            if opened.outcome is not GateOutcome.AGREED:  # nothing moved: chosen again,
+                return HandOver(opened.reason, prepared.x,  # or to the ring
+                                rechoose=opened.outcome is GateOutcome.RESTART)
+            learns = self._learns(prepared)
+            return prepared, opened.window, ident if learns else 0, None
+        if gate is not None:
+            width = self.window_size()
+            fits = not prepared.quorum and prepared.proposal.size <= width
+            agreed = gate.agree(self.news(), prepared.proposal if fits else None, width)
+            if agreed is None or not gate.boundary(agreed.news):
+                return HandOver("", prepared.x, rechoose=True)  # (a rescue, a new layout)
+            if fits:
+                return prepared, agreed.window, 0, None
+        agreed_first = np.empty_like(prepared.proposal)
+        wait(self.comm.Iallreduce(prepared.proposal, agreed_first, MPI.MAX), deadline,
+             lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte "
+                     f"allreduce")
+        return prepared, agreed_first, 0, None
+
+    def _stream(self, call: AllreduceCall, deadline: Deadline, prepared: Prepared,
+                agreed_first: np.ndarray, ident: int, predicted: np.ndarray | None
+                ) -> HandOver | None:
+        """The call streamed, its first window agreed (``_first_window``), and ended."""
+        shape = self._shape() if ident else None
         place = self._place(ident, prepared)
         if ident:
             self._enter_run(ident)
-        predicted = bool(ident) and agreed_first is None
-        if predicted:
-            agreed_first = _predicted_first(identified[3])
+        predicted = predicted is not None
         _, quorum = self._numbered(call)
         number = self.quorum.calls
         # A sync call through one aggregator needs no vote when the caller's next
@@ -480,7 +517,7 @@ class InaEngine(OffloadEngine):
                         predicted and bool(prepared.proposal[0]),
                         call.absent(self.quorum.rank) and bool(quorum))
         try:
-            results = self.streams.run(links, plan, call.on_drain if vote_free else None)
+            results = self.streams.run(links, plan, self._drain(call) if vote_free else None)
         finally:
             self._running = None
         self.predicted_calls += predicted
@@ -571,7 +608,22 @@ class InaEngine(OffloadEngine):
         return True
 
     def adopted(self) -> AllreduceCall | None:
+        """The call ``adopt`` started that no ``run`` finished yet (None: none)."""
         return self._adopted.call if self._adopted is not None else None
+
+    def _drain(self, call: AllreduceCall) -> Callable[[], None] | None:
+        """What the stream of ``call`` calls while its last window drains: its caller's
+        next call (``call.on_drain``) started where this engine takes it (``adopt``), as
+        the call after this one (``aggregators.seq``, this call's number, plus one)."""
+        following = call.on_drain
+        if following is None:
+            return None
+
+        def drained() -> None:
+            after = following()
+            if after is not None and self.declines(after) is None:
+                self.adopt(after, self.prepare(after), after.ident, self.aggregators.seq + 1)
+        return drained
 
     def _enter_run(self, ident: int) -> tuple[int, int]:
         """An identified call of ``ident`` starts: the run of identities goes on or
@@ -588,11 +640,11 @@ class InaEngine(OffloadEngine):
         return self.quorum.next_call(
             (call.recv.size, call.dtype.str, call.op, call.value_bits), call.present)
 
-    def _resume(self, adopted: _Adopted) -> HandOver | None:
-        """The adopted call run to its end, and ended as any vote-free call."""
+    def _resume(self, adopted: _Adopted, call: AllreduceCall) -> HandOver | None:
+        """The adopted call run to its end (``call``: it, made again, with its own next
+        call), and ended as any vote-free call."""
         self._adopted = None
-        self._identified = None
-        call, plan = adopted.call, adopted.plan
+        plan = adopted.plan
         prepared, bits = plan.prepared, plan.value_bits
         link = self.aggregators.link
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
@@ -600,7 +652,7 @@ class InaEngine(OffloadEngine):
         self._running = (adopted.ident, prepared.shares[0].end - prepared.shares[0].first,
                          adopted.place)
         try:
-            result = link.resume(call.on_drain)
+            result = link.resume(self._drain(call))
         finally:
             self._running = None
         self.predicted_calls += 1
@@ -628,33 +680,6 @@ class InaEngine(OffloadEngine):
             buffer = self._learn = np.empty(size, np.int16)
         buffer.fill(P.PROPOSAL_NONE)
         return buffer
-
-    def _first_window(self, call: AllreduceCall, deadline: Deadline
-                      ) -> tuple[Prepared, np.ndarray | None] | HandOver:
-        """The call made ready and its first window's exponents agreed by every rank:
-        none where it repeats a call the switch served (predicted: None), through an
-        opening of its own where the switch takes them, else with one MPI reduction; a
-        HandOver where the opening failed (nothing moved)."""
-        prepared = self.prepare(call)
-        if self.gates():
-            ident = identity(CallSignature(
-                CallSignature.ARRAYS, call.recv.size, dtype_code(call.dtype),
-                op_code(call.op), ""), call.value_bits)
-            if self.predicts(ident, prepared):
-                return prepared, None
-            opened = self.gate(ident, prepared, deadline)
-            if opened.outcome is GateOutcome.MISMATCH:  # (the runtime's negotiation compared)
-                raise AgreementError(f"the switch saw the ranks' calls differ at a "
-                                     f"{call.nbytes}-byte allreduce")
-            if opened.outcome is not GateOutcome.AGREED:  # nothing moved: chosen again,
-                return HandOver(opened.reason, prepared.x,  # or to the ring
-                                rechoose=opened.outcome is GateOutcome.RESTART)
-            return prepared, opened.window
-        agreed_first = np.empty_like(prepared.proposal)
-        wait(self.comm.Iallreduce(prepared.proposal, agreed_first, MPI.MAX), deadline,
-             lambda: f"all ranks to agree on the exponents of a {call.nbytes}-byte "
-                     f"allreduce")
-        return prepared, agreed_first
 
     def _finish_by_vote(self, call: AllreduceCall, prepared: Prepared, out: np.ndarray,
                         results: list[Result], bits: int, deadline: Deadline
@@ -795,7 +820,7 @@ class InaEngine(OffloadEngine):
         vote-free call's; False if no peer finished it (every rank is still in it)."""
         first_missing = int(result.missing[0]) * k if result.missing.size else 0
         got = fetch_window(self.window_peers, number, call.recv.dtype,
-                           min(1.0, self.silence_bound()))
+                           min(1.0, self.settings.switch_silence))
         if got is None:
             return False
         start, values, _ = got

@@ -54,6 +54,10 @@ class Quorum:
         asks the same k at the same point."""
         self.k = check_quorum(k)
 
+    def active(self) -> bool:
+        """Whether calls now complete with fewer than every rank."""
+        return 0 < self.k < self.n
+
     def next_call(self, key: object = None, present: int = 0) -> tuple[int, int]:
         """(call number, quorum stamp) of the switch-served call about to start; ``key``:
         what the call repeats from step to step (its length, dtype, op and width). The

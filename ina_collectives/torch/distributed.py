@@ -335,14 +335,14 @@ class ProcessGroupIna(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> Any:
         request = OpRequest("barrier", self._name(), "none", "uint8")
-        return self._work([self._runtime.submit(request)], lambda results: [], "barrier")
+        return self._work([self._live().submit(request)], lambda results: [], "barrier")
 
     def set_quorum(self, k: int) -> None:
         """Quorum mode for this group's switch-served calls after this one (every rank
         calls it with the same k; ina_collectives.set_quorum)."""
         check_quorum(k)
         request = OpRequest("quorum", self._name(), "none", "uint8", shape=(int(k),))
-        self._work([self._runtime.submit(request)], lambda results: [], "set_quorum").wait()
+        self._work([self._live().submit(request)], lambda results: [], "set_quorum").wait()
 
     # -- point-to-point ---------------------------------------------------------------------
 
@@ -452,11 +452,19 @@ class _Work(dist._Work):
         self._future, self._group, self._seconds = future, group, seconds
 
     def wait(self, timeout: Any = None) -> bool:
+        """Until the collective is done; DistBackendError after the group's timeout, or
+        after ``timeout`` (a timedelta; zero or None: the group's) where it is shorter,
+        as gloo's. The call goes on meanwhile: a later wait may still see it done."""
+        seconds = self._seconds
+        given = (timeout.total_seconds() if hasattr(timeout, "total_seconds")
+                 else float(timeout or 0))
+        if given > 0:
+            seconds = min(seconds, given)
         try:
-            self._group.wait(self._seconds)  # in short slices: Ctrl-C interrupts
+            self._group.wait(seconds)  # in short slices: Ctrl-C interrupts
         except Exception:  # noqa: BLE001 - a failure is the future's, as torch's error
             if not self._group.done():
-                raise dist.DistBackendError(f"backend 'ina': waited {self._seconds:g} s "
+                raise dist.DistBackendError(f"backend 'ina': waited {seconds:g} s "
                                             f"for {self._group.what}") from None
         self._future.wait()  # set by the runtime's thread; raises the failure
         return True
@@ -582,12 +590,21 @@ def default_group() -> ProcessGroupIna | None:
     if not dist.is_initialized():
         return None
     pg = dist.distributed_c10d._get_default_group()
-    return _as_ina(pg) or _companions.get(_key(pg))
+    return _as_ina(pg) or _live_companion(pg)
 
 
 # Groups of backend "ina" made over another group's ranks (a DDP communication hook's,
 # torch/hooks.py), by that group's name: one each, made on first use.
-_companions: dict[str, ProcessGroupIna] = {}
+_companions: dict[str, tuple[int, ProcessGroupIna]] = {}  # by name: (id of the group, ours)
+
+
+def _live_companion(pg: Any) -> ProcessGroupIna | None:
+    """The companion made for ``pg`` itself, and not shut down: torch gives a group made
+    after a destroyed one the same name."""
+    made = _companions.get(_key(pg))
+    if made is None or made[0] != id(pg) or made[1]._runtime is None:
+        return None
+    return made[1]
 _companions_lock = threading.Lock()
 
 
@@ -604,7 +621,7 @@ def companion(pg: Any) -> tuple[Any, ProcessGroupIna]:
     if ours is not None:
         return pg, ours
     with _companions_lock:
-        made = _companions.get(_key(pg))
+        made = _live_companion(pg)
         if made is None:
             try:
                 ranks = dist.get_process_group_ranks(pg)
@@ -618,7 +635,7 @@ def companion(pg: Any) -> tuple[Any, ProcessGroupIna]:
                 raise RuntimeError(f"the group made over process group {_key(pg)}'s ranks "
                                    f"is not of backend 'ina' ({group!r})")
             made._torch_group = group
-            _companions[_key(pg)] = made
+            _companions[_key(pg)] = (id(pg), made)
     return made._torch_group, made
 
 

@@ -535,8 +535,9 @@ class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet
                 ) -> torch.Tensor:
+        handle = allgather_async(tensor, name, process_set)  # (it checks the tensor)
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return synchronize(allgather_async(tensor, name, process_set))
+        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -553,8 +554,9 @@ class _GroupedAllgatherFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor
                 ) -> tuple:
+        handle = grouped_allgather_async(tensors, name, process_set)  # (it checks them)
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(synchronize(grouped_allgather_async(tensors, name, process_set)))
+        return tuple(synchronize(handle))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:

@@ -368,35 +368,70 @@ def test_a_job_granted_fewer_slots_runs_with_them_and_grows_when_they_free_up():
 
 class Scripted(OffloadEngine):
     """An offload that takes float32 calls, 'reduces' by doubling (unlike one rank's
-    exact engines, which leave the input as it is) and answers each hook as scripted;
-    ``log`` records what the chooser asked of it."""
+    exact engines, which leave the input as it is) and makes each gate as scripted: its
+    own opening (``gates``: outcomes in turn, AGREED once they run out), a prediction
+    (``predicts``: no gate at all), or the chooser's agreement; ``log`` records what
+    the chooser asked of it and what it asked of the chooser's part of the gate."""
 
     name = "offload"
 
-    def __init__(self, gates: bool = True, predicts: bool = False,
+    def __init__(self, errors: ErrorPath, gates: bool = True, predicts: bool = False,
                  outcomes: tuple = (), handovers: tuple = ()):
         self.gating, self.predicting = gates, predicts
         self.outcomes, self.handovers = list(outcomes), list(handovers)
         self.log: list[tuple] = []
-        self.k = 0
+        self.quorum = types.SimpleNamespace(k=0)
+        self.quorum.set = lambda k: setattr(self.quorum, "k", k)
+        self.quorum.active = lambda: self.quorum.k > 0
+        errors.set_rescue(lambda what: self.log.append(("help", what)), 2.0)
 
     def declines(self, call):
         return None if call.dtype == np.float32 else "offload: not float32"
 
-    def run(self, call, deadline, prepared=None, agreed_first=None):
-        self.log.append(("run", prepared is not None,
-                         None if agreed_first is None else agreed_first.tolist()))
+    def _opened(self, host, proposal):
+        if not host.boundary(0):
+            return Gated(GateOutcome.RESTART)
+        outcome = self.outcomes.pop(0) if self.outcomes else GateOutcome.AGREED
+        self.log.append(("gate", proposal is not None, outcome))
+        window = (proposal + 1 if outcome is GateOutcome.AGREED and proposal is not None
+                  else None)
+        return Gated(outcome, window, "" if outcome is GateOutcome.AGREED
+                     else f"offload: gate {outcome}")
+
+    def run(self, call, deadline, gate=None):
+        proposal = np.array([0, 3, 5], np.int16)
+        intact = (call.recv if call.send is None else call.send).copy()
+        window = None
+        if gate is None:
+            self.log.append(("run", "unchecked"))
+        elif self.gating and self.predicting:
+            self.log.append(("run", "predicted", gate.boundary(0)))
+        elif self.gating:
+            opened = self._opened(gate, proposal)
+            if opened.outcome is not GateOutcome.AGREED:
+                return HandOver(opened.reason if opened.outcome is not GateOutcome.RESTART
+                                else "", intact,
+                                rechoose=opened.outcome is not GateOutcome.TO_FALLBACK,
+                                mismatch=opened.outcome is GateOutcome.MISMATCH)
+            window = opened.window
+        else:
+            agreed = gate.agree(self.news(), proposal, self.window_size())
+            gate.boundary(agreed.news)
+            window = agreed.window
+        if window is not None:
+            self.log.append(("run", window.tolist()))
         if self.handovers:
             handover = self.handovers.pop(0)(call)
             if handover is not None:
                 return handover
-        source = call.recv if call.send is None else call.send
-        np.multiply(source, 2, out=call.recv)
+        np.multiply(intact, 2, out=call.recv)
         return None
 
-    def prepare(self, call, width=None):
-        self.log.append(("prepare", width))
-        return types.SimpleNamespace(proposal=np.array([0, 3, 5], np.int16))
+    def gate(self, ident, deadline, gate):
+        if not self.gating:
+            self.log.append(("gate", "not here"))
+            return Gated(GateOutcome.NOT_HERE)
+        return self._opened(gate, None)
 
     def window_size(self):
         return 3
@@ -406,37 +441,19 @@ class Scripted(OffloadEngine):
 
     def at_call_boundary(self, seq, news):
         self.log.append(("boundary", seq, news))
-
-    def layout(self):
-        return ()
-
-    def gates(self):
-        return self.gating
-
-    def gate(self, ident, prepared, deadline):
-        outcome = self.outcomes.pop(0) if self.outcomes else GateOutcome.AGREED
-        self.log.append(("gate", prepared is not None, outcome))
-        window = (prepared.proposal + 1 if outcome is GateOutcome.AGREED
-                  and prepared is not None else None)
-        return Gated(outcome, window, "" if outcome is GateOutcome.AGREED
-                     else f"offload: gate {outcome}")
-
-    def predicts(self, ident, prepared):
-        return self.predicting
-
-    def help_rescue(self, what):
-        self.log.append(("help", what))
-
-    def set_quorum(self, k):
-        self.k = k
-
-    def quorum_active(self):
-        return self.k > 0
+        return True
 
 
-def scripted(offload: Scripted, **more) -> Collectives:
-    settings = Settings(ring_min_bytes=0, **more)  # (the chooser reads no offload's settings)
-    return Collectives(MPI.COMM_SELF, settings, lambda comm, s, errors: offload)
+def scripted(**script) -> tuple[Collectives, Scripted]:
+    made = []
+
+    def offload(comm, settings, errors):
+        made.append(Scripted(errors, **script))
+        return made[0]
+
+    coll = Collectives(MPI.COMM_SELF, Settings(ring_min_bytes=0, **script.pop("more", {})),
+                       offload)  # (the chooser reads no offload's settings)
+    return coll, made[0]
 
 
 def served(coll: Collectives, x: np.ndarray) -> tuple[list, str, list]:
@@ -444,34 +461,33 @@ def served(coll: Collectives, x: np.ndarray) -> tuple[list, str, list]:
     return out.tolist(), coll.stats.last["engine"], coll.stats.last["passed_over"]
 
 
-def test_a_predicted_call_goes_with_no_gate_and_runs_with_its_prepared_call_alone():
-    offload = Scripted(predicts=True)
-    coll = scripted(offload)
+def test_a_call_the_offload_serves_is_its_run_alone_with_the_choosers_part_of_the_gate():
+    """Enabled, then Execute: the offload's run makes the gate (here a prediction), with
+    the chooser's call boundary; the chooser asks nothing else of it."""
+    coll, offload = scripted(predicts=True)
     try:
-        assert coll.offload is offload
         assert served(coll, np.ones(4, np.float32)) == ([2.0] * 4, "offload", [])
-        assert offload.log == [("prepare", None), ("boundary", 1, 0), ("run", True, None)]
+        assert offload.log == [("boundary", 1, 0), ("run", "predicted", True)]
     finally:
         coll.free()
 
 
-def test_a_gate_through_the_offload_gives_its_window_to_the_run_or_the_call_to_the_ring():
-    """Agreed: the run gets the gate's window. RESTART: nothing was lost, the call
-    starts over (a new gate). TO_FALLBACK: a rank was running it, every rank takes the
-    ring and the reason is counted. A call the offload declines opens through it all
-    the same, with nothing prepared."""
-    offload = Scripted(outcomes=(GateOutcome.AGREED, GateOutcome.RESTART,
-                                 GateOutcome.AGREED, GateOutcome.TO_FALLBACK))
-    coll = scripted(offload)
+def test_a_gate_inside_the_offloads_run_restarts_the_call_or_hands_it_to_the_ring():
+    """AGREED: the run goes on with the window. RESTART: nothing was lost, the call
+    starts over (a new run, a new gate). TO_FALLBACK: a rank was running it, every rank
+    takes the ring from the intact input and the reason is counted. A call the offload
+    declines has the offload's own gate all the same (``gate``), before the ring runs."""
+    coll, offload = scripted(outcomes=(GateOutcome.AGREED, GateOutcome.RESTART,
+                                       GateOutcome.AGREED, GateOutcome.TO_FALLBACK))
     try:
         x = np.ones(4, np.float32)
         assert served(coll, x) == ([2.0] * 4, "offload", [])
-        assert offload.log[-2:] == [("gate", True, GateOutcome.AGREED),
-                                    ("run", True, [1, 4, 6])]
+        assert offload.log == [("boundary", 1, 0), ("gate", True, GateOutcome.AGREED),
+                               ("run", [1, 4, 6])]
         offload.log.clear()
         assert served(coll, x) == ([2.0] * 4, "offload", [])
-        assert [entry[0] for entry in offload.log] == [
-            "prepare", "boundary", "gate", "prepare", "boundary", "gate", "run"]
+        assert [entry[0] for entry in offload.log] == ["boundary", "gate", "boundary",
+                                                       "gate", "run"]
         assert served(coll, x) == ([1.0] * 4, "ring", ["offload: gate to_fallback"])
         offload.log.clear()
         assert served(coll, np.ones(4, np.float64)) == (
@@ -481,60 +497,73 @@ def test_a_gate_through_the_offload_gives_its_window_to_the_run_or_the_call_to_t
         coll.free()
 
 
-def test_a_predicted_call_no_rank_finished_starts_over_with_its_gate():
+def test_a_mismatch_the_offloads_gate_saw_raises_on_every_rank_naming_it():
+    from ina_collectives.errors import AgreementError
+
+    coll, offload = scripted(outcomes=(GateOutcome.MISMATCH,))
+    try:
+        with pytest.raises(AgreementError, match="ranks disagree on the value width"):
+            coll.allreduce(np.ones(4, np.float32))
+        assert served(coll, np.ones(4, np.float32)) == ([2.0] * 4, "offload", [])
+    finally:
+        coll.free()
+
+
+def test_a_call_no_rank_finished_starts_over_with_its_gate_and_its_reason_counted():
     def lost(call):
         offload.predicting = False  # (what served the prediction is lost)
         return HandOver("offload: lost", call.send.copy(), rechoose=True)
 
-    offload = Scripted(predicts=True, handovers=(lost,))
-    coll = scripted(offload)
+    coll, offload = scripted(predicts=True, handovers=(lost,))
     try:
         assert served(coll, np.ones(4, np.float32)) == ([2.0] * 4, "offload",
                                                         ["offload: lost"])
-        assert [entry[0] for entry in offload.log] == [
-            "prepare", "boundary", "run", "prepare", "boundary", "gate", "run"]
+        assert [entry[0] for entry in offload.log] == ["boundary", "run", "boundary",
+                                                       "gate", "run"]
     finally:
         coll.free()
 
 
 def test_a_call_given_up_midway_is_finished_on_the_fallback_from_its_intact_input():
     """The offload did the first half (doubled) and hands the second over: the ring
-    finishes those elements from the intact input; the reason is counted."""
+    finishes those elements from the intact input; the reason is counted. Its gate was
+    the chooser's agreement, with the offload's proposal, and the offload's boundary."""
     def half(call):
         intact = call.send.copy()
         call.recv[:2] = intact[:2] * 2
         return HandOver("offload: failed midway", intact, [(2, 4)])
 
-    offload = Scripted(gates=False, handovers=(half,))
-    coll = scripted(offload)
+    coll, offload = scripted(gates=False, handovers=(half,))
     try:
         assert served(coll, np.ones(4, np.float32)) == (
             [2.0, 2.0, 1.0, 1.0], "ring", ["offload: failed midway"])
-        # through the agreement: the offload prepared the call for a gate of its width
-        assert offload.log == [("prepare", 3), ("boundary", 1, 0), ("run", True, [0, 3, 5])]
+        assert offload.log == [("boundary", 1, 0), ("run", [0, 3, 5])]
+        offload.log.clear()  # a call the offload declines: it makes no gate, MPI does
+        assert served(coll, np.ones(4, np.float64)) == ([1.0] * 4, "ring",
+                                                        ["offload: not float32"])
+        assert offload.log == [("gate", "not here"), ("boundary", 2, 0)]
     finally:
         coll.free()
 
 
 def test_unchecked_calls_have_a_boundary_before_the_choice_and_no_gate():
-    offload = Scripted(outcomes=(GateOutcome.MISMATCH,))
-    coll = scripted(offload, check_agreement=False)
+    coll, offload = scripted(outcomes=(GateOutcome.MISMATCH,),
+                             more={"check_agreement": False})
     try:
         assert served(coll, np.ones(4, np.float32)) == ([2.0] * 4, "offload", [])
-        assert offload.log == [("boundary", 1, None), ("run", False, None)]
+        assert offload.log == [("boundary", 1, None), ("run", "unchecked")]
     finally:
         coll.free()
 
 
-def test_the_offloads_own_hooks_are_asked_of_it_alone():
-    offload = Scripted()
-    coll = scripted(offload)
+def test_the_offloads_quorum_and_rescue_are_asked_of_it_alone():
+    coll, offload = scripted()
     try:
         assert not coll.quorum_active()
         coll.set_quorum(1, checked=True)
-        assert coll.quorum_active() and offload.k == 1
-        coll.help_rescue("call #3")
-        assert offload.log[-1] == ("help", "call #3")
+        assert coll.quorum_active() and offload.quorum.k == 1
+        coll.errors.rescue("call #3")
+        assert offload.log[-1] == ("help", "call #3") and coll.errors.silence == 2.0
     finally:
         coll.free()
     ring_only = Collectives(MPI.COMM_SELF, Settings(switch=""))
@@ -543,7 +572,7 @@ def test_the_offloads_own_hooks_are_asked_of_it_alone():
         assert not ring_only.quorum_active()
         with pytest.raises(CommunicatorBroken, match="could not finish call #3, and this "
                                                      "communicator has no engine"):
-            ring_only.help_rescue("call #3")
+            ring_only.errors.rescue("call #3")
     finally:
         ring_only.free()
 

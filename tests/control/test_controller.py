@@ -6,6 +6,7 @@ configured only through P4Runtime."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import socket
 import subprocess
@@ -21,14 +22,22 @@ from ina_collectives.control import ControlError, Controller, JobSpec, Worker
 from ina_collectives.control import schema as S
 from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
+from ina_collectives.testing import tofino
 from tests.conftest import ROOT, needs_p4_extra
 from tests.inputs import check_within_bound
 from tests.integration import mpirun, rank_cases
 
 pytestmark = needs_p4_extra
 # A small build: K values per packet, S slots, B values per sub-block (G = 2 pairs a
-# packet), int32 values.
-K, SLOTS, B, BITS = 8, 32, 4, 32
+# packet), int32 values. With INA_TEST_CONTROLLER_BUILD=tna (or t2na), the Tofino build
+# the compiler made instead, its P4Info and device config pushed to the same target
+# (tests/p4/test_tofino.py runs this module so, where the compiler is installed).
+TOFINO_ARCH = os.environ.get("INA_TEST_CONTROLLER_BUILD", "")
+if TOFINO_ARCH:
+    _FIT = S.TOFINO[tofino.TARGETS[TOFINO_ARCH]]
+    K, SLOTS, B, BITS = _FIT.k, _FIT.slots, _FIT.block, _FIT.value_bits
+else:
+    K, SLOTS, B, BITS = 8, 32, 4, 32
 G = -(-K // B)
 # What the ranks of a job on that build are told (ina-run and the CLI say the same).
 BUILD_ENV = {"INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_BLOCK": str(B),
@@ -37,6 +46,9 @@ BUILD_ENV = {"INA_SWITCH_ELEMENTS": str(K), "INA_SWITCH_BLOCK": str(B),
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
+    if TOFINO_ARCH:
+        build = tofino.compile_tofino(TOFINO_ARCH)
+        return build.p4info, build.out
     d = tmp_path_factory.mktemp("pipeline")
     (d / "ina.p4info.txt").write_text(S.p4info_text(K, SLOTS, B, BITS))
     (d / "ina.json").write_bytes(b"software switch: no device config needed")
