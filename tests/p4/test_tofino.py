@@ -5,6 +5,7 @@ the same tables, actions, counters and registers, with the same ids, as
 ina_collectives/control/schema.py. Without the compiler those cases skip, saying why."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -149,3 +150,21 @@ def test_the_controller_pushes_a_tofino_build_and_installs_a_job_on_a_p4runtime_
             assert caps == S.TOFINO["tofino"].capabilities
         finally:
             controller.teardown(job)
+
+
+@pytest.mark.tofino
+@needs_compiler
+@pytest.mark.parametrize("arch", sorted(tna.ARCHES))
+def test_the_controllers_own_tests_pass_with_the_tofino_builds_p4info(arch):
+    """tests/control/test_controller.py, whole, with the Tofino build's P4Info and device
+    config pushed to the software switch's P4Runtime server instead of the small v1model
+    build's (INA_TEST_CONTROLLER_BUILD): its entries, reads, deletes, jobs and the
+    allreduces of jobs configured through it, at the build's K, S and B."""
+    tofino.compile_tofino(arch)  # (cached: the module's fixture finds it built)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/control/test_controller.py"], cwd=ROOT,
+                          env={**os.environ, "INA_TEST_CONTROLLER_BUILD": arch},
+                          capture_output=True, text=True, timeout=600)
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in tail and "skipped" not in tail.splitlines()[-1], tail
