@@ -25,11 +25,13 @@ kinds taken in turn, each shuffled round holding every kind once):
     calls, checked as the main job's, and leaves.
 
 It prints the calls, the outages and returns the ranks counted, the events, and the
-longest stall (the longest gap between two calls' starts on any rank). It fails on a
-result that is not the exact sum, ranks that return different bits or engines, a stall
-longer than the bounds allow (``stall_bound``: a stopped rank's pause, then the silence
-bound, the rejoin's join timeout and the slack of a loaded machine), a job that does not
-end, or a second job that fails.
+longest stall (the longest gap between two calls' starts on any rank), and the ranks'
+TCP counters (nstat: retransmissions, timeouts). It fails on a result that is not the
+exact sum, ranks that return different bits or engines, a stall longer than the bounds
+allow (``stall_bound``: a stopped rank's pause, then the silence bound, the rejoin's join
+timeout and the slack of a loaded machine; a stall that began with a ring call, MPI's own
+sends over TCP, is reported apart and held to the ring's bound, the call's ``timeout``),
+a job that does not end, or a second job that fails.
 
 The ranks run ``python -m bench.loopback.chaos _rank PARAMS OUTDIR`` (this module).
 """
@@ -184,8 +186,12 @@ class Job:
 
 
 def check_job(name: str, code: int | None, ranks: list[dict[str, Any]],
-              bound: float) -> tuple[dict[str, Any], list[str]]:
-    """A job's figures and what failed."""
+              bound: float, ring_bound: float | None = None
+              ) -> tuple[dict[str, Any], list[str]]:
+    """A job's figures and what failed. A stall (the gap between two calls' starts) is
+    held to ``bound``, the switch path's; where the call it began with ran on the ring
+    (MPI's own sends over TCP), to ``ring_bound`` instead (the ring's own bound, the
+    call's ``timeout``; None: ``bound`` too), and it is reported apart."""
     failures = []
     if code != 0:
         failures.append(f"{name}: " + ("did not end in time (killed)" if code is None
@@ -202,14 +208,21 @@ def check_job(name: str, code: int | None, ranks: list[dict[str, Any]],
         failures.append(f"{name}: {len(differ)} calls differ between the ranks; first: "
                         f"call {differ[0]}")
     stall, at, where = 0.0, None, None
+    ring_stall, ring_where = 0.0, None
     for r in ranks:
         starts = r.get("starts", [])
         for i, (a, b) in enumerate(zip(starts, starts[1:])):
-            if b - a > stall:
-                stall, at, where = b - a, a, (r["rank"], i, r["engines"][i],
-                                              round(r["seconds"][i], 3))
+            call = (r["rank"], i, r["engines"][i], round(r["seconds"][i], 3))
+            if ring_bound is not None and r["engines"][i] == "ring":
+                if b - a > ring_stall:
+                    ring_stall, ring_where = b - a, call
+            elif b - a > stall:
+                stall, at, where = b - a, a, call
     if stall > bound:
         failures.append(f"{name}: a stall of {stall:.2f} s, over the bound of {bound:.1f} s")
+    if ring_bound is not None and ring_stall > ring_bound:
+        failures.append(f"{name}: a ring call's stall of {ring_stall:.2f} s, over the "
+                        f"ring's bound of {ring_bound:.1f} s")
     engines: dict[str, int] = {}
     for e in (ranks[0].get("engines", []) if ranks else []):
         engines[e] = engines.get(e, 0) + 1
@@ -217,8 +230,29 @@ def check_job(name: str, code: int | None, ranks: list[dict[str, Any]],
     return {"calls": done, "engines": engines, "outages": switch.get("outages"),
             "returns": switch.get("returns"), "longest_stall_s": round(stall, 3),
             "longest_stall_at": at, "longest_stall_call": where,
+            "longest_ring_stall_s": round(ring_stall, 3), "longest_ring_stall_call": ring_where,
             "wrong": sum(len(r.get("wrong", [])) for r in ranks),
             "ranks_differ": len(differ)}, failures
+
+
+TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLostRetransmit",
+                "TcpExtTCPRcvQDrop", "TcpExtTCPZeroWindowDrop", "TcpExtTCPWinProbe")
+
+
+def _tcp_counters(ns: str) -> dict[str, int]:
+    """The TCP counters of a rank's namespace since it was made (nstat), which tell a
+    stall in MPI's own TCP by its retransmission timeouts."""
+    try:
+        out = subprocess.run(["ip", "netns", "exec", ns, "nstat", "-az", *TCP_COUNTERS],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found = {}
+    for line in out.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 1 and fields[0] in TCP_COUNTERS and fields[1].isdigit():
+            found[fields[0].removeprefix("TcpExt")] = int(fields[1])
+    return found
 
 
 def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 << 10,
@@ -308,7 +342,9 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
             running.__exit__(None, None, None)
             status = switch.final_status
             switch_lines = switch.lines[-40:]
-        figures, failed = check_job("main job", code, ranks, bound)
+            tcp = [_tcp_counters(fabric.worker_ns[w]) for w in range(n)]
+        figures, failed = check_job("main job", code, ranks, bound,
+                                    float(settings["timeout"]))
         failures += failed
         if figures["longest_stall_at"] is not None:  # the events around the longest stall
             begin = figures["longest_stall_at"]
@@ -322,7 +358,7 @@ def run_chaos(minutes: float, n: int = 2, seed: int = 1, max_bytes: int = 256 <<
                "loss_all": loss_all,
                "stall_bound_s": bound, "main": figures, "events": events,
                "event_counts": counts, "second_jobs": second_jobs, "switch_status": status,
-               "switch_lines": switch_lines,
+               "switch_lines": switch_lines, "tcp": tcp,
                "ok": not failures, "failures": failures}
     return summary
 
@@ -332,7 +368,14 @@ def report(s: dict[str, Any]) -> str:
     lines = [f"chaos soak, {s['minutes']:g} min, n = {s['n']}, seed {s['seed']}: "
              f"{m['calls']} calls ({m['engines']}), {m['outages']} outages, "
              f"{m['returns']} returns, longest stall {m['longest_stall_s']:.2f} s "
-             f"(bound {s['stall_bound_s']:.1f} s)",
+             f"(bound {s['stall_bound_s']:.1f} s; the call: rank, index, engine, seconds "
+             f"{m['longest_stall_call']})",
+             f"longest stall of a ring call (MPI's own TCP): "
+             f"{m['longest_ring_stall_s']:.2f} s (bound: the call's timeout, "
+             f"{float(s['settings']['timeout']):g} s; {m['longest_ring_stall_call']})",
+             "the ranks' TCP (nstat): " + "; ".join(
+                 f"rank {r}: " + ", ".join(f"{k} {v}" for k, v in c.items())
+                 for r, c in enumerate(s["tcp"])),
              "events: " + ", ".join(f"{k} {v}" for k, v in s["event_counts"].items()),
              f"wrong results: {m['wrong']}, calls that differ between ranks: "
              f"{m['ranks_differ']}; second jobs: {len(s['second_jobs'])}, "
