@@ -6,6 +6,7 @@ ina_collectives/control/schema.py. Without the compiler those cases skip, saying
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -167,4 +168,5 @@ def test_the_controllers_own_tests_pass_with_the_tofino_builds_p4info(arch):
                           capture_output=True, text=True, timeout=600)
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
-    assert " passed" in tail and "skipped" not in tail.splitlines()[-1], tail
+    # Only the tests of what the Tofino builds keep otherwise skip (the module says why).
+    assert re.search(r"\b\d+ passed, 4 skipped\b", tail.splitlines()[-1]), tail
