@@ -117,15 +117,21 @@ def where_raised(tb: Any, package: str) -> str:
     libraries = tuple(os.path.join(os.path.realpath(sysconfig.get_path(name)), "")
                       for name in ("stdlib", "platstdlib", "purelib", "platlib"))
 
-    def own(filename: str) -> bool:
+    def own(filename: str, caller_own: bool) -> bool:
         if filename.endswith((".pyx", ".pxd", ".pxi")) or filename.startswith("<frozen"):
             return False  # a compiled module's source (_fast/x.pyx), the import system
-        if not os.path.isabs(filename):  # python -c's <string>, an exec'd text
-            return True
+        if not os.path.isabs(filename):  # python -c's <string>, an exec'd text: the
+            return caller_own  # program's, unless a library called it (a dataclass's
+            #                    generated __init__ is <string> too)
         path = os.path.realpath(filename)
         return not path.startswith((package, *libraries))
 
-    frame = ([f for f in frames if own(f.filename)] or frames or [None])[-1]
+    owned, caller_own = [], True
+    for f in frames:
+        caller_own = own(f.filename, caller_own)
+        if caller_own:
+            owned.append(f)
+    frame = (owned or frames or [None])[-1]
     return f"{frame.filename}:{frame.lineno} in {frame.name}" if frame else ""
 
 
