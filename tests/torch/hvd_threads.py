@@ -145,3 +145,12 @@ def mismatch(message: str) -> tuple[str, dict[int, str]]:
     values = {int(r): v for r, v in listed}
     assert len(values) == len(listed), message
     return found.group(1), values
+
+
+def attempt(call) -> tuple[str, str]:
+    """(exception class name, message) of ``call()``, which must raise."""
+    try:
+        call()
+    except Exception as exc:  # what the rank saw, compared by the main thread
+        return type(exc).__name__, str(exc)
+    return "nothing", "no exception"

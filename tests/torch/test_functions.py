@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.torch.hvd_threads import on_hvd, per_thread_world  # noqa: F401
+from tests.torch.hvd_threads import attempt, on_hvd, per_thread_world  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("per_thread_world")
 
@@ -30,13 +30,6 @@ def model_of(rank: int) -> torch.nn.Module:
                 t.fill_(10 + rank)
     return model
 
-
-def attempt(call) -> tuple[str, str]:
-    try:
-        call()
-    except Exception as exc:  # what the rank saw, compared by the main thread
-        return type(exc).__name__, str(exc)
-    return "nothing", "no exception"
 
 
 @pytest.mark.parametrize("form", ["state_dict", "named_parameters", "pairs"])

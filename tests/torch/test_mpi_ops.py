@@ -19,7 +19,13 @@ import ina_collectives.torch as hvd
 from ina_collectives.errors import OperationError
 from ina_collectives.torch import mpi_ops
 from tests.threadcomm import ThreadPeers, run_ranks
-from tests.torch.hvd_threads import SETTINGS, mismatch, on_hvd, per_thread_world  # noqa: F401
+from tests.torch.hvd_threads import (  # noqa: F401
+    SETTINGS,
+    attempt,
+    mismatch,
+    on_hvd,
+    per_thread_world,
+)
 
 pytestmark = pytest.mark.usefixtures("per_thread_world")
 
@@ -33,14 +39,6 @@ def rank_tensor(r: int, shape=(3, 4), dtype=torch.float32, offset: int = 0) -> t
     values = (torch.arange(n) % 7) + 2 * r + 1 + offset
     return values.reshape(shape).to(dtype)
 
-
-def attempt(call) -> tuple[str, str]:
-    """(exception class name, message) of ``call()``, which must raise."""
-    try:
-        call()
-    except Exception as exc:  # what the rank saw, compared by the main thread
-        return type(exc).__name__, str(exc)
-    return "nothing", "no exception"
 
 
 # -- before init, init, topology -----------------------------------------------------------
