@@ -383,6 +383,15 @@ def report(s: dict[str, Any]) -> str:
              f"{m['ranks_differ']}; second jobs: {len(s['second_jobs'])}, "
              f"{sum(j['ok'] for j in s['second_jobs'])} passed",
              "verdict: " + ("PASS" if s["ok"] else "FAIL")]
+    near = m.get("events_near_longest_stall")
+    if near and m["longest_stall_s"] > s["stall_bound_s"]:
+        lines.append("events near the longest stall (from 5 s before it): " + "; ".join(
+            ", ".join(f"{k} {v}" for k, v in e.items() if k != "mono") for e in near))
+    long_calls = [line for line in s.get("main_output", "").splitlines()
+                  if line.startswith("chaos rank ") and " took " in line]
+    if long_calls:  # what held each call over 5 s up (its engine's reasons)
+        lines.append(f"calls over 5 s: {len(long_calls)}")
+        lines += [f"  {line[:600]}" for line in long_calls[-6:]]
     lines += [f"  {f}" for f in s["failures"]]
     return "\n".join(lines)
 

@@ -21,7 +21,9 @@ def test_a_short_chaos_soak_passes_with_every_kind_of_event():
     assert all(s["event_counts"][k] >= 1 for k in chaos.KINDS), report
     main = s["main"]
     assert main["wrong"] == 0 and main["ranks_differ"] == 0, report
-    assert main["longest_stall_s"] <= s["stall_bound_s"], report
+    # Each stall is held to the bound once for each event that began while it lasted,
+    # and once more (chaos.check_job): a call may meet several events on a loaded machine.
+    assert main["longest_stall_s"] <= main["longest_stall_bound_s"], report
     restarts = s["event_counts"]["restart"]
     # Each restart is an outage the job returns from (a stop or a loss burst may add one).
     assert main["outages"] >= restarts and main["returns"] == main["outages"], report
