@@ -59,7 +59,7 @@ class ErrorPath:
         # The offload's number of the call kept (``keep``), and of the call this rank is
         # posting TROUBLE for while it waits in the gate (``report``; None: it is not):
         # an owner whose gate may not come of itself (the runtime, between negotiated
-        # rounds) tells the other ranks, which make one (runtime/background.py).
+        # rounds) tells the other ranks, which make one (runtime/negotiated.py).
         self.kept_call: int | None = None
         self.reporting: int | None = None
         # The offload's rescue and silence bound (``set_rescue``): none without one.

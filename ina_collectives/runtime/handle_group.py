@@ -14,7 +14,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from ..errors import CollectiveTimeout
-from .background import Handle
+from .handles import Handle
 
 
 class HandleGroup:

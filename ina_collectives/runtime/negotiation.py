@@ -44,7 +44,7 @@ class OpRequest:
     postscale: float = 1.0
     splits: tuple[int, ...] = ()  # alltoall: first-dimension rows sent to each rank
     switch_bits: int = 0          # allreduce: 16 asks the switch for 16-bit values
-    priority: int = 0             # allreduce: lower runs sooner (runtime/background.py)
+    priority: int = 0             # allreduce: lower runs sooner (runtime/negotiated.py)
 
     def __post_init__(self) -> None:
         # (Frozen: set once, here, so that every request holds an np.dtype and an Op.)
@@ -80,7 +80,7 @@ class Ready:
     name: str
     requests: dict[int, OpRequest]    # by rank; a joined rank has none (allreduce only)
     # Quorum mode: the ranks it runs without (they had not submitted it); each takes the
-    # result when it does (runtime/background.py). ``owed``: this rank's place for it.
+    # result when it does (runtime/running_ahead.py). ``owed``: this rank's place for it.
     absent: tuple[int, ...] = ()
     owed: Any = None
     # Quorum mode: it waited for a rank at its bound of absent steps (ReadinessTable),
@@ -330,7 +330,7 @@ class ReadinessTable:
 def exchange(comm: MPI.Intracomm, message: Message, deadline: Deadline, cycle: int
              ) -> list[Message]:
     """Every rank's message of this cycle, in rank order (one or two allgathers; an idle
-    cycle costs one allgather of one int64 per rank). It is no gate (runtime/background.py:
+    cycle costs one allgather of one int64 per rank). It is no gate (runtime/negotiated.py:
     the negotiation runs on a communicator of its own, ahead of the calls)."""
     payload = b"" if message == Message() else pickle.dumps(message, protocol=5)
     n = comm.Get_size()

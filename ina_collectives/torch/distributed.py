@@ -43,15 +43,16 @@ from mpi4py import MPI
 
 from ..collectives.ops import Op, as_op, check_quorum
 from ..collectives.peers import TorchPeers, started_by_mpi
-from ..errors import InaError
 from ..runtime import world
 from ..runtime.background import BackgroundRuntime, Handle
 from ..runtime.handle_group import HandleGroup
 from ..runtime.negotiation import OpRequest
-from ..runtime.p2p import PointToPoint, Transfer
+from ..runtime.p2p import PointToPoint
 from ..settings import Settings
 from .sparse import check_sparse, submit_sparse
 from .staging import (
+    check_count,
+    check_like,
     check_tensor,
     copy_from,
     data_request,
@@ -61,6 +62,7 @@ from .staging import (
     submit_allreduce,
     to_numpy,
 )
+from .work import PeerWork, Work, torch_error
 
 BACKEND = "ina"
 log = logging.getLogger("ina_collectives")
@@ -93,7 +95,7 @@ class ProcessGroupIna(dist.ProcessGroup):
                         "the exact path")
         # torch.distributed's callers make every collective in the same order on every
         # rank: the runtime keeps that order and negotiates nothing (each call is checked
-        # at its own gate; runtime/background.py).
+        # at its own gate; runtime/ordered.py).
         self._runtime = BackgroundRuntime(comm, settings, ordered=True)
         self._comm = comm
         self._calls = itertools.count()
@@ -177,7 +179,7 @@ class ProcessGroupIna(dist.ProcessGroup):
     def allgather(self, output_tensors: list[list[torch.Tensor]],
                   input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
         for outputs in output_tensors:
-            _check_count(outputs, self.size(), "allgather")
+            check_count(outputs, self.size(), "allgather")
         handles = [self._gather(t) for t in input_tensors]
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
@@ -191,11 +193,11 @@ class ProcessGroupIna(dist.ProcessGroup):
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_list: list[torch.Tensor], opts: Any = None) -> Any:
         # output_lists[rank][i] takes that rank's input_list[i]: one allgather each.
-        _check_count(output_lists, self.size(), "all_gather_coalesced")
+        check_count(output_lists, self.size(), "all_gather_coalesced")
         for outputs in output_lists:
-            _check_count(outputs, len(input_list), "all_gather_coalesced (per rank)")
+            check_count(outputs, len(input_list), "all_gather_coalesced (per rank)")
             for out, t in zip(outputs, input_list):
-                _check_like([out], t, "all_gather_coalesced")
+                check_like([out], t, "all_gather_coalesced")
         handles = [self._gather(t) for t in input_list]
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
@@ -227,8 +229,8 @@ class ProcessGroupIna(dist.ProcessGroup):
         mine = self.rank() == root
         if mine:
             for outputs, t in zip(output_tensors, input_tensors):
-                _check_count(outputs, self.size(), "gather")
-                _check_like(outputs, t, "gather")
+                check_count(outputs, self.size(), "gather")
+                check_like(outputs, t, "gather")
         handles = [self._gather(t) for t in input_tensors]
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
@@ -249,8 +251,8 @@ class ProcessGroupIna(dist.ProcessGroup):
         handles, finishes = [], []
         for j, out in enumerate(output_tensors):
             if me == root:
-                _check_count(input_tensors[j], n, "scatter")
-                _check_like(input_tensors[j], out, "scatter")
+                check_count(input_tensors[j], n, "scatter")
+                check_like(input_tensors[j], out, "scatter")
                 stacked = torch.stack([t.detach() for t in input_tensors[j]])
             else:
                 stacked = torch.empty((n,) + tuple(check_tensor(out, "scatter").shape),
@@ -269,7 +271,7 @@ class ProcessGroupIna(dist.ProcessGroup):
             raise ValueError(f"reduce_scatter with {op} is not supported by backend 'ina'")
         handles, finishes = [], []
         for out, inputs in zip(output_tensors, input_tensors):
-            _check_count(inputs, self.size(), "reduce_scatter")
+            check_count(inputs, self.size(), "reduce_scatter")
             stacked = torch.stack([check_tensor(i, "reduce_scatter").detach() for i in inputs])
             request = reduction_request("reducescatter", stacked, self._name(), op)
             handles.append(self._live().submit(request, send=np.ascontiguousarray(
@@ -317,8 +319,8 @@ class ProcessGroupIna(dist.ProcessGroup):
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> Any:
         n = self.size()
-        _check_count(input_tensors, n, "all_to_all")
-        _check_count(output_tensors, n, "all_to_all")
+        check_count(input_tensors, n, "all_to_all")
+        check_count(output_tensors, n, "all_to_all")
         if len({tuple(t.shape) for t in [*input_tensors, *output_tensors]}) > 1:
             raise ValueError("all_to_all: backend 'ina' needs tensors of one shape for "
                              "every rank (all_to_all_single takes uneven splits)")
@@ -350,7 +352,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         (tensor,) = tensors
         self._live()
         data = to_numpy(check_tensor(tensor, "send"))
-        return _PeerWork(self._p2p.send(data, dstRank, tag), lambda: [tensor])
+        return PeerWork(self._p2p.send(data, dstRank, tag), lambda: [tensor])
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any:  # noqa: N803
         (tensor,) = tensors
@@ -367,9 +369,9 @@ class ProcessGroupIna(dist.ProcessGroup):
         array copied into it once what came is in (``source`` None: from any rank)."""
         check_tensor(tensor, "recv")
         if direct(tensor):
-            return _PeerWork(self._p2p.recv(to_numpy(tensor), source, tag), lambda: [tensor])
+            return PeerWork(self._p2p.recv(to_numpy(tensor), source, tag), lambda: [tensor])
         values = np.empty(tensor.numel(), moved_as(tensor))
-        return _PeerWork(self._p2p.recv(values, source, tag), lambda: [
+        return PeerWork(self._p2p.recv(values, source, tag), lambda: [
             copy_from(tensor, values.reshape(tuple(tensor.shape)))])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -415,7 +417,9 @@ class ProcessGroupIna(dist.ProcessGroup):
     def _bitwise_allreduce(self, tensors: list[torch.Tensor], op: str) -> Any:
         if any(t.is_floating_point() for t in tensors):
             raise ValueError(f"all_reduce with {op} needs integer or bool tensors")
-        handles = [self._gather(t) for t in tensors]
+        # (bool tensors go as uint8 0/1, which the bitwise ops keep 0/1)
+        handles = [self._gather(t.to(torch.uint8) if t.dtype == torch.bool else t)
+                   for t in tensors]
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             for t, (gathered, _) in zip(tensors, results):
@@ -433,7 +437,7 @@ class ProcessGroupIna(dist.ProcessGroup):
         def finished(group: HandleGroup) -> None:
             error = group.error()
             if error is not None:
-                future.set_exception(_torch_error(error, what))
+                future.set_exception(torch_error(error, what))
                 return
             try:
                 future.set_result(complete(group.results()))
@@ -441,89 +445,7 @@ class ProcessGroupIna(dist.ProcessGroup):
                 future.set_exception(exc)
         group = HandleGroup(handles, what)
         group.add_done_callback(finished)  # (each handle claimed first: names free again)
-        return _Work(future, group, self._runtime.wait_seconds())
-
-
-class _Work(dist._Work):
-    """A collective in flight: wait() raises torch's DistBackendError if it failed."""
-
-    def __init__(self, future: torch.futures.Future, group: HandleGroup, seconds: float):
-        super().__init__()
-        self._future, self._group, self._seconds = future, group, seconds
-
-    def wait(self, timeout: Any = None) -> bool:
-        """Until the collective is done; DistBackendError after the group's timeout, or
-        after ``timeout`` (a timedelta; zero or None: the group's) where it is shorter,
-        as gloo's. The call goes on meanwhile: a later wait may still see it done."""
-        seconds = self._seconds
-        given = (timeout.total_seconds() if hasattr(timeout, "total_seconds")
-                 else float(timeout or 0))
-        if given > 0:
-            seconds = min(seconds, given)
-        try:
-            self._group.wait(seconds)  # in short slices: Ctrl-C interrupts
-        except Exception:  # noqa: BLE001 - a failure is the future's, as torch's error
-            if not self._group.done():
-                raise dist.DistBackendError(f"backend 'ina': waited {seconds:g} s "
-                                            f"for {self._group.what}") from None
-        self._future.wait()  # set by the runtime's thread; raises the failure
-        return True
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-
-class _PeerWork(dist._Work):
-    """A send or receive in flight (runtime/p2p.py): its future completes once the
-    transfer ends (``finish()``, its result, copies what came into place); wait()
-    raises DistBackendError if it failed or timed out."""
-
-    def __init__(self, transfer: Transfer, finish: Callable[[], list[torch.Tensor]]):
-        super().__init__()
-        self._transfer, self._finish = transfer, finish
-        self._future: torch.futures.Future = torch.futures.Future()
-        transfer.add_done_callback(self._ended)
-
-    def _ended(self, transfer: Transfer) -> None:
-        if transfer.error is not None:
-            self._future.set_exception(dist.DistBackendError(f"backend 'ina', "
-                                                             f"{transfer.error}"))
-            return
-        try:
-            self._future.set_result(self._finish())
-        except Exception as exc:  # noqa: BLE001 - reaches the waiter
-            self._future.set_exception(dist.DistBackendError(
-                f"backend 'ina', {transfer.what} failed: {exc}"))
-
-    def wait(self, timeout: Any = None) -> bool:
-        try:
-            self._transfer.wait()  # its own bound, in short slices: Ctrl-C interrupts
-        except InaError as exc:
-            if not self._transfer.done():
-                raise dist.DistBackendError(f"backend 'ina', {exc}") from None
-        self._future.wait()  # raises the failure
-        return True
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-    def _source_rank(self) -> int:
-        return self._transfer.source
-
-
-def _check_like(tensors: Sequence[torch.Tensor], like: torch.Tensor, what: str) -> None:
-    """Each of ``tensors`` has ``like``'s shape and dtype (one rank's row of a gather or
-    a scatter), else ValueError naming the first that does not."""
-    for i, t in enumerate(tensors):
-        if t.shape != like.shape or t.dtype != like.dtype:
-            raise ValueError(f"{what}: tensor {i} is {t.dtype} {list(t.shape)}, the "
-                             f"operation's is {like.dtype} {list(like.shape)}")
+        return Work(future, group, self._runtime.wait_seconds())
 
 
 def _communicator(store: Any, rank: int, size: int, timeout: datetime.timedelta,
@@ -561,19 +483,8 @@ def _op_name(opts: Any) -> Op | str:
     return as_op(name)
 
 
-def _check_count(tensors: Sequence[torch.Tensor], n: int, what: str) -> None:
-    if len(tensors) != n:
-        raise ValueError(f"{what}: expected one tensor per rank ({n}), got {len(tensors)}")
-
-
 def _copy_into(target: torch.Tensor, buf: np.ndarray) -> Callable[[], torch.Tensor]:
     return lambda: copy_from(target, buf)
-
-
-def _torch_error(error: BaseException, what: str) -> BaseException:
-    if isinstance(error, InaError):
-        return dist.DistBackendError(f"backend 'ina', {what}: {error}")
-    return error
 
 
 def _create(options: Any, backend_options: Any = None) -> ProcessGroupIna:

@@ -161,3 +161,17 @@ def submit_allreduce(runtime: BackgroundRuntime, tensor: torch.Tensor,
     staged = np.array(to_numpy(tensor, widen=True), copy=True)
     handle = runtime.submit(request, send=None, recv=staged)
     return handle, lambda _: copy_from(output, staged)
+
+
+def check_like(tensors: Sequence[torch.Tensor], like: torch.Tensor, what: str) -> None:
+    """Each of ``tensors`` has ``like``'s shape and dtype (one rank's row of a gather or
+    a scatter), else ValueError naming the first that does not."""
+    for i, t in enumerate(tensors):
+        if t.shape != like.shape or t.dtype != like.dtype:
+            raise ValueError(f"{what}: tensor {i} is {t.dtype} {list(t.shape)}, the "
+                             f"operation's is {like.dtype} {list(like.shape)}")
+
+
+def check_count(tensors: Sequence[torch.Tensor], n: int, what: str) -> None:
+    if len(tensors) != n:
+        raise ValueError(f"{what}: expected one tensor per rank ({n}), got {len(tensors)}")

@@ -4,7 +4,7 @@ and results return while later ones are still on the wire.
 
 The runtime asks for a range before it reads it (``landed``) and says when a range of
 results is final (``arrived``): the background thread calls both, per partition
-(runtime/background.py), so a window's copy meets the partitions that need it.
+(runtime/executor.py), so a window's copy meets the partitions that need it.
 
 - **CUDA**: the host buffer is pinned. At submit, a side stream waits on the caller's
   stream (the gradient is produced there) and queues each window's device-to-host copy,

@@ -64,7 +64,7 @@ def test_the_error_path_keeps_what_it_is_given_until_a_gate_passes():
 
 
 def test_the_error_path_says_which_call_it_kept_and_which_it_reports(monkeypatch):
-    """What the runtime's negotiation reads (runtime/background.py: _meet_trouble): the
+    """What the runtime's negotiation reads (runtime/negotiated.py: _meet_trouble): the
     offload's number of the call kept, and of the call whose TROUBLE this rank posts,
     set only while it waits in the gate."""
     from ina_collectives.collectives import recovery

@@ -128,7 +128,7 @@ def test_every_collective_and_dtype(three_ranks, through):
 
 
 def test_ranks_that_disagree_get_torchs_error_on_every_rank(two_ranks):
-    # (Each call checked at its own gate, in program order: runtime/background.py.)
+    # (Each call checked at its own gate, in program order: runtime/ordered.py.)
     for out in of_case(two_ranks, "mismatch"):
         for key, words in [("shape", "disagree on the length"),
                            ("dtype", "disagree on the dtype"),

@@ -2,7 +2,7 @@
 rank over tests/threadcomm.py's ThreadPeers.
 
 The library keeps one world per process (runtime/world.py's ``_world``) and the Horovod
-module one table of handles (torch/mpi_ops.py's ``_handles``): right for a process a
+module one table of handles (torch/handle_table.py's ``_handles``): right for a process a
 rank, but threads of one process would share them. ``on_hvd`` gives each thread its own,
 by replacing, for the test only, the world module's ``start``, ``stop``, ``current``,
 ``require`` and ``_registered`` with versions that keep the world per thread (``start``
@@ -22,7 +22,7 @@ import pytest
 from ina_collectives.runtime import world as world_module
 from ina_collectives.runtime.world import ProcessSet, World, global_process_set
 from ina_collectives.settings import Settings
-from ina_collectives.torch import mpi_ops
+from ina_collectives.torch import handle_table
 from tests.threadcomm import ThreadPeers, run_ranks
 
 # No switch (the exact engine: the peers' own allreduce), a short stall bound, and a
@@ -39,7 +39,7 @@ class _PerThread(threading.local):
 
 
 class _Handles(dict):
-    """mpi_ops._handles, a table per thread (the subscript, pop and clear mpi_ops uses)."""
+    """handle_table._handles, a table per thread (the subscript, pop and clear it uses)."""
 
     def __init__(self, local: _PerThread):
         super().__init__()
@@ -107,7 +107,7 @@ def per_thread_world(monkeypatch: pytest.MonkeyPatch) -> _PerThread:
     monkeypatch.setattr(world_module, "current", lambda: local.world)
     monkeypatch.setattr(world_module, "require", require)
     monkeypatch.setattr(world_module, "_registered", registered)
-    monkeypatch.setattr(mpi_ops, "_handles", _Handles(local))
+    monkeypatch.setattr(handle_table, "_handles", _Handles(local))
     return local
 
 
@@ -120,7 +120,7 @@ def on_hvd(n: int, body: Callable[[Any, int], Any], limit: float = 30.0,
     Needs the ``per_thread_world`` fixture."""
     import ina_collectives.torch as hvd
 
-    assert isinstance(mpi_ops._handles, _Handles), "use the per_thread_world fixture"
+    assert isinstance(handle_table._handles, _Handles), "use the per_thread_world fixture"
 
     def rank(comm: Any) -> Any:
         hvd.init(comm, **{**SETTINGS, **settings})

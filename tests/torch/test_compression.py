@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ina_collectives.torch import mpi_ops
+from ina_collectives.torch import handle_table, mpi_ops
 from ina_collectives.torch.compression import (
     SWITCH_BITS,
     Compression,
@@ -119,10 +119,10 @@ def test_switch16_asks_the_switch_for_16_bit_values_and_without_one_is_exact():
         x = torch.full((5,), FINE * (r + 1))
         with switch_values(Compression.switch16):
             handle = mpi_ops.allreduce_async(x, op=hvd.Sum, name="asked")
-        bits = mpi_ops._handles[handle].handles[0].request.switch_bits
+        bits = handle_table._handles[handle].handles[0].request.switch_bits
         asked = hvd.synchronize(handle)
         plain = mpi_ops.allreduce_async(x, op=hvd.Sum, name="plain")
-        plain_bits = mpi_ops._handles[plain].handles[0].request.switch_bits
+        plain_bits = handle_table._handles[plain].handles[0].request.switch_bits
         hvd.synchronize(plain)
         through_api = hvd.allreduce(x, op=hvd.Sum, compression=Compression.switch16)
         return bits, plain_bits, asked, through_api

@@ -129,9 +129,6 @@ def test_wait_with_a_timeout_returns_within_that_timeout():
     assert elapsed < 10, f"wait(timeout=0.3 s) returned after {elapsed:.1f} s (the group waits 20)"
 
 
-@pytest.mark.xfail(strict=True, reason="distributed.py _Work (line 447) does not "
-                   "implement result(): torch's base raises 'result() not implemented' "
-                   "(gloo's returns the call's output tensors)")
 def test_a_works_result_is_its_output_tensors():
     def body(pg, r):
         t = torch.full((2,), float(r))
@@ -142,9 +139,6 @@ def test_a_works_result_is_its_output_tensors():
     assert on_groups(2, body) == [[[1.0, 1.0]]] * 2
 
 
-@pytest.mark.xfail(strict=True, reason="distributed.py _Work (line 447) overrides neither "
-                   "is_success() nor exception(): a failed Work says is_success() True "
-                   "and exception() None (torch's base reads a state only C++ sets)")
 def test_a_failed_work_says_it_failed_through_is_success_and_exception():
     def body(pg, r):
         work = pg.allreduce([torch.ones(3 + r)])
@@ -420,10 +414,6 @@ def test_unsupported_ops_and_dtypes_are_refused_at_the_call_naming_them():
     assert on_groups(2, body) == [[2.0] * 3] * 2
 
 
-@pytest.mark.xfail(strict=True, reason="distributed.py _bitwise_allreduce (line 417) says "
-                   "BAND/BOR/BXOR need 'integer or bool tensors', but its gather's "
-                   "check_tensor refuses torch.bool (TypeError: dtype torch.bool is not "
-                   "supported)")
 def test_bitwise_or_of_bool_tensors():
     def body(pg, r):
         t = torch.tensor([r == 0, False, True])

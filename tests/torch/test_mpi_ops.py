@@ -86,7 +86,7 @@ def test_init_gives_each_rank_its_place_is_idempotent_and_can_follow_shutdown():
             again = hvd.allreduce(torch.tensor([10.0 * comm.Get_rank()]), op=hvd.Sum)
             # Unnamed operations are numbered from 0 again in a new world.
             handle = hvd.allreduce_async(torch.ones(1))
-            name = hvd.mpi_ops._handles[handle].handles[0].request.name
+            name = hvd.handle_table._handles[handle].handles[0].request.name
             hvd.synchronize(handle)
         finally:
             hvd.shutdown()
