@@ -12,6 +12,7 @@ UDP port on the same host, in order (CAP_SHARDS): a job that names one stripes a
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from typing import NamedTuple
 
@@ -114,12 +115,32 @@ class ControlReply(NamedTuple):
     shard_ports: tuple   # with CAP_SHARDS: every shard's UDP port, this one's included
 
 
+# Linux's IP_RECVERR (<linux/in.h>; Python's socket module does not name it): an
+# unconnected UDP socket hears ICMP errors, port unreachable among them, only with it.
+IP_RECVERR = 11
+
+
+def _hear_errors(sock: socket.socket, on: bool) -> None:
+    """ICMP errors reported to ``sock``'s receives (``on``), or not again, with those
+    queued meanwhile dropped (the data path reads none: _fast/transport.pyx)."""
+    if not sys.platform.startswith("linux") or sock.family != socket.AF_INET:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, int(on))
+        while not on:  # (the error queue, drained)
+            sock.recvmsg(512, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+    except OSError:  # (BlockingIOError: drained; elsewhere the join's timeout still bounds)
+        pass
+
+
 def control_request(sock: socket.socket, switch: tuple[str, int], job: int, worker: int,
                     body: list[int], timeout: float, what: str) -> ControlReply:
-    """control_exchange, answering the whole reply (ControlReply)."""
+    """control_exchange, answering the whole reply (ControlReply). A port nothing
+    listens on is named at once (ICMP port unreachable), not waited for."""
     packet = control_packet(job, worker, body)
     where = f"{switch[0]}:{switch[1]}"
     deadline = time.monotonic() + timeout
+    _hear_errors(sock, True)
     try:
         while True:
             try:
@@ -157,6 +178,7 @@ def control_request(sock: socket.socket, switch: tuple[str, int], job: int, work
                     f"the aggregator at {where} did not answer the {what} within {timeout:g} s")
     finally:
         sock.settimeout(None)
+        _hear_errors(sock, False)
 
 
 __all__ = [name for name in dir() if name.startswith(("CTRL_", "FAULT_", "CAP_")) or
