@@ -203,14 +203,19 @@ def main() -> int:
     return code
 
 
+# Why one machine says little of INA (the README quotes it: tests/test_docs.py).
+ONE_MACHINE = ("the switch's work competes with theirs, while the ring's doubled bytes "
+               "are nearly free on loopback")
+
+
 def why_one_machine(ranks: int, ring_faster: bool) -> str:
-    """One line: why one machine favours the ring, and where to see INA pay."""
+    """One line: which engine won on this machine, why one machine favours the ring, and
+    where to see INA pay."""
     cores = len(os.sched_getaffinity(0))
     verdict = ("Why the ring wins here" if ring_faster
                else "The switch won here, though one machine favours the ring")
     return (f"{verdict}: this host's {cores} core(s) run the software switch and all "
-            f"{ranks} ranks, so the switch's work competes with theirs, while the ring's "
-            f"doubled bytes are nearly free on loopback. To see INA pay: python -m "
+            f"{ranks} ranks, so {ONE_MACHINE}. To see INA pay: python -m "
             f"bench.cluster.netsim --quick, as root (emulated, shaped links put the cores out of "
             f"the way).")
 

@@ -79,11 +79,14 @@ def test_every_docs_page_is_linked_from_the_readme():
     assert not [p.name for p in DOCS if p not in linked]
 
 
-def test_the_join_wait_the_readme_quotes_is_the_settings():
-    """The troubleshooting line quotes the join's message, whose seconds are
-    settings.switch_join_timeout."""
-    quoted = re.findall(r"did not answer the join within (\S+) s", README)
+def test_the_waits_the_troubleshooting_page_quotes_are_the_settings():
+    """The troubleshooting page quotes the join's message, whose seconds are
+    settings.switch_join_timeout, and the return's, switch_retry_seconds."""
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    quoted = re.findall(r"did not answer the join within (\S+) s", page)
     assert quoted == [f"{Settings().switch_join_timeout:g}"], quoted
+    retry = set(re.findall(r"once it answers \(within (\S+) s of that", page))
+    assert retry == {f"{Settings().switch_retry_seconds:g}"}, retry
 
 
 def test_no_development_history_in_the_user_docs():
@@ -194,3 +197,14 @@ def test_every_quoted_option_exists_and_every_quoted_command_line_parses():
             except SystemExit:
                 wrong.append(f"{page}: {line!r}: {err.getvalue().strip().splitlines()[-1]}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_says_why_one_machine_favours_the_ring_as_the_demo_does():
+    """The demo's line on one machine and the README's share their words
+    (examples/train_mlp.py: ONE_MACHINE)."""
+    source = (ROOT / "examples" / "train_mlp.py").read_text()
+    found = re.search(r'^ONE_MACHINE = \(((?:\s*"[^"]*")+)\)', source, re.M)
+    assert found, "examples/train_mlp.py lost ONE_MACHINE"
+    phrase = "".join(re.findall(r'"([^"]*)"', found.group(1)))
+    assert phrase in " ".join(README.split()), phrase
+    assert "make demo` prints which did" in README

@@ -290,7 +290,9 @@ def run_configured(args: argparse.Namespace, env: dict[str, str], mpiexec: str,
             # (The target's P4Info as this session left it: not read back again.)
             stack.callback(_teardown_in_session, session, target, job, known, alive)
             print(f"ina-run: job {job.job_id} configured on {target} (K {build.k}, "
-                  f"S {job.slots}, {len(job.workers)} workers)", file=sys.stderr, flush=True)
+                  f"S {job.slots}, {len(job.workers)} workers): the target's P4Runtime "
+                  f"address; K values a packet (its pipeline's), S packets in "
+                  f"flight a worker (--slots)", file=sys.stderr, flush=True)
         kinds = {(b.k, b.block, b.value_bits) for b in builds}
         if len(kinds) > 1:
             raise LaunchError(f"the targets {', '.join(targets)} run different builds "
@@ -518,8 +520,8 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
                 raise
             raise LaunchError(f"{exc} (--start-timeout {args.start_timeout:g} s)") from None
         addresses = [switch.address_text for switch in switches]
-        print(f"ina-run: embedded ina-switch on {', '.join(addresses)}", file=sys.stderr,
-              flush=True)
+        print(f"ina-run: embedded ina-switch on {', '.join(addresses)} (its data port: "
+              f"the ranks' INA_SWITCH)", file=sys.stderr, flush=True)
         if configured:
             settings = Settings.load()
             k = args.elements or settings.switch_elements or EMBEDDED_ELEMENTS
