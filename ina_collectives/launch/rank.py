@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -36,7 +37,7 @@ import sysconfig
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 # (SIGUSR2: ina-run's ask, before it stops a rank for time, for what the rank waits for
 # and its stacks: collectives/waiting.py, dump_on_signal.)
@@ -182,13 +183,62 @@ def _write_all(sink: int, data: bytes) -> bool:
     return True
 
 
-def relay(source: int, sink: int, prefix: bytes, hold: float = HOLD_SECONDS) -> None:
+TRACEBACK = b"Traceback (most recent call last):"
+
+
+class _Interrupted:
+    """A filter of a rank's stderr lines: after ina-run passed on a Ctrl-C
+    (``interrupted()``), a Python traceback that ends in KeyboardInterrupt (a Ctrl-C
+    during start-up, before the package's excepthook, record_raises, is in) becomes one
+    line saying where the program was; any other traceback goes out whole."""
+
+    def __init__(self, interrupted: Callable[[], bool]):
+        self.interrupted = interrupted
+        self.block: list[bytes] | None = None  # a traceback's lines, held
+
+    def lines(self, line: bytes) -> list[bytes]:
+        """What goes out for ``line``: nothing while a traceback is held, then it."""
+        if self.block is None:
+            if line.rstrip(b"\r\n") != TRACEBACK or not self.interrupted():
+                return [line]
+            self.block = [line]
+            return []
+        if line[:1] in (b" ", b"\t"):
+            self.block.append(line)
+            return []
+        block, self.block = self.block + [line], None
+        if not line.startswith(b"KeyboardInterrupt"):
+            return block
+        return [b"KeyboardInterrupt (ina-run passed on a Ctrl-C) at " + _program_frame(block)
+                + b"; its traceback left out\n"]
+
+    def flush(self) -> list[bytes]:
+        block, self.block = self.block or [], None
+        return block
+
+
+def _program_frame(block: list[bytes]) -> bytes:
+    """The deepest frame of a traceback's lines in the program's own files (not the
+    standard library's, a package's or frozen code), as file:line."""
+    frames = [m.groups() for m in (re.match(rb'\s*File "([^"]+)", line (\d+)', line)
+                                   for line in block) if m]
+    stdlib = sysconfig.get_paths()["stdlib"].encode()
+    own = [f for f in frames if not (f[0].startswith((b"<", stdlib))
+                                     or b"site-packages" in f[0])]
+    file, line = (own or frames or [(b"?", b"?")])[-1]
+    return file + b":" + line
+
+
+def relay(source: int, sink: int, prefix: bytes, hold: float = HOLD_SECONDS,
+          interrupted: Callable[[], bool] | None = None) -> None:
     """Copy ``source`` to ``sink`` until end of file, ``prefix`` at the start of every
     line (ended by \\n or \\r: a progress bar's redraws keep it); the lines of each read
-    in one write. The start of a line waits for its end up to ``hold`` seconds."""
+    in one write. The start of a line waits for its end up to ``hold`` seconds.
+    ``interrupted``: a stderr's, whether ina-run passed on a Ctrl-C (_Interrupted)."""
     held = b""        # the start of a line, not ended yet
     at_start = True   # whether the next byte out starts a line
     alive = True      # whether the sink still takes output
+    tracebacks = _Interrupted(interrupted) if interrupted is not None else None
     while True:
         ready, _, _ = select.select([source], [], [], hold if held else None)
         if not ready:  # a line unfinished for a while (a prompt): out as it stands
@@ -208,9 +258,16 @@ def relay(source: int, sink: int, prefix: bytes, hold: float = HOLD_SECONDS) -> 
         held = text[end:]
         if end and alive:
             lines = text[:end].splitlines(keepends=True)
-            alive = _write_all(sink, b"".join(
-                (prefix if i or at_start else b"") + line for i, line in enumerate(lines)))
+            if tracebacks is not None and at_start:
+                lines = [out for line in lines for out in tracebacks.lines(line)]
+            if lines:
+                alive = _write_all(sink, b"".join(
+                    (prefix if i or at_start else b"") + line
+                    for i, line in enumerate(lines)))
             at_start = True
+    if tracebacks is not None and alive:
+        for line in tracebacks.flush():
+            alive = alive and _write_all(sink, prefix + line)
     if held and alive:
         _write_all(sink, (prefix if at_start else b"") + held)
 
@@ -255,10 +312,12 @@ def main(argv: list[str]) -> int:
         return 127
     relays = []
     if pipes is not None:
+        marked = os.path.join(folder, INTERRUPTED)
         for source, sink in ((child.stdout, 1), (child.stderr, 2)):
             assert source is not None
             relays.append(threading.Thread(target=relay, daemon=True, args=(
-                source.fileno(), sink, f"[{rank}] ".encode())))
+                source.fileno(), sink, f"[{rank}] ".encode(), HOLD_SECONDS,
+                (lambda: os.path.exists(marked)) if sink == 2 else None)))
             relays[-1].start()
     _write(base + ".pid", {"rank": rank, "pid": child.pid, "wrapper": me})
     for signum in pending:

@@ -16,11 +16,13 @@ from ina_collectives.launch import rank as wrapper
 from ina_collectives.launch.ranks import RankWatch, describe_failure
 
 
-def _relayed(*pieces: bytes, pause: float = 0.0, hold: float = 5.0) -> bytes:
+def _relayed(*pieces: bytes, pause: float = 0.0, hold: float = 5.0,
+             interrupted=None) -> bytes:
     """What relay() writes for ``pieces`` written one by one into its pipe."""
     source_r, source_w = os.pipe()
     sink_r, sink_w = os.pipe()
-    thread = threading.Thread(target=wrapper.relay, args=(source_r, sink_w, b"[3] ", hold))
+    thread = threading.Thread(target=wrapper.relay,
+                              args=(source_r, sink_w, b"[3] ", hold, interrupted))
     thread.start()
     for piece in pieces:
         os.write(source_w, piece)
@@ -49,6 +51,34 @@ def test_each_line_gets_the_rank_and_lines_stay_whole():
     assert _relayed(b"x\nno end") == b"[3] x\n[3] no end"
     assert _relayed(b"Password: ", b"ok\nnext\n", pause=0.4, hold=0.1) == \
         b"[3] Password: ok\n[3] next\n"
+
+
+
+STARTUP_TRACEBACK = (b"Traceback (most recent call last):\n"
+                     b'  File "/home/u/train.py", line 2, in <module>\n'
+                     b"    import torch\n"
+                     b'  File "/venv/lib/python3.11/site-packages/torch/__init__.py", line 9\n'
+                     b'  File "<frozen importlib._bootstrap>", line 1176, in _find_and_load\n'
+                     b"KeyboardInterrupt\n")
+
+
+def test_a_ctrl_c_traceback_after_ina_run_passed_one_on_is_one_line():
+    """A Ctrl-C during start-up (torch still importing, before the package's excepthook)
+    reaches the rank's stderr as a traceback: after ina-run passed on a Ctrl-C it goes
+    out as one line naming the program's line; other tracebacks, and any before a
+    Ctrl-C, go out whole."""
+    one = _relayed(b"starting\n", STARTUP_TRACEBACK, b"after\n", interrupted=lambda: True)
+    assert one == (b"[3] starting\n[3] KeyboardInterrupt (ina-run passed on a Ctrl-C) at "
+                   b"/home/u/train.py:2; its traceback left out\n[3] after\n"), one
+    assert _relayed(STARTUP_TRACEBACK, interrupted=lambda: False) == b"".join(
+        b"[3] " + line for line in STARTUP_TRACEBACK.splitlines(keepends=True))
+    other = STARTUP_TRACEBACK.replace(b"KeyboardInterrupt", b"ValueError: bad")
+    assert _relayed(other, interrupted=lambda: True) == b"".join(
+        b"[3] " + line for line in other.splitlines(keepends=True))
+    # (A traceback cut off by the end of the output goes out as far as it came.)
+    cut = b"".join(STARTUP_TRACEBACK.splitlines(keepends=True)[:3])
+    assert _relayed(cut, interrupted=lambda: True) == b"".join(
+        b"[3] " + line for line in cut.splitlines(keepends=True))
 
 
 def _rank_process(tmp_path, code: str, rank: int = 1, interrupted: bool = False
