@@ -73,7 +73,7 @@ def replay_workers(int[::1] fds, tuple switch, uint8_t[:, ::1] rows, int32_t len
     cdef uint8_t *segs[64]             # one received buffer's datagrams (UDP_GRO)
     cdef int32_t seg_lens[64]
     cdef uint64_t completed = 0
-    cdef long calls = 0
+    cdef long calls = 0, refused = 0
     cdef uint8_t version[65536]
     cdef int32_t pend[BATCH * 64]      # slots to refill, this batch
     cdef uint8_t *bufs[64]
@@ -125,9 +125,9 @@ def replay_workers(int[::1] fds, tuple switch, uint8_t[:, ::1] rows, int32_t len
                         bufs[k] = &rows[w * slots + s, 0]
                         k += 1
                         j += 1
-                    if ina_send_batch(fds[w], &to, bufs, lens, k, &use_gso, &calls) < 0:
-                        if not (try_again(errno) or errno == ENOBUFS):
-                            raise_errno(errno, "sending to", fds[w], &to)
+                    if ina_send_batch(fds[w], &to, bufs, lens, k, &use_gso, &calls,
+                                      &refused) < 0 and not try_again(errno):
+                        raise_errno(errno, "sending to", fds[w], &to)
             # Other workers' results are left to their sockets' buffers to overflow.
         now = monotonic()
     return completed, now - start, calls
@@ -189,7 +189,7 @@ def echo(int fd, double seconds):
     pfd.fd = fd
     pfd.events = POLLIN
     cdef uint64_t count = 0
-    cdef long calls = 0
+    cdef long calls = 0, refused = 0
     cdef int got, i, j, n, gso = 1
     cdef double start = 0
     with nogil:
@@ -208,9 +208,9 @@ def echo(int fd, double seconds):
                     for j in range(n):
                         bufs[j][OFF_FLAGS] = FLAG_RESULT
                     count += n
-                    if ina_send_batch(fd, &names[i], bufs, lens, n, &gso, &calls) < 0:
-                        if not (try_again(errno) or errno == ENOBUFS):
-                            raise_errno(errno, "echoing to", fd, &names[i])
+                    if ina_send_batch(fd, &names[i], bufs, lens, n, &gso, &calls,
+                                      &refused) < 0 and not try_again(errno):
+                        raise_errno(errno, "echoing to", fd, &names[i])
     return count
 
 

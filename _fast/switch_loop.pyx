@@ -13,6 +13,7 @@ configures jobs through the methods below. Every packet that is neither aggregat
 answered is dropped and counted by reason.
 """
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.errno cimport ENOBUFS
 from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
@@ -599,6 +600,7 @@ cdef class Aggregator(FaultInjection):
         equal-sized ones, in their order) while self.gso, else all with sendmmsg. What
         the kernel refuses is lost, as on a link."""
         cdef int sent = 0, r, i, j, n
+        cdef long refused = 0
         cdef uint8_t *bufs[BATCH]
         cdef int32_t lens[BATCH]
         cdef uint8_t taken[BATCH]
@@ -617,10 +619,14 @@ cdef class Aggregator(FaultInjection):
                         lens[n] = <int32_t>self.out_iovs[j].iov_len
                         taken[j] = 1
                         n += 1
+                refused = 0
                 if ina_send_batch(self.fd, &self.out_names[i], bufs, lens, n, &self.gso,
-                                  &self.send_calls) < 0:
+                                  &self.send_calls, &refused) < 0:
                     self.send_failures += 1  # (and that worker's others of this batch)
                     self.last_errno = errno
+                elif refused:
+                    self.send_failures += refused
+                    self.last_errno = ENOBUFS
             self.nout = 0
             return
         while sent < self.nout:

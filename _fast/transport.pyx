@@ -65,7 +65,7 @@ include "header.pxi"
 include "wire.pxi"
 
 from udp_batch cimport (INA_BATCH_MAX, INA_GRO_CONTROL, ina_attach_controls,
-                        ina_segments, ina_send_batch)
+                        ina_segments, ina_send_batch, ina_send_no_room)
 
 cdef enum:
     BATCH = 32
@@ -152,6 +152,7 @@ cdef struct Call:  # one stream's or opening's progress, bounds and counts
     Py_ssize_t sent, retransmitted, stale, rejected, nacks, nacked, requests, samples
     Py_ssize_t left_out, skipped, lost, gro_buffers
     long send_calls
+    long refused           # datagrams the kernel refused for want of room (lost here)
     # a stream's tensor and format
     const char *x
     char *out
@@ -265,7 +266,7 @@ CALLS = ("send", "recvmmsg", "poll")
 cdef struct Counts:  # what one call did; a link's calls all told (Link.totals)
     int64_t sent, open_sent, send_calls, gro_buffers, retransmitted, nacks, nack_resent
     int64_t result_requests, rtt_samples, stale, rejected, left_out, skipped, lost
-    int64_t nonfinite, nonfinite_seen, predicted, overflows, adopted
+    int64_t nonfinite, nonfinite_seen, predicted, overflows, adopted, send_refused
     double seconds, open_seconds
 
 
@@ -289,6 +290,7 @@ cdef inline void add_counts(Counts *into, const Counts *n) noexcept nogil:
     into.predicted += n.predicted
     into.overflows += n.overflows
     into.adopted += n.adopted
+    into.send_refused += n.send_refused
     into.seconds += n.seconds
     into.open_seconds += n.open_seconds
 
@@ -298,6 +300,7 @@ cdef void counts_of(const Call *c, Counts *n, double seconds) noexcept nogil:
     memset(n, 0, sizeof(Counts))
     n.send_calls, n.retransmitted, n.nacks = c.send_calls, c.retransmitted, c.nacks
     n.nack_resent, n.stale, n.rtt_samples = c.nacked, c.stale, c.samples
+    n.send_refused = c.refused
     if c.opening:
         n.open_sent, n.open_seconds = c.slots, seconds
         return
@@ -1125,7 +1128,7 @@ cdef class Link:
         """The batch out, in one system call per run of equal-sized packets; -1 (the
         call SEND_FAILED) if a send failed."""
         if ina_send_batch(self.fd, &self.to, self.pend_bufs, self.pend_lens, self.npend,
-                          &self.gso, &c.send_calls) < 0:
+                          &self.gso, &c.send_calls, &c.refused) < 0:
             c.status, c.failure = SEND_FAILED, errno
             return -1
         self.npend = 0
@@ -1138,8 +1141,7 @@ cdef class Link:
         row[OFF_FLAGS] = c.retransmit | (FLAG_PREDICTED if self.window[s].predicted else 0)
         if sendto(self.fd, row, self.window[s].length, 0, <const sockaddr *>&self.to,
                   sizeof(sockaddr_in)) < 0:
-            c.status, c.failure = SEND_FAILED, errno
-            return -1
+            return self._refused(c)
         return 0
 
     cdef int _request(self, Call *c, Py_ssize_t s) noexcept nogil:
@@ -1150,9 +1152,18 @@ cdef class Link:
         put16(self.request + OFF_COUNT, 0)
         if sendto(self.fd, self.request, HEADER, 0, <const sockaddr *>&self.to,
                   sizeof(sockaddr_in)) < 0:
-            c.status, c.failure = SEND_FAILED, errno
-            return -1
+            return self._refused(c)
         return 0
+
+    cdef int _refused(self, Call *c) noexcept nogil:
+        """A sendto just failed: a datagram refused for want of room (ENOBUFS, EAGAIN) is
+        lost, as on a link, and its timer sends it again (0); any other errno ends the
+        call (SEND_FAILED, -1)."""
+        if ina_send_no_room(errno):
+            c.refused += 1
+            return 0
+        c.status, c.failure = SEND_FAILED, errno
+        return -1
 
     cdef inline void _numbered(self, Py_ssize_t s, double rto) noexcept nogil:
         """Slot s's new packet numbered and its clocks started."""

@@ -18,6 +18,15 @@
 #define INA_GSO_MAX_BYTES 65507      /* one UDP datagram's payload over IPv4 */
 #define INA_BATCH_MAX 64
 
+/* Whether a refused send means "no room now" (the socket's or the device queue's buffers
+ * full: ENOBUFS under a shaping qdisc, EAGAIN on a full non-blocking socket): the
+ * datagram is lost here as it could be on any link, and the sender's retransmission
+ * timer recovers it. Any other errno is a failure of the path. */
+static inline int ina_send_no_room(int err)
+{
+    return err == ENOBUFS || err == EAGAIN || err == EWOULDBLOCK;
+}
+
 /* Whether a failed UDP_SEGMENT send means "not here" (an old kernel, a device without
  * the offload) rather than a failure of this send: then the caller falls back. */
 static inline int ina_gso_unsupported(int err)
@@ -58,11 +67,12 @@ static inline int ina_send_segmented(int fd, const struct sockaddr_in *to,
 /* Send datagrams bufs[i] (lens[i] bytes), i < count <= INA_BATCH_MAX, to `to`. While
  * *gso is 1, runs of equal-sized datagrams (a shorter last one allowed) leave as one
  * UDP_SEGMENT send each; a kernel that refuses the offload sets *gso to 0 for good. The
- * rest leave in one sendmmsg. *calls counts the system calls. 0, or -1 (errno set) if
- * the kernel refused a send. */
+ * rest leave in one sendmmsg. *calls counts the system calls. A datagram refused for
+ * want of room (ina_send_no_room) is dropped and counted in *refused, as a loss: the
+ * batch goes on. 0, or -1 (errno set) if the kernel refused a send for another reason. */
 static inline int ina_send_batch(int fd, const struct sockaddr_in *to,
                                  uint8_t *const *bufs, const int32_t *lens, int count,
-                                 int *gso, long *calls)
+                                 int *gso, long *calls, long *refused)
 {
     struct mmsghdr msgs[INA_BATCH_MAX];
     struct iovec iovs[INA_BATCH_MAX];
@@ -82,6 +92,11 @@ static inline int ina_send_batch(int fd, const struct sockaddr_in *to,
         if (n >= 2) {
             (*calls)++;
             if (ina_send_segmented(fd, to, bufs + i, lens + i, n, (uint16_t)lens[i]) == 0) {
+                i += n;
+                continue;
+            }
+            if (ina_send_no_room(errno)) {  /* the run is lost here, as on a full link */
+                *refused += n;
                 i += n;
                 continue;
             }
@@ -111,7 +126,10 @@ static inline int ina_send_batch(int fd, const struct sockaddr_in *to,
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            return -1;
+            if (!ina_send_no_room(errno))
+                return -1;
+            (*refused)++;  /* the first of the rest was refused for want of room: lost */
+            r = 1;
         }
         sent += r;
     }

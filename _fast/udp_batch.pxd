@@ -11,8 +11,10 @@ cdef extern from "udp_batch.h" nogil:
         INA_GSO_MAX_BYTES    # a segmented send's largest total
     int ina_send_segmented(int fd, const sockaddr_in *to, uint8_t *const *bufs,
                            const int32_t *lens, int n, uint16_t size)
+    int ina_send_no_room(int err)
     int ina_send_batch(int fd, const sockaddr_in *to, uint8_t *const *bufs,
-                       const int32_t *lens, int count, int *gso, long *calls)
+                       const int32_t *lens, int count, int *gso, long *calls,
+                       long *refused)
     void ina_attach_controls(mmsghdr *msgs, char *controls, size_t stride, int count)
     int ina_gro_size(msghdr *msg)
     int ina_segments(msghdr *msg, uint8_t *base, size_t total, uint8_t **ptrs,

@@ -101,6 +101,10 @@ KEYS: tuple[Key, ...] = (
     K("transport.send_calls", "int",
       "System calls that sent those packets: far fewer than packets where a batch leaves "
       "in one (`switch.send_path`).", when=JOINED),
+    K("transport.send_refused", "int",
+      "Datagrams the kernel refused for want of buffers (ENOBUFS from a shaping qdisc, "
+      "EAGAIN from a full socket): lost here, as on a link, and sent again by their timers.",
+      when=JOINED),
     K("transport.gro_buffers", "int",
       "Receive buffers that held several results the kernel coalesced (UDP GRO); 0 where "
       "`switch.receive_path` is `recvmmsg`.", when=JOINED),

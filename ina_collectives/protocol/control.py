@@ -11,6 +11,7 @@ UDP port on the same host, in order (CAP_SHARDS): a job that names one stripes a
 """
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 import time
@@ -120,6 +121,10 @@ class ControlReply(NamedTuple):
 IP_RECVERR = 11
 
 
+# A send refused for want of buffers, not for the path: the datagram is lost, and retried.
+_NO_ROOM = frozenset({errno.ENOBUFS, errno.EAGAIN, errno.EWOULDBLOCK})
+
+
 def _hear_errors(sock: socket.socket, on: bool) -> None:
     """ICMP errors reported to ``sock``'s receives (``on``), or not again, with those
     queued meanwhile dropped (the data path reads none: _fast/transport.pyx)."""
@@ -146,8 +151,11 @@ def control_request(sock: socket.socket, switch: tuple[str, int], job: int, work
             try:
                 sock.sendto(packet, switch)
             except OSError as exc:
-                raise AggregatorUnavailable(f"cannot send the {what} to the aggregator at "
-                                            f"{where}: {exc}") from None
+                # No room now (ENOBUFS under a shaping qdisc, EAGAIN): lost, as on a
+                # link; the retry below sends it again. Anything else is the path's.
+                if exc.errno not in _NO_ROOM:
+                    raise AggregatorUnavailable(f"cannot send the {what} to the aggregator "
+                                                f"at {where}: {exc}") from None
             retry = min(time.monotonic() + RETRY_SECONDS, deadline)
             while (left := retry - time.monotonic()) > 0:
                 sock.settimeout(left)

@@ -3,7 +3,10 @@ unreachable, heard on an unconnected socket only while the request waits), a sil
 after the timeout, and the socket hears no ICMP errors after the request."""
 from __future__ import annotations
 
+import errno
+import os
 import socket
+import threading
 import time
 
 import pytest
@@ -44,3 +47,51 @@ def test_a_silent_port_is_waited_for_up_to_the_timeout():
             control.control_request(sock, silent.getsockname(), 7, 0,
                                     [control.CTRL_JOIN, 2, 64, 1, 32, 32], 0.4, "join")
         assert time.monotonic() - started >= 0.4
+
+
+class _NoRoomFirst(socket.socket):
+    """A UDP socket whose first ``refusals`` sends fail as a full qdisc fails them with
+    IP_RECVERR set (ENOBUFS), the datagram not sent."""
+
+    def __init__(self, refusals: int):
+        super().__init__(socket.AF_INET, socket.SOCK_DGRAM)
+        self.refusals = refusals
+
+    def sendto(self, data, address):  # type: ignore[override]
+        if self.refusals:
+            self.refusals -= 1
+            raise OSError(errno.ENOBUFS, os.strerror(errno.ENOBUFS))
+        return super().sendto(data, address)
+
+
+def test_a_send_refused_for_want_of_buffers_is_a_loss_and_retried():
+    # (CI's lossy netsim run: a probe's send met ENOBUFS from the shaped link's qdisc and
+    # the call went to MPI as "aggregator unavailable".)
+    with _socket() as server, _NoRoomFirst(refusals=2) as sock:
+        sock.bind(("127.0.0.1", 0))
+        got: list[bytes] = []
+
+        def answer() -> None:
+            server.settimeout(5.0)
+            data, peer = server.recvfrom(65536)
+            got.append(data)
+            head, body = control.read_control(data)
+            server.sendto(control.control_packet(head["job"], 0, [int(body[0]), 0],
+                                                 reply=True), peer)
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        reply = control.control_request(sock, server.getsockname(), 7, 0,
+                                        [control.CTRL_PROBE], 5.0, "probe")
+        thread.join()
+        assert reply.status == 0 and sock.refusals == 0 and len(got) == 1
+
+
+def test_a_send_refused_for_another_reason_names_it():
+    with _NoRoomFirst(refusals=0) as sock:
+        sock.bind(("127.0.0.1", 0))
+        with pytest.raises(AggregatorUnavailable, match="cannot send the probe to the "
+                                                        "aggregator at 255.255.255.255:9"):
+            # (a broadcast-less socket refuses the limited broadcast address: EACCES)
+            control.control_request(sock, ("255.255.255.255", 9), 7, 0,
+                                    [control.CTRL_PROBE], 1.0, "probe")
