@@ -42,6 +42,8 @@ const bit<8> DROP_RESULT_FROM_A_WORKER = 8;   // result from a worker
 const bit<8> DROP_STALE = 9;   // stale
 const bit<8> DROP_LATE = 10;   // late
 
+// TNA, unlike v1model, carries no metadata from ingress to egress: what egress needs
+// (the result's group) travels in front of the packet as a bridged header.
 header bridge_t {
     bit<16> mcast_grp;    // the job's result group (0: not a multicast result)
 }
@@ -360,6 +362,10 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                     in ingress_intrinsic_metadata_from_parser_t ig_prsr_md,
                     inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md,
                     inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
+    // A TNA RegisterAction is one read-modify-write in a stage's stateful ALU: it
+    // sees the cell's word, writes it back and returns one word (out parameter) in the
+    // same pass; v1model's register read() and write() are two separate accesses,
+    // any number per packet. So each register here is reached once per pass.
     @id(0x16000005) Register<bit<16>, bit<32>>(SLOTS) slot_epoch;
     RegisterAction<bit<16>, bit<32>, bit<8>>(slot_epoch) epoch_check = {
         void apply(inout bit<16> value, out bit<8> fresh) {
@@ -884,7 +890,7 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
 
     @id(0x01000004)
     action drop() {
-        ig_dprsr_md.drop_ctl = 1;
+        ig_dprsr_md.drop_ctl = 1;   // (TNA: bit 0 drops at the deparser; v1model: mark_to_drop)
     }
 
     @id(0x02000002)
@@ -1248,6 +1254,10 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
                     hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
                     hdr.udp.src_port = INA_PORT;
                     hdr.udp.checksum = 0;
+                    // TNA: the traffic manager replicates to group mcast_grp_a, each
+                    // copy's egress_rid the node's rid (here the worker id), which egress
+                    // reads to address it; v1model sets standard_metadata.mcast_grp and
+                    // egress reads egress_rid alike.
                     ig_tm_md.mcast_grp_a = meta.mcast_grp;
                     hdr.bridge.mcast_grp = meta.mcast_grp;
                     ina_count_result.apply();
@@ -1261,6 +1271,11 @@ control IngressImpl(inout headers_t hdr, inout meta_t meta,
     }
 }
 
+// TNA computes the IPv4 checksum in the deparser with the Checksum extern (v1model:
+// update_checksum in a control of its own). The UDP checksum is set to 0 (none), as on
+// v1model: the values change in the switch. A parser error (a short packet) drops the
+// packet in TNA's default parser error handling, where v1model would pass it on with
+// standard_metadata.parser_error set; ina_classify's checks come after a whole parse.
 control IngressDeparserImpl(packet_out pkt, inout headers_t hdr, in meta_t meta,
                             in ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {
     Checksum() ipv4_checksum;

@@ -2,7 +2,8 @@
 --like tofino``; p4/README.md, Tofino): it announces the build's capabilities (none) and
 drops what they leave out, and the library, told only that, serves every call through it:
 no openings, no predicted windows, no result requests, no quorum stamps (quorum k is
-asked; the switch sees sync calls), 32 values of 32 bits per packet."""
+asked; the switch sees sync calls), each build's K values of 32 bits per packet (Tofino 1:
+20, Tofino 2: 48)."""
 from __future__ import annotations
 
 import socket
@@ -45,15 +46,16 @@ def test_it_announces_the_builds_capabilities_and_takes_only_jobs_the_build_take
         assert sw.stats()["jobs"][9]["workers"] == 2
 
 
-def test_the_library_serves_every_call_through_a_switch_like_the_tofino_build():
+@pytest.mark.parametrize("chip", sorted(S.TOFINO))
+def test_the_library_serves_every_call_through_a_switch_like_the_tofino_build(chip):
     from ina_collectives.collectives.chooser import Collectives
     from ina_collectives.collectives.ops import Op
     from ina_collectives.ina.engine import InaEngine
 
-    build = S.TOFINO["tofino"]
+    build = S.TOFINO[chip]
     calls = [("float32", "sum", 1), ("float32", "sum", build.k), ("float64", "average", 33),
              ("float32", "sum", 1000), ("float32", "average", 20_001)] * 2
-    with switch_thread(like="tofino") as sw:
+    with switch_thread(like=chip) as sw:
         def rank(comm):
             r = comm.Get_rank()
             settings = Settings(switch="%s:%d" % sw.address, switch_min_bytes=0, timeout=20,
