@@ -317,6 +317,35 @@ def test_ranks_stuck_outside_the_library_get_sigterm_then_sigkill(ina_run, tmp_p
     assert not _leftovers(str(script))
 
 
+@pytest.mark.mpi
+def test_a_rank_stuck_past_the_grace_leaves_what_it_waits_for_and_its_stacks(ina_run,
+                                                                           tmp_path):
+    """Rank 0 raises; rank 1, which initialised the library, is stuck in its own code (a
+    sleep) and ends only by signal: before SIGTERM, ina-run asks it for its stacks
+    (SIGUSR2), and its stderr says what it waits for (nothing of the library's) and holds
+    its Python stack, naming the line it is stuck on."""
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "import numpy as np\n"
+        "import ina_collectives as ina\n"
+        "ina.init()\n"
+        "ina.allreduce(np.ones(1000, np.float32))\n"
+        "if ina.rank() == 0:\n"
+        "    raise RuntimeError('on purpose')\n"
+        "time.sleep(600)\n")
+    proc = ina_run("-np", "2", "--switch", "none", "--", sys.executable, str(script),
+                   timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "asked for their stacks (SIGUSR2); SIGTERM follows" in proc.stderr, proc.stderr
+    assert "ina_collectives: rank 1 (pid" in proc.stderr, proc.stderr
+    assert "not waiting in ina_collectives" in proc.stderr, proc.stderr
+    assert re.search(rf'File "{re.escape(str(script))}", line 8 in <module>', proc.stderr), \
+        proc.stderr
+    assert "sent SIGTERM to rank(s) 1" in proc.stderr, proc.stderr
+    assert not _leftovers(str(script))
+
+
 # -- horovodrun's options ----------------------------------------------------------------
 
 def _refused(capsys, *argv: str) -> str:
