@@ -672,7 +672,7 @@ cdef class Aggregator(FaultInjection):
         numbers a new packet skips were lost on the way. Tell the worker at once (one
         NACK: the first missing number and how many), so that it resends those packets
         without waiting for its timeout, and the workers whose packets came resend
-        nothing (docs/protocol.md, Loss). For new packets only (a retransmission repeats
+        nothing (docs/protocol-recovery.md, Loss). For new packets only (a retransmission repeats
         an old number)."""
         cdef int seq = pkt[OFF_SEQ]
         cdef int gap = (seq - job.next_seq[worker]) & 255
@@ -883,7 +883,7 @@ cdef class Aggregator(FaultInjection):
         """A worker counted in the cell sent again: the stored result if the cell is done
         (its result was lost), else a duplicate while the cell waits for the others; the
         worker is then told that its packet is held (a NACK naming no packet: a peer is
-        late, not the switch gone; its silence bound waits on: docs/protocol.md, Loss)."""
+        late, not the switch gone; its silence bound waits on: docs/protocol-recovery.md, Loss)."""
         if job.count[cell] == 0 and job.result_len[cell]:
             self.retransmits_answered += 1
             self.send(job.result + cell * job.width, job.result_len[cell], &job.addr[worker])

@@ -12,7 +12,7 @@ are most of the traffic, as in real click logs), and a few dense features; its l
 a click from a fixed random teacher. The embeddings' gradients are sparse COO tensors
 (``nn.Embedding(sparse=True)``): they are reduced by the exact sparse exchange, and with
 the Horovod API and ``INA_SPARSE_HOT_ROWS`` set their most touched rows are summed
-densely through the switch (docs/netsim.md, "Sparse gradients"); the dense layers'
+densely through the switch (docs/netsim-workloads.md, "Embedding gradients"); the dense layers'
 gradients go through the switch like any float allreduce. Rank 0 prints the loss per
 epoch and how the calls were served, then trains the same model on one process with the
 same global batches and exits 1 unless the final losses agree within --tolerance.

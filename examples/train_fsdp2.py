@@ -3,7 +3,7 @@ parameters, gradients and optimizer state are sharded over a DeviceMesh; each la
 parameters are all-gathered for its forward and backward, its gradients reduce-scattered,
 and training ends where one process training on the same data ends. Backend "ina" runs
 the reduce-scatters round the ring and the all-gathers through MPI: the switch would
-move all of a layer's gradients each way, the ring (n-1)/n of them (docs/netsim.md).
+move all of a layer's gradients each way, the ring (n-1)/n of them (docs/netsim-workloads.md).
 
     ina-run -np 4 -- python examples/train_fsdp2.py
     ina-run --launcher torchrun -np 4 -- python examples/train_fsdp2.py

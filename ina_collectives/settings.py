@@ -257,7 +257,7 @@ class Settings:
         "switch where it serves, the rows touched most often over the ranks, where that "
         "pays by bytes, and kept only while their calls are measured faster than the "
         "exact gather's; the rest go by the exact gather. 0 (the default: measured on "
-        "this project's 2-core machine it never paid, docs/netsim.md): every row by the "
+        "this project's 2-core machine it never paid, docs/netsim-workloads.md): every row by the "
         "gather.",
     )
     sparse_reelect_calls: int = _setting(

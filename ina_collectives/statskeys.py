@@ -113,7 +113,7 @@ KEYS: tuple[Key, ...] = (
       "loss, or a switch or peer slow to answer.", when=JOINED),
     K("transport.nacks", "int",
       "NACKs received: the switch said it never saw some of this rank's packets "
-      "(docs/protocol.md).", when=JOINED),
+      "(docs/protocol-recovery.md).", when=JOINED),
     K("transport.nack_resent", "int", "Packets sent again at once because a NACK named them.",
       when=JOINED),
     K("transport.result_requests", "int",

@@ -96,6 +96,40 @@ def test_no_development_history_in_the_user_docs():
     assert not found, found
 
 
+# Written by the code (ina_collectives/statskeys.py, ina_collectives/settings.py), whose
+# tests keep them current: their length and words are the code's tables'.
+GENERATED = {"stats.md", "settings.md"}
+MAX_LINES = 400
+# A page that narrates its history ("a first version ...", "before the fix ...") instead
+# of saying what the library does now; the history goes to CHANGELOG.md.
+HISTORY = re.compile(r"\b(?:first version|earlier versions?|older versions?|before the fix"
+                     r"|found later|no longer|last session|the old code)\b", re.I)
+# Lines that use such words for what the library does now, not for its history.
+NOT_HISTORY = ("a worker on a slow path no longer sets the pace",)
+
+
+def test_no_docs_page_is_over_400_lines():
+    long = {p.name: n for p in DOCS if p.name not in GENERATED
+            and (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these pages (at most {MAX_LINES} lines): {long}"
+
+
+def test_the_user_docs_say_what_the_library_does_not_its_history():
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in PAGES
+             if p.name not in GENERATED
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if HISTORY.search(line) and not any(ok in line for ok in NOT_HISTORY)]
+    assert not found, "\n".join(found)
+
+
+def test_the_history_check_finds_history():
+    for line in ("A first version let the negotiation run ahead.",
+                 "In earlier versions a lost packet stalled.", "Before the fix it opened",
+                 "(found later)", "INA's calls are no longer bimodal"):
+        assert HISTORY.search(line), line
+    assert not HISTORY.search("the first window's exponents, an earlier call's result")
+
+
 # -- the command lines the docs quote ----------------------------------------------------
 
 CONTROL = "python -m ina_collectives.control"

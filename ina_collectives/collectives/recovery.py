@@ -1,5 +1,5 @@
-"""The error path of a call that ended without a host collective (docs/protocol.md, "A
-call without host collectives: all or nothing"): its neutral part, the gate.
+"""The error path of a call that ended without a host collective (docs/protocol-recovery.md,
+"A call without a vote: all or nothing"): its neutral part, the gate.
 
 An offload (engine.py: OffloadEngine) may end a call with no host collective of its own
 when the call's owner makes one next: a *gate*, the collective every rank makes before

@@ -887,7 +887,7 @@ class InaEngine(OffloadEngine):
             return HandOver(NONFINITE if nonfinite and not got.failed else
                             f"ina: aggregator failed mid-operation; here: {here}", x)
         # Another rank finished the call: every chunk this rank lacks lies in the last
-        # window, which that rank kept (docs/protocol.md).
+        # window, which that rank kept (docs/protocol-recovery.md).
         first_missing = int(result.missing[0]) * k if result.missing.size else x.size
         if first_missing < got.start:
             raise CommunicatorBroken(

@@ -1,5 +1,5 @@
-"""The rescue of a call the switch served without a vote (docs/protocol.md, "A call
-without host collectives: all or nothing"); the gate it starts from is
+"""The rescue of a call the switch served without a vote (docs/protocol-recovery.md, "A call
+without a vote: all or nothing"); the gate it starts from is
 collectives/recovery.py's.
 
 A call streamed through one aggregator in sync mode returns as soon as this rank holds

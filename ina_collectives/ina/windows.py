@@ -1,4 +1,4 @@
-"""A rank's kept window, served to its peers (docs/protocol.md, A call some ranks
+"""A rank's kept window, served to its peers (docs/protocol-recovery.md, A call some ranks
 finished).
 
 A vote-free call returns on a rank as soon as it holds every result, and that rank keeps

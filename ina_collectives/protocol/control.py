@@ -34,7 +34,7 @@ CTRL_LEAVE = 2    # [LEAVE]: the sender is done; the job is freed when all have 
 CTRL_PROBE = 3    # [PROBE]: job 0: is an aggregator there? job j: am I worker w of job j?
 CTRL_FAULTS = 4   # [FAULTS, then FAULT_FIELDS in order] (probabilities in ppm, delays in us)
 CTRL_WAKE = 5     # [WAKE]: the software switch's P4Runtime thread wakes its data path
-# Capabilities an aggregator states in its replies (docs/protocol.md, Loss).
+# Capabilities an aggregator states in its replies (docs/protocol-recovery.md, Loss).
 CAP_NACKS = 1     # it NACKs skipped packet numbers and answers result requests
 CAP_NARROW = 2    # a job of 32-bit values also takes calls of 16-bit values
 CAP_SHARDS = 4    # the reply lists the UDP ports of the switch's shards after the 4th value

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# 2: the reserved byte became seq, the flag NACK came (docs/protocol.md, Loss). 3: an
+# 2: the reserved byte became seq, the flag NACK came (docs/protocol-recovery.md, Loss). 3: an
 # exponent per sub-block of B values after the header, and 16-bit values. A packet of
 # another version is dropped as malformed; a join of another version is refused, naming
 # both (protocol/control.py), so a mixed job fails to join, not to add. 4: the call
@@ -84,7 +84,7 @@ FIELDS: tuple[Field, ...] = (
     Field("seq", "seq", 8, False, "packet number",
           "worker to aggregator: the worker's count of new packets mod 256 (a "
           "retransmission repeats its original's); in a NACK the first missing number, "
-          "count saying how many (docs/protocol.md, Loss)"),
+          "count saying how many (docs/protocol-recovery.md, Loss)"),
     Field("slot", "slot", 32, False, "slot index", "0 .. S-1"),
     Field("offset", "offset", 32, False, "element offset",
           "index of the chunk's first element in the tensor"),

@@ -236,7 +236,7 @@ class SoftwareSwitch:
                          ) -> tuple[str, int | None, str]:
         """What to do with a control packet: (its outcome, the status to answer or None
         for no answer, why it was refused or ""). A request is taken only whole
-        (docs/protocol.md, Control packets): flags CONTROL alone, count = the number of
+        (docs/protocol-recovery.md, Control packets): flags CONTROL alone, count = the number of
         int32 values the datagram carries, as many as its op takes."""
         head, body = P.read_control(packet)
         malformed = "malformed control"

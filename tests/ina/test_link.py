@@ -1,5 +1,5 @@
 """Loss recovery between the software switch and a worker, packet by packet
-(docs/protocol.md, Loss): a NACK for packet numbers that never came, none for late or
+(docs/protocol-recovery.md, Loss): a NACK for packet numbers that never came, none for late or
 retransmitted packets, and result requests answered only when the cell is done. Two
 workers of a job joined by hand (WorkerLink), packets written here."""
 from __future__ import annotations

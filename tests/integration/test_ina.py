@@ -482,7 +482,7 @@ def test_nan_and_inf_take_the_exact_path(switch, dtype, where):
 @pytest.mark.parametrize("predicted", [False, True], ids=["opened", "predicted"])
 def test_a_switch_that_dies_after_one_rank_returned_leaves_every_rank_the_same_bits(
         predicted):
-    """All or nothing without a vote (docs/protocol.md): rank 0 holds every result of a
+    """All or nothing without a vote (docs/protocol-recovery.md): rank 0 holds every result of a
     sync call, returns and kills the switch; rank 1 lost those results, and completes
     the call from rank 0's kept window: both return the same bits, the exact sum.
     Opened: at its silence bound rank 1 asks rank 0 for the window directly

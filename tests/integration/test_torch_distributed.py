@@ -362,7 +362,7 @@ def test_fsdp2_demo_through_the_switch_matches_one_process(launcher):
     """examples/train_fsdp2.py: FSDP2 over a DeviceMesh on backend "ina", under ina-run's
     MPI ranks and under torchrun, ends within 1% of one process; over MPI its
     reduce-scatters go round the ring (by arithmetic the switch gives them no bandwidth:
-    docs/netsim.md)."""
+    docs/netsim-workloads.md)."""
     proc = subprocess.run([sys.executable, "-m", "ina_collectives.launch",
                            *(["--launcher", "torchrun"] if launcher == "torchrun" else []),
                            "-np", "2", "--", sys.executable, "examples/train_fsdp2.py",
