@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import LaunchError
 from ..settings import env_name
@@ -364,13 +364,15 @@ def say(text: str) -> None:
 _RANK_LINE = re.compile(rb"^\[\d+\] ")
 
 
-def _torchrun_errors(stream: Any, received: list[int]) -> None:
+def _torchrun_errors(stream: Any, received: list[int],
+                     failed: Callable[[], bool] = lambda: False) -> None:
     """torchrun's standard error, passed on line by line, whole. Once ina-run has passed
-    a Ctrl-C (or SIGTERM, SIGHUP) on, torchrun's own lines are left out: its agent's log
-    of the signal and its SignalException traceback. The ranks' lines, which carry their
-    ``[r] `` prefix, still pass, and ina-run says in one line how each rank ended."""
+    a Ctrl-C (or SIGTERM, SIGHUP) on, or once a rank has failed (``failed``), torchrun's
+    own lines are left out: its agent's log of the signal or of the failure, and its
+    SignalException or ChildFailedError block. The ranks' lines, which carry their
+    ``[r] `` prefix, still pass, and ina-run says in one line how the job ended."""
     for raw in iter(stream.readline, b""):
-        if received and not _RANK_LINE.match(raw):
+        if (received or failed()) and not _RANK_LINE.match(raw):
             continue
         sys.stderr.write(raw.decode(errors="replace"))
         sys.stderr.flush()
@@ -412,8 +414,10 @@ def run_torchrun(np_: int, command: Sequence[str], env: dict[str, str], *,
                                    stderr=subprocess.PIPE if prefix else None)
         relay = None
         if prefix:
-            relay = threading.Thread(target=_torchrun_errors, args=(process.stderr, received),
-                                     name="torchrun stderr", daemon=True)
+            relay = threading.Thread(
+                target=_torchrun_errors,
+                args=(process.stderr, received, lambda: watch.first_failure() is not None),
+                name="torchrun stderr", daemon=True)
             relay.start()
         previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
         try:
@@ -430,4 +434,7 @@ def run_torchrun(np_: int, command: Sequence[str], env: dict[str, str], *,
             for ending in watch.endings():
                 say(ending)
             return 128 + received[0]
+        failure = watch.first_failure() if code else None
+        if failure is not None:  # (torchrun's own account of it left out: _torchrun_errors)
+            say(f"{describe_failure(failure)}; torchrun stopped the other ranks")
         return code

@@ -290,6 +290,35 @@ def test_ctrl_c_under_torchrun_ends_the_job_with_one_line_per_rank_and_no_traceb
 
 
 @pytest.mark.mpi
+def test_a_rank_that_raises_under_torchrun_is_named_in_one_line_without_torchruns_block(
+        ina_run, tmp_path, closed_udp_port):
+    """Under --launcher torchrun, a job whose ranks cannot reach the switch they require
+    (AggregatorUnavailable) ends with ina-run's one line naming the first rank that
+    raised, what and where, and none of torchrun's own lines (its ChildFailedError
+    block); the ranks' own output passes with their prefix."""
+    script = tmp_path / "train.py"
+    # (the script names the switch itself: ina-run would refuse a dead one at launch)
+    script.write_text("import os\n"
+                      f"os.environ['INA_SWITCH'] = '127.0.0.1:{closed_udp_port}'\n"
+                      "os.environ['INA_REQUIRE_SWITCH'] = '1'\n"
+                      "import torch\n"
+                      "import torch.distributed as dist\n"
+                      "import ina_collectives.torch.distributed  # backend 'ina'\n"
+                      "dist.init_process_group('ina')\n"
+                      "dist.all_reduce(torch.ones(100_000))\n")
+    proc = ina_run("--launcher", "torchrun", "-np", "2", "--switch", "none", "--",
+                   sys.executable, str(script), timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    named = re.findall(r"^ina-run: rank \d \(pid \d+\) raised AggregatorUnavailable: .* at "
+                       rf"{re.escape(str(script))}:\d+ .*; torchrun stopped the other ranks$",
+                       proc.stderr, re.M)
+    assert len(named) == 1, proc.stderr
+    for noise in ("ChildFailedError", "torch.distributed.elastic", "Root Cause"):
+        assert noise not in proc.stderr, (noise, proc.stderr)
+    assert re.search(r"^\[\d\] .*AggregatorUnavailable", proc.stderr, re.M), proc.stderr
+
+
+@pytest.mark.mpi
 def test_ranks_stuck_outside_the_library_get_sigterm_then_sigkill(ina_run, tmp_path):
     """Survivors that never call into the library (one ignores SIGTERM) are stopped by
     ina-run itself: SIGTERM after the grace period, SIGKILL 3 s later; no process left."""
