@@ -436,16 +436,15 @@ cdef class Link:
     cdef int npend
     cdef uint8_t request[64]                  # a result request: a header alone
     cdef pollfd pfd
-    # The next call, adopted while the running stream drains (``adopt``): its state, the
-    # arrays it points into, whether there is one; the running call (NULL: none); what
-    # the drain calls (once a stream) and what that raised.
+    # The queue behind the running call, two deep: the next call (``then``), set up
+    # before the running stream starts and started by this loop in its drain
+    # (``queued``, then ``has_next``: adopted); the arrays it points into; the running
+    # call (NULL: none).
     cdef Call next_call
     cdef object next_keep
+    cdef bint queued
     cdef bint has_next
     cdef Call *running
-    cdef object on_drain
-    cdef bint drain_due
-    cdef object drain_error
 
     def __cinit__(self, int fd, uint32_t switch_addr_be, uint16_t switch_port_be, fmt,
                   int worker, Py_ssize_t slots, int epoch=0, bint gso=True):
@@ -546,7 +545,7 @@ cdef class Link:
     # -- the calls ------------------------------------------------------------------
 
     def stream(self, plan, timers, double deadline, const uint8_t[::1] cancel=None,
-               on_drain=None):
+               then=None):
         """One call's stream, ``plan`` (ina.link.StreamPlan, read once into this stream's
         C state): allreduce plan.x (1-D float32/float64) into plan.out through the
         aggregator, within ``deadline`` seconds. The plan's fields:
@@ -587,11 +586,12 @@ cdef class Link:
         last chunk of the call proposes (it has no next chunk to propose for; a last chunk
         shorter than the first proposes its sub-blocks only: PROPOSAL_NONE stays in the
         others).
-        on_drain: called once (with no arguments, from this thread, the GIL held) when every
-        chunk of the call went once and its last window drains: it may ``adopt`` the
-        next call, whose chunks then leave in each slot as soon as that slot's last
-        result of this call is back (docs/protocol.md, Calls back to back). What it
-        raises ends the stream and is raised here.
+        then: None, or the next call, queued behind this one (plan, timers, deadline, as
+        this call's; a sync stream behind a sync stream): when every chunk of this call
+        went once and its last window drains, this loop adopts it, and its chunks leave in
+        each slot as soon as that slot's last result of this call is back (docs/protocol.md,
+        Calls back to back); ``resume`` runs it to its end. Where this call ends before
+        its drain, the next call is dropped unstarted (``adopted`` stays False).
         Returns a Result. Its counters include "left_out" (results that did not count this
         worker), "skipped" (chunks whose values did not fit the exponents agreed without
         it: a header sent alone) and "overflows" (predicted chunks sent again).
@@ -602,6 +602,10 @@ cdef class Link:
         done_arr = self._set_up(&c, plan, timers, deadline, cancel)
         if done_arr is None:
             return Result(DONE, None, np.zeros(0, np.int64), ~(<uint64_t>0), ~0)
+        if then is not None:
+            if c.quorum or c.absent:
+                raise ValueError("a call is queued behind a sync stream only")
+            self._enqueue(then)
         self._fresh_window()
         cdef Py_ssize_t s, first = min(self.slots, c.nb)
         c.draining = c.nb <= self.slots
@@ -612,49 +616,49 @@ cdef class Link:
                 if self.npend == INA_BATCH_MAX or s == first - 1:
                     if self._flush(&c) < 0:
                         break
-        return self._drive(&c, done_arr, on_drain)
+        return self._drive(&c, done_arr)
 
-    def adopt(self, plan, timers, double deadline):
-        """Start the next call (a sync stream; the arguments as ``stream``'s) while the
-        running one drains: called from the running stream's ``on_drain``, or between
-        calls. Each slot the running call is done with takes the new call's first chunk
-        for it now, the others as their last result of the running call comes back
-        (one packet in flight per slot, as ever). ``resume`` runs it to its end, or
-        ``abandon`` drops it (its packets in flight are forgotten: the caller's error path
-        makes the aggregator's cells idle)."""
-        if self.has_next:
-            raise RuntimeError("a call is adopted on this link already")
-        if self.running != NULL and (self.running.opening or self.running.quorum):
-            raise ValueError("a call is adopted during a sync stream only")
+    cdef void _enqueue(self, then) except *:
+        """The next call (``then``: plan, timers, deadline) set up behind the one about to
+        run, unstarted: the running stream's drain adopts it (``_adopt_queued``)."""
+        if self.queued:
+            raise RuntimeError("a call is queued on this link already")
+        plan, timers, deadline = then
         if plan.quorum or plan.absent:
-            raise ValueError("a call is adopted in sync only (quorum 0)")
+            raise ValueError("a call is queued in sync only (quorum 0)")
         done_arr = self._set_up(&self.next_call, plan, timers, deadline, None)
         if done_arr is None:
-            raise ValueError("an empty call is not adopted")
-        if self.running == NULL:
-            self._fresh_window()
+            raise ValueError("an empty call is not queued")
         self.next_keep = (plan, done_arr)
-        self.has_next = True
+        self.queued = True
+
+    cdef void _adopt_queued(self) noexcept nogil:
+        """The running stream drains: the queued call is adopted. Each slot the running
+        call is done with takes its first chunk for it now, the others as their last
+        result of the running call comes back (one packet in flight per slot, as ever)."""
         cdef Call *nc = &self.next_call
         cdef Py_ssize_t s
+        self.queued = False
+        self.has_next = True
         nc.draining = nc.nb <= self.slots
-        with nogil:
-            for s in range(min(self.slots, nc.nb)):
-                if self.window[s].chunk < 0:
-                    self._start_adopted(s)
-                    if self.npend == INA_BATCH_MAX:
-                        self._flush(nc)
-            if self.npend:
-                self._flush(nc)
+        for s in range(min(self.slots, nc.nb)):
+            if self.window[s].chunk < 0:
+                self._start_adopted(s)
+                if self.npend == INA_BATCH_MAX:
+                    self._flush(nc)
+        if self.npend:
+            self._flush(nc)
 
     @property
     def adopted(self) -> bool:
-        """Whether a call is adopted (``adopt``) and not yet resumed or abandoned."""
+        """Whether a call queued behind the last stream (``then``) was adopted in its
+        drain, and not yet resumed or abandoned."""
         return self.has_next
 
-    def resume(self, on_drain=None):
-        """Run the adopted call to its end (``on_drain``: as ``stream``'s); its Result,
-        as ``stream``'s, counted from its adoption (counters["adopted"] 1)."""
+    def resume(self, then=None):
+        """Run the adopted call to its end (``then``: the call queued behind it, as
+        ``stream``'s); its Result, as ``stream``'s, counted from its adoption
+        (counters["adopted"] 1)."""
         if not self.has_next:
             raise RuntimeError("no call is adopted on this link")
         cdef Call c = self.next_call  # (a copy: the next adoption takes next_call)
@@ -665,7 +669,9 @@ cdef class Link:
             self.window[s].adopted = 0
         c.last_result = c.next_signal_check = monotonic()  # (its silence from now)
         self.npend = 0
-        cdef Result result = self._drive(&c, keep[1], on_drain)
+        if then is not None:
+            self._enqueue(then)
+        cdef Result result = self._drive(&c, keep[1])
         result.n.adopted = 1
         self.counts.adopted += 1
         return result
@@ -674,7 +680,9 @@ cdef class Link:
         """Drop the adopted call, if any (its stream is given up on this worker); True
         if there was one."""
         cdef Py_ssize_t s
+        self.queued = False
         if not self.has_next:
+            self.next_keep = None
             return False
         for s in range(self.slots):
             if self.window[s].adopted:
@@ -784,29 +792,25 @@ cdef class Link:
         self._queue(nc, self._write_chunk(nc, s, nc.ident != 0))
         nc.sent += 1
 
-    cdef Result _drive(self, Call *c, done_arr, on_drain):
-        """A stream whose first window is out, run to its end (``_run``): its Result."""
-        self.on_drain = on_drain
-        self.drain_due = on_drain is not None
-        self.drain_error = None
+    cdef Result _drive(self, Call *c, done_arr):
+        """A stream whose first window is out, run to its end (``_run``): its Result. A
+        call queued behind it is adopted in its drain, or dropped unstarted."""
         self.running = c
         try:
             with nogil:
                 self._run(c)
-            if self.drain_due and c.draining and c.status == DONE and not c.stop:
-                self.drain_due = False  # (complete before its loop ran: an adopted call
-                self._drained(c)        # whose results all came in the last one's)
+                # (complete before its loop ran: an adopted call whose results all
+                # came in the last one's)
+                if self.queued and c.draining and c.status == DONE and not c.stop:
+                    self._adopt_queued()
         except BaseException:
             self.abandon()
             raise
         finally:
             self.running = NULL
-            self.on_drain = None
-            self.drain_due = False
-        if self.drain_error is not None:
-            error, self.drain_error = self.drain_error, None
-            self.abandon()
-            raise error
+            if self.queued:  # (this call ended before its drain: the next one not started)
+                self.queued = False
+                self.next_keep = None
         missing = (_NONE_MISSING if c.completed == c.nb
                    else np.flatnonzero(done_arr == 0))
         cdef Py_ssize_t s, nb = c.nb, slots = self.slots
@@ -818,15 +822,6 @@ cdef class Link:
                                         s + slots * ((nb - s + slots - 1) // slots), slots)
         status = c.stop_status if c.status == DONE and c.stop else c.status
         return self._result(c, status, missing)
-
-    cdef void _drained(self, Call *c):
-        """The running stream's last window drains: ``on_drain`` called (what it raises
-        ends the stream, CANCELLED, and is raised by ``_drive``)."""
-        try:
-            self.on_drain()
-        except BaseException as exc:
-            self.drain_error = exc
-            c.status = CANCELLED
 
     def opening(self, int16_t[:, ::1] proposals, uint32_t ident_offset, int16_t ident_word,
                 timers, double deadline, int call):
@@ -985,10 +980,8 @@ cdef class Link:
             self._timeouts(c, now)
             if c.status == DONE and self.npend:  # (the next chunks of slots given up)
                 self._flush(c)
-            if c.draining and self.drain_due and c.status == DONE:
-                self.drain_due = False  # (once: it may adopt the next call)
-                with gil:
-                    self._drained(c)
+            if c.draining and self.queued and c.status == DONE:
+                self._adopt_queued()  # (once: the call queued behind this one)
         return 0
 
     cdef Py_ssize_t _receive(self, Call *c, int wait_ms) noexcept nogil:

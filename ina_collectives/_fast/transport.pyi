@@ -139,16 +139,16 @@ class Link:
         """The openings' (SRTT, RTTVAR, RTO), seconds."""
     def stream(self, plan: _StreamPlan, timers: _Timers, deadline: float,
                cancel: np.ndarray | None = None,
-               on_drain: Callable[[], None] | None = None) -> Result:
-        """One call's stream (``plan``, read once) through the aggregator."""
-    def adopt(self, plan: _StreamPlan, timers: _Timers, deadline: float) -> None:
-        """Start the next call during the running stream's drain (docs/protocol.md,
-        Calls back to back)."""
+               then: tuple[_StreamPlan, _Timers, float] | None = None) -> Result:
+        """One call's stream (``plan``, read once) through the aggregator; ``then``, the
+        next call, queued behind it and adopted in its drain (docs/protocol.md, Calls
+        back to back)."""
     @property
     def adopted(self) -> bool:
-        """Whether a call is adopted and not yet resumed or abandoned."""
-    def resume(self, on_drain: Callable[[], None] | None = None) -> Result:
-        """The adopted call run to its end."""
+        """Whether the call queued behind the last stream was adopted in its drain and
+        not yet resumed or abandoned."""
+    def resume(self, then: tuple[_StreamPlan, _Timers, float] | None = None) -> Result:
+        """The adopted call run to its end (``then``: as ``stream``'s)."""
     def abandon(self) -> bool:
         """Drop the adopted call, if any (True if there was one)."""
     def settle(self, chunks: int) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Hashable
 
 import numpy as np
 
@@ -46,11 +46,11 @@ class AllreduceCall:
     # The call's identity (agreement.identity of its signature and value width), made
     # once by the chooser; 0: none given.
     ident: int = field(default=0, compare=False)
-    # Called at most once, with no arguments, while the call's last window drains, by an
-    # engine that can start the next call then: the next call, checked and made ready
-    # by its caller (Collectives.allreduce_flat's ``following``), or None.
-    on_drain: Callable[[], "AllreduceCall | None"] | None = field(
-        default=None, compare=False, repr=False)
+    # The caller's next call, checked and made ready before this one runs
+    # (Collectives.allreduce_flat's ``following``), or None: an engine that can may queue
+    # it behind this call, to start in this call's drain (docs/protocol.md, Calls back
+    # to back).
+    following: "AllreduceCall | None" = field(default=None, compare=False, repr=False)
 
     @property
     def dtype(self) -> np.dtype:

@@ -22,7 +22,7 @@ import ipaddress
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Hashable
 
 import numpy as np
 from mpi4py import MPI
@@ -42,7 +42,7 @@ from ..collectives.waiting import Deadline, wait
 from ..errors import AgreementError, CommunicatorBroken
 from ..settings import Settings
 from .aggregators import Aggregators
-from .link import WorkerLink
+from .link import Queued, WorkerLink
 from .opening import open_call
 from .outcome import vote
 from .plan import CallPlan, StreamPlan
@@ -506,10 +506,12 @@ class InaEngine(OffloadEngine):
             bits = widths.pop() if len(widths) == 1 else self.settings.switch_value_bits
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.striped_calls += len(shares) > 1
-        # A vote-free call (sync, one share) may start the next call in its drain
-        # (``adopt``).
+        # A vote-free call (sync, one share) may have the next call queued behind it, to
+        # start in its drain (``_queue_next``).
+        then = None
         if vote_free:
             self._running = (ident, shares[0].end - shares[0].first, place)
+            then = self._queue_next(call)
         # The call's plan, once: what every share's stream takes whole.
         plan = CallPlan(prepared, out, prepared.agreed(agreed_first), deadline,
                         call.op is Op.AVERAGE, bits, number, quorum,
@@ -517,9 +519,10 @@ class InaEngine(OffloadEngine):
                         predicted and bool(prepared.proposal[0]),
                         call.absent(self.quorum.rank) and bool(quorum))
         try:
-            results = self.streams.run(links, plan, self._drain(call) if vote_free else None)
+            results = self.streams.run(links, plan, then)
         finally:
             self._running = None
+            self._unstarted()
         self.predicted_calls += predicted
         if vote_free:
             return self._end_alone(call, plan, results[0], ident, shape, place, predicted)
@@ -555,17 +558,34 @@ class InaEngine(OffloadEngine):
 
     # -- calls back to back (docs/protocol.md) -----------------------------------------
 
-    def adopt(self, call: AllreduceCall, prepared: Prepared | None, ident: int,
-              seq: int) -> bool:
-        """Start ``call`` in the running call's drain, where every rank that starts it
-        only after the running call returned would make it the same: a predicted call
-        of one share, sync, every rank present, predicted from nothing the running
-        call's learning changes (an entry of its own place, or another identity), on a
-        quiet call boundary
-        (``seq``), with room in the table for what the running call learns (nothing
-        evicted), that uses every slot the running call used (so that no rank can
-        finish it unless every rank holds every result of the running call: the
-        all-or-nothing rule). True if started (``run`` of this very call finishes it)."""
+    def _queue_next(self, call: AllreduceCall) -> Queued | None:
+        """The call after ``call`` (``call.following``, its caller's next), queued behind
+        it where this engine takes it (``_adopt``), as the call after this one
+        (``aggregators.seq``, this call's number, plus one): what the link's stream
+        starts in its drain; None where it goes on its own."""
+        after = call.following
+        if after is None or self.declines(after) is not None:
+            return None
+        return self._adopt(after, self.prepare(after), after.ident, self.aggregators.seq + 1)
+
+    def _unstarted(self) -> None:
+        """A call queued behind the stream that just ended, which it did not adopt
+        (the stream ended before its drain), given up as ``_drop_adopted`` gives one up."""
+        link = self.aggregators.link
+        if self._adopted is not None and (link is None or not link.adopted):
+            self._drop_adopted()
+
+    def _adopt(self, call: AllreduceCall, prepared: Prepared | None, ident: int,
+               seq: int) -> Queued | None:
+        """Queue ``call`` behind the running one, to start in its drain, where every rank
+        that starts it only after the running call returned would make it the same: a
+        predicted call of one share, sync, every rank present, predicted from nothing the
+        running call's learning changes (an entry of its own place, or another identity),
+        on a quiet call boundary (``seq``), with room in the table for what the running
+        call learns (nothing evicted), that uses every slot the running call used (so
+        that no rank can finish it unless every rank holds every result of the running
+        call: the all-or-nothing rule). What the link takes (its plan, waits and deadline), or None
+        (not queued); ``run`` of this very call finishes it."""
         running, link = self._running, self.aggregators.link
         if (running is None or self._adopted is not None or prepared is None
                 or link is None or not self.settings.switch_back_to_back
@@ -573,21 +593,21 @@ class InaEngine(OffloadEngine):
                 or prepared.quorum or self.quorum.generation or not self.gates()
                 or not self._learns(prepared) or not self.aggregators.quiet_at(seq)
                 or len(self.predictions) + 2 > self.predictions.size):
-            return False
+            return None
         share = prepared.shares[0]
         chunks = share.end - share.first
         if chunks < min(link.slots, running[1]):
-            return False
+            return None
         shape = self._shape()
         place = self._place(ident, prepared)
         if ident == running[0] and not self.predictions.apart(ident, shape, place,
                                                               running[2]):
-            return False
+            return None
         span = self._span(prepared)
         predicted = self.predictions.predict(ident, shape, span, prepared.wide, place,
                                              touch=False)
         if predicted is None:
-            return False
+            return None
         run_before = self._enter_run(ident)
         self._numbered(call)
         agreed = prepared.agreed(_predicted_first(predicted))
@@ -598,32 +618,13 @@ class InaEngine(OffloadEngine):
         plan = CallPlan(prepared, out, agreed, Deadline(timeout), call.op is Op.AVERAGE,
                         bits, self.quorum.calls, 0, ident, learn,
                         bool(prepared.proposal[0]))
-        try:
-            link.adopt(plan.stream(share), self.streams.timers, timeout)
-        except BaseException:
-            self.quorum.call_not_made()
-            self._run = run_before
-            raise
         self._adopted = _Adopted(call, plan, ident, shape, place, run_before)
-        return True
+        return plan.stream(share), self.streams.timers, timeout
 
     def adopted(self) -> AllreduceCall | None:
-        """The call ``adopt`` started that no ``run`` finished yet (None: none)."""
+        """The call queued behind the last one (``_adopt``) that no ``run`` finished yet
+        (None: none)."""
         return self._adopted.call if self._adopted is not None else None
-
-    def _drain(self, call: AllreduceCall) -> Callable[[], None] | None:
-        """What the stream of ``call`` calls while its last window drains: its caller's
-        next call (``call.on_drain``) started where this engine takes it (``adopt``), as
-        the call after this one (``aggregators.seq``, this call's number, plus one)."""
-        following = call.on_drain
-        if following is None:
-            return None
-
-        def drained() -> None:
-            after = following()
-            if after is not None and self.declines(after) is None:
-                self.adopt(after, self.prepare(after), after.ident, self.aggregators.seq + 1)
-        return drained
 
     def _enter_run(self, ident: int) -> tuple[int, int]:
         """An identified call of ``ident`` starts: the run of identities goes on or
@@ -652,9 +653,10 @@ class InaEngine(OffloadEngine):
         self._running = (adopted.ident, prepared.shares[0].end - prepared.shares[0].first,
                          adopted.place)
         try:
-            result = link.resume(self._drain(call))
+            result = link.resume(self._queue_next(call))
         finally:
             self._running = None
+            self._unstarted()
         self.predicted_calls += 1
         return self._end_alone(call, plan, result, adopted.ident, adopted.shape,
                                adopted.place, True)
@@ -922,7 +924,7 @@ class InaEngine(OffloadEngine):
 
 @dataclass
 class _Adopted:
-    """A call ``InaEngine.adopt`` started: what its run finishes it with."""
+    """A call ``InaEngine._adopt`` queued behind the running one: what its run finishes it with."""
 
     call: AllreduceCall
     plan: CallPlan           # its plan (its out: call.recv, or wider; its learn)

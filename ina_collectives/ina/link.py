@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -62,6 +62,11 @@ class Timers:
     def of(cls, settings: Settings) -> Timers:
         return cls(settings.retransmit_timeout, settings.retransmit_min,
                    settings.retransmit_max, settings.switch_silence)
+
+
+# The next call queued behind a stream (WorkerLink.stream's ``then``): its plan, waits
+# and deadline in seconds.
+Queued = tuple[StreamPlan, Timers, float]
 
 
 class WorkerLink:
@@ -217,8 +222,7 @@ class WorkerLink:
         return result
 
     def stream(self, plan: StreamPlan, timers: Timers, deadline: float,
-               cancel: np.ndarray | None = None,
-               on_drain: Callable[[], None] | None = None) -> Result:
+               cancel: np.ndarray | None = None, then: Queued | None = None) -> Result:
         """One call's stream through the aggregator, ``plan`` (ina.link.StreamPlan): allreduce
         plan.x (float32/64, 1-D) into plan.out within ``deadline`` seconds, ``timers`` its
         waits. ``cancel``: a uint8 [0] another thread sets to 1 to end the stream. The
@@ -237,30 +241,27 @@ class WorkerLink:
         Returns the Result (``ok``: done, or LOST in a quorum call: done but for the
         chunks ``missing`` names, whose results the switch no longer holds; the engine
         takes them from a peer), with its ``reason`` ("mismatch": a predicted call's
-        result said the ranks called differently). ``on_drain``: called once when the
-        call's last window drains, to ``adopt`` the next call (docs/protocol.md, Calls
-        back to back)."""
+        result said the ranks called differently). ``then``: the next call (a sync
+        stream), queued behind this one: the stream adopts it in its drain, with no call
+        back into Python (``adopted``, ``resume``; docs/protocol.md, Calls back to
+        back)."""
         with waiting_for(lambda: f"the results of call #{plan.call} from the aggregator at "
                                  f"{self.switch[0]}:{self.switch[1]} (silence bound "
                                  f"{timers.silence:g} s)"):
-            result = self.wire.stream(plan, timers, deadline, cancel, on_drain)
+            result = self.wire.stream(plan, timers, deadline, cancel, then)
         result.reason = self._reason(result)
         return result
 
-    def adopt(self, plan: StreamPlan, timers: Timers, deadline: float) -> None:
-        """Start the next call (a sync stream, ``plan`` as ``stream``'s) during the
-        running stream's drain: each slot takes its first chunk as soon as the running
-        call is done with it. ``resume`` runs it to its end; ``abandon`` drops it."""
-        self.wire.adopt(plan, timers, deadline)
-
     @property
     def adopted(self) -> bool:
-        """Whether a call is adopted and not yet resumed or abandoned."""
+        """Whether the call queued behind the last stream was adopted in its drain, and
+        not yet resumed or abandoned."""
         return self.wire.adopted
 
-    def resume(self, on_drain: Callable[[], None] | None = None) -> Result:
-        """The adopted call run to its end: its Result, as ``stream``'s."""
-        result = self.wire.resume(on_drain)
+    def resume(self, then: Queued | None = None) -> Result:
+        """The adopted call run to its end (``then``: the call queued behind it, as
+        ``stream``'s): its Result, as ``stream``'s."""
+        result = self.wire.resume(then)
         result.reason = self._reason(result)
         return result
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import CollectiveTimeout
 from ..settings import Settings
-from .link import Timers, WorkerLink
+from .link import Queued, Timers, WorkerLink
 from .plan import CallPlan
 from .preparing import Share
 
@@ -82,10 +82,10 @@ class Streams:
         self._threads: ThreadPoolExecutor | None = None
 
     def run(self, links: list[WorkerLink | None], plan: CallPlan,
-            on_drain: Callable[[], None] | None = None) -> list[Result]:
+            then: Queued | None = None) -> list[Result]:
         """Stream each of the call's shares (``plan``, ina.plan.CallPlan) through its
-        aggregator's link, by its deadline; ``on_drain``, a call of one share: called in
-        its drain (WorkerLink.stream)."""
+        aggregator's link, by its deadline; ``then``, for a call of one share: the next
+        call, queued behind it (WorkerLink.stream)."""
         s = self.settings
         remaining = max(0.0, plan.deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
@@ -94,7 +94,7 @@ class Streams:
         def stream(share: Share) -> Result:
             return links[share.aggregator].stream(
                 plan.stream(share), self.timers, remaining, cancel,
-                on_drain if len(shares) == 1 else None)
+                then if len(shares) == 1 else None)
 
         if not shares:  # an empty call
             return []

@@ -1,8 +1,8 @@
 """Calls back to back on a link (docs/protocol.md, Calls back to back): the next call is
-adopted while the running one's last window drains, each slot taking the next call's
-first chunk as soon as its last result of the running call is back. Workers of a job
-joined by hand, their streams in threads as the ranks run them in processes, through
-the software switch."""
+queued behind the running one (``then``) and adopted by the stream's own loop while the
+running one's last window drains, each slot taking the next call's first chunk as soon
+as its last result of the running call is back. Workers of a job joined by hand, their
+streams in threads as the ranks run them in processes, through the software switch."""
 from __future__ import annotations
 
 import threading
@@ -43,11 +43,12 @@ class Call:
         self.out = np.full_like(x, np.nan)
         self.learn = np.full(2 * S * G, P.PROPOSAL_NONE, np.int16)
 
-    def stream(self, link: WorkerLink, on_drain=None):
-        return link.stream(self.plan(), TIMERS, 30.0, on_drain=on_drain)
+    def stream(self, link: WorkerLink, then: Call | None = None, timers=TIMERS):
+        return link.stream(self.plan(), timers, 30.0,
+                           then=then.queued() if then is not None else None)
 
-    def adopt(self, link: WorkerLink) -> None:
-        link.adopt(self.plan(), TIMERS, 30.0)
+    def queued(self) -> tuple:
+        return self.plan(), TIMERS, 30.0
 
     def plan(self) -> StreamPlan:
         return StreamPlan(self.x, self.out, self.local, self.agreed, call=self.number,
@@ -62,12 +63,12 @@ def exact(xs: list[np.ndarray], out: np.ndarray) -> None:
 @pytest.mark.parametrize("chunks", [(7, 5, 9, 4), (3, 7, 3, 4), (9, 4, 6, 5)])
 def test_calls_adopted_in_each_drain_sum_alike_and_start_before_the_last_returns(
         job, chunks):
-    """Four calls in a row, each adopted in the drain of the one before (one call of the
-    second row is shorter than the window, so a slot is free at once; the third row's
-    second call overflows its prediction on one worker). Every sum is exact on every
-    worker, every call after the first says it was adopted, and each was adopted before
-    the call before it returned, whose return found the adopted call's whole first window
-    sent already (the switch counted those packets)."""
+    """Four calls in a row, each queued behind the one before and adopted in its drain
+    (one call of the second row is shorter than the window, so a slot is free at once;
+    the third row's second call overflows its prediction on one worker). Every sum is
+    exact on every worker, every call after the first says it was adopted, and each was
+    adopted before the call before it returned, whose return found the adopted call's
+    whole first window sent already (the switch counted those packets)."""
     sw, links = job
     overflow = chunks == (9, 4, 6, 5)
     xs = [call_inputs(c, seed) for seed, c in enumerate(chunks)]
@@ -76,26 +77,18 @@ def test_calls_adopted_in_each_drain_sum_alike_and_start_before_the_last_returns
         xs[1][2][K:2 * K] *= 64  # (worker 2's chunk 1 of call 2: over its prediction)
     calls = [[Call(xs[i][w], firsts[i], i + 1) for i in range(len(chunks))]
              for w in range(N)]
-    adopted_at = np.zeros((N, len(chunks)))
-    returned_at = np.zeros((N, len(chunks)))
+    adopted_on_return = np.zeros((N, len(chunks)), bool)
     results: list[list] = [[None] * len(chunks) for _ in range(N)]
     barrier = threading.Barrier(N)
     packets: list[int] = []
 
     def one(w: int) -> None:
         link, mine = links[w], calls[w]
-
-        def adopter(i: int):
-            def on_drain() -> None:
-                adopted_at[w, i] = time.monotonic()
-                mine[i].adopt(link)
-            return on_drain
-
         for i in range(len(chunks)):
-            then = adopter(i + 1) if i + 1 < len(chunks) else None
-            results[w][i] = (mine[i].stream(link, then) if i == 0
-                             else link.resume(then))
-            returned_at[w, i] = time.monotonic()
+            then = mine[i + 1].queued() if i + 1 < len(chunks) else None
+            results[w][i] = (link.stream(mine[i].plan(), TIMERS, 30.0, then=then)
+                             if i == 0 else link.resume(then))
+            adopted_on_return[w, i] = link.adopted
             if i == 0 and barrier.wait(30) == 0:  # (all returned: the next call's first
                 deadline = time.monotonic() + 5  # window out, not yet resumed)
                 want = N * (chunks[0] + min(S, chunks[1]))
@@ -113,8 +106,8 @@ def test_calls_adopted_in_each_drain_sum_alike_and_start_before_the_last_returns
             assert result is not None and result.ok, (w, i, result)
             exact(xs[i], calls[w][i].out)
             assert result.counters.get("adopted", 0) == (i > 0), (w, i, result.counters)
-            if i:
-                assert adopted_at[w, i] < returned_at[w, i - 1]
+            # (adopted in the drain of the call before, by the time that call returned)
+            assert adopted_on_return[w, i] == (i + 1 < len(chunks)), (w, i)
         assert not links[w].adopted
     overflows = [results[w][1].counters["overflows"] for w in range(N)]
     assert overflows == ([1] * N if overflow else [0] * N)
@@ -122,49 +115,54 @@ def test_calls_adopted_in_each_drain_sum_alike_and_start_before_the_last_returns
     assert len({tuple(link.wire.versions) for link in links}) == 1  # moved on alike
 
 
-def test_a_drain_that_raises_ends_the_stream_with_its_error_and_adopts_nothing(job):
-    """What ``on_drain`` raises (a bug, or Ctrl-C there) is raised by the stream, and
-    the link holds no adopted call after."""
-    _, links = job
-    xs = call_inputs(6, 0)
-    first = window_max(xs, 6)
-    errors: list = [None] * N
-
-    def one(w: int) -> None:
-        def on_drain() -> None:
-            Call(xs[w], first, 2).adopt(links[w])
-            raise ValueError(f"worker {w}'s drain")
-        try:
-            Call(xs[w], first, 1).stream(links[w], on_drain)
-        except ValueError as exc:
-            errors[w] = str(exc)
-
-    per_worker(N, one)
-    assert errors == [f"worker {w}'s drain" for w in range(N)]
-    assert [link.adopted for link in links] == [False] * N
+def test_a_call_queued_behind_a_stream_that_ends_before_its_drain_is_not_started(job):
+    """A stream that cannot drain (one worker of the job streams alone: no cell
+    completes; more chunks than slots, so its later chunks never go) ends by its deadline
+    (the switch holds its packets for the peers'); the call queued behind it is dropped
+    unstarted."""
+    sw, links = job
+    xs = call_inputs(2 * S + 1, 0)
+    first = window_max(xs, 2 * S + 1)
+    result = links[0].stream(Call(xs[0], first, 1).plan(), TIMERS, 1.0,
+                             then=Call(xs[0], first, 2).queued())
+    assert not result.ok and "deadline passed" in result.reason, result.reason
+    assert not links[0].adopted and not links[0].abandon()
+    with pytest.raises(RuntimeError, match="no call is adopted"):
+        links[0].resume()
 
 
 def test_a_link_with_an_adopted_call_refuses_another_until_it_is_resumed_or_abandoned(
         job):
     _, links = job
+    xs = call_inputs(3, 1)
+    first = window_max(xs, 3)
+    empty = np.zeros(0, np.float32)
+    nothing = StreamPlan(empty, empty.copy(), np.zeros(0, np.int16), np.zeros(0, np.int16))
+    for w in range(N):  # (the calls queued where they cannot be, refused before the stream)
+        with pytest.raises(ValueError, match="an empty call is not queued"):
+            links[w].stream(Call(xs[w], first, 1).plan(), TIMERS, 30.0,
+                            then=(nothing, TIMERS, 1.0))
+        quorum = Call(xs[w], first, 2).plan()
+        with pytest.raises(ValueError, match="queued in sync only"):
+            links[w].stream(Call(xs[w], first, 1).plan(), TIMERS, 30.0,
+                            then=(StreamPlan(quorum.x, quorum.out, quorum.local,
+                                             quorum.agreed, quorum=2), TIMERS, 1.0))
+    results: list = [None] * N
+
+    def one(w: int) -> None:
+        results[w] = Call(xs[w], first, 1).stream(links[w], Call(xs[w], first, 2))
+
+    per_worker(N, one)
+    assert all(r.ok for r in results), results
     link = links[0]
-    x = call_inputs(3, 1)[0]
-    call = Call(x, window_max([x], 3), 1)
-    call.adopt(link)  # (between calls: its first window goes at once)
     assert link.adopted
     with pytest.raises(RuntimeError, match="a call is adopted on this link"):
-        call.stream(link)
-    with pytest.raises(RuntimeError, match="adopted on this link already"):
-        call.adopt(link)
+        Call(xs[0], first, 3).stream(link)
     with pytest.raises(RuntimeError, match="resume or abandon it first"):
         link.opening(IDENT, np.zeros((S, G), np.int16), 1, TIMERS, 1.0)
     assert link.abandon() and not link.adopted and not link.abandon()
     with pytest.raises(RuntimeError, match="no call is adopted"):
         link.resume()
-    empty = np.zeros(0, np.float32)
-    with pytest.raises(ValueError, match="an empty call is not adopted"):
-        link.adopt(StreamPlan(empty, empty.copy(), np.zeros(0, np.int16),
-                              np.zeros(0, np.int16)), TIMERS, 1.0)
 
 
 # -- through the chooser, ranks in threads (tests/threadcomm.py) -----------------------
@@ -240,10 +238,16 @@ def learned_pair(coll, r: int, count: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def adoptions(coll) -> list[bool]:
-    """What the offload's ``adopt`` returns from now on, call by call."""
+    """Whether the offload queues the next call behind each call from now on
+    (``_adopt``), call by call."""
     started: list[bool] = []
-    plain = coll.offload.adopt
-    coll.offload.adopt = lambda *args: started.append(plain(*args)) or started[-1]
+    plain = coll.offload._adopt
+
+    def adopt(*args):
+        queued = plain(*args)
+        started.append(queued is not None)
+        return queued
+    coll.offload._adopt = adopt
     return started
 
 
