@@ -445,6 +445,14 @@ cdef class Link:
     cdef bint queued
     cdef bint has_next
     cdef Call *running
+    # A call paused at its drain (``pause``): its state and arrays until ``proceed``;
+    # whether the running stream pauses there (once), and whether it did.
+    cdef Call paused_call
+    cdef object paused_keep
+    cdef bint is_paused, paused_adopted
+    cdef double paused_at
+    cdef bint pause_due
+    cdef bint pausing
 
     def __cinit__(self, int fd, uint32_t switch_addr_be, uint16_t switch_port_be, fmt,
                   int worker, Py_ssize_t slots, int epoch=0, bint gso=True):
@@ -545,7 +553,7 @@ cdef class Link:
     # -- the calls ------------------------------------------------------------------
 
     def stream(self, plan, timers, double deadline, const uint8_t[::1] cancel=None,
-               then=None):
+               then=None, bint pause=False):
         """One call's stream, ``plan`` (ina.link.StreamPlan, read once into this stream's
         C state): allreduce plan.x (1-D float32/float64) into plan.out through the
         aggregator, within ``deadline`` seconds. The plan's fields:
@@ -592,12 +600,17 @@ cdef class Link:
         each slot as soon as that slot's last result of this call is back (docs/protocol.md,
         Calls back to back); ``resume`` runs it to its end. Where this call ends before
         its drain, the next call is dropped unstarted (``adopted`` stays False).
+        pause: with no ``then``, the stream returns None when it drains (``paused``),
+        for its caller to learn the next call meanwhile; ``proceed(then)`` goes on with
+        it where it left off (its packets stay in flight meanwhile). A call complete
+        before its drain was seen returns its Result as ever.
         Returns a Result. Its counters include "left_out" (results that did not count this
         worker), "skipped" (chunks whose values did not fit the exponents agreed without
         it: a header sent alone) and "overflows" (predicted chunks sent again).
         """
-        if self.has_next:
-            raise RuntimeError("a call is adopted on this link: resume or abandon it first")
+        if self.has_next or self.is_paused:
+            raise RuntimeError("a call is adopted or paused on this link: resume, proceed "
+                               "or abandon it first")
         cdef Call c
         done_arr = self._set_up(&c, plan, timers, deadline, cancel)
         if done_arr is None:
@@ -616,7 +629,61 @@ cdef class Link:
                 if self.npend == INA_BATCH_MAX or s == first - 1:
                     if self._flush(&c) < 0:
                         break
-        return self._drive(&c, done_arr)
+        self.pause_due = pause and then is None
+        # (``cancel`` kept with the plan: the paused call's state points into both)
+        return self._pause_or_end(&c, (plan, cancel), done_arr, self._drive(&c, done_arr),
+                                  False)
+
+    cdef object _pause_or_end(self, Call *c, keep, done_arr, Result result, bint adopted):
+        """A stream's end: its Result, or None where it paused at its drain (its state
+        kept for ``proceed``, with ``keep``, what it points into; ``adopted``: it is an
+        adopted call's)."""
+        if result is not None:
+            return result
+        self.paused_call = c[0]
+        self.paused_keep = (keep, done_arr)
+        self.paused_adopted = adopted
+        self.paused_at = monotonic()
+        self.is_paused = True
+        return None
+
+    @property
+    def paused(self) -> bool:
+        """Whether a stream paused at its drain (``pause``) waits for ``proceed``."""
+        return self.is_paused
+
+    def proceed(self, then=None):
+        """Go on with the paused stream (``then``: the next call, queued behind it and
+        adopted at once, as ``stream``'s): its Result."""
+        if not self.is_paused:
+            raise RuntimeError("no stream is paused on this link")
+        cdef Call c = self.paused_call
+        cdef double now = monotonic()
+        keep, done_arr = self.paused_keep  # (keep: what it points into, alive till here)
+        self.is_paused = False
+        self.paused_keep = None
+        c.next_signal_check = now
+        c.last_result += now - self.paused_at  # (its silence counts time it listened)
+        if then is not None:
+            try:
+                self._enqueue(then)
+            except BaseException:
+                self._forget_window()
+                raise
+        self.pause_due = False
+        cdef Result result = self._drive(&c, done_arr)
+        del keep
+        if self.paused_adopted:
+            result.n.adopted = 1
+            self.counts.adopted += 1
+        return result
+
+    cdef void _forget_window(self):
+        """Nothing of a given-up call stays in flight here (its packets are forgotten)."""
+        cdef Py_ssize_t s
+        for s in range(self.slots):
+            self.window[s].chunk = -1
+            self.window[s].adopted = 0
 
     cdef void _enqueue(self, then) except *:
         """The next call (``then``: plan, timers, deadline) set up behind the one about to
@@ -655,7 +722,7 @@ cdef class Link:
         drain, and not yet resumed or abandoned."""
         return self.has_next
 
-    def resume(self, then=None):
+    def resume(self, then=None, bint pause=False):
         """Run the adopted call to its end (``then``: the call queued behind it, as
         ``stream``'s); its Result, as ``stream``'s, counted from its adoption
         (counters["adopted"] 1)."""
@@ -671,7 +738,11 @@ cdef class Link:
         self.npend = 0
         if then is not None:
             self._enqueue(then)
-        cdef Result result = self._drive(&c, keep[1])
+        self.pause_due = pause and then is None
+        ended = self._pause_or_end(&c, keep[0], keep[1], self._drive(&c, keep[1]), True)
+        if ended is None:
+            return None
+        cdef Result result = ended
         result.n.adopted = 1
         self.counts.adopted += 1
         return result
@@ -681,6 +752,10 @@ cdef class Link:
         if there was one."""
         cdef Py_ssize_t s
         self.queued = False
+        if self.is_paused:  # (the paused stream is given up too: forgotten here)
+            self.is_paused = False
+            self.paused_keep = None
+            self._forget_window()
         if not self.has_next:
             self.next_keep = None
             return False
@@ -794,8 +869,10 @@ cdef class Link:
 
     cdef Result _drive(self, Call *c, done_arr):
         """A stream whose first window is out, run to its end (``_run``): its Result. A
-        call queued behind it is adopted in its drain, or dropped unstarted."""
+        call queued behind it is adopted in its drain, or dropped unstarted. None where
+        the stream paused at its drain (``pause_due``)."""
         self.running = c
+        self.pausing = False
         try:
             with nogil:
                 self._run(c)
@@ -808,9 +885,13 @@ cdef class Link:
             raise
         finally:
             self.running = NULL
+            self.pause_due = False
             if self.queued:  # (this call ended before its drain: the next one not started)
                 self.queued = False
                 self.next_keep = None
+        if self.pausing:
+            self.pausing = False
+            return None
         missing = (_NONE_MISSING if c.completed == c.nb
                    else np.flatnonzero(done_arr == 0))
         cdef Py_ssize_t s, nb = c.nb, slots = self.slots
@@ -980,8 +1061,13 @@ cdef class Link:
             self._timeouts(c, now)
             if c.status == DONE and self.npend:  # (the next chunks of slots given up)
                 self._flush(c)
-            if c.draining and self.queued and c.status == DONE:
-                self._adopt_queued()  # (once: the call queued behind this one)
+            if c.draining and c.status == DONE:
+                if self.queued:
+                    self._adopt_queued()  # (once: the call queued behind this one)
+                elif self.pause_due:  # (once: back to the caller, to learn the next)
+                    self.pause_due = False
+                    self.pausing = True
+                    break
         return 0
 
     cdef Py_ssize_t _receive(self, Call *c, int wait_ms) noexcept nogil:

@@ -139,16 +139,23 @@ class Link:
         """The openings' (SRTT, RTTVAR, RTO), seconds."""
     def stream(self, plan: _StreamPlan, timers: _Timers, deadline: float,
                cancel: np.ndarray | None = None,
-               then: tuple[_StreamPlan, _Timers, float] | None = None) -> Result:
+               then: tuple[_StreamPlan, _Timers, float] | None = None,
+               pause: bool = False) -> Result | None:
         """One call's stream (``plan``, read once) through the aggregator; ``then``, the
         next call, queued behind it and adopted in its drain (docs/protocol.md, Calls
-        back to back)."""
+        back to back); ``pause``: None at its drain, ``proceed`` goes on."""
+    @property
+    def paused(self) -> bool:
+        """Whether a stream paused at its drain waits for ``proceed``."""
+    def proceed(self, then: tuple[_StreamPlan, _Timers, float] | None = None) -> Result:
+        """The paused stream run on to its end, ``then`` adopted at once."""
     @property
     def adopted(self) -> bool:
         """Whether the call queued behind the last stream was adopted in its drain and
         not yet resumed or abandoned."""
-    def resume(self, then: tuple[_StreamPlan, _Timers, float] | None = None) -> Result:
-        """The adopted call run to its end (``then``: as ``stream``'s)."""
+    def resume(self, then: tuple[_StreamPlan, _Timers, float] | None = None,
+               pause: bool = False) -> Result | None:
+        """The adopted call run to its end (``then``, ``pause``: as ``stream``'s)."""
     def abandon(self) -> bool:
         """Drop the adopted call, if any (True if there was one)."""
     def settle(self, chunks: int) -> None:

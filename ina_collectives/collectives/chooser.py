@@ -177,13 +177,13 @@ class Collectives:
         by the offload's rules; every rank named: all, counted in quorum mode too;
         AllreduceCall.present). The caller checked that an engine takes the dtype and op
         (ops.check_supported). ``following``: where the caller knows its next call
-        already (a runtime's queue), what makes it ready: called at most once, before
-        this call runs, it returns that call's arguments (buffers filled), or None where
-        it is not ready; the offload may queue it behind this call and start it in this
-        call's drain (docs/protocol.md, Calls back to back), and the caller's next call
-        must be made with them. What it raises, or a value that is not such arguments,
-        leaves this call as it is (the next call is not started) and is raised once
-        this call is done."""
+        already (a runtime's queue), what makes it ready: called at most once, when this
+        call's stream pauses at its drain (its last window in flight), it returns that
+        call's arguments (buffers filled), or None where it is not ready; the offload
+        may queue it behind this call, to start at once (docs/protocol.md, Calls back to
+        back), and the caller's next call must be made with them. What it raises, or a
+        value that is not such arguments, leaves this call as it is (the next call is
+        not started) and is raised once this call is done."""
         self._check_usable()
         args = Following(send, recv, op, value_bits, key, present)
         self._check_arguments(args)
@@ -194,7 +194,7 @@ class Collectives:
         call = AllreduceCall(*args, ident=identity(signature, value_bits))
         self._following_refused = None
         if following is not None and self.offload is not None:
-            call.following = self._next_call(following)
+            call.following = lambda: self._next_call(following)
         deadline = Deadline(self.settings.timeout)
         self._seq += 1
         passed_over: list[str] = []  # why the engines before the one that served did not

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -46,11 +46,12 @@ class AllreduceCall:
     # The call's identity (agreement.identity of its signature and value width), made
     # once by the chooser; 0: none given.
     ident: int = field(default=0, compare=False)
-    # The caller's next call, checked and made ready before this one runs
-    # (Collectives.allreduce_flat's ``following``), or None: an engine that can may queue
-    # it behind this call, to start in this call's drain (docs/protocol.md, Calls back
-    # to back).
-    following: "AllreduceCall | None" = field(default=None, compare=False, repr=False)
+    # What makes the caller's next call ready, checked (Collectives.allreduce_flat's
+    # ``following``; it returns the call, or None): called at most once, by an engine
+    # whose stream of this call paused at its drain, which may then queue that call
+    # behind this one (docs/protocol.md, Calls back to back). None: no next call known.
+    following: Callable[[], "AllreduceCall | None"] | None = field(
+        default=None, compare=False, repr=False)
 
     @property
     def dtype(self) -> np.dtype:

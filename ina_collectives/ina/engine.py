@@ -507,11 +507,10 @@ class InaEngine(OffloadEngine):
         self.calls_by_width[bits] = self.calls_by_width.get(bits, 0) + 1
         self.striped_calls += len(shares) > 1
         # A vote-free call (sync, one share) may have the next call queued behind it, to
-        # start in its drain (``_queue_next``).
-        then = None
+        # start in its drain: its stream pauses there while the next is learned
+        # (``_drained``).
         if vote_free:
             self._running = (ident, shares[0].end - shares[0].first, place)
-            then = self._queue_next(call)
         # The call's plan, once: what every share's stream takes whole.
         plan = CallPlan(prepared, out, prepared.agreed(agreed_first), deadline,
                         call.op is Op.AVERAGE, bits, number, quorum,
@@ -519,7 +518,10 @@ class InaEngine(OffloadEngine):
                         predicted and bool(prepared.proposal[0]),
                         call.absent(self.quorum.rank) and bool(quorum))
         try:
-            results = self.streams.run(links, plan, then)
+            results = self.streams.run(links, plan,
+                                       pause=vote_free and call.following is not None)
+            if results and results[0] is None:
+                results = [self._drained(links[shares[0].aggregator], call)]
         finally:
             self._running = None
             self._unstarted()
@@ -558,15 +560,23 @@ class InaEngine(OffloadEngine):
 
     # -- calls back to back (docs/protocol.md) -----------------------------------------
 
-    def _queue_next(self, call: AllreduceCall) -> Queued | None:
-        """The call after ``call`` (``call.following``, its caller's next), queued behind
-        it where this engine takes it (``_adopt``), as the call after this one
-        (``aggregators.seq``, this call's number, plus one): what the link's stream
-        starts in its drain; None where it goes on its own."""
-        after = call.following
-        if after is None or self.declines(after) is not None:
-            return None
-        return self._adopt(after, self.prepare(after), after.ident, self.aggregators.seq + 1)
+    def _drained(self, link: WorkerLink, call: AllreduceCall) -> Result:
+        """The stream of ``call`` paused at its drain, its last window in flight: its
+        caller's next call learned now (``call.following``) and, where this engine takes
+        it (``_adopt``, as the call after this one: ``aggregators.seq``, this call's
+        number, plus one), queued behind it, the link adopting it as it goes on; the
+        stream's Result. Nothing here is called from the compiled loop: the stream
+        returned, and goes on (``proceed``)."""
+        try:
+            after = call.following() if call.following is not None else None
+            then = None
+            if after is not None and self.declines(after) is None:
+                then = self._adopt(after, self.prepare(after), after.ident,
+                                   self.aggregators.seq + 1)
+        except BaseException:
+            link.abandon()  # (the paused stream given up: the error path follows)
+            raise
+        return link.proceed(then)
 
     def _unstarted(self) -> None:
         """A call queued behind the stream that just ended, which it did not adopt
@@ -653,7 +663,9 @@ class InaEngine(OffloadEngine):
         self._running = (adopted.ident, prepared.shares[0].end - prepared.shares[0].first,
                          adopted.place)
         try:
-            result = link.resume(self._queue_next(call))
+            result = link.resume(pause=call.following is not None)
+            if result is None:
+                result = self._drained(link, call)
         finally:
             self._running = None
             self._unstarted()

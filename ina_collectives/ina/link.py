@@ -85,6 +85,7 @@ class WorkerLink:
 
         self.switch = switch
         self.format = fmt
+        self._last_wait = (0, 0.0)  # (the last stream's call and silence bound: proceed's)
         self.job, self.n, self.k = fmt.job, fmt.n, fmt.k
         self.block, self.value_bits = fmt.block, fmt.value_bits
         self.worker = worker
@@ -222,7 +223,8 @@ class WorkerLink:
         return result
 
     def stream(self, plan: StreamPlan, timers: Timers, deadline: float,
-               cancel: np.ndarray | None = None, then: Queued | None = None) -> Result:
+               cancel: np.ndarray | None = None, then: Queued | None = None,
+               pause: bool = False) -> Result | None:
         """One call's stream through the aggregator, ``plan`` (ina.link.StreamPlan): allreduce
         plan.x (float32/64, 1-D) into plan.out within ``deadline`` seconds, ``timers`` its
         waits. ``cancel``: a uint8 [0] another thread sets to 1 to end the stream. The
@@ -244,13 +246,35 @@ class WorkerLink:
         result said the ranks called differently). ``then``: the next call (a sync
         stream), queued behind this one: the stream adopts it in its drain, with no call
         back into Python (``adopted``, ``resume``; docs/protocol.md, Calls back to
-        back)."""
-        with waiting_for(lambda: f"the results of call #{plan.call} from the aggregator at "
-                                 f"{self.switch[0]}:{self.switch[1]} (silence bound "
-                                 f"{timers.silence:g} s)"):
-            result = self.wire.stream(plan, timers, deadline, cancel, then)
-        result.reason = self._reason(result)
+        back). ``pause`` (with no ``then``): None once the stream drains (``paused``),
+        for the caller to learn its next call; ``proceed`` goes on with it."""
+        self._last_wait = (plan.call, timers.silence)
+        with self._waiting(*self._last_wait):
+            result = self.wire.stream(plan, timers, deadline, cancel, then, pause)
+        return self._ended(result)
+
+    def _waiting(self, call: int, silence: float):
+        return waiting_for(lambda: f"the results of call #{call} from the aggregator at "
+                                   f"{self.switch[0]}:{self.switch[1]} (silence bound "
+                                   f"{silence:g} s)")
+
+    def _ended(self, result: Result | None) -> Result | None:
+        if result is not None:
+            result.reason = self._reason(result)
         return result
+
+    @property
+    def paused(self) -> bool:
+        """Whether a stream paused at its drain (``stream``'s ``pause``) waits for
+        ``proceed``."""
+        return self.wire.paused
+
+    def proceed(self, then: Queued | None = None) -> Result:
+        """The paused stream run on to its end, ``then`` queued behind it and adopted at
+        once (as ``stream``'s): its Result."""
+        with self._waiting(*self._last_wait):
+            result = self.wire.proceed(then)
+        return self._ended(result)
 
     @property
     def adopted(self) -> bool:
@@ -258,12 +282,10 @@ class WorkerLink:
         not yet resumed or abandoned."""
         return self.wire.adopted
 
-    def resume(self, then: Queued | None = None) -> Result:
-        """The adopted call run to its end (``then``: the call queued behind it, as
-        ``stream``'s): its Result, as ``stream``'s."""
-        result = self.wire.resume(then)
-        result.reason = self._reason(result)
-        return result
+    def resume(self, then: Queued | None = None, pause: bool = False) -> Result | None:
+        """The adopted call run to its end (``then`` and ``pause``: as ``stream``'s): its
+        Result, as ``stream``'s, or None where it paused at its drain."""
+        return self._ended(self.wire.resume(then, pause))
 
     def abandon(self) -> bool:
         """Drop the adopted call, if any (True if there was one)."""

@@ -82,10 +82,11 @@ class Streams:
         self._threads: ThreadPoolExecutor | None = None
 
     def run(self, links: list[WorkerLink | None], plan: CallPlan,
-            then: Queued | None = None) -> list[Result]:
+            then: Queued | None = None, pause: bool = False) -> list[Result | None]:
         """Stream each of the call's shares (``plan``, ina.plan.CallPlan) through its
-        aggregator's link, by its deadline; ``then``, for a call of one share: the next
-        call, queued behind it (WorkerLink.stream)."""
+        aggregator's link, by its deadline; for a call of one share, ``then``: the next
+        call, queued behind it, or ``pause``: its stream returns None at its drain
+        (WorkerLink.stream)."""
         s = self.settings
         remaining = max(0.0, plan.deadline.expires - time.monotonic())
         cancel = np.zeros(1, np.uint8)
@@ -94,7 +95,7 @@ class Streams:
         def stream(share: Share) -> Result:
             return links[share.aggregator].stream(
                 plan.stream(share), self.timers, remaining, cancel,
-                then if len(shares) == 1 else None)
+                *((then, pause) if len(shares) == 1 else (None, False)))
 
         if not shares:  # an empty call
             return []

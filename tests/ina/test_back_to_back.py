@@ -115,6 +115,43 @@ def test_calls_adopted_in_each_drain_sum_alike_and_start_before_the_last_returns
     assert len({tuple(link.wire.versions) for link in links}) == 1  # moved on alike
 
 
+def test_a_stream_paused_at_its_drain_goes_on_with_the_next_call_queued_then(job):
+    """``pause``: the stream returns None once every chunk went once, its last window in
+    flight; the caller learns the next call meanwhile and ``proceed`` queues it: it is
+    adopted at once, the paused call ends with every sum exact, and the next one, resumed,
+    too. A paused stream refuses another stream, and ``abandon`` drops it."""
+    sw, links = job
+    chunks = (9, 5)
+    xs = [call_inputs(c, seed) for seed, c in enumerate(chunks)]
+    firsts = [window_max(x, c) for x, c in zip(xs, chunks)]
+    results: list = [None] * N
+
+    def one(w: int) -> None:
+        link = links[w]
+        first, second = Call(xs[0][w], firsts[0], 1), Call(xs[1][w], firsts[1], 2)
+        assert link.stream(first.plan(), TIMERS, 30.0, pause=True) is None
+        assert link.paused
+        with pytest.raises(RuntimeError, match="adopted or paused on this link"):
+            second.stream(link)
+        done = link.proceed(second.queued())
+        assert not link.paused and link.adopted
+        results[w] = (done, link.resume(), first, second)
+
+    per_worker(N, one)
+    for w, (done, then, first, second) in enumerate(results):
+        assert done.ok and then.ok, (w, done, then)
+        exact(xs[0], first.out)
+        exact(xs[1], second.out)
+        assert (done.counters.get("adopted", 0), then.counters.get("adopted", 0)) == (0, 1)
+    x = call_inputs(2, 3)  # (within the window: it drains as its first window leaves)
+    link = links[0]
+    assert link.stream(Call(x[0], window_max(x, 2), 3).plan(), TIMERS, 1.0,
+                       pause=True) is None
+    assert link.paused and not link.abandon() and not link.paused
+    with pytest.raises(RuntimeError, match="no stream is paused"):
+        link.proceed()
+
+
 def test_a_call_queued_behind_a_stream_that_ends_before_its_drain_is_not_started(job):
     """A stream that cannot drain (one worker of the job streams alone: no cell
     completes; more chunks than slots, so its later chunks never go) ends by its deadline
@@ -156,7 +193,7 @@ def test_a_link_with_an_adopted_call_refuses_another_until_it_is_resumed_or_aban
     assert all(r.ok for r in results), results
     link = links[0]
     assert link.adopted
-    with pytest.raises(RuntimeError, match="a call is adopted on this link"):
+    with pytest.raises(RuntimeError, match="a call is adopted or paused on this link"):
         Call(xs[0], first, 3).stream(link)
     with pytest.raises(RuntimeError, match="resume or abandon it first"):
         link.opening(IDENT, np.zeros((S, G), np.int16), 1, TIMERS, 1.0)

@@ -117,7 +117,7 @@ class FakeLink:
         self.times, self.wait, self.error, self.heed = times, wait, error, heed_cancel
         self.calls: list[dict] = []
 
-    def stream(self, plan, timers, deadline, cancel=None, then=None):
+    def stream(self, plan, timers, deadline, cancel=None, then=None, pause=False):
         x, into = plan.x, plan.out
         self.calls.append({"thread": threading.current_thread().name, "size": x.size,
                            "deadline": deadline, "bits": plan.value_bits, "call": plan.call,
