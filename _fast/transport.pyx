@@ -670,6 +670,9 @@ cdef class Link:
             except BaseException:
                 self._forget_window()
                 raise
+            if c.status == DONE and not c.stop:  # (drained: the free slots take it now)
+                with nogil:
+                    self._adopt_queued()
         self.pause_due = False
         cdef Result result = self._drive(&c, done_arr)
         del keep
