@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['fallback_calls']} off the switch, outages {r['outages']}, returns "
                   f"{r['returns']}, back on the switch "
                   f"{r['return_seconds'] * 1e3:.0f} ms after it listened "
-                  f"({r['calls_to_return']} calls later); longest call "
+                  f"({r['calls_to_return']} call(s) later); longest call "
                   f"{r['longest_call']:.2f} s" if r["return_seconds"] is not None else
                   f"run {i + 1}: FAIL: {'; '.join(r['failures'])}", flush=True)
         else:
