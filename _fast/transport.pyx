@@ -774,8 +774,8 @@ cdef class Link:
         """The last call, a sync stream of ``chunks`` chunks this worker could not finish,
         was finished from a peer's kept window (ina/windows.py): each slot's version as
         the call's completion leaves it (one flip per use), nothing in flight."""
-        if self.has_next or self.running != NULL:
-            raise RuntimeError("a call is running or adopted on this link")
+        if self.has_next or self.is_paused or self.running != NULL:
+            raise RuntimeError("a call is running, paused or adopted on this link")
         cdef Py_ssize_t s, slots = self.slots
         cdef Slot *w
         for s in range(slots):
@@ -941,8 +941,9 @@ cdef class Link:
         c.retransmit = FLAG_OPEN | FLAG_RETRANSMIT
         c.ident_offset, c.ident_word = ident_offset, ident_word
         c.proposals, c.g, c.width = &proposals[0, 0], g, width
-        if self.has_next:
-            raise RuntimeError("a call is adopted on this link: resume or abandon it first")
+        if self.has_next or self.is_paused:
+            raise RuntimeError("a call is adopted or paused on this link: resume, proceed "
+                               "or abandon it first")
         self._fresh_window()
         with nogil:
             for s in range(slots):
