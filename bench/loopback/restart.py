@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -82,20 +83,26 @@ def rank_main(params: dict[str, Any], outdir: str) -> int:
     return 0
 
 
-def _switch(port: int) -> tuple[subprocess.Popen, float]:
-    """A standalone ina-switch on ``port``; it and the moment it listened."""
+def _switch(port: int, bound: float = 15.0) -> tuple[subprocess.Popen, float]:
+    """A standalone ina-switch on ``port``; it and the moment it listened (within
+    ``bound`` seconds, or RuntimeError saying so)."""
     proc = subprocess.Popen([sys.executable, "-m", "ina_collectives.switch", "--host",
                              "127.0.0.1", "--port", str(port), "--threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=child_env(None), cwd=ROOT)
-    deadline = time.monotonic() + 15
-    for line in proc.stdout:
-        if "listening on" in line:
-            return proc, time.monotonic()
-        if time.monotonic() > deadline:
-            break
+    heard = threading.Event()
+
+    def read() -> None:  # (the switch's output read to its end, so that it never blocks)
+        for line in proc.stdout:
+            if "listening on" in line:
+                heard.set()
+    threading.Thread(target=read, daemon=True).start()
+    if heard.wait(bound):
+        return proc, time.monotonic()
     proc.kill()
-    raise RuntimeError(f"ina-switch did not listen on port {port} within 15 s")
+    proc.wait()
+    raise RuntimeError(f"ina-switch did not say it listened on 127.0.0.1:{port} "
+                       f"within {bound:g} s")
 
 
 @contextlib.contextmanager
@@ -137,12 +144,14 @@ def one_run(n: int, size: int, seconds: float, kill_at: float, down: float,
             sw, back = _switch(port)
             _, err = job.communicate(timeout=seconds + 120)
         except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-            return {"passed": False, "failures": ["the job did not end within its bound"]}
+            return {"passed": False, "failures": [
+                f"the job did not end within {seconds + 120:g} s of its start"]}
         finally:
             sw.kill()
             sw.wait(5)
+            if job.poll() is None:  # (timed out, or the restart failed: the job goes too)
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
         ranks = []
         for r in range(n):
             path = Path(outdir, f"rank{r}.json")
@@ -197,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hog", action="store_true", help="two busy loops beside each run")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.n < 2 or args.size < 4 or args.runs < 1:
+        ap.error(f"-n must be 2 or more, --size 4 bytes or more and --runs 1 or more; got "
+                 f"{args.n}, {args.size}, {args.runs}")
+    if not (0 < args.kill_at and args.down > 0 and args.kill_at + args.down < args.seconds):
+        ap.error(f"the restart must fall within the loop: 0 < --kill-at, 0 < --down and "
+                 f"--kill-at + --down < --seconds; got {args.kill_at}, {args.down}, "
+                 f"{args.seconds}")
     results = []
     for i in range(args.runs):
         r = one_run(args.n, args.size, args.seconds, args.kill_at, args.down, args.hog)
