@@ -7,6 +7,8 @@
     ina-run -np 4 --switch none -- python train.py    # ring only
     ina-run -np 2 -H localhost:2 --verbose --fusion-threshold-mb 32 python train.py
     ina-run -np 8 -H node1:4,node2:4 --address 10.0.0.1 -- python train.py  # two hosts
+    ina-run -np 4 --topology tree.toml -- python train.py   # a switch per aggregator
+    ina-run -np 8 -H node1:4,node2:4 --topology tree.toml --switch running -- python train.py
 
 horovodrun's command line works where it applies (``ina-run --help`` lists the options
 taken and refused): the setting options (--fusion-threshold-mb, --cycle-time-ms, ...)
@@ -32,6 +34,15 @@ rank's INA_SWITCH_ELEMENTS on every path; without it each rank sizes its packets
 path's MTU when it joins. An exported INA_SWITCH gives way to the switch ina-run starts,
 with a warning (--switch HOST:PORT uses a running one).
 
+--topology FILE runs the job on an aggregation tree (docs/trees.md): the file is read
+and checked for -np ranks before anything starts. ina-run then starts one ina-switch per
+aggregator at the file's address, with ``--topology FILE --name NAME``, root first
+(each address must be on loopback, 127.0.0.0/8), or with --switch running probes the
+file's switches, started beforehand on their hosts, and names each that does not answer.
+The ranks get INA_TOPOLOGY (the file's absolute path, which every host must read at
+that path) and no INA_SWITCH, and join their leaf aggregators themselves. It takes no
+--aggregators, --address (for the switches) or --p4runtime.
+
 Each rank starts through rank.py, which records its pid and how it ended in a
 temporary folder (a Python rank that initialises the library also records an exception
 that ends it, as it is raised: its exit may wait in MPI_Finalize for the ranks that fail
@@ -53,8 +64,9 @@ the switch and stops the switch, and says in one line per rank where it stopped.
 
 Exit code: the failed rank's code (1 for an exception), or 128 + N when signal N
 killed it; 128 + N when ina-run itself got signal N (Ctrl-C: 130); else the job's (0).
-2 when the launcher or the target is missing, the embedded switch cannot start, the
-target refuses the job, (with --require-switch) a given switch does not answer, the
+2 when the launcher or the target is missing, the topology file is refused, the
+embedded switch cannot start, an aggregator of the tree does not answer, the target
+refuses the job, (with --require-switch) a given switch does not answer, the
 command cannot run here, or (with --start-timeout) the switch or a rank did not start
 in time; without --require-switch a silent --switch HOST:PORT is a warning and the
 ranks take the ring.
@@ -62,6 +74,7 @@ ranks take the ring.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import random
@@ -73,7 +86,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..control.pipeline import TARGETS as P4_TARGETS
 from ..errors import AggregatorUnavailable, LaunchError
@@ -86,6 +99,9 @@ from .ranks import (
     run_torchrun,
     say,
 )
+
+if TYPE_CHECKING:
+    from ..protocol.topology import Aggregator, Topology
 
 # K of the embedded switch's pipeline. Its P4Info lists one register per element, which
 # p4runtime-shell's pure-Python protobuf loads slowly (docs/control.md has the numbers).
@@ -104,10 +120,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "of a running aggregator's UDP port (or several, comma-"
                              "separated: the job stripes across them), or 'none' (ring "
                              "only). With --p4runtime: each target's INA address (default: "
-                             "its host, port 47474)")
+                             "its host, port 47474). With --topology: 'embedded' or "
+                             "'running' (the file's switches run already)")
     parser.add_argument("--aggregators", type=int, default=1, metavar="N",
                         help="with --switch embedded: start N software switches and stripe "
                              "the job across them (default 1)")
+    parser.add_argument("--topology", metavar="FILE",
+                        help="run the job on an aggregation tree (TOML, docs/trees.md): "
+                             "ina-run starts one software switch per aggregator at its "
+                             "address (loopback only) with --topology FILE --name NAME, "
+                             "root first, or with --switch running probes the switches "
+                             "already started there; the ranks get INA_TOPOLOGY (the file's "
+                             "absolute path) instead of INA_SWITCH")
     parser.add_argument("--switch-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for the embedded ina-switch (repeatable), "
                              "e.g. --switch-arg=--drop-in=0.01")
@@ -185,6 +209,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("no command to run: ina-run -np N -- python train.py")
     if args.np < 1:
         parser.error(f"-np must be at least 1, got {args.np}")
+    if args.topology:
+        if args.switch not in ("embedded", "running"):
+            parser.error(f"--topology and --switch {args.switch}: the file names the "
+                         f"aggregators; --switch is 'embedded' (ina-run starts them, the "
+                         f"default) or 'running' (they run already)")
+        if args.aggregators != 1:
+            parser.error("--topology and --aggregators: the file names the aggregators, "
+                         "one switch each; leave --aggregators out")
+        if args.p4runtime:
+            parser.error("--topology and --p4runtime: a tree of P4 targets is not supported "
+                         "yet; its aggregators are software switches (ina-switch)")
+        if args.address and args.switch == "embedded":
+            parser.error("--topology and --address: the embedded switches bind the file's "
+                         "addresses; leave --address out")
+    elif args.switch == "running":
+        parser.error("--switch running is for --topology (the file's switches run "
+                     "already); name a running switch as --switch HOST:PORT")
     if args.p4runtime and (args.device_config is None
                            or (args.p4info is None and not args.device_config.is_dir())):
         parser.error("--p4runtime needs --device-config and --p4info (a Tofino build's "
@@ -206,6 +247,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     horovodrun.check_options(parser, args)
     if args.remote_hosts:
         where = f"-H names other hosts ({', '.join(args.remote_hosts)})"
+        if args.topology and args.switch == "embedded":
+            parser.error(f"{where}: --topology's embedded switches listen on loopback, "
+                         f"which they cannot reach; start each of the file's switches on "
+                         f"its host (ina-switch --topology FILE --name NAME) and give "
+                         f"--switch running")
         if args.launcher == "torchrun":
             parser.error(f"{where}: --launcher torchrun starts ranks on this machine; run "
                          f"torchrun on each host with INA_SWITCH set (README: several hosts)")
@@ -351,13 +397,23 @@ def check_switch(address: str, timeout: float) -> None:
     LaunchError if none does."""
     from .. import protocol as P
 
-    where = P.parse_address(address)  # a clear error for a malformed address
+    why = silent_aggregator(P.parse_address(address), timeout)  # (a malformed one: named)
+    if why is not None:
+        raise LaunchError(f"{why} (start one with ina-switch, or leave --switch out for "
+                          f"the embedded one)")
+
+
+def silent_aggregator(where: tuple[str, int], timeout: float) -> str | None:
+    """Why the aggregator at ``where`` did not answer a probe for job 0 within
+    ``timeout`` seconds; None when it answered."""
+    from .. import protocol as P
+
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             P.control_exchange(s, where, 0, 0, [P.CTRL_PROBE], timeout, "probe")
         except AggregatorUnavailable as exc:
-            raise LaunchError(f"{exc} (start one with ina-switch, or leave --switch out "
-                              f"for the embedded one)") from None
+            return str(exc)
+    return None
 
 
 def start_left(args: argparse.Namespace, default: float | None) -> float | None:
@@ -406,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # A misspelt INA_* variable is said once, here: the ranks leave it to ina-run.
         warn_unknown_variables(os.environ)
+        topology = load_topology(args) if args.topology else None
         mpiexec = find_mpiexec() if args.launcher == "mpiexec" else ""
         env = ranks_environment(args, os.environ)
         if not args.remote_hosts:  # (other hosts may hold what this one lacks)
@@ -415,6 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"{args.launcher} {mpiexec or 'torch.distributed.run'}; hosts: "
                 + (", ".join(f"{name} ({slots} slot(s))" for name, slots in args.host_list)
                    if args.host_list else "this machine"))
+        if topology is not None:
+            return run_topology(args, topology, env, mpiexec)
         if args.switch == "none":
             env["INA_SWITCH"] = ""
             if args.verbose:
@@ -459,10 +518,14 @@ def ranks_environment(args: argparse.Namespace, environ: Mapping[str, str]
                       ) -> dict[str, str]:
     """The ranks' environment before the switch's settings: ``environ``, the variables
     of horovodrun's setting options, and INA_SWITCH_ELEMENTS with --elements (mpiexec
-    passes the environment on to the ranks of every host, which then use that K)."""
+    passes the environment on to the ranks of every host, which then use that K).
+    Without --topology an exported INA_TOPOLOGY is left out (the ranks get INA_SWITCH,
+    and the settings refuse both)."""
     env = dict(environ, **horovodrun.environment(args))
     if args.elements:
         env[env_name("switch_elements")] = str(args.elements)
+    if not args.topology:
+        env.pop(env_name("topology"), None)
     return env
 
 
@@ -487,8 +550,22 @@ def runnable(command: list[str], launcher: str) -> list[str]:
 
 def warn_overridden_switch(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     """One line when an exported INA_SWITCH gives way to the switch ina-run starts (or
-    its P4 targets' addresses): the ranks get ina-run's, and --switch takes that one."""
-    given = environ.get("INA_SWITCH")
+    its P4 targets' addresses): the ranks get ina-run's, and --switch takes that one.
+    Likewise an exported INA_TOPOLOGY that --topology (or its absence) overrides, and an
+    INA_SWITCH that --topology leaves out."""
+    given, tree = environ.get("INA_SWITCH"), environ.get("INA_TOPOLOGY")
+    if args.topology:
+        if given:
+            print(f"ina-run: warning: INA_SWITCH={given} is left out: the ranks take their "
+                  f"aggregators from --topology {args.topology}", file=sys.stderr, flush=True)
+        elif tree and os.path.abspath(tree) != os.path.abspath(args.topology):
+            print(f"ina-run: warning: INA_TOPOLOGY={tree} is overridden by --topology "
+                  f"{args.topology}", file=sys.stderr, flush=True)
+        return
+    if tree:
+        print(f"ina-run: warning: INA_TOPOLOGY={tree} is left out: the ranks get "
+              f"{'no switch' if args.switch == 'none' else 'INA_SWITCH'} from ina-run; to "
+              f"use its tree: --topology {tree}", file=sys.stderr, flush=True)
     if given is None or args.switch != "embedded":
         return
     print(f"ina-run: warning: INA_SWITCH={given} is overridden: the ranks get the address "
@@ -546,3 +623,109 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
                   f"counters)", file=sys.stderr, flush=True)
         return code
 
+
+
+def load_topology(args: argparse.Namespace) -> Topology:
+    """--topology's file, read and checked for -np ranks before anything starts (and,
+    for the switches ina-run starts, every address on loopback); args.topology becomes
+    its absolute path, as the switches and the ranks get it. TopologyError or
+    LaunchError says what is wrong."""
+    from ..protocol.topology import Topology
+
+    args.topology = os.path.abspath(args.topology)
+    topology = Topology.load(args.topology)
+    topology.check(args.np)
+    if args.switch == "embedded":
+        elsewhere = [a for a in topology.aggregators
+                     if not ipaddress.ip_address(a.address[0]).is_loopback]
+        if elsewhere:
+            raise LaunchError(
+                f"{args.topology}: " + ", ".join(f"aggregator {a.name!r} at "
+                                                 f"{a.address[0]}:{a.address[1]}"
+                                                 for a in elsewhere)
+                + f" {'is' if len(elsewhere) == 1 else 'are'} not on loopback (127.0.0.0/8), "
+                "where ina-run starts the embedded switches; a switch on another host must "
+                "be started there (ina-switch --topology FILE --name NAME), and then every "
+                "switch of the file by you: give --switch running")
+    return topology
+
+
+def aggregator_role(topology: Topology, a: Aggregator) -> str:
+    """An aggregator's place in the tree, in words: 'parent of rack0, rack1' or
+    'serving ranks 0, 1, under spine'."""
+    children = topology.children(a.name)
+    if children:
+        return "parent of " + ", ".join(c.name for c in children)
+    ranks = ", ".join(str(r) for r in a.ranks)
+    return (f"serving rank{'s' if len(a.ranks) > 1 else ''} {ranks}"
+            + (f", under {a.parent}" if a.parent else ""))
+
+
+def probe_aggregators(topology: Topology, timeout: float) -> None:
+    """Every aggregator of the tree answers a probe for job 0 within ``timeout`` seconds
+    (all probed at once); LaunchError naming each one that does not, and its place."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(topology.aggregators)) as pool:
+        why = list(pool.map(lambda a: silent_aggregator(a.address, timeout),
+                            topology.aggregators))
+    silent = [f"aggregator {a.name!r} at {a.address[0]}:{a.address[1]} "
+              f"({aggregator_role(topology, a)}) does not answer ({reason})"
+              for a, reason in zip(topology.aggregators, why) if reason is not None]
+    if silent:
+        raise LaunchError("; ".join(silent) + f". With --switch running the switches of "
+                          f"{topology.source} run already, each started on its host with "
+                          f"ina-switch --topology FILE --name NAME")
+
+
+def run_topology(args: argparse.Namespace, topology: Topology, env: dict[str, str],
+                 mpiexec: str) -> int:
+    """The job on --topology's tree: its switches started here, one ina-switch per
+    aggregator at the file's address with --topology FILE --name NAME, root first (or,
+    with --switch running, each probed); the ranks get INA_TOPOLOGY and no INA_SWITCH,
+    and join their leaves themselves. The switches are stopped afterwards, whatever
+    happened."""
+    from ..switch import status_summary
+    from ..switch.embedded import embedded_switch
+
+    env.pop(env_name("switch"), None)
+    env[env_name("topology")] = args.topology
+    if args.verbose:
+        say(f"the tree of {args.topology}: {topology.describe()}; the ranks join their "
+            f"leaves themselves")
+    if args.switch == "running":
+        probe_aggregators(topology, start_left(args, min(args.control_timeout, 3.0)))
+        if args.verbose:
+            say(f"all {len(topology.aggregators)} aggregators of the tree answered their "
+                f"probes")
+        return start_ranks(args, env, mpiexec)
+    started = [topology.root, *(a for a in topology.aggregators if a is not topology.root)]
+    with ExitStack() as stack:
+        switches = []
+        for a in started:
+            host, port = a.address
+            try:
+                switch = stack.enter_context(embedded_switch(
+                    *args.switch_arg, "--port", str(port), "--topology", args.topology,
+                    "--name", a.name, host=host, start_timeout=start_left(args, 15.0),
+                    launcher=detached()))
+            except RuntimeError as exc:
+                bound = ("" if args.start_timeout is None else
+                         f" (--start-timeout {args.start_timeout:g} s)")
+                raise LaunchError(f"aggregator {a.name!r} at {host}:{port} "
+                                  f"({aggregator_role(topology, a)}): "
+                                  f"{str(exc).strip()}{bound}") from None
+            if switch.addresses != [a.address]:
+                raise LaunchError(f"aggregator {a.name!r}: its ina-switch listens on "
+                                  f"{switch.address_text}, not at the file's {host}:{port}")
+            switches.append((a, switch))
+        print(f"ina-run: embedded ina-switch per aggregator of {args.topology}: "
+              + ", ".join(f"{a.name} on {switch.address_text}" for a, switch in switches)
+              + " (the ranks' INA_TOPOLOGY)", file=sys.stderr, flush=True)
+        code = start_ranks(args, env, mpiexec)
+        for a, switch in switches:
+            switch.stop()
+            print(f"ina-run: {a.name}: {switch.final_status}" if args.verbose else
+                  f"ina-run: {a.name}: {status_summary(switch.final_status)} (--verbose: "
+                  f"its counters)", file=sys.stderr, flush=True)
+        return code

@@ -204,3 +204,13 @@ def test_check_refuses_a_tree_that_does_not_serve_the_jobs_ranks_exactly():
     with pytest.raises(TopologyError, match=r"ranks 2 \(served by 'rack1'\), 3 \(served by "
                                             r"'rack1'\) are not in the job: it has 2"):
         tree.check(2)
+
+
+def test_without_a_toml_parser_the_need_is_named(monkeypatch):
+    """Python 3.10 has no tomllib: tomli serves where installed, else the file is refused
+    saying what it needs (the rest of the package imports without either)."""
+    from ina_collectives.protocol import topology
+    monkeypatch.setattr(topology, "tomllib", None)
+    with pytest.raises(TopologyError, match=r"^flat.toml: reading a topology file needs "
+                                            r"Python 3.11 or the tomli package"):
+        Topology.parse(FLAT, "flat.toml")
