@@ -43,6 +43,7 @@ cdef enum:
     MAX_CONTROL = 64    # control packets held for Python per run()
     MAX_GAP = 64        # more packet numbers missing than this: lost track, no NACK
     NACK_BUFFERS = 4    # NACKs of one worker that may wait in the outbox at once
+    HEADER_MAX = 128    # bytes: at least the header's (checked below)
 
 # Why packets are dropped; the index is the counter's (the P4 program's drop counter
 # uses the same indices). The enum below follows protocol.DROP_REASONS.
@@ -52,6 +53,7 @@ cdef enum Drop:
     DROP_DUPLICATE, DROP_INJECTED_IN, DROP_INJECTED_OUT, DROP_RESULT_FROM_WORKER, DROP_STALE,
     DROP_LATE, DROP_COUNT
 assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop differ"
+assert P.HEADER_BYTES <= HEADER_MAX, "the header outgrew HEADER_MAX"
 
 # What this aggregator serves (protocol.CAP_*), all of it unless a switch stands in for a
 # smaller build (ina-switch --like tofino): what it leaves out, it drops as malformed.
@@ -101,6 +103,17 @@ ctypedef struct Job:
     int32_t *result_len    # [2 S]
     uint64_t results       # results multicast (the status line's per-job counter)
     double last_seen
+    # A leaf of an aggregation tree (docs/trees.md): a cell its workers completed goes up
+    # to the parent as one worker's packet (worker up_worker of the same job id there),
+    # kept in result[cell] (up_len bytes) until the parent's result comes down.
+    bint up
+    sockaddr_in parent
+    uint16_t up_worker
+    uint8_t up_seq                     # the next packet number sent up
+    int16_t up_cell[256]               # the cell each packet number sent up was (-1: none)
+    uint8_t *lifted        # [2 S] 1: sent up, the parent's result awaited
+    int32_t *up_len        # [2 S]
+    uint64_t *asked        # [2 S] its workers that asked for it meanwhile (held answers)
 
 
 cdef void job_free(Job *job) noexcept nogil:
@@ -124,6 +137,9 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.nack)
         free(job.last_seq)
         free(job.result_len)
+        free(job.lifted)
+        free(job.up_len)
+        free(job.asked)
         free(job)
 
 
@@ -134,6 +150,8 @@ cdef inline void idle_cell(Job *job, Py_ssize_t cell, uint16_t epoch) noexcept n
     job.seen[cell] = 0
     job.count[cell] = 0
     job.result_len[cell] = 0
+    job.lifted[cell] = 0
+    job.asked[cell] = 0
 
 
 cdef inline void keep_max(int16_t *proposals, const uint8_t *pairs, int blocks
@@ -188,6 +206,10 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t late_answered  # quorum: resends of a finished chunk, answered
     cdef public uint64_t openings  # calls' openings completed (not chunks: not in results)
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
+    # A tree's leaf: partial sums sent up to the parent, sent again (a worker asked, the
+    # parent NACKed), and results that came down (or came stale, for no cell waiting)
+    cdef public uint64_t sent_up, resent_up, came_down, stale_down
+    cdef public bint leaves  # some job is a tree's leaf here (results may come from a parent)
     # 1: results leave with UDP_SEGMENT, one send per run of a worker's equal-sized results
     # (cleared if the kernel refuses it); 0: sendmmsg of the whole outbox
     cdef public int gso
@@ -281,13 +303,17 @@ cdef class Aggregator(FaultInjection):
         job.result_len = <int32_t *>calloc(cells, 4)
         job.nack = <uint8_t *>calloc(MAX_WORKERS * NACK_BUFFERS, HEADER)
         job.last_seq = <uint32_t *>calloc(slots * MAX_WORKERS, 4)
+        job.lifted = <uint8_t *>calloc(cells, 1)
+        job.up_len = <int32_t *>calloc(cells, 4)
+        job.asked = <uint64_t *>calloc(cells, 8)
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.cell_bits == NULL or job.exponent == NULL
                 or job.proposal == NULL or job.call == NULL or job.need == NULL
                 or job.counted == NULL or job.opened == NULL or job.marks == NULL
                 or job.ident == NULL
                 or job.epoch == NULL or job.result == NULL or job.result_len == NULL
-                or job.nack == NULL or job.last_seq == NULL):
+                or job.nack == NULL or job.last_seq == NULL or job.lifted == NULL
+                or job.up_len == NULL or job.asked == NULL):
             job_free(job)
             return False
         job.last_seen = monotonic()
@@ -298,6 +324,21 @@ cdef class Aggregator(FaultInjection):
         """The job is a controller's: results go to its replicas (set_replicas), joins and
         leaves do not touch it, and it is never freed as idle."""
         self._job(job_id).managed = True
+
+    def set_parent(self, int job_id, uint32_t addr_be, uint16_t port_be, int worker):
+        """The job is a tree's leaf here (docs/trees.md): a cell its workers completed goes
+        to the parent at this address as worker ``worker`` of the same job id, and the
+        result the parent sends down goes to the workers."""
+        cdef Job *job = self._job(job_id)
+        if not 0 <= worker < MAX_WORKERS:
+            raise ValueError(f"worker {worker} at the parent: 0..{MAX_WORKERS - 1}")
+        set_sockaddr(&job.parent, addr_be, port_be)
+        job.up_worker = <uint16_t>worker
+        job.up = True
+        self.leaves = True
+        cdef int i
+        for i in range(256):
+            job.up_cell[i] = -1
 
     def is_managed(self, int job_id):
         cdef Job *job = find_job(self.jobs, job_id)
@@ -649,7 +690,11 @@ cdef class Aggregator(FaultInjection):
         goes to a worker it did not count as well (the worker asks for it so when its
         values do not fit the chunk's exponents)."""
         self.result_requests += 1
-        if (job.epoch[cell] == get16(pkt + OFF_EPOCH)
+        if (job.lifted[cell] and job.seen[cell] & bit
+                and job.epoch[cell] == get16(pkt + OFF_EPOCH)
+                and job.call[cell] == get16(pkt + OFF_CALL)):
+            self.lift_again(job, cell, bit)  # (the parent has not answered it yet)
+        elif (job.epoch[cell] == get16(pkt + OFF_EPOCH)
                 and (job.seen[cell] & bit or job.need[cell])
                 and job.count[cell] == 0 and job.result_len[cell]
                 and job.call[cell] == get16(pkt + OFF_CALL)
@@ -816,7 +861,7 @@ cdef class Aggregator(FaultInjection):
             put16(result + OFF_BLOCKS, <uint16_t>job.pairs)
             result[OFF_VALUE_BITS] = job.bits
             self.openings += 1
-            self.multicast(job, cell, HEADER + PAIR * job.pairs)
+            self.give(job, cell, HEADER + PAIR * job.pairs)
             return
         blocks = (job.elements[cell] + job.block - 1) // job.block
         vb = job.cell_bits[cell] // 8
@@ -842,7 +887,7 @@ cdef class Aggregator(FaultInjection):
                            <const uint16_t *>acc, job.elements[cell])
         self.results += 1
         job.results += 1
-        self.multicast(job, cell, HEADER + PAIR * blocks + vb * job.elements[cell])
+        self.give(job, cell, HEADER + PAIR * blocks + vb * job.elements[cell])
 
     cdef uint8_t *result_header(self, Job *job, Py_ssize_t cell, const uint8_t *pkt,
                                 int blocks, int flags) noexcept nogil:
@@ -864,6 +909,104 @@ cdef class Aggregator(FaultInjection):
             put16(result + HEADER + PAIR * j, <uint16_t>exponents[j])
             put16(result + HEADER + PAIR * j + 2, <uint16_t>proposals[j])
         return result
+
+    cdef void give(self, Job *job, Py_ssize_t cell, Py_ssize_t length) noexcept nogil:
+        """A completed cell's result (in its buffer): to the workers, or, at a tree's
+        leaf, up to the parent as this leaf's contribution (``lift``)."""
+        if job.up:
+            self.lift(job, cell, length)
+        else:
+            self.multicast(job, cell, length)
+
+    cdef void lift(self, Job *job, Py_ssize_t cell, Py_ssize_t length) noexcept nogil:
+        """The cell's sum (its result buffer) sent up as a data packet of worker up_worker:
+        the chunk's header, exponents and max proposals, the values summed here. An
+        opening goes up as an opening; one whose identities differed here goes with an
+        offset no other leaf sends, so that the parent marks it too. The cell stays busy
+        (its count kept) until the parent's result comes down (``descend``)."""
+        cdef uint8_t *buf = job.result + cell * job.width
+        cdef bint opening = buf[OFF_FLAGS] & FLAG_OPEN
+        buf[OFF_FLAGS] = FLAG_OPEN if opening else 0
+        put16(buf + OFF_WORKER, job.up_worker)
+        put64(buf + OFF_CONTRIBUTORS, 0)
+        buf[OFF_MODE_QUORUM] = 0
+        put32(buf + OFF_MODE_GENERATION, 0)
+        if opening and job.opened[cell] & 2:
+            put32(buf + OFF_OFFSET, <uint32_t>job.offset[cell] ^ (0x80000000u | (job.up_worker + 1u)))
+        buf[OFF_SEQ] = job.up_seq
+        job.up_cell[job.up_seq] = <int16_t>cell
+        job.up_seq += 1
+        job.count[cell] = job.n
+        job.result_len[cell] = 0
+        job.lifted[cell] = 1
+        job.up_len[cell] = <int32_t>length
+        job.asked[cell] = 0
+        self.sent_up += 1
+        self.send(buf, length, &job.parent)
+
+    cdef void lift_again(self, Job *job, Py_ssize_t cell, uint64_t bit) noexcept nogil:
+        """A worker asked for a cell that waits for the parent's result: the partial sum
+        again, marked as a retransmission (the parent answers it from its state, or says
+        it is held); the worker is told when the parent says held."""
+        cdef uint8_t *buf = job.result + cell * job.width
+        buf[OFF_FLAGS] |= FLAG_RETRANSMIT
+        job.asked[cell] |= bit
+        self.resent_up += 1
+        self.send(buf, job.up_len[cell], &job.parent)
+
+    cdef void descend(self, Job *job, uint8_t *pkt, Py_ssize_t length) noexcept nogil:
+        """A packet from a tree leaf's parent: the result of a cell sent up (kept as the
+        cell's result and multicast to the workers), a NACK (the packets it names sent
+        up again), or a held answer (passed to the workers that asked)."""
+        cdef int flags = pkt[OFF_FLAGS], i, w
+        cdef Py_ssize_t cell, c
+        cdef uint32_t slot
+        cdef uint8_t *result
+        cdef uint8_t head[HEADER_MAX]
+        if flags & FLAG_NACK and length == HEADER:
+            if get16(pkt + OFF_COUNT) == 0:  # held: a peer leaf is late; so say the askers
+                for c in range(2 * job.slots):
+                    if job.lifted[c] and job.asked[c]:
+                        memcpy(head, job.result + c * job.width, HEADER)
+                        for w in range(job.n):
+                            if job.asked[c] >> w & 1:
+                                put16(head + OFF_WORKER, <uint16_t>w)
+                                self.held_replies += 1
+                                self.nack(job, head, w, 0, 0)
+                        job.asked[c] = 0
+                return
+            for i in range(get16(pkt + OFF_COUNT)):
+                c = job.up_cell[(pkt[OFF_SEQ] + i) & 255]
+                if c >= 0 and job.lifted[c]:
+                    self.lift_again(job, c, 0)
+            return
+        slot = get32(pkt + OFF_SLOT)
+        if (not flags & FLAG_RESULT or length < HEADER or length > job.width
+                or slot >= <uint32_t>job.slots or pkt[OFF_SLOT_VERSION] > 1):
+            self.drops[<int>DROP_MALFORMED] += 1
+            return
+        cell = pkt[OFF_SLOT_VERSION] * job.slots + slot
+        if (not job.lifted[cell] or job.epoch[cell] != get16(pkt + OFF_EPOCH)
+                or job.call[cell] != get16(pkt + OFF_CALL)
+                or (flags & FLAG_OPEN != 0) != (job.opened[cell] & 1 != 0)
+                or (not flags & FLAG_OPEN
+                    and job.offset[cell] != <int32_t>get32(pkt + OFF_OFFSET))):
+            self.stale_down += 1  # (a copy of one that came, or of an earlier use)
+            return
+        result = job.result + cell * job.width
+        memcpy(result, pkt, length)
+        put16(result + OFF_JOB, get16(pkt + OFF_JOB))
+        if job.opened[cell] & 2:
+            result[OFF_FLAGS] |= FLAG_MISMATCH
+        # Counted: every worker of the tree (a sync use: the parent's bits are leaves,
+        # this cell's are this leaf's workers; none named means all, AVERAGE's n).
+        put64(result + OFF_CONTRIBUTORS, 0)
+        job.count[cell] = 0
+        job.counted[cell] = job.seen[cell]
+        job.lifted[cell] = 0
+        job.asked[cell] = 0
+        self.came_down += 1
+        self.multicast(job, cell, length)
 
     cdef void multicast(self, Job *job, Py_ssize_t cell, Py_ssize_t length) noexcept nogil:
         """Send a cell's result (``length`` bytes, kept for resends) to every worker: the
@@ -887,6 +1030,8 @@ cdef class Aggregator(FaultInjection):
         if job.count[cell] == 0 and job.result_len[cell]:
             self.retransmits_answered += 1
             self.send(job.result + cell * job.width, job.result_len[cell], &job.addr[worker])
+        elif job.lifted[cell]:
+            self.lift_again(job, cell, (<uint64_t>1) << worker)
         else:
             self.drops[<int>DROP_DUPLICATE] += 1
             if not job.managed and self.features & CAP_NACKS:
@@ -916,12 +1061,19 @@ cdef class Aggregator(FaultInjection):
             else:
                 self.control_overflow += 1
             return
-        if flags & FLAG_RESULT:
+        if flags & FLAG_RESULT and not self.leaves:
             self.drops[<int>DROP_RESULT_FROM_WORKER] += 1
             return
         cdef Job *job = find_job(self.jobs, get16(pkt + OFF_JOB))
         if job == NULL:
             self.drops[<int>DROP_UNKNOWN_JOB] += 1
+            return
+        if (job.up and src.sin_addr.s_addr == job.parent.sin_addr.s_addr
+                and src.sin_port == job.parent.sin_port):
+            self.descend(job, pkt, length)
+            return
+        if flags & FLAG_RESULT:
+            self.drops[<int>DROP_RESULT_FROM_WORKER] += 1
             return
         cdef int worker = get16(pkt + OFF_WORKER)
         cdef uint64_t bit = (<uint64_t>1) << (worker & 63)

@@ -98,10 +98,15 @@ class P4RuntimeError(ControlError):
         self.code = code
 
 
+class TopologyError(InaError, ValueError):
+    """A topology file (INA_TOPOLOGY, ina-run --topology) that cannot be a job's
+    aggregation tree: the message names the file, the aggregator and what is wrong."""
+
+
 class LaunchError(InaError):
     """ina-run cannot start the job: the launcher, the command or the switch is missing."""
 
 
 __all__ = ["InaError", "AgreementError", "CollectiveTimeout", "CommunicatorBroken",
            "OperationError", "OperationTimeout", "AggregatorUnavailable", "SystemCallError",
-           "ControlError", "TargetUnavailable", "P4RuntimeError", "LaunchError"]
+           "ControlError", "TargetUnavailable", "P4RuntimeError", "TopologyError", "LaunchError"]

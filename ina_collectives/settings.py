@@ -69,6 +69,12 @@ class Settings:
         "throughput, and one that fails leaves the others serving (docs/striping.md). "
         "Empty: no in-network aggregation, every call takes the ring or MPI.",
     )
+    topology: str = _setting(
+        "",
+        "A topology file (TOML, docs/trees.md): an aggregation tree, each rank sending to "
+        "the leaf aggregator that serves it, each leaf sending its workers' partial sums "
+        "up to the root. Set instead of INA_SWITCH (ina-run --topology sets it).",
+    )
     require_switch: bool = _setting(
         False,
         "Fail init() (AggregatorUnavailable on every rank, saying why) when the switch "
@@ -330,6 +336,9 @@ class Settings:
         if self.switch_retry_seconds < 0:
             raise ValueError(f"switch_retry_seconds must be >= 0, got "
                              f"{self.switch_retry_seconds}")
+        if self.switch and self.topology:
+            raise ValueError("switch and topology are both set: a job's aggregators come "
+                             "from INA_SWITCH or from INA_TOPOLOGY's tree, not both")
         if not 0 <= self.job < 65536:
             raise ValueError(f"job must be 0..65535, got {self.job}")
         ports = self.worker_ports.replace(",", "").replace(" ", "")

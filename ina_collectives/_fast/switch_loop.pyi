@@ -34,6 +34,11 @@ class Aggregator(FaultInjection):
     control_overflow: int
     send_failures: int
     last_errno: int
+    sent_up: int
+    resent_up: int
+    came_down: int
+    stale_down: int
+    leaves: bool
     def __init__(self, fd: int, seed: int = ...) -> None:
         """Aggregate the datagrams of UDP socket ``fd``; seed: the fault injection's RNG."""
     def add_job(self, job_id: int, n: int, k: int, slots: int, block: int = 32,
@@ -50,6 +55,9 @@ class Aggregator(FaultInjection):
         """Results a job's slots have multicast, or None if there is no such job."""
     def set_managed(self, job_id: int) -> None:
         """The job is a controller's: results go to its replicas; KeyError if no job."""
+    def set_parent(self, job_id: int, addr_be: int, port_be: int, worker: int) -> None:
+        """The job is a tree's leaf here: completed cells go up to the parent at this
+        address as its worker ``worker``; KeyError if no job."""
     def is_managed(self, job_id: int) -> bool:
         """Whether the job is a controller's (False if there is no such job)."""
     def set_replicas(self, job_id: int, replicas: list[tuple[int, int]]) -> None:

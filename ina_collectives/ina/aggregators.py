@@ -31,6 +31,7 @@ from ..collectives.waiting import Deadline, wait
 from ..errors import AggregatorUnavailable
 from ..protocol import udp_socket
 from ..settings import Settings
+from ..protocol.topology import Topology
 from .link import WorkerLink
 
 log = logging.getLogger("ina_collectives")
@@ -77,8 +78,19 @@ class Aggregators:
         self._lasting = False  # the last failure was this job's setup: trying again is futile
         self._watch: _AnswerWatch | None = None  # rank 0's probes while one is missing
         self._watch_failed = False  # its socket could not be bound (said once)
-        if not settings.switch:
+        # A tree (INA_TOPOLOGY): this rank's leaf is its one aggregator, where it is
+        # worker _place[0] of _place[1]; _leaves, every leaf's address (rank 0 probes
+        # them all while the tree is missing).
+        self._place: tuple[int, int] | None = None
+        self._leaves: list[tuple[str, int]] = []
+        if not settings.switch and not settings.topology:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
+            return
+        if settings.topology:
+            self._from_topology(Topology.load(settings.topology))
+            self.links = [None]
+            self._connect([0])
+            self._after_connect()
             return
         try:
             self.addresses = P.parse_addresses(settings.switch)
@@ -104,6 +116,26 @@ class Aggregators:
             self.addresses = self._with_shards(self.addresses)
         self.links = [None] * len(self.addresses)
         self._connect(list(range(len(self.addresses))))
+        self._after_connect()
+
+    def _from_topology(self, topology: Topology) -> None:
+        """The aggregator of a topology file: its one aggregator, or this rank's leaf of
+        its tree."""
+        comm, settings = self.comm, self.settings
+        topology.check(comm.Get_size())
+        if settings.job:
+            raise ValueError(f"INA_TOPOLOGY={settings.topology!r} with INA_JOB: the ranks "
+                             f"of a tree join their leaves; a controller installs no tree")
+        if not topology.is_tree:
+            self.addresses = [topology.root.address]
+            return
+        leaf, worker, members = topology.place(self._rank)
+        self.addresses = [leaf.address]
+        self._place = (worker, members)
+        self._leaves = [a.address for a in topology.leaves]
+
+    def _after_connect(self) -> None:
+        settings = self.settings
         if self.missing() and settings.require_switch:  # (agreed: _connect is collective)
             self.release()
             raise AggregatorUnavailable(
@@ -184,10 +216,11 @@ class Aggregators:
             if error is not None:
                 continue
             try:
+                worker, members = self._place or (rank, n)
                 link = WorkerLink(self.addresses[i], P.JobFormat(job, n, k, block, bits),
-                                  rank, settings.switch_slots,
+                                  worker, settings.switch_slots,
                                   ports[i * n + rank] if settings.job else 0, epoch,
-                                  settings.switch_gso)
+                                  settings.switch_gso, members)
                 self.links[i] = link
                 if settings.job:  # installed by a controller: worker id = rank
                     link.probe(settings.switch_join_timeout)
@@ -493,6 +526,8 @@ class Aggregators:
         """How rank 0 asks whether aggregator ``i`` answers again: a PROBE of job 0 from
         any port, or, for a job a controller installed, its own PROBE as worker 0 from
         its installed port (a P4 switch answers nothing else)."""
+        if self._leaves:  # a tree: every leaf (each answers once its parent has)
+            return [Prober(a) for a in self._leaves]
         if not self.settings.job:
             return Prober(self.addresses[i])
         ports = [int(p) for p in self.settings.worker_ports.split(",") if p.strip()]
@@ -548,30 +583,38 @@ class _AnswerWatch:
     without waiting (so the call after the next probe's answer can rejoin). ``indices``:
     the aggregators' places in INA_SWITCH, the bits of ``answered``. Each prober has a
     socket of its own (an installed job's probe comes from the worker's installed
-    port)."""
+    port). An aggregator probed by several (a tree's leaves) answered once each of them
+    has."""
 
     PROBE_INTERVAL = 0.05
 
-    def __init__(self, probers: list[Prober], indices: list[int]):
-        self.probers, self.indices = probers, indices
+    def __init__(self, probers: list[Prober | list[Prober]], indices: list[int]):
+        self.indices = indices
+        self.probers: list[Prober] = []
+        self.owner: list[int] = []  # each prober's aggregator index
+        for index, each in zip(indices, probers):
+            for prober in each if isinstance(each, list) else [each]:
+                self.probers.append(prober)
+                self.owner.append(index)
+        self.heard: set[int] = set()  # the probers heard since their aggregator's bit
         self.socks: list[socket.socket] = []
         try:
-            for prober in probers:
+            for prober in self.probers:
                 sock = udp_socket("0.0.0.0", prober.port)
                 sock.setblocking(False)
                 self.socks.append(sock)
         except OSError:
             self.close()
             raise
-        self.packets = [P.control_packet(p.job, p.worker, [P.CTRL_PROBE]) for p in probers]
+        self.packets = [P.control_packet(p.job, p.worker, [P.CTRL_PROBE])
+                        for p in self.probers]
         self.sent_at = -float("inf")
 
     def answered(self) -> int:
         """A bit (its index) per aggregator that answered since the last look; sends the
         next probes if due."""
-        seen = 0
         wanted = P.FLAG_CONTROL | P.FLAG_RESULT
-        for index, prober, sock in zip(self.indices, self.probers, self.socks):
+        for at, (prober, sock) in enumerate(zip(self.probers, self.socks)):
             while True:
                 try:
                     data, source = sock.recvfrom(65536)
@@ -586,7 +629,13 @@ class _AnswerWatch:
                 if (head["flags"] & wanted == wanted and head["job"] == prober.job
                         and len(reply) >= 2 and reply[0] == P.CTRL_PROBE and reply[1] == 0
                         and source == prober.address):
-                    seen |= 1 << index
+                    self.heard.add(at)
+        seen = 0
+        for index in self.indices:
+            mine = {at for at, owner in enumerate(self.owner) if owner == index}
+            if mine <= self.heard:
+                seen |= 1 << index
+                self.heard -= mine
         now = time.monotonic()
         if now - self.sent_at >= self.PROBE_INTERVAL:
             self.sent_at = now

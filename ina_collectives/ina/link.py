@@ -75,10 +75,13 @@ class WorkerLink:
     (``join``), or installed by a controller at the socket's address (``port`` given)
     and checked with ``probe``. ``epoch``: this run's, the same on every worker
     (docs/protocol.md): the switch takes a cell last used in another epoch for idle.
-    ``gso``: new packets may leave with UDP_SEGMENT, results come with UDP_GRO."""
+    ``gso``: new packets may leave with UDP_SEGMENT, results come with UDP_GRO.
+    ``members``: the job's workers at this aggregator where that is not fmt.n (a tree's
+    leaf serves some of the ranks: ``worker`` is then this rank's place among them; the
+    values are still scaled for fmt.n ranks)."""
 
     def __init__(self, switch: tuple[str, int], fmt: P.JobFormat, worker: int, slots: int,
-                 port: int = 0, epoch: int = 0, gso: bool = True):
+                 port: int = 0, epoch: int = 0, gso: bool = True, members: int = 0):
         if not 0 <= epoch < 65536:
             raise ValueError(f"epoch {epoch} is not 0..65535")
         from .._fast import transport
@@ -89,6 +92,7 @@ class WorkerLink:
         self.job, self.n, self.k = fmt.job, fmt.n, fmt.k
         self.block, self.value_bits = fmt.block, fmt.value_bits
         self.worker = worker
+        self.members = members or fmt.n
         self.asked_slots = slots
         self.reply_slots = -1  # the last control reply's slots value (control_request)
         self.narrow = False  # set by the join or probe reply
@@ -141,15 +145,15 @@ class WorkerLink:
     def join(self, timeout: float) -> None:
         """Join the job; the aggregator may grant fewer slots than asked (its pool is
         shared): ``slots`` is then what it granted, ``asked_slots`` what was asked."""
-        status = self._control([P.CTRL_JOIN, self.n, self.k, self.asked_slots, self.block,
-                                self.value_bits], timeout, "join")
+        status = self._control([P.CTRL_JOIN, self.members, self.k, self.asked_slots,
+                                self.block, self.value_bits], timeout, "join")
         if status != 0:
             reason = status_text(P.JOIN_STATUS, status)
             if status == P.JOIN_MTU:  # (the reply's 4th value: the switch's MTU)
                 reason += f" ({self._mtu_advice(self.reply_slots)})"
             raise AggregatorUnavailable(
                 f"the aggregator at {self.switch[0]}:{self.switch[1]} refused job {self.job} "
-                f"(worker {self.worker} of {self.n}, K {self.k}, S {self.slots}, B "
+                f"(worker {self.worker} of {self.members}, K {self.k}, S {self.slots}, B "
                 f"{self.block}, {self.value_bits}-bit values): {reason}")
         if 1 <= self.reply_slots < self.asked_slots:  # (a P4 switch's reply has no grant)
             self.wire.resize(self.reply_slots)

@@ -29,7 +29,7 @@ def offload_for(settings: Settings) -> type[InaEngine] | None:
     where it is not. AggregatorUnavailable where INA_REQUIRE_SWITCH is set and
     INA_SWITCH is not (a switch that is configured and cannot serve fails as the engine
     joins it: ina/aggregators.py)."""
-    if not settings.switch:
+    if not settings.switch and not settings.topology:
         if settings.require_switch:
             raise AggregatorUnavailable("INA_REQUIRE_SWITCH is set but no switch is "
                                         "configured: set INA_SWITCH=host:port")

@@ -8,9 +8,12 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from .. import protocol as P
 from ..control import schema as S
+from ..errors import TopologyError
+from ..protocol.topology import Topology
 from ..helpformat import DefaultsHelpFormatter
 from .server import SoftwareSwitch
 from .shards import Shards
@@ -61,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} (wire format {P.PROTOCOL_VERSION})")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind: loopback by default, so only this machine "
-                             "reaches it; 0.0.0.0 (or the address other hosts reach) serves "
-                             "ranks on other machines")
-    parser.add_argument("--port", type=_port, default=P.UDP_PORT,
-                        help="UDP port (0 picks a free one)")
+    parser.add_argument("--host", default=None,
+                        help="address to bind: loopback (127.0.0.1) by default, so only "
+                             "this machine reaches it; 0.0.0.0 (or the address other hosts "
+                             "reach) serves ranks on other machines; with --topology, the "
+                             "file's address")
+    parser.add_argument("--port", type=_port, default=None,
+                        help=f"UDP port (0 picks a free one); {P.UDP_PORT} by default, or "
+                             f"with --topology the file's")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="shards: N aggregators, each its own thread, UDP port (--port, "
                              "--port + 1, ...; each a free one with --port 0) and slots; "
@@ -102,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
                              "unless another machine's controller must reach it")
     parser.add_argument("--device-id", type=int, default=1,
                         help="the P4Runtime device id")
+    tree = parser.add_argument_group("an aggregation tree (docs/trees.md)")
+    tree.add_argument("--topology", type=Path, metavar="FILE",
+                      help="the job's topology file (TOML): this switch serves as the "
+                           "aggregator --name of it, at its address unless --host/--port "
+                           "say otherwise; a leaf sends its workers' partial sums up to "
+                           "its parent")
+    tree.add_argument("--name", help="which aggregator of --topology this switch is")
     parser.add_argument("--stats-interval", type=float, default=0.0,
                         help="print a status line every so many seconds (0: never)")
     parser.add_argument("--log-level", type=_log_level, default="INFO",
@@ -125,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "milliseconds added"
                                 if "delay" in name else "probability per packet"))
     args = parser.parse_args(argv)
+
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="ina-switch %(levelname)s %(message)s")
-    threads = args.threads or (1 if args.p4runtime_port is not None
+    threads = args.threads or (1 if args.p4runtime_port is not None or args.topology
                                else len(os.sched_getaffinity(0)))
     if threads < 1:
         parser.error(f"--threads must be 1 or more, got {threads}")
@@ -135,6 +148,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--p4runtime-port serves one shard: use --threads 1 with it")
     if not 0 < args.job_share <= 1:
         parser.error(f"--job-share must be in (0, 1], got {args.job_share}")
+    tree_options = {}
+    if (args.topology is None) != (args.name is None):
+        parser.error("--topology and --name go together")
+    if args.topology is not None:
+        try:
+            topology = Topology.load(args.topology)
+            me = topology[args.name]
+        except TopologyError as exc:
+            parser.error(str(exc))
+        if threads > 1 or args.p4runtime_port is not None:
+            parser.error("a tree's aggregator runs one shard without P4Runtime: --threads 1")
+        args.host = me.address[0] if args.host is None else args.host
+        args.port = me.address[1] if args.port is None else args.port
+        if me.parent is not None:
+            tree_options = dict(parent=topology[me.parent].address,
+                                up_worker=topology.child_index(me.name),
+                                up_n=len(topology.children(me.parent)))
+    args.host = "127.0.0.1" if args.host is None else args.host
+    args.port = P.UDP_PORT if args.port is None else args.port
     options = dict(idle_seconds=args.idle, pool_slots=args.pool_slots,
                    max_elements=args.max_elements, job_share=args.job_share,
                    gso=args.send_path == "segment", like=args.like)
@@ -143,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             switch = SoftwareSwitch(args.host, args.port, p4runtime_port=args.p4runtime_port,
                                     device_id=args.device_id,
                                     p4runtime_host=args.p4runtime_host,
-                                    faults_from=args.faults_from, **options)
+                                    faults_from=args.faults_from, **options, **tree_options)
         else:
             switch = Shards(threads, args.host, args.port, faults_from=args.faults_from,
                             **options)

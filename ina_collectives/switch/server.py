@@ -29,7 +29,12 @@ log = logging.getLogger("ina_collectives.switch")
 # a leave or a probe; "foreign control" is a LEAVE of a worker from another address, or
 # fault settings from another machine; "malformed control" anything not taken whole.
 CONTROL_OUTCOMES = ("joins", "refusals", "leaves", "probes", "ignored probes", "wakes",
-                    "fault settings", "foreign control", "malformed control")
+                    "fault settings", "foreign control", "malformed control",
+                    "joins sent up", "probes sent up", "parent replies")
+# A tree's leaf: how often it asks its parent again (a JOIN or PROBE sent up that has no
+# answer yet), and how long a parent's answer counts as the parent being there.
+UP_RESEND = 0.1
+PARENT_FRESH = 1.0
 # The int32 values each op's request carries (the op included).
 CONTROL_VALUES = {P.CTRL_JOIN: 6, P.CTRL_LEAVE: 1, P.CTRL_PROBE: 1, P.CTRL_WAKE: 1,
                   P.CTRL_FAULTS: 1 + len(P.FAULT_FIELDS)}
@@ -43,14 +48,19 @@ class SoftwareSwitch:
                  max_elements: int = P.MAX_ELEMENTS, p4runtime_port: int | None = None,
                  device_id: int = 1, job_share: float = 1.0, gso: bool = True,
                  p4runtime_host: str = "127.0.0.1", faults_from: str = "127.0.0.1",
-                 like: str | None = None):
+                 like: str | None = None, parent: tuple[str, int] | None = None,
+                 up_worker: int = 0, up_n: int = 0):
         """``host``: the address the workers send to (loopback by default). P4Runtime
         (``p4runtime_port``) listens on ``p4runtime_host`` and fault settings are taken
         from ``faults_from``, loopback both by default, whatever ``host`` is: a switch
         that serves other machines keeps its control to this one unless told otherwise.
         ``like``: "tofino" or "tofino2", serve as that Tofino build would
         (control/schema.py's TOFINO): announce its capabilities and drop what they leave
-        out, take jobs of its K, B, 32-bit values and n only."""
+        out, take jobs of its K, B, 32-bit values and n only. ``parent``: this switch is
+        a leaf of an aggregation tree (docs/trees.md): each job that joins here joins the
+        parent as its worker ``up_worker`` of ``up_n``, and the cells its workers
+        complete go up as that worker's packets; it takes no predicted windows and no
+        quorum calls."""
         from .._fast.switch_loop import DROP_REASONS, Aggregator
 
         self.sock = P.udp_socket(host, port)
@@ -65,6 +75,16 @@ class SoftwareSwitch:
         if self.like is not None:
             self.aggregator.features = self.like.capabilities
             max_elements = min(max_elements, self.like.k)
+        self.parent = parent
+        self.up_worker, self.up_n = up_worker, up_n
+        self._parent_be = P.sockaddr_be(parent) if parent is not None else None
+        self.up: dict[int, tuple[int, int]] = {}  # job -> the parent's (status, slots)
+        self._up_sent: dict[tuple[int, int], float] = {}  # (op, job) -> when it went up
+        self._parent_heard = -float("inf")
+        # Workers' JOINs held until the parent answers the job's (then taken again).
+        self._held_joins: dict[int, list[tuple[bytes, int, int]]] = {}
+        if parent is not None:
+            self.aggregator.features &= ~(P.CAP_PREDICT | P.CAP_QUORUM)
         self.drop_reasons = DROP_REASONS
         self.idle_seconds = idle_seconds
         # Like a P4 switch's register arrays: a fixed pool of slots shared by the jobs,
@@ -160,6 +180,9 @@ class SoftwareSwitch:
                                "results": a.job_results(job) or 0}
                          for job, slots in self.job_slots.items()},
                 "control overflow": a.control_overflow,
+                **({"parent": "%s:%d" % self.parent, "sent_up": a.sent_up,
+                    "resent_up": a.resent_up, "came_down": a.came_down,
+                    "stale_down": a.stale_down} if self.parent is not None else {}),
                 **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
     def status_line(self) -> str:
@@ -171,12 +194,64 @@ class SoftwareSwitch:
     def _forget(self, job: int) -> None:
         self.job_slots.pop(job, None)
         self.job_asked.pop(job, None)
+        if self.parent is not None and self.up.pop(job, None) is not None:
+            self._send_up(P.CTRL_LEAVE, job, [P.CTRL_LEAVE], force=True)  # (best effort)
+
+    # -- a tree's leaf: the parent ----------------------------------------------------
+
+    def _send_up(self, op: int, job: int, body: list[int], force: bool = False) -> None:
+        """A control request to the parent, as this leaf's worker, at most every
+        UP_RESEND seconds per (op, job) unless ``force``."""
+        now = time.monotonic()
+        if not force and now - self._up_sent.get((op, job), -float("inf")) < UP_RESEND:
+            return
+        self._up_sent[(op, job)] = now
+        try:
+            self.aggregator.reply(P.control_packet(job, self.up_worker, body),
+                                  *self._parent_be)
+        except SystemCallError as exc:  # (lost, as on a link: asked again)
+            log.debug("to the parent: %s", exc)
+
+    def _from_parent(self, packet: bytes) -> None:
+        """The parent's reply to a JOIN or PROBE this leaf sent up."""
+        head, body = P.read_control(packet)
+        if head["flags"] != P.FLAG_CONTROL | P.FLAG_RESULT or body.size < 2:
+            return
+        self._parent_heard = time.monotonic()
+        if int(body[0]) == P.CTRL_JOIN and head["job"] not in self.up:
+            self.up[head["job"]] = (int(body[1]), int(body[3]) if body.size > 3 else 0)
+            if int(body[1]) != 0:
+                log.warning("the parent %s refused job %d: %s", "%s:%d" % self.parent,
+                            head["job"], P.status_text(P.JOIN_STATUS, int(body[1])))
+            for held in self._held_joins.pop(head["job"], []):
+                self._control(*held)  # (answered now, not at the worker's next try)
+
+    def _join_up(self, job: int, k: int, slots: int, block: int, value_bits: int
+                 ) -> tuple:
+        """A worker's JOIN at a leaf: the job joins the parent first. Until the parent
+        answers, the worker has no answer (it asks again): (outcome, None, ""); then
+        (0, the slots the parent granted), or the parent's refusal as this JOIN's
+        outcome."""
+        up = self.up.get(job)
+        if up is None:
+            self._send_up(P.CTRL_JOIN, job, [P.CTRL_JOIN, self.up_n, k, slots, block,
+                                             value_bits])
+            return "joins sent up", None, ""
+        if up[0] != 0:
+            return "refusals", up[0], (f"the parent {self.parent[0]}:{self.parent[1]} "
+                                       f"refused job {job}: "
+                                       f"{P.status_text(P.JOIN_STATUS, up[0])}")
+        return up
 
     # -- control packets -------------------------------------------------------------
 
     def _control(self, packet: bytes, addr_be: int, port_be: int) -> None:
         """One control packet: carried out and answered, or refused; counted either way
         under one of CONTROL_OUTCOMES. Nothing a packet holds ends the loop."""
+        if self.parent is not None and (addr_be, port_be) == self._parent_be:
+            self.control_counts["parent replies"] += 1
+            self._from_parent(packet)
+            return
         try:
             outcome, status, why = self._control_request(packet, addr_be, port_be)
         except Exception as exc:  # a bug shown by a strange packet: count it, keep serving
@@ -257,8 +332,21 @@ class SoftwareSwitch:
         if CONTROL_VALUES.get(op) != body.size:
             return malformed, None, f"op {op} with {body.size} values"
         if op == P.CTRL_JOIN:
-            status, why = self._join(job, worker, *(int(v) for v in body[1:]), addr_be,
+            n, k, slots, block, bits = (int(v) for v in body[1:])
+            new = self.aggregator.job_shape(job) is None
+            if self.parent is not None and 1 <= n <= P.MAX_WORKERS:
+                up = self._join_up(job, k, slots, block, bits)
+                if len(up) == 3:
+                    if up[1] is None:  # (at most a few per job: one per worker's try)
+                        held = self._held_joins.setdefault(job, [])
+                        if len(held) < 2 * P.MAX_WORKERS:
+                            held.append((packet, addr_be, port_be))
+                    return up
+                slots = min(slots, up[1]) if up[1] > 0 else slots
+            status, why = self._join(job, worker, n, k, slots, block, bits, addr_be,
                                      port_be)
+            if status == 0 and new and self.parent is not None:
+                self.aggregator.set_parent(job, *self._parent_be, self.up_worker)
             return ("joins" if status == 0 else "refusals"), status, why
         if op == P.CTRL_LEAVE:
             # Only the worker itself, from its address, leaves a job (a stranger's LEAVE
@@ -275,6 +363,11 @@ class SoftwareSwitch:
         if op == P.CTRL_PROBE:
             if job == 0 and self.probes_from_installed_only:
                 return "ignored probes", None, ""
+            if job == 0 and self.parent is not None and (
+                    time.monotonic() - self._parent_heard > PARENT_FRESH):
+                # A leaf serves only with its parent: it answers once the parent has.
+                self._send_up(P.CTRL_PROBE, 0, [P.CTRL_PROBE])
+                return "probes sent up", None, ""
             # Job 0: is anyone there? Else: is the sender worker `worker` of the job?
             return "probes", (0 if job == 0 or self.aggregator.worker_at(
                 job, worker, addr_be, port_be) else 1), ""
@@ -375,6 +468,10 @@ def status_text(address: str, s: dict) -> str:
         fields.append(("late_answered", s["late_answered"]))
     if "p4runtime jobs" in s:
         fields.append(("p4runtime_jobs", s["p4runtime jobs"]))
+    if "parent" in s:  # a tree's leaf
+        fields += [("parent", s["parent"]), ("sent_up", s["sent_up"]),
+                   ("resent_up", s["resent_up"]), ("came_down", s["came_down"]),
+                   ("stale_down", s["stale_down"])]
     fields += [("send_calls", s["send_calls"]), ("send_path", s["send_path"]),
                ("gro_buffers", s["gro_buffers"])]
     if s["send_failures"]:

@@ -1,0 +1,253 @@
+"""A job's aggregation tree: which aggregator serves which ranks, and which is its parent.
+
+The file is TOML (docs/trees.md)::
+
+    [[aggregator]]
+    name = "spine"
+    address = "127.0.0.1:47480"
+
+    [[aggregator]]
+    name = "rack0"
+    address = "127.0.0.2:47481"
+    parent = "spine"
+    ranks = [0, 1]
+
+A leaf aggregator serves the ranks it lists (its workers, numbered 0.. in that order)
+and sends each chunk its workers completed up to its parent as one contribution; the
+root completes the chunk among its children (numbered in the file's order) and its
+result comes down. Two levels: leaves under one root, or one aggregator alone (a flat
+job). ``check`` refuses, naming the file and the aggregator, a cycle, a parent that is
+not in the file, a rank served twice or by none, and a shape of more than two levels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import TopologyError
+from .address import parse_address
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli is the same parser, where installed
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+MAX_CHILDREN = 64  # a parent's workers are its children: a bitmap's bits
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """One aggregator of the tree: its name, address, parent (None: the root) and the
+    ranks it serves (a leaf's; none for the root of a tree)."""
+
+    name: str
+    address: tuple[str, int]
+    parent: str | None = None
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The aggregators of one job, in the file's order, checked as one tree."""
+
+    aggregators: tuple[Aggregator, ...]
+    source: str = "topology"
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Topology":
+        """Read and check a topology file (TopologyError names what is wrong)."""
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise TopologyError(f"topology file {path}: {exc.strerror or exc}") from None
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str = "topology") -> "Topology":
+        if tomllib is None:
+            raise TopologyError(f"{source}: reading a topology file needs Python 3.11 or "
+                                f"the tomli package (pip install tomli)")
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise TopologyError(f"{source}: not TOML: {exc}") from None
+        unknown = set(data) - {"aggregator"}
+        if unknown:
+            raise TopologyError(f"{source}: unknown table(s) {sorted(unknown)}; a topology "
+                                f"lists [[aggregator]] entries")
+        entries = data.get("aggregator", [])
+        if not isinstance(entries, list) or not entries:
+            raise TopologyError(f"{source}: no [[aggregator]] entries")
+        found = []
+        for i, entry in enumerate(entries):
+            found.append(_aggregator(entry, f"{source}: aggregator {i + 1}"))
+        topology = cls(tuple(found), source)
+        topology._check_shape()
+        return topology
+
+    # -- the tree -------------------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Aggregator:
+        for a in self.aggregators:
+            if a.name == name:
+                return a
+        raise TopologyError(f"{self.source}: no aggregator named {name!r} (it has "
+                            f"{', '.join(repr(a.name) for a in self.aggregators)})")
+
+    @property
+    def root(self) -> Aggregator:
+        return next(a for a in self.aggregators if a.parent is None)
+
+    @property
+    def is_tree(self) -> bool:
+        """More than one level: leaves under a root."""
+        return len(self.aggregators) > 1
+
+    @property
+    def leaves(self) -> tuple[Aggregator, ...]:
+        return tuple(a for a in self.aggregators if a.ranks)
+
+    def children(self, name: str) -> tuple[Aggregator, ...]:
+        return tuple(a for a in self.aggregators if a.parent == name)
+
+    def child_index(self, name: str) -> int:
+        """The worker id an aggregator has at its parent (its place among the parent's
+        children, in the file's order)."""
+        a = self[name]
+        if a.parent is None:
+            raise TopologyError(f"{self.source}: aggregator {name!r} is the root")
+        return [c.name for c in self.children(a.parent)].index(name)
+
+    def leaf_of(self, rank: int) -> Aggregator:
+        for a in self.aggregators:
+            if rank in a.ranks:
+                return a
+        raise TopologyError(f"{self.source}: no aggregator serves rank {rank}")
+
+    def place(self, rank: int) -> tuple[Aggregator, int, int]:
+        """A rank's leaf, its worker id there and the leaf's number of workers."""
+        leaf = self.leaf_of(rank)
+        return leaf, leaf.ranks.index(rank), len(leaf.ranks)
+
+    def ranks(self) -> list[int]:
+        return sorted(r for a in self.aggregators for r in a.ranks)
+
+    def check(self, size: int) -> None:
+        """That the tree serves a job of ``size`` ranks: each of 0..size-1 by one leaf."""
+        served = self.ranks()
+        missing = sorted(set(range(size)) - set(served))
+        if missing:
+            raise TopologyError(f"{self.source}: no aggregator serves rank(s) "
+                                f"{_listed(missing)} of the job's {size}")
+        extra = sorted(r for r in set(served) if r >= size)
+        if extra:
+            named = ", ".join(f"{r} (served by {self.leaf_of(r).name!r})" for r in extra)
+            raise TopologyError(f"{self.source}: rank{'s' if len(extra) > 1 else ''} "
+                                f"{named} {'are' if len(extra) > 1 else 'is'} not in the "
+                                f"job: it has {size} ranks (0..{size - 1})")
+
+    def describe(self) -> str:
+        """One line: the tree as name(ranks) under the root."""
+        if not self.is_tree:
+            a = self.aggregators[0]
+            return f"{a.name} ({len(a.ranks)} ranks)"
+        return (f"{self.root.name} <- " + ", ".join(
+            f"{c.name} (ranks {_listed(list(c.ranks))})"
+            for c in self.children(self.root.name)))
+
+    def _check_shape(self) -> None:
+        src, names = self.source, [a.name for a in self.aggregators]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise TopologyError(f"{src}: aggregator name(s) {dup} used twice")
+        for i, a in enumerate(self.aggregators):
+            other = next((b for b in self.aggregators[:i] if b.address == a.address), None)
+            if other is not None:
+                raise TopologyError(f"{src}: address {a.address[0]}:{a.address[1]} is given "
+                                    f"to both {other.name!r} and {a.name!r}")
+        for a in self.aggregators:
+            if a.parent is not None and a.parent not in names:
+                raise TopologyError(f"{src}: aggregator {a.name!r} names parent "
+                                    f"{a.parent!r}, which is not in the file")
+            if a.parent == a.name:
+                raise TopologyError(f"{src}: aggregator {a.name!r} is its own parent")
+        for a in self.aggregators:  # a cycle: following parents comes back
+            seen, at = [a.name], a
+            while at.parent is not None:
+                at = self[at.parent]
+                if at.name in seen:
+                    raise TopologyError(f"{src}: the parents form a cycle: "
+                                        f"{' -> '.join(seen[seen.index(at.name):] + [at.name])}")
+                seen.append(at.name)
+        roots = [a.name for a in self.aggregators if a.parent is None]
+        if len(roots) != 1:
+            raise TopologyError(f"{src}: {len(roots)} aggregators without a parent "
+                                f"({roots}): a tree has one root")
+        served: dict[int, str] = {}
+        for a in self.aggregators:
+            for r in a.ranks:
+                if r in served:
+                    raise TopologyError(f"{src}: rank {r} is served by both {served[r]!r} "
+                                        f"and {a.name!r}")
+                served[r] = a.name
+        root = self.root
+        if not self.is_tree:
+            if not root.ranks:
+                raise TopologyError(f"{src}: aggregator {root.name!r} serves no ranks")
+            return
+        if root.ranks:
+            raise TopologyError(f"{src}: the root {root.name!r} lists ranks; in a tree the "
+                                f"ranks are served by the leaves under it")
+        for a in self.aggregators:  # (the levels first: a middle level serves no ranks)
+            if a is not root and a.parent != root.name:
+                raise TopologyError(f"{src}: aggregator {a.name!r} is under {a.parent!r}, "
+                                    f"not under the root {root.name!r}: trees have two "
+                                    f"levels (leaves under one root)")
+        for a in self.aggregators:
+            if a is not root and not a.ranks:
+                raise TopologyError(f"{src}: leaf {a.name!r} serves no ranks")
+        if len(self.children(root.name)) > MAX_CHILDREN:
+            raise TopologyError(f"{src}: the root {root.name!r} has "
+                                f"{len(self.children(root.name))} children, at most "
+                                f"{MAX_CHILDREN}")
+
+
+def _aggregator(entry: object, where: str) -> Aggregator:
+    if not isinstance(entry, dict):
+        raise TopologyError(f"{where}: not a table")
+    name = entry.get("name")
+    if isinstance(name, str) and name:
+        where = f"{where} ({name!r})"
+    unknown = set(entry) - {"name", "address", "parent", "ranks"}
+    if unknown:
+        raise TopologyError(f"{where}: unknown key(s) {sorted(unknown)} (name, address, "
+                            f"parent, ranks)")
+    if not isinstance(name, str) or not name:
+        raise TopologyError(f"{where}: needs a name")
+    address = entry.get("address")
+    if not isinstance(address, str):
+        raise TopologyError(f"{where}: needs an address, 'host:port'")
+    try:
+        resolved = parse_address(address)
+    except ValueError as exc:
+        raise TopologyError(f"{where}: {exc}") from None
+    parent = entry.get("parent")
+    if parent is not None and not isinstance(parent, str):
+        raise TopologyError(f"{where}: parent must be an aggregator's name")
+    ranks = entry.get("ranks", [])
+    if (not isinstance(ranks, list)
+            or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
+                       for r in ranks)):
+        raise TopologyError(f"{where}: ranks must be a list of rank numbers (0, 1, ...)")
+    if len(set(ranks)) != len(ranks):
+        raise TopologyError(f"{where}: a rank listed twice")
+    if len(ranks) > MAX_CHILDREN:
+        raise TopologyError(f"{where}: {len(ranks)} ranks, at most {MAX_CHILDREN}")
+    return Aggregator(name, resolved, parent, tuple(ranks))
+
+
+def _listed(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)

@@ -1,0 +1,144 @@
+"""An aggregation tree on loopback (docs/trees.md): a root and two leaf switches, each a
+real ina-switch process at its own 127.0.0.x address, and 4 mpiexec ranks, two under each
+leaf. Every call through the tree is within the bound and the same bits on every rank;
+loss at every level changes nothing; a leaf killed mid-run sends the calls to the ring,
+and its restart brings them back to the tree."""
+from __future__ import annotations
+
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ina_collectives import protocol as P
+from ina_collectives.launch.cli import free_udp_ports
+from ina_collectives.switch import parse_status, send_faults
+from ina_collectives.switch.embedded import embedded_switch
+from tests.integration import mpirun, rank_cases
+from tests.integration.test_ina import check_job
+
+pytestmark = pytest.mark.mpi
+
+N = 4
+HOSTS = {"spine": "127.0.0.1", "rack0": "127.0.0.2", "rack1": "127.0.0.3"}
+CASES = [("float32", "sum", 1, 1), ("float32", "sum", P.MAX_ELEMENTS + 1, 2),
+         ("float32", "average", 300_001, 3), ("float64", "sum", 40_000, 4),
+         ("float16", "average", 20_001, 5)]
+
+
+def write_tree(path: Path) -> Path:
+    """A topology file: spine above rack0 (ranks 0, 1) and rack1 (ranks 2, 3)."""
+    ports = free_udp_ports(3)
+    text = ""
+    for (name, host), port in zip(HOSTS.items(), ports):
+        text += f'[[aggregator]]\nname = "{name}"\naddress = "{host}:{port}"\n'
+        if name != "spine":
+            ranks = [0, 1] if name == "rack0" else [2, 3]
+            text += f'parent = "spine"\nranks = {ranks}\n'
+        text += "\n"
+    path.write_text(text)
+    return path
+
+
+def start(stack: contextlib.ExitStack, topology: Path, name: str):
+    from ina_collectives.protocol.topology import Topology
+
+    host, port = Topology.load(topology)[name].address
+    return stack.enter_context(embedded_switch("--topology", str(topology), "--name", name,
+                                               "--port", str(port), host=host))
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """The topology file and its three switches, running; {name: EmbeddedSwitch}."""
+    topology = write_tree(tmp_path / "tree.toml")
+    with contextlib.ExitStack() as stack:
+        switches = {name: start(stack, topology, name) for name in HOSTS}
+        yield topology, switches, stack
+
+
+def final_status(switch) -> dict:
+    switch.stop()
+    return parse_status(switch.final_status)
+
+
+def test_a_tree_of_two_racks_serves_every_call_within_the_bound(tree):
+    """Every call goes through the tree (the leaves send each chunk's partial sum up
+    once, the root's result comes down), within the bound of 4 ranks' sum, alike."""
+    topology, switches, _ = tree
+    params = {"cases": CASES, "rounds": 2,
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+    results = mpirun.run(N, rank_cases.ina_cases, params,
+                         env={"INA_TOPOLOGY": str(topology)}, timeout=180)
+    check_job(results, CASES, N, rounds=2)
+    root = final_status(switches["spine"])
+    for leaf in ("rack0", "rack1"):
+        s = final_status(switches[leaf])
+        # Each cell its two workers completed went up, and its result came down.
+        assert s["sent_up"] > 0 and s["came_down"] == s["sent_up"], s
+        assert s["parent"] == "%s:%d" % switches["spine"].addresses[0], s
+        assert s["results"] + s["openings"] == s["sent_up"], s
+    assert root["results"] + root["openings"] == s["sent_up"], root
+    assert "joins" in root["control"] and root["control"]["joins"] == 2, root
+
+
+def test_loss_at_every_level_gives_the_same_bound_and_identical_ranks(tree):
+    """5% of the packets each way dropped at the root and at both leaves (and 5%
+    duplicated at the root): recovered at each level, every call still through the tree,
+    within the bound, the same on every rank."""
+    topology, switches, _ = tree
+    for name, switch in switches.items():
+        extra = {"duplicate_out": 0.05} if name == "spine" else {}
+        send_faults(switch.addresses[0], drop_in=0.05, drop_out=0.05, **extra)
+    params = {"cases": CASES, "rounds": 2,
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
+                           "retransmit_timeout": 0.01}}
+    results = mpirun.run(N, rank_cases.ina_cases, params,
+                         env={"INA_TOPOLOGY": str(topology)}, timeout=180)
+    check_job(results, CASES, N, rounds=2)
+    for leaf in ("rack0", "rack1"):
+        s = final_status(switches[leaf])
+        assert s["resent_up"] > 0, s  # (the recovery across the levels ran)
+
+
+def test_a_leaf_killed_mid_run_means_the_ring_and_its_restart_the_tree(tree, tmp_path):
+    """rack1 is SIGKILLed while the ranks loop over MPI's own Allreduce, a 64 KiB call
+    and an allreduce of a flag: the calls take the ring (exact, every rank alike, none
+    stuck past the silence bound), and once rack1 runs again the calls return to the
+    tree."""
+    topology, switches, stack = tree
+    params = {"case": ("float32", "sum", 16384), "pause": 0.01, "dir": str(tmp_path),
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
+                           "switch_silence": 1.0}}
+    pool = ThreadPoolExecutor(1)
+    running = pool.submit(mpirun.run, N, rank_cases.restarts_among_mpi_calls, params,
+                          env={"INA_TOPOLOGY": str(topology)}, timeout=150)
+    pool.shutdown(wait=False)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "served").exists():
+        assert not running.done() and time.monotonic() < deadline, "never served"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    killed = time.monotonic()
+    switches["rack1"].process.kill()
+    switches["rack1"].process.wait(5)
+    time.sleep(2.0)
+    start(stack, topology, "rack1")
+    restarted = time.monotonic()
+    time.sleep(4.0)
+    (tmp_path / "stop").touch()
+    results = running.result(timeout=120)
+    for r in results:
+        assert r["wrong"] == [], r["wrong"][:3]
+        starts, engines = r["starts"], r["engines"]
+        gaps = [b - a for a, b in zip(starts, starts[1:])]
+        assert max(gaps) < 1.0 + 3.0 + 3.0, max(gaps)  # silence, join, a loaded machine
+        assert any(e != "ina" for s, e in zip(starts, engines) if killed < s < restarted), (
+            "no call left the tree while rack1 was down")
+        late = [e for s, e in zip(starts, engines) if s > restarted + 2.0]
+        assert late and set(late) == {"ina"}, list(zip(starts, engines))[-20:]
+        state = r["stats"]["switch"]
+        assert state["outages"] == state["returns"] >= 1, state
+    assert all(r["digest"] == results[0]["digest"] for r in results)
