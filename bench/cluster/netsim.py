@@ -8,6 +8,8 @@
     python -m bench.cluster.netsim --n 4 --rates 1000 --sizes 16M --systems ina --jobs 2
     python -m bench.cluster.netsim --aggregator bmv2 --n 2 --rates 100 --sizes 64K \
         --systems ina ring
+    python -m bench.cluster.netsim --racks 2 --n 4 --rates 200 --uplink-ratio 4 \
+        --sizes 16M                                   # a tree against the flat systems
 
 Builds one namespace per worker and one for the switch (ina_collectives/testing/fabric.py), runs
 each system as an mpiexec job whose ranks sit in the worker namespaces (so MPI, gloo, the
@@ -54,7 +56,7 @@ from ina_collectives.testing.jobs import child_env  # noqa: E402
 # call agreed by MPI instead of its opening through the switch (INA_INTERNAL_SWITCH_OPENING=0)
 SYSTEMS = ("ina", "ina16", "ring", "mpi", "gloo", "ddp-ina", "ddp-gloo", "ina-quorum",
            "fsdp2-ina", "fsdp2-gloo", "sparse-ina", "sparse-exact", "sparse-gloo",
-           "sparse-dense", "ina-gate")
+           "sparse-dense", "ina-gate", "ina-tree", "hier")
 # Systems that time something else than one dense allreduce of SIZE bytes: a training
 # step, an embedding gradient's exchange (their own tables).
 TRAINING = ("ddp-", "fsdp2-", "sparse-")
@@ -64,7 +66,7 @@ VALUE_BITS = {"ina16": 16}  # the switch's value width per system (else 32)
 def expected_seconds(system: str, n: int, nbytes: int, link_mbit: float) -> float:
     """The ideal time of one allreduce on these links (for the job's time limit)."""
     factor = ({"ina": 1.0, "ddp-ina": 1.0, "ina16": 0.5, "ina-quorum": 1.0,
-               "ina-gate": 1.0}.get(system)
+               "ina-gate": 1.0, "ina-tree": 1.0}.get(system)
               or (4 if system.startswith("fsdp2-") else 2) * (n - 1) / n)
     return factor * nbytes * 8 / (link_mbit * 1e6)
 
@@ -73,8 +75,8 @@ def run_system(cluster: Fabric, switch: str, system: str, sizes: list[int],
                reps: int, mtu: int, workers: list[int] | None = None, jobs: int = 1,
                block: int = P.DEFAULT_BLOCK, straggler_ms: float = 0.0,
                straggler_delay_ms: float = 0.0, sparse: str = "",
-               target: bmv2.OneArmedTarget | None = None
-               ) -> tuple[list[dict[str, Any]], str]:
+               target: bmv2.OneArmedTarget | None = None, topology: str = "",
+               slowest_mbit: float | None = None) -> tuple[list[dict[str, Any]], str]:
     """One mpiexec job measuring every size, its ranks in the namespaces of ``workers``
     (default all); (records, error or ''). ``jobs``: how many run at once (the limit)."""
     mpiexec = find_mpiexec()
@@ -88,6 +90,10 @@ def run_system(cluster: Fabric, switch: str, system: str, sizes: list[int],
                          INA_BENCH_STRAGGLER_MS=str(straggler_ms),
                          INA_BENCH_SPARSE=sparse,
                          INA_TIMEOUT="120"), keep_settings=True)
+    if system == "ina-tree":  # the ranks join their racks' leaves (--racks)
+        env.update(INA_SWITCH="", INA_TOPOLOGY=topology)
+    if system == "hier":
+        env["INA_BENCH_RACK_SIZE"] = str(len(workers) // max(cluster.racks, 1))
     if system == "ina-quorum":
         env["INA_QUORUM"] = str(len(workers) - 1)
     if system == "ina-gate":
@@ -100,7 +106,7 @@ def run_system(cluster: Fabric, switch: str, system: str, sizes: list[int],
     # A packet held back D ms costs a window of S packets D ms in sync.
     window = 8 * P.packet_bytes(P.elements_for_mtu(mtu, block), block, 32)
     limit = 60 + jobs * sum(6 * (reps + 1) * (expected_seconds(
-        system, len(workers), s, cluster.link_mbit) + straggler_ms / 1e3
+        system, len(workers), s, slowest_mbit or cluster.link_mbit) + straggler_ms / 1e3
         + s / window * straggler_delay_ms / 1e3)
         for s in sizes) * (1 + 50 * cluster.loss)
     if target is not None:  # BMv2 forwards a few thousand packets a second
@@ -131,6 +137,63 @@ def run_jobs(cluster: Fabric, switch: str, system: str, args: argparse.Namespace
                                  args.straggler_ms),
             range(args.jobs)))
     return [("alone", *alone)] + [(j, *r) for j, r in enumerate(together)]
+
+
+RACK_PORT = 47600  # the aggregators' UDP ports in a racks fabric: this + their index
+
+
+def sweep_racks(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
+    """--racks R: each n splits into R racks of n / R behind uplinks at link / ratio
+    (testing/fabric.py), a spine aggregator (flat INA's, the tree's root) and one leaf
+    per rack, every system in args.systems at each rate."""
+    records: list[dict[str, Any]] = []
+    for n in args.n:
+        w = n // args.racks
+        rate = args.rates[0]
+        with Fabric(n, link_mbit=rate, mtu=args.mtu, aggregators=args.racks + 1,
+                    racks=args.racks, uplink_mbit=rate / args.uplink_ratio) as cluster, \
+                ExitStack() as switches, tempfile.TemporaryDirectory(prefix="racks-") as tmp:
+            topology = Path(tmp, "tree.toml")
+            text = (f'[[aggregator]]\nname = "spine"\n'
+                    f'address = "{aggregator_ip(0)}:{RACK_PORT}"\n\n')
+            for r in range(args.racks):
+                text += (f'[[aggregator]]\nname = "rack{r}"\n'
+                         f'address = "{aggregator_ip(r + 1)}:{RACK_PORT + r + 1}"\n'
+                         f'parent = "spine"\nranks = {list(range(r * w, (r + 1) * w))}\n\n')
+            topology.write_text(text)
+            spine = switches.enter_context(cluster.switch_at(
+                0, "--topology", str(topology), "--name", "spine", "--port", str(RACK_PORT)))
+            for r in range(args.racks):
+                switches.enter_context(cluster.switch_at(
+                    r + 1, "--topology", str(topology), "--name", f"rack{r}", "--port",
+                    str(RACK_PORT + r + 1)))
+            for rate in args.rates:
+                cluster.set_rate(rate)
+                cluster.set_uplink_rate(rate / args.uplink_ratio)
+                for system in args.systems:
+                    console.print(f"racks {args.racks} x {w}, {rate:g} / "
+                                  f"{rate / args.uplink_ratio:g} Mbit/s: {system}")
+                    measured, error = run_system(
+                        cluster, spine.address_text, system, args.sizes, args.reps,
+                        args.mtu, list(range(n)), block=args.block, topology=str(topology),
+                        slowest_mbit=rate / args.uplink_ratio / w)
+                    if error:
+                        console.print(f"[red]{system} racks {args.racks} x {w} failed: "
+                                      f"{error}")
+                    for m in measured:
+                        records.append({
+                            "system": system, "n": n, "racks": args.racks,
+                            "bytes": m["bytes"], "link_mbit": rate,
+                            "uplink_mbit": rate / args.uplink_ratio, "loss": 0.0,
+                            "seconds": m["seconds"], "times": m["times"],
+                            "engines": m["engines"],
+                            "cpu_utilisation": round(m["cpu"], 3), "mtu": args.mtu,
+                            "value_bits": 32, "block": args.block,
+                            **{k: m[k] for k in ("packets", "tcp_retransmits",
+                                                 "fallback_reasons") if k in m}})
+                    if args.json:
+                        write_json(args.json, records, args)
+    return records
 
 
 def sweep(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
@@ -292,6 +355,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hot-rows", type=int, default=4096, metavar="H",
                         help="sparse-ina: the most rows summed through the switch "
                              "(sparse_hot_rows)")
+    parser.add_argument("--racks", type=int, default=0, metavar="R",
+                        help="R racks of n / R workers, each behind one uplink to a spine "
+                             "(a rack aggregator per rack, the spine's above them): the "
+                             "systems ina-tree (the racks' aggregators under the spine's), "
+                             "ina (flat: the spine's alone), ring, mpi, gloo and hier (the "
+                             "hierarchical host allreduce, MPI's, without pipelining)")
+    parser.add_argument("--uplink-ratio", type=float, default=4.0, metavar="X",
+                        help="with --racks: a worker link's rate over an uplink's (4: "
+                             "uplinks at a quarter of the link rate)")
     parser.add_argument("--json", type=Path, default=RESULTS / "netsim.json",
                         help="output records (the table and plots go beside it)")
     args = parser.parse_args(argv)
@@ -321,6 +393,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--straggler-delay-ms must be 0..10000")
     if not 1 <= args.switches <= 50 or not 1 <= args.jobs or max(args.n) * args.jobs > 200:
         parser.error("--switches must be 1..50, --jobs 1 or more, n x jobs at most 200")
+    if args.racks:
+        given = argv if argv is not None else sys.argv[1:]
+        if "--loss" not in given:
+            args.loss = [0.0]
+        if args.racks < 2 or any(n % args.racks or n // args.racks < 1 for n in args.n):
+            parser.error("--racks needs at least 2 racks, and each --n a multiple of it")
+        if args.aggregator != "software" or args.switches != 1 or args.jobs != 1 or any(
+                p for p in args.loss):
+            parser.error("--racks runs one job on the software switches, without loss "
+                         "(no --aggregator bmv2, --switches, --jobs or --loss)")
+        if not args.uplink_ratio > 0:
+            parser.error("--uplink-ratio must be positive")
+        if "--systems" not in given:
+            args.systems = list(netsim_report.RACK_SYSTEMS)
+        wrong = [s for s in args.systems if s not in netsim_report.RACK_SYSTEMS]
+        if wrong:
+            parser.error(f"--racks measures {', '.join(netsim_report.RACK_SYSTEMS)}, not "
+                         f"{', '.join(wrong)}")
+    elif "ina-tree" in args.systems or "hier" in args.systems:
+        parser.error("ina-tree and hier need --racks")
     if args.aggregator == "bmv2":
         if args.switches != 1 or args.jobs != 1 or args.straggler_delay_ms:
             parser.error("--aggregator bmv2 runs one job through one BMv2 (no --switches, "
@@ -346,6 +438,15 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt("SIGTERM")
     signal.signal(signal.SIGTERM, on_sigterm)
     started = time.monotonic()
+    if args.racks:
+        records = sweep_racks(args, console)
+        write_json(args.json, records, args)
+        table = netsim_report.racks_table(records)
+        (args.json.parent / (args.json.stem + ".md")).write_text(table + "\n")
+        console.print(table, markup=False, highlight=False)
+        console.print(f"{len(records)} records in {time.monotonic() - started:.0f} s: "
+                      f"{args.json}")
+        return 0 if records else 1
     records = sweep(args, console)
     write_json(args.json, records, args)
     single = [r for r in records if "job" not in r]

@@ -96,10 +96,12 @@ def mpi_systems(system: str, sizes: list[int], reps: int) -> list[dict[str, Any]
     collectives = None
     # ina16: INA_SWITCH_VALUE_BITS=16; ina-quorum: INA_QUORUM=n-1; ina-gate:
     # INA_INTERNAL_SWITCH_OPENING=0
-    through_switch = system in ("ina", "ina16", "ina-quorum", "ina-gate")
+    through_switch = system in ("ina", "ina16", "ina-quorum", "ina-gate", "ina-tree")
     if through_switch:
         collectives = Collectives(comm, Settings.load({"switch_min_bytes": 0}),
                                   InaEngine)
+    elif system == "hier":
+        return hierarchical(sizes, reps)
     elif system == "ring":
         collectives = Collectives(comm, Settings.load({"ring_min_bytes": 0, "switch": ""}))
     records = []
@@ -359,6 +361,45 @@ def sparse(system: str, reps: int) -> list[dict[str, Any]]:
                      table["calls"], 1),
                  "bytes_gathered": table["bytes_gathered"] // max(table["calls"], 1)}
                 if table else {})}]
+
+
+def hierarchical(sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    """The hierarchical host allreduce, without pipelining: MPI's reduce-scatter among the
+    w ranks of a rack (INA_BENCH_RACK_SIZE, consecutive ranks), MPI's allreduce of each
+    1/w share across the racks (one communicator per place in the rack), MPI's allgather
+    in the rack. Each phase waits for the one before."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    w = int(os.environ["INA_BENCH_RACK_SIZE"])
+    rack = comm.Split(comm.Get_rank() // w, comm.Get_rank())
+    across = comm.Split(comm.Get_rank() % w, comm.Get_rank())
+    records = []
+    for nbytes in sizes:
+        count = nbytes // 4
+        if count % w:
+            raise SystemExit(f"hier: {count} values do not split into {w} shares")
+        send = np.ones(count, np.float32)
+        recv = np.empty_like(send)
+        share = np.empty(count // w, np.float32)
+
+        def run() -> None:
+            rack.Reduce_scatter_block(send, share, op=MPI.SUM)
+            across.Allreduce(MPI.IN_PLACE, share, op=MPI.SUM)
+            rack.Allgather(share, recv)
+
+        resent: list[int] = []
+        times, cpu = timed(run, comm.Barrier, lambda t: comm.allreduce(t, op=MPI.MAX), reps,
+                           resent, None, [])
+        if not (recv == comm.Get_size()).all():
+            raise SystemExit(f"hier: wrong allreduce result for {nbytes} bytes")
+        records.append({"bytes": nbytes, "times": times, "engines": {"hier": reps + 1},
+                        "cpu": cpu,
+                        "tcp_retransmits": [int(v) for v in
+                                            np.sum(comm.allgather(resent), 0)]})
+    rack.Free()
+    across.Free()
+    return records
 
 
 def main() -> int:

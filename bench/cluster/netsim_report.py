@@ -287,3 +287,54 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# Racks (netsim --racks): the ideal time of each system on R racks of w workers, links
+# at L, uplinks at U (bytes one link carries each way over its rate, the busiest link's;
+# docs/trees.md, When a tree pays).
+RACK_SYSTEMS = ("ina-tree", "ina", "ring", "mpi", "gloo", "hier")
+
+
+def rack_ideal(system: str, nbytes: int, racks: int, w: int, link_mbit: float,
+               uplink_mbit: float) -> float:
+    n = racks * w
+    L, U = link_mbit * 1e6 / 8, uplink_mbit * 1e6 / 8
+    if system == "ina-tree":  # a worker link carries N, an uplink one partial sum: N
+        return max(nbytes / L, nbytes / U)
+    if system == "ina":  # one aggregator above the racks: w streams on each uplink
+        return max(nbytes / L, w * nbytes / U)
+    if system in ("hier", "mpi"):
+        # Reduce-scatter in the rack, allreduce across, allgather, one after the other.
+        # MPICH's large allreduce (recursive halving from distance 1, then doubling) is
+        # this schedule where racks are consecutive ranks and R, w are powers of two.
+        inside = (w - 1) / w * nbytes / L
+        return 2 * inside + 2 * (racks - 1) / racks * nbytes / U
+    ring = 2 * (n - 1) / n * nbytes  # ring, gloo: a ring's edges cross each uplink
+    return max(ring / L, ring / U)
+
+
+def racks_table(records: list[dict[str, Any]]) -> str:
+    """The tree against flat INA, the best flat host peer and the hierarchical host
+    allreduce, each ratio beside its ideal."""
+    rows = ["| racks x w | link / uplink Mbit/s | size | system | time ms | ideal ms | "
+            "tree's speed-up | ideal speed-up |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    groups: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        key = (r["racks"], r["n"] // r["racks"], r["link_mbit"], r["uplink_mbit"], r["bytes"])
+        groups.setdefault(key, {})[r["system"]] = r
+    for (racks, w, link, up, nbytes), systems in sorted(groups.items()):
+        tree = systems.get("ina-tree")
+        ideal_tree = rack_ideal("ina-tree", nbytes, racks, w, link, up)
+        for name in RACK_SYSTEMS:
+            r = systems.get(name)
+            if r is None:
+                continue
+            ideal = rack_ideal(name, nbytes, racks, w, link, up)
+            rows.append(
+                f"| {racks} x {w} | {link:g} / {up:g} | {_size(nbytes)} | {name} | "
+                f"{r['seconds'] * 1e3:.0f} | {ideal * 1e3:.0f} | "
+                + (f"{r['seconds'] / tree['seconds']:.2f}x" if tree and r is not tree
+                   else "") + " | "
+                + (f"{ideal / ideal_tree:.2f}x" if r is not tree else "") + " |")
+    return "\n".join(rows)

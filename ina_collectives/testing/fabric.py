@@ -19,6 +19,13 @@ each on bridge port ``t<j>`` by an unshaped veth, as the switch's own address is
 striped across them). ``management`` adds a veth from this namespace (``MGMT_HOST``) to
 the switch's (``MGMT_SWITCH``), for a controller here to reach a P4Runtime server there.
 
+``racks=R`` splits the workers into R racks of n / R (worker i in rack i // (n / R)):
+each rack a bridge of its own (``br1`` .. ``brR``) holding its workers' ports and rack
+aggregator r's port ``t<r+1>`` (so ``aggregators`` must be R + 1), joined to the spine
+bridge ``br0`` (the switch's own address, aggregator 0) by one veth, the rack's uplink
+(``u<r+1>`` on the rack's side, ``v<r+1>`` on the spine's), shaped to ``uplink_mbit``
+both ways. Every packet between racks crosses two uplinks; within a rack, none.
+
 ``link_mbit`` shapes every worker's link with tbf in both directions (the worker's
 egress is its uplink, the switch port's egress its downlink), so every system's traffic
 crosses the same links at the same rate. This kernel has no netem: loss is an nftables
@@ -99,7 +106,8 @@ class Fabric:
 
     def __init__(self, n: int, *, link_mbit: float | None = None, mtu: int = 1500,
                  bridge: bool = True, aggregators: int = 1, management: bool = False,
-                 prefix: str | None = None, burst_bytes: int | None = None):
+                 prefix: str | None = None, burst_bytes: int | None = None,
+                 racks: int = 0, uplink_mbit: float | None = None):
         if not 1 <= n <= 200:
             raise ValueError(f"n must be 1..200 workers, got {n}")
         if not 1 <= aggregators <= 50:
@@ -113,6 +121,15 @@ class Fabric:
         if burst_bytes is not None and burst_bytes < mtu + 64:
             raise ValueError(f"burst_bytes must hold a frame ({mtu + 64} bytes at MTU "
                              f"{mtu}), got {burst_bytes}")
+        if racks and not (racks >= 2 and bridge and n % racks == 0
+                          and aggregators == racks + 1):
+            raise ValueError(f"racks={racks}: at least 2, n ({n}) a multiple of it, the "
+                             f"bridge, and aggregators = racks + 1 (one per rack and the "
+                             f"spine's), got {aggregators}")
+        if (uplink_mbit is not None) != bool(racks) or (uplink_mbit is not None
+                                                         and not uplink_mbit > 0):
+            raise ValueError("uplink_mbit goes with racks, and must be positive")
+        self.racks, self.uplink_mbit = racks, uplink_mbit
         self.burst_bytes = burst_bytes
         if os.geteuid() != 0:
             raise PermissionError("the namespace fabric needs root (network namespaces, tc)")
@@ -171,6 +188,18 @@ class Fabric:
                 + [(ns, f"t{j}", aggregator_ip(j), None)
                    for j, ns in enumerate(self.aggregator_ns[1:], 1)])
 
+    def rack_of(self, worker: int) -> int:
+        """The rack a worker is in (0 without racks)."""
+        return worker // (self.n // self.racks) if self.racks else 0
+
+    def _bridge_of(self, port: str) -> str:
+        """The bridge a port joins: the spine's (br0) without racks; else its rack's."""
+        if not self.racks:
+            return "br0"
+        if port.startswith("p"):
+            return f"br{self.rack_of(int(port[1:])) + 1}"
+        return f"br{int(port[1:])}"  # t<j>: rack j - 1's aggregator
+
     def _build(self) -> None:
         tag, hosts = self._tag, self._hosts()
         for name in [*self.aggregator_ns, *self.worker_ns]:
@@ -196,19 +225,29 @@ class Fabric:
                 mgmt = sw.link_lookup(ifname=f"{tag}n")[0]
                 sw.link("set", index=mgmt, ifname="mgmt", state="up")
                 sw.addr("add", index=mgmt, address=MGMT_SWITCH, prefixlen=30)
+            bridges: dict[str, int] = {}
             if self.bridge:
-                sw.link("add", ifname="br0", kind="bridge")
-                bridge = sw.link_lookup(ifname="br0")[0]
-                sw.link("set", index=bridge, address=SWITCH_MAC)
+                for name in ["br0"] + [f"br{r + 1}" for r in range(self.racks)]:
+                    sw.link("add", ifname=name, kind="bridge")
+                    bridges[name] = sw.link_lookup(ifname=name)[0]
+                    sw.link("set", index=bridges[name], mtu=self.mtu)
+                sw.link("set", index=bridges["br0"], address=SWITCH_MAC)
+            for r in range(1, self.racks + 1):  # each rack's uplink to the spine
+                sw.link("add", ifname=f"u{r}", kind="veth", peer={"ifname": f"v{r}"})
+                for end, bridge in ((f"u{r}", f"br{r}"), (f"v{r}", "br0")):
+                    index = sw.link_lookup(ifname=end)[0]
+                    sw.link("set", index=index, mtu=self.mtu, master=bridges[bridge])
+                    sw.link("set", index=index, state="up")
             for _, port, _, _ in hosts:
                 index = sw.link_lookup(ifname=f"{tag}{port}")[0]
                 sw.link("set", index=index, ifname=port, mtu=self.mtu)
                 if self.bridge:
-                    sw.link("set", index=index, master=bridge)
+                    sw.link("set", index=index, master=bridges[self._bridge_of(port)])
+                sw.link("set", index=index, state="up")
+            for index in bridges.values():
                 sw.link("set", index=index, state="up")
             if self.bridge:
-                sw.link("set", index=bridge, mtu=self.mtu, state="up")
-                sw.addr("add", index=bridge, address=SWITCH_IP, prefixlen=24)
+                sw.addr("add", index=bridges["br0"], address=SWITCH_IP, prefixlen=24)
         for ns, port, address, mac in hosts:
             with NetNS(ns) as host:
                 index = host.link_lookup(ifname=f"{tag}h{port}")[0]
@@ -222,6 +261,8 @@ class Fabric:
                                state=0x80)  # NUD_PERMANENT
         if self.link_mbit is not None:
             self.set_rate(self.link_mbit, first=True)
+        if self.uplink_mbit is not None:
+            self.set_uplink_rate(self.uplink_mbit, first=True)
 
     # -- the links -----------------------------------------------------------------------
 
@@ -246,6 +287,22 @@ class Fabric:
                 handle.tc("add" if first else "replace", "tbf", index=index, handle="1:",
                           rate=f"{int(link_mbit * 1000)}kbit", burst=burst, limit=limit)
         self.link_mbit = link_mbit
+
+    def set_uplink_rate(self, uplink_mbit: float, first: bool = False) -> None:
+        """Shape every rack's uplink (both directions) to ``uplink_mbit`` with tbf."""
+        if not self.racks or not uplink_mbit > 0:
+            raise ValueError(f"uplinks need racks and a positive rate, got {uplink_mbit}")
+        rate_bytes = uplink_mbit * 1e6 / 8
+        burst = (self.burst_bytes if self.burst_bytes is not None
+                 else int(max(4 * (self.mtu + 64), rate_bytes * 1e-3)))
+        limit = int(max(16 * (self.mtu + 64), rate_bytes * 0.01))
+        with NetNS(self.switch_ns) as sw:
+            for r in range(1, self.racks + 1):
+                for end in (f"u{r}", f"v{r}"):
+                    sw.tc("add" if first else "replace", "tbf",
+                          index=sw.link_lookup(ifname=end)[0], handle="1:",
+                          rate=f"{int(uplink_mbit * 1000)}kbit", burst=burst, limit=limit)
+        self.uplink_mbit = uplink_mbit
 
     def set_loss(self, probability: float, udp_port: int | None = None) -> None:
         """Drop each IPv4 packet (or, with ``udp_port``, each UDP packet to or from that

@@ -97,6 +97,39 @@ def test_two_jobs_striped_across_two_aggregators_in_namespaces(tmp_path):
     assert 0.5 <= jain <= 1.0, row
 
 
+@pytest.mark.mpi
+@needs_root
+@needs_nft
+def test_racks_measure_the_tree_beside_the_flat_systems(tmp_path):
+    """--racks 2 --n 4: two racks of two behind uplinks at a quarter of the link rate,
+    a leaf aggregator per rack under the spine's. Every system's record (each checked
+    correct on every rank), the tree's calls all through the tree, none faster than its
+    busiest link allows, and the table with each ratio beside its ideal."""
+    out = tmp_path / "k.json"
+    run_bench("bench.cluster.netsim", "--racks", "2", "--n", "4", "--rates", "400",
+              "--uplink-ratio", "4", "--sizes", "256K", "--reps", "2", "--json", str(out))
+    records = json.loads(out.read_text())
+    assert {r["system"] for r in records} == set(netsim_report.RACK_SYSTEMS)
+    for r in records:
+        assert r["racks"] == 2 and r["uplink_mbit"] == 100 and len(r["times"]) == 2, r
+        ideal = netsim_report.rack_ideal(r["system"], 256 << 10, 2, 2, 400, 100)
+        assert r["seconds"] >= ideal * 0.8, r  # (tbf lets its burst through unshaped)
+    tree = next(r for r in records if r["system"] == "ina-tree")
+    assert tree["engines"] == {"ina": 3}, tree
+    table = (tmp_path / "k.md").read_text()
+    assert table.count("| 2 x 2 | 400 / 100 | 256 KiB |") == 6, table
+
+
+def test_the_racks_arithmetic():
+    """The ideal times of docs/trees.md: at 2 racks of 2 and uplinks at half the link
+    rate, the tree 2 N/L, flat INA 4 N/L, a ring 3 N/L, the hierarchical one 3 N/L."""
+    n_over_l = (1 << 20) * 8 / 200e6
+    for system, times in [("ina-tree", 2), ("ina", 4), ("ring", 3), ("gloo", 3),
+                          ("hier", 3), ("mpi", 3)]:
+        got = netsim_report.rack_ideal(system, 1 << 20, 2, 2, 200, 100)
+        assert got == pytest.approx(times * n_over_l), system
+
+
 @needs_root
 @needs_nft
 def test_cluster_is_removed_after_an_error():
