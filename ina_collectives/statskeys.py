@@ -32,6 +32,7 @@ AFTER_CALL = "after a call"       # the first allreduce has run
 AFTER_SWITCH_CALL = "after a switch call"  # the first call through the switch has ended
 SERVING = "while it serves"       # that aggregator serves the job now
 UNUSED = "while unused"           # that aggregator is not used now
+TREE = "in a tree"                # INA_TOPOLOGY names a tree (docs/trees.md)
 WHEN = {ALWAYS: "in every stats() of its API",
         SWITCH: "where `INA_SWITCH` names an aggregator (the switch engine exists)",
         NO_SWITCH: "where `INA_SWITCH` is unset",
@@ -42,7 +43,8 @@ WHEN = {ALWAYS: "in every stats() of its API",
         AFTER_SWITCH_CALL: "after the first call through the switch (`switch.quorum.last_call` "
                            "is `{}` before it)",
         SERVING: "in the entry of an aggregator that serves the job now",
-        UNUSED: "in the entry of an aggregator that is not used now"}
+        UNUSED: "in the entry of an aggregator that is not used now",
+        TREE: "where `INA_TOPOLOGY` names an aggregation tree (docs/trees.md)"}
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,19 @@ KEYS: tuple[Key, ...] = (
       "Its measured throughput, smoothed, which sets the shares (0 until a call that ends "
       "with the ranks' vote measures it).", when=SWITCH),
     K("switch.aggregators[].why_not", "str", "Why it is not used.", when=UNUSED),
+    K("switch.tree", "dict", "The aggregation tree the job runs through (docs/trees.md).",
+      when=TREE),
+    K("switch.tree.root", "str", "The root aggregator's name in the topology file.",
+      when=TREE),
+    K("switch.tree.root_address", "str", "The root's address, host:port.", when=TREE),
+    K("switch.tree.leaf", "str", "The name of the leaf this rank sends to; its address is "
+      "the one entry of `switch.aggregators`.", when=TREE),
+    K("switch.tree.worker", "int", "This rank's worker id at its leaf.", when=TREE),
+    K("switch.tree.workers", "int", "The ranks its leaf serves.", when=TREE),
+    K("switch.tree.leaves", "dict[str, list[int]]", "Each leaf's name and the ranks it "
+      "serves.", when=TREE, open=True),
+    K("switch.tree.described", "str", "The tree in one line, as the summary says it.",
+      when=TREE),
     K("switch.striped_calls", "int",
       "Calls split across more than one aggregator (docs/striping.md).", when=SWITCH),
     K("switch.vote_free_calls", "int",

@@ -83,6 +83,7 @@ class Aggregators:
         # them all while the tree is missing).
         self._place: tuple[int, int] | None = None
         self._leaves: list[tuple[str, int]] = []
+        self.tree: dict | None = None  # stats()["switch"]["tree"]: the tree and this rank's leaf
         if not settings.switch and not settings.topology:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
@@ -133,6 +134,10 @@ class Aggregators:
         self.addresses = [leaf.address]
         self._place = (worker, members)
         self._leaves = [a.address for a in topology.leaves]
+        self.tree = {"root": topology.root.name, "root_address": "%s:%d" % topology.root.address,
+                     "leaf": leaf.name, "worker": worker, "workers": members,
+                     "leaves": {a.name: list(a.ranks) for a in topology.leaves},
+                     "described": topology.describe()}
 
     def _after_connect(self) -> None:
         settings = self.settings

@@ -179,7 +179,8 @@ class InaEngine(OffloadEngine):
         returns so far, and the wire format (``wire_format``)."""
         agg = self.aggregators
         return {"configured": True, "serving": agg.link is not None, "outages": agg.outages,
-                "returns": agg.returns, **self.wire_format()}
+                "returns": agg.returns, **({"tree": dict(agg.tree)} if agg.tree else {}),
+                **self.wire_format()}
 
     def wire_format(self) -> dict:
         """The packets this job sends: K values of ``value_bits`` bits per packet, one

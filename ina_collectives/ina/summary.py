@@ -37,7 +37,10 @@ def _about_the_switch(snapshot: dict[str, Any], reasons: list[tuple[str, int]]) 
         text += " No switch configured (INA_SWITCH is unset)."
     elif switch:
         state = "serving" if switch.get("serving") else "not serving"
-        text += (f" Switch: {state}, {switch.get('outages', 0)} outage(s), "
+        tree = switch.get("tree")
+        where = (f" through the tree {tree['described']} (this rank under {tree['leaf']})"
+                 if tree else "")
+        text += (f" Switch: {state}{where}, {switch.get('outages', 0)} outage(s), "
                  f"{switch.get('returns', 0)} return(s).")
     transport = snapshot.get("transport") or {}
     if transport.get("sent"):

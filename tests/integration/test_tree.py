@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ina_collectives import protocol as P
+from ina_collectives import statskeys as S
 from ina_collectives.launch.cli import free_udp_ports
 from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
@@ -73,6 +74,15 @@ def test_a_tree_of_two_racks_serves_every_call_within_the_bound(tree):
     results = mpirun.run(N, rank_cases.ina_cases, params,
                          env={"INA_TOPOLOGY": str(topology)}, timeout=180)
     check_job(results, CASES, N, rounds=2)
+    # stats() names the tree and this rank's place in it, with the documented keys.
+    documented = {path.rsplit(".", 1)[1] for path in S.documented(S.ALL, {S.TREE})
+                  if path.startswith("switch.tree.")}
+    for rank, r in enumerate(results):
+        tree = r["stats"]["switch"]["tree"]
+        assert set(tree) == documented, tree
+        assert (tree["leaf"], tree["worker"], tree["workers"], tree["root"]) == (
+            "rack0" if rank < 2 else "rack1", rank % 2, 2, "spine"), tree
+        assert tree["leaves"] == {"rack0": [0, 1], "rack1": [2, 3]}, tree
     root = final_status(switches["spine"])
     for leaf in ("rack0", "rack1"):
         s = final_status(switches[leaf])
