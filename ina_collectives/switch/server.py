@@ -234,7 +234,13 @@ class SoftwareSwitch:
         outcome."""
         up = self.up.get(job)
         if up is None:
-            self._send_up(P.CTRL_JOIN, job, [P.CTRL_JOIN, self.up_n, k, slots, block,
+            # What this leaf can grant, asked of the parent: every leaf then grants the
+            # parent's answer, the same S for every rank (a leaf short of slots asks for
+            # fewer; the parent refuses a job asked with two S, and the ranks take the ring).
+            room = min(slots, self.free_slots(), max(1, int(self.pool_slots * self.job_share)))
+            if room < 1:
+                return "refusals", 4, f"job {job}: no free slots at this leaf"
+            self._send_up(P.CTRL_JOIN, job, [P.CTRL_JOIN, self.up_n, k, room, block,
                                              value_bits])
             return "joins sent up", None, ""
         if up[0] != 0:
