@@ -216,8 +216,10 @@ KEYS: tuple[Key, ...] = (
     K("switch.aggregators[].why_not", "str", "Why it is not used.", when=UNUSED),
     K("switch.tree", "dict", "The aggregation tree the job runs through (docs/trees.md).",
       when=TREE),
-    K("switch.tree.root", "str", "The root aggregator's name in the topology file.",
-      when=TREE),
+    K("switch.tree.root", "str", "The root aggregator's name in the topology file (the "
+      "first, with several trees).", when=TREE),
+    K("switch.tree.roots", "list[str]", "Every root's name: tree t is rooted at roots[t] and "
+      "is `switch.aggregators[t]` (this rank's leaf, at its port + t).", when=TREE),
     K("switch.tree.root_address", "str", "The root's address, host:port.", when=TREE),
     K("switch.tree.leaf", "str", "The name of the leaf this rank sends to; its address is "
       "the one entry of `switch.aggregators`.", when=TREE),

@@ -78,19 +78,20 @@ class Aggregators:
         self._lasting = False  # the last failure was this job's setup: trying again is futile
         self._watch: _AnswerWatch | None = None  # rank 0's probes while one is missing
         self._watch_failed = False  # its socket could not be bound (said once)
-        # A tree (INA_TOPOLOGY): this rank's leaf is its one aggregator, where it is
-        # worker _place[0] of _place[1]; _leaves, every leaf's address (rank 0 probes
-        # them all while the tree is missing).
+        # A tree (INA_TOPOLOGY): this rank's leaf is its aggregator (one per tree: a
+        # leaf serves tree t at its port + t), where it is worker _place[0] of
+        # _place[1]; _leaves[t], every leaf's address for tree t (rank 0 probes them all
+        # while that tree is missing).
         self._place: tuple[int, int] | None = None
-        self._leaves: list[tuple[str, int]] = []
+        self._leaves: list[list[tuple[str, int]]] = []
         self.tree: dict | None = None  # stats()["switch"]["tree"]: the tree and this rank's leaf
         if not settings.switch and not settings.topology:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
         if settings.topology:
             self._from_topology(Topology.load(settings.topology))
-            self.links = [None]
-            self._connect([0])
+            self.links = [None] * len(self.addresses)
+            self._connect(list(range(len(self.addresses))))
             self._after_connect()
             return
         try:
@@ -131,10 +132,12 @@ class Aggregators:
             self.addresses = [topology.root.address]
             return
         leaf, worker, members = topology.place(self._rank)
-        self.addresses = [leaf.address]
+        trees = range(len(topology.roots))
+        self.addresses = [topology.leaf_address(leaf, t) for t in trees]
         self._place = (worker, members)
-        self._leaves = [a.address for a in topology.leaves]
+        self._leaves = [[topology.leaf_address(a, t) for a in topology.leaves] for t in trees]
         self.tree = {"root": topology.root.name, "root_address": "%s:%d" % topology.root.address,
+                     "roots": [r.name for r in topology.roots],
                      "leaf": leaf.name, "worker": worker, "workers": members,
                      "leaves": {a.name: list(a.ranks) for a in topology.leaves},
                      "described": topology.describe()}
@@ -532,7 +535,7 @@ class Aggregators:
         any port, or, for a job a controller installed, its own PROBE as worker 0 from
         its installed port (a P4 switch answers nothing else)."""
         if self._leaves:  # a tree: every leaf (each answers once its parent has)
-            return [Prober(a) for a in self._leaves]
+            return [Prober(a) for a in self._leaves[i]]
         if not self.settings.job:
             return Prober(self.addresses[i])
         ports = [int(p) for p in self.settings.worker_ports.split(",") if p.strip()]

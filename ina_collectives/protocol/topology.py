@@ -16,7 +16,9 @@ A leaf aggregator serves the ranks it lists (its workers, numbered 0.. in that o
 and sends each chunk its workers completed up to its parent as one contribution; the
 root completes the chunk among its children (numbered in the file's order) and its
 result comes down. Two levels: leaves under one root, or one aggregator alone (a flat
-job). ``check`` refuses, naming the file and the aggregator, a cycle, a parent that is
+job). Several trees: leaves whose ``parent`` lists several roots (``parent = ["spine0",
+"spine1"]``, every leaf the same roots) serve one tree per root, tree t at the leaf's
+port + t, and a job stripes its calls across the trees (docs/trees.md, Several roots). ``check`` refuses, naming the file and the aggregator, a cycle, a parent that is
 not in the file, a rank served twice or by none, and a shape of more than two levels.
 """
 from __future__ import annotations
@@ -40,13 +42,19 @@ MAX_CHILDREN = 64  # a parent's workers are its children: a bitmap's bits
 
 @dataclass(frozen=True)
 class Aggregator:
-    """One aggregator of the tree: its name, address, parent (None: the root) and the
-    ranks it serves (a leaf's; none for the root of a tree)."""
+    """One aggregator of the tree: its name, address, parent (None: a root), the ranks
+    it serves (a leaf's; none for the root of a tree), and the parents after the first
+    of a leaf under several roots."""
 
     name: str
     address: tuple[str, int]
     parent: str | None = None
     ranks: tuple[int, ...] = ()
+    more_parents: tuple[str, ...] = ()
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        return (self.parent, *self.more_parents) if self.parent is not None else ()
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,17 @@ class Topology:
 
     @property
     def root(self) -> Aggregator:
-        return next(a for a in self.aggregators if a.parent is None)
+        """The (first) root."""
+        return self.roots[0]
+
+    @property
+    def roots(self) -> tuple[Aggregator, ...]:
+        """The roots, in the file's order: tree t is the one rooted at roots[t]."""
+        return tuple(a for a in self.aggregators if a.parent is None)
+
+    def leaf_address(self, leaf: Aggregator, tree: int) -> tuple[str, int]:
+        """Where a leaf serves tree ``tree``: its address, the port + tree."""
+        return leaf.address[0], leaf.address[1] + tree
 
     @property
     def is_tree(self) -> bool:
@@ -111,7 +129,7 @@ class Topology:
         return tuple(a for a in self.aggregators if a.ranks)
 
     def children(self, name: str) -> tuple[Aggregator, ...]:
-        return tuple(a for a in self.aggregators if a.parent == name)
+        return tuple(a for a in self.aggregators if name in a.parents)
 
     def child_index(self, name: str) -> int:
         """The worker id an aggregator has at its parent (its place among the parent's
@@ -154,7 +172,7 @@ class Topology:
         if not self.is_tree:
             a = self.aggregators[0]
             return f"{a.name} ({len(a.ranks)} ranks)"
-        return (f"{self.root.name} <- " + ", ".join(
+        return (", ".join(r.name for r in self.roots) + " <- " + ", ".join(
             f"{c.name} (ranks {_listed(list(c.ranks))})"
             for c in self.children(self.root.name)))
 
@@ -169,11 +187,12 @@ class Topology:
                 raise TopologyError(f"{src}: address {a.address[0]}:{a.address[1]} is given "
                                     f"to both {other.name!r} and {a.name!r}")
         for a in self.aggregators:
-            if a.parent is not None and a.parent not in names:
-                raise TopologyError(f"{src}: aggregator {a.name!r} names parent "
-                                    f"{a.parent!r}, which is not in the file")
-            if a.parent == a.name:
-                raise TopologyError(f"{src}: aggregator {a.name!r} is its own parent")
+            for parent in a.parents:
+                if parent not in names:
+                    raise TopologyError(f"{src}: aggregator {a.name!r} names parent "
+                                        f"{parent!r}, which is not in the file")
+                if parent == a.name:
+                    raise TopologyError(f"{src}: aggregator {a.name!r} is its own parent")
         for a in self.aggregators:  # a cycle: following parents comes back
             seen, at = [a.name], a
             while at.parent is not None:
@@ -183,9 +202,11 @@ class Topology:
                                         f"{' -> '.join(seen[seen.index(at.name):] + [at.name])}")
                 seen.append(at.name)
         roots = [a.name for a in self.aggregators if a.parent is None]
-        if len(roots) != 1:
+        several = any(a.more_parents for a in self.aggregators)
+        if len(roots) != 1 and not (several and len(roots) > 1):
             raise TopologyError(f"{src}: {len(roots)} aggregators without a parent "
-                                f"({roots}): a tree has one root")
+                                f"({roots}): a tree has one root (several trees: each "
+                                f"leaf lists every root as its parent)")
         served: dict[int, str] = {}
         for a in self.aggregators:
             for r in a.ranks:
@@ -201,18 +222,40 @@ class Topology:
         if root.ranks:
             raise TopologyError(f"{src}: the root {root.name!r} lists ranks; in a tree the "
                                 f"ranks are served by the leaves under it")
+        for r in self.roots:
+            if r.ranks:
+                raise TopologyError(f"{src}: the root {r.name!r} lists ranks; in a tree "
+                                    f"the ranks are served by the leaves under it")
         for a in self.aggregators:  # (the levels first: a middle level serves no ranks)
-            if a is not root and a.parent != root.name:
-                raise TopologyError(f"{src}: aggregator {a.name!r} is under {a.parent!r}, "
-                                    f"not under the root {root.name!r}: trees have two "
-                                    f"levels (leaves under one root)")
+            for parent in a.parents:
+                if parent not in roots:
+                    where = (f"the root {root.name!r}" if len(roots) == 1
+                             else f"a root ({', '.join(map(repr, roots))})")
+                    raise TopologyError(f"{src}: aggregator {a.name!r} is under {parent!r}, "
+                                        f"not under {where}: trees have two levels "
+                                        f"(leaves under one root)")
         for a in self.aggregators:
-            if a is not root and not a.ranks:
+            if a.parent is not None and not a.ranks:
                 raise TopologyError(f"{src}: leaf {a.name!r} serves no ranks")
+            if a.parent is not None and sorted(a.parents) != sorted(roots):
+                raise TopologyError(f"{src}: leaf {a.name!r} is under "
+                                    f"{', '.join(map(repr, a.parents))}, but the roots are "
+                                    f"{', '.join(map(repr, roots))}: every leaf lists every "
+                                    f"root (one tree per root)")
         if len(self.children(root.name)) > MAX_CHILDREN:
             raise TopologyError(f"{src}: the root {root.name!r} has "
                                 f"{len(self.children(root.name))} children, at most "
                                 f"{MAX_CHILDREN}")
+        taken = {a.address: a.name for a in self.aggregators}
+        for leaf in self.leaves:  # a leaf of several trees takes port + 1, + 2 ... too
+            for t in range(1, len(roots)):
+                at = self.leaf_address(leaf, t)
+                if at in taken or at[1] > 65535:
+                    raise TopologyError(f"{src}: leaf {leaf.name!r} serves tree {t} at "
+                                        f"{at[0]}:{at[1]}, "
+                                        + (f"the address of {taken[at]!r}" if at in taken
+                                           else "past the last port"))
+                taken[at] = leaf.name
 
 
 def _aggregator(entry: object, where: str) -> Aggregator:
@@ -235,6 +278,13 @@ def _aggregator(entry: object, where: str) -> Aggregator:
     except ValueError as exc:
         raise TopologyError(f"{where}: {exc}") from None
     parent = entry.get("parent")
+    more: tuple[str, ...] = ()
+    if isinstance(parent, list):  # one tree per root: every leaf lists every root
+        if (not parent or not all(isinstance(p, str) and p for p in parent)
+                or len(set(parent)) != len(parent)):
+            raise TopologyError(f"{where}: parent must be an aggregator's name, or a list "
+                                f"of distinct roots' names")
+        parent, more = parent[0], tuple(parent[1:])
     if parent is not None and not isinstance(parent, str):
         raise TopologyError(f"{where}: parent must be an aggregator's name")
     ranks = entry.get("ranks", [])
@@ -246,7 +296,7 @@ def _aggregator(entry: object, where: str) -> Aggregator:
         raise TopologyError(f"{where}: a rank listed twice")
     if len(ranks) > MAX_CHILDREN:
         raise TopologyError(f"{where}: {len(ranks)} ranks, at most {MAX_CHILDREN}")
-    return Aggregator(name, resolved, parent, tuple(ranks))
+    return Aggregator(name, resolved, parent, tuple(ranks), more)
 
 
 def _listed(ranks: list[int]) -> str:

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--p4runtime-port serves one shard: use --threads 1 with it")
     if not 0 < args.job_share <= 1:
         parser.error(f"--job-share must be in (0, 1], got {args.job_share}")
-    tree_options = {}
+    tree_options: list[dict] = []
     if (args.topology is None) != (args.name is None):
         parser.error("--topology and --name go together")
     if args.topology is not None:
@@ -157,14 +157,16 @@ def main(argv: list[str] | None = None) -> int:
             me = topology[args.name]
         except TopologyError as exc:
             parser.error(str(exc))
-        if threads > 1 or args.p4runtime_port is not None:
-            parser.error("a tree's aggregator runs one shard without P4Runtime: --threads 1")
+        if (args.threads or 1) > 1 or args.p4runtime_port is not None:
+            parser.error("a tree's aggregator runs without P4Runtime, one shard per tree: "
+                         "no --threads")
         args.host = me.address[0] if args.host is None else args.host
         args.port = me.address[1] if args.port is None else args.port
-        if me.parent is not None:
-            tree_options = dict(parent=topology[me.parent].address,
-                                up_worker=topology.child_index(me.name),
-                                up_n=len(topology.children(me.parent)))
+        if me.parent is not None:  # a leaf: one shard per tree, shard t under root t
+            tree_options = [dict(parent=root.address, up_worker=topology.child_index(me.name),
+                                 up_n=len(topology.children(root.name)))
+                            for root in topology.roots]
+            threads = len(tree_options)
     args.host = "127.0.0.1" if args.host is None else args.host
     args.port = P.UDP_PORT if args.port is None else args.port
     options = dict(idle_seconds=args.idle, pool_slots=args.pool_slots,
@@ -175,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             switch = SoftwareSwitch(args.host, args.port, p4runtime_port=args.p4runtime_port,
                                     device_id=args.device_id,
                                     p4runtime_host=args.p4runtime_host,
-                                    faults_from=args.faults_from, **options, **tree_options)
+                                    faults_from=args.faults_from, **options,
+                                    **(tree_options[0] if tree_options else {}))
         else:
             switch = Shards(threads, args.host, args.port, faults_from=args.faults_from,
-                            **options)
+                            each=tree_options or None, **options)
     except OSError as exc:
         print(f"ina-switch: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2

@@ -18,11 +18,15 @@ log = logging.getLogger("ina_collectives.switch")
 
 class Shards:
     """``count`` SoftwareSwitch objects on ports ``port`` .. ``port + count - 1`` (each a
-    free one if ``port`` is 0)."""
+    free one if ``port`` is 0). ``each``: options of shard i on top of ``options`` (a
+    tree's leaf: shard t sends up to root t), and then the shards serve separate trees:
+    their replies do not list each other's ports (a job does not stripe across them by
+    one address)."""
 
     STOP_BOUND = 5.0  # seconds a shard's loop may take to stop
 
-    def __init__(self, count: int, host: str, port: int, **options: object):
+    def __init__(self, count: int, host: str, port: int,
+                 each: list[dict[str, object]] | None = None, **options: object):
         if count < 1:
             raise ValueError(f"a switch needs one shard or more, got {count}")
         self.shards: list[SoftwareSwitch] = []
@@ -30,7 +34,7 @@ class Shards:
             for i in range(count):
                 try:
                     self.shards.append(SoftwareSwitch(host, port + i if port else 0,
-                                                      **options))
+                                                      **options, **(each or [{}] * count)[i]))
                 except OSError as exc:
                     raise OSError(exc.errno, f"shard {i} of {count}, port "
                                   f"{port + i if port else 0}: {exc.strerror}") from None
@@ -41,7 +45,8 @@ class Shards:
         ports = [shard.address[1] for shard in self.shards]
         for shard in self.shards:
             shard.fault_peers = [s.aggregator for s in self.shards if s is not shard]
-            shard.shard_ports = ports  # replies name them: one address finds all
+            if each is None:
+                shard.shard_ports = ports  # replies name them: one address finds all
 
     @property
     def address_text(self) -> str:

@@ -152,3 +152,102 @@ def test_a_leaf_killed_mid_run_means_the_ring_and_its_restart_the_tree(tree, tmp
         state = r["stats"]["switch"]
         assert state["outages"] == state["returns"] >= 1, state
     assert all(r["digest"] == results[0]["digest"] for r in results)
+
+
+# -- several trees: a root per tree, every leaf under each ---------------------------------
+
+def free_pair(host: str) -> int:
+    """A UDP port p with p + 1 free as well, on ``host``."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as a:
+            a.bind((host, 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as b:
+                try:
+                    b.bind((host, port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free UDP ports")
+
+
+def write_two_trees(path: Path) -> Path:
+    """spine0 and spine1, each the root of a tree over rack0 (ranks 0, 1) and rack1
+    (ranks 2, 3); a leaf serves tree t at its port + t."""
+    spines = free_udp_ports(2)
+    text = "".join(f'[[aggregator]]\nname = "spine{t}"\naddress = "127.0.0.{1 + 3 * t}:'
+                   f'{spines[t]}"\n\n' for t in range(2))
+    for r, host in enumerate(("127.0.0.2", "127.0.0.3")):
+        text += (f'[[aggregator]]\nname = "rack{r}"\naddress = "{host}:{free_pair(host)}"\n'
+                 f'parent = ["spine0", "spine1"]\nranks = {[2 * r, 2 * r + 1]}\n\n')
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def two_trees(tmp_path):
+    topology = write_two_trees(tmp_path / "trees.toml")
+    with contextlib.ExitStack() as stack:
+        switches = {name: start(stack, topology, name)
+                    for name in ("spine0", "spine1", "rack0", "rack1")}
+        yield topology, switches, stack
+
+
+def test_two_roots_make_two_trees_and_each_call_stripes_across_them(two_trees):
+    """Each leaf runs a shard per tree (port, port + 1), each under its own root: the
+    ranks have two aggregators, and a large call's shares go through both trees."""
+    topology, switches, _ = two_trees
+    params = {"cases": CASES, "rounds": 2,
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+    results = mpirun.run(N, rank_cases.ina_cases, params,
+                         env={"INA_TOPOLOGY": str(topology)}, timeout=180)
+    check_job(results, CASES, N, rounds=2)
+    for r in results:
+        switch = r["stats"]["switch"]
+        assert switch["tree"]["roots"] == ["spine0", "spine1"], switch["tree"]
+        assert [a["serving"] for a in switch["aggregators"]] == [True, True], switch
+        assert switch["striped_calls"] > 0, switch
+    for t in range(2):
+        root = final_status(switches[f"spine{t}"])
+        assert root["results"] > 0, (t, root)
+
+
+def test_a_root_killed_mid_run_moves_its_shares_and_its_restart_brings_them_back(
+        two_trees, tmp_path):
+    """spine1 is SIGKILLed mid-run: its tree's share of the call it died in goes to the
+    other tree (or the ring), every result right and alike, the calls after it through
+    spine0's tree alone; once spine1 runs again, both trees serve."""
+    topology, switches, stack = two_trees
+    params = {"case": ("float32", "sum", 300_000), "pause": 0.01, "dir": str(tmp_path),
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
+                           "switch_silence": 1.0}}
+    pool = ThreadPoolExecutor(1)
+    running = pool.submit(mpirun.run, N, rank_cases.restarts_among_mpi_calls, params,
+                          env={"INA_TOPOLOGY": str(topology)}, timeout=150)
+    pool.shutdown(wait=False)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "served").exists():
+        assert not running.done() and time.monotonic() < deadline, "never served"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    switches["spine1"].process.kill()
+    switches["spine1"].process.wait(5)
+    time.sleep(2.0)
+    start(stack, topology, "spine1")
+    time.sleep(4.0)
+    (tmp_path / "stop").touch()
+    results = running.result(timeout=120)
+    for r in results:
+        assert r["wrong"] == [], r["wrong"][:3]
+        state = r["stats"]["switch"]
+        # The call spine1 died in: its share streamed again through spine0's tree (or,
+        # failing that, the ring); the calls after it, through spine0's tree alone, until
+        # spine1's tree served again.
+        assert state["standby_takeovers"] + r["stats"]["engines"].get("ring", 0) >= 1, state
+        assert [a["serving"] for a in state["aggregators"]] == [True, True], state
+        assert r["engines"][-1] == "ina", r["engines"][-10:]
+    assert all(r["digest"] == results[0]["digest"] for r in results)

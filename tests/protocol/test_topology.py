@@ -214,3 +214,42 @@ def test_without_a_toml_parser_the_need_is_named(monkeypatch):
     with pytest.raises(TopologyError, match=r"^flat.toml: reading a topology file needs "
                                             r"Python 3.11 or the tomli package"):
         Topology.parse(FLAT, "flat.toml")
+
+
+TWO_ROOTS = (entry("spine0", "127.0.0.1:47480") + entry("spine1", "127.0.0.4:47480")
+             + entry("rack0", "127.0.0.2:47490", ranks="[0, 1]",
+                     extra='parent = ["spine0", "spine1"]')
+             + entry("rack1", "127.0.0.3:47490", ranks="[2, 3]",
+                     extra='parent = ["spine0", "spine1"]'))
+
+
+def test_several_roots_make_one_tree_each_over_the_same_leaves():
+    """A leaf under every root serves tree t at its port + t, the same worker id in each."""
+    trees = Topology.parse(TWO_ROOTS, "trees.toml")
+    assert [r.name for r in trees.roots] == ["spine0", "spine1"] and trees.root.name == "spine0"
+    rack1 = trees["rack1"]
+    assert rack1.parents == ("spine0", "spine1") and rack1.parent == "spine0"
+    assert [trees.leaf_address(rack1, t) for t in range(2)] == [("127.0.0.3", 47490),
+                                                                ("127.0.0.3", 47491)]
+    assert trees.child_index("rack1") == 1
+    assert [c.name for c in trees.children("spine1")] == ["rack0", "rack1"]
+    trees.check(4)
+    assert trees.describe() == "spine0, spine1 <- rack0 (ranks 0, 1), rack1 (ranks 2, 3)"
+
+
+@pytest.mark.parametrize("text, words", [
+    (entry("spine0", "127.0.0.1:1") + entry("spine1", "127.0.0.1:2")
+     + entry("rack0", "127.0.0.1:3", ranks="[0]", extra='parent = ["spine0", "spine1"]')
+     + entry("rack1", "127.0.0.1:5", "spine0", "[1]"),
+     ["leaf 'rack1' is under 'spine0', but the roots are 'spine0', 'spine1': every leaf "
+      "lists every root"]),
+    (entry("spine0", "127.0.0.1:1") + entry("spine1", "127.0.0.1:2")
+     + entry("rack0", "127.0.0.1:3", ranks="[0]", extra='parent = ["spine0", "spine1"]')
+     + entry("rack1", "127.0.0.1:4", ranks="[1]", extra='parent = ["spine0", "spine1"]'),
+     ["leaf 'rack0' serves tree 1 at 127.0.0.1:4, the address of 'rack1'"]),
+    (entry("spine0", "127.0.0.1:1")
+     + entry("rack0", "127.0.0.1:3", ranks="[0]", extra='parent = ["spine0", "spine0"]'),
+     ["parent must be an aggregator's name, or a list of distinct roots' names"]),
+])
+def test_several_roots_that_are_no_set_of_trees_are_refused(tmp_path, text, words):
+    refused(tmp_path, text, *words)
