@@ -43,7 +43,6 @@ cdef enum:
     MAX_CONTROL = 64    # control packets held for Python per run()
     MAX_GAP = 64        # more packet numbers missing than this: lost track, no NACK
     NACK_BUFFERS = 4    # NACKs of one worker that may wait in the outbox at once
-    HEADER_MAX = 128    # bytes: at least the header's (checked below)
 
 # Why packets are dropped; the index is the counter's (the P4 program's drop counter
 # uses the same indices). The enum below follows protocol.DROP_REASONS.
@@ -53,7 +52,6 @@ cdef enum Drop:
     DROP_DUPLICATE, DROP_INJECTED_IN, DROP_INJECTED_OUT, DROP_RESULT_FROM_WORKER, DROP_STALE,
     DROP_LATE, DROP_COUNT
 assert len(DROP_REASONS) == DROP_COUNT, "protocol.DROP_REASONS and enum Drop differ"
-assert P.HEADER_BYTES <= HEADER_MAX, "the header outgrew HEADER_MAX"
 
 # What this aggregator serves (protocol.CAP_*), all of it unless a switch stands in for a
 # smaller build (ina-switch --like tofino): what it leaves out, it drops as malformed.
@@ -110,10 +108,9 @@ ctypedef struct Job:
     sockaddr_in parent
     uint16_t up_worker
     uint8_t up_seq                     # the next packet number sent up
-    int16_t up_cell[256]               # the cell each packet number sent up was (-1: none)
+    int32_t up_cell[256]               # the cell each packet number sent up was (-1: none)
     uint8_t *lifted        # [2 S] 1: sent up, the parent's result awaited
     int32_t *up_len        # [2 S]
-    uint64_t *asked        # [2 S] its workers that asked for it meanwhile (held answers)
 
 
 cdef void job_free(Job *job) noexcept nogil:
@@ -139,7 +136,6 @@ cdef void job_free(Job *job) noexcept nogil:
         free(job.result_len)
         free(job.lifted)
         free(job.up_len)
-        free(job.asked)
         free(job)
 
 
@@ -151,7 +147,6 @@ cdef inline void idle_cell(Job *job, Py_ssize_t cell, uint16_t epoch) noexcept n
     job.count[cell] = 0
     job.result_len[cell] = 0
     job.lifted[cell] = 0
-    job.asked[cell] = 0
 
 
 cdef inline void keep_max(int16_t *proposals, const uint8_t *pairs, int blocks
@@ -208,7 +203,7 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
     # A tree's leaf: partial sums sent up to the parent, sent again (a worker asked, the
     # parent NACKed), and results that came down (or came stale, for no cell waiting)
-    cdef public uint64_t sent_up, resent_up, came_down, stale_down
+    cdef public uint64_t sent_up, resent_up, came_down, stale_down, parent_held
     cdef public bint leaves  # some job is a tree's leaf here (results may come from a parent)
     # 1: results leave with UDP_SEGMENT, one send per run of a worker's equal-sized results
     # (cleared if the kernel refuses it); 0: sendmmsg of the whole outbox
@@ -305,7 +300,6 @@ cdef class Aggregator(FaultInjection):
         job.last_seq = <uint32_t *>calloc(slots * MAX_WORKERS, 4)
         job.lifted = <uint8_t *>calloc(cells, 1)
         job.up_len = <int32_t *>calloc(cells, 4)
-        job.asked = <uint64_t *>calloc(cells, 8)
         if (job.acc == NULL or job.seen == NULL or job.count == NULL or job.offset == NULL
                 or job.elements == NULL or job.cell_bits == NULL or job.exponent == NULL
                 or job.proposal == NULL or job.call == NULL or job.need == NULL
@@ -313,7 +307,7 @@ cdef class Aggregator(FaultInjection):
                 or job.ident == NULL
                 or job.epoch == NULL or job.result == NULL or job.result_len == NULL
                 or job.nack == NULL or job.last_seq == NULL or job.lifted == NULL
-                or job.up_len == NULL or job.asked == NULL):
+                or job.up_len == NULL):
             job_free(job)
             return False
         job.last_seen = monotonic()
@@ -692,8 +686,9 @@ cdef class Aggregator(FaultInjection):
         self.result_requests += 1
         if (job.lifted[cell] and job.seen[cell] & bit
                 and job.epoch[cell] == get16(pkt + OFF_EPOCH)
-                and job.call[cell] == get16(pkt + OFF_CALL)):
-            self.lift_again(job, cell, bit)  # (the parent has not answered it yet)
+                and job.call[cell] == get16(pkt + OFF_CALL)
+                and job.offset[cell] == <int32_t>get32(pkt + OFF_OFFSET)):
+            self.lift_again(job, cell)  # (the parent has not answered it yet)
         elif (job.epoch[cell] == get16(pkt + OFF_EPOCH)
                 and (job.seen[cell] & bit or job.need[cell])
                 and job.count[cell] == 0 and job.result_len[cell]
@@ -934,51 +929,43 @@ cdef class Aggregator(FaultInjection):
         if opening and job.opened[cell] & 2:
             put32(buf + OFF_OFFSET, <uint32_t>job.offset[cell] ^ (0x80000000u | (job.up_worker + 1u)))
         buf[OFF_SEQ] = job.up_seq
-        job.up_cell[job.up_seq] = <int16_t>cell
+        job.up_cell[job.up_seq] = <int32_t>cell
         job.up_seq += 1
         job.count[cell] = job.n
         job.result_len[cell] = 0
         job.lifted[cell] = 1
         job.up_len[cell] = <int32_t>length
-        job.asked[cell] = 0
         self.sent_up += 1
         self.send(buf, length, &job.parent)
 
-    cdef void lift_again(self, Job *job, Py_ssize_t cell, uint64_t bit) noexcept nogil:
-        """A worker asked for a cell that waits for the parent's result: the partial sum
-        again, marked as a retransmission (the parent answers it from its state, or says
-        it is held); the worker is told when the parent says held."""
+    cdef void lift_again(self, Job *job, Py_ssize_t cell) noexcept nogil:
+        """A worker asked for a cell that waits for the parent's result (or the parent
+        NACKed it): the partial sum again, marked as a retransmission; the parent answers
+        it from its state, or holds it. (The outbox is sent first: it may hold this
+        buffer's first send, which must leave unmarked.)"""
         cdef uint8_t *buf = job.result + cell * job.width
-        buf[OFF_FLAGS] |= FLAG_RETRANSMIT
-        job.asked[cell] |= bit
+        if not buf[OFF_FLAGS] & FLAG_RETRANSMIT:
+            self.flush_outbox()
+            buf[OFF_FLAGS] |= FLAG_RETRANSMIT
         self.resent_up += 1
         self.send(buf, job.up_len[cell], &job.parent)
 
     cdef void descend(self, Job *job, uint8_t *pkt, Py_ssize_t length) noexcept nogil:
         """A packet from a tree leaf's parent: the result of a cell sent up (kept as the
-        cell's result and multicast to the workers), a NACK (the packets it names sent
-        up again), or a held answer (passed to the workers that asked)."""
-        cdef int flags = pkt[OFF_FLAGS], i, w
+        cell's result and multicast to the workers), or a NACK (the packets it names sent
+        up again). A held answer (the parent waits for another leaf) is not passed on:
+        that leaf may be dead, which no rank's failure would tell the workers, so their
+        silence bound must end the call (docs/trees.md)."""
+        cdef int flags = pkt[OFF_FLAGS], i
         cdef Py_ssize_t cell, c
         cdef uint32_t slot
         cdef uint8_t *result
-        cdef uint8_t head[HEADER_MAX]
         if flags & FLAG_NACK and length == HEADER:
-            if get16(pkt + OFF_COUNT) == 0:  # held: a peer leaf is late; so say the askers
-                for c in range(2 * job.slots):
-                    if job.lifted[c] and job.asked[c]:
-                        memcpy(head, job.result + c * job.width, HEADER)
-                        for w in range(job.n):
-                            if job.asked[c] >> w & 1:
-                                put16(head + OFF_WORKER, <uint16_t>w)
-                                self.held_replies += 1
-                                self.nack(job, head, w, 0, 0)
-                        job.asked[c] = 0
-                return
+            self.parent_held += get16(pkt + OFF_COUNT) == 0
             for i in range(get16(pkt + OFF_COUNT)):
                 c = job.up_cell[(pkt[OFF_SEQ] + i) & 255]
                 if c >= 0 and job.lifted[c]:
-                    self.lift_again(job, c, 0)
+                    self.lift_again(job, c)
             return
         slot = get32(pkt + OFF_SLOT)
         if (not flags & FLAG_RESULT or length < HEADER or length > job.width
@@ -986,14 +973,18 @@ cdef class Aggregator(FaultInjection):
             self.drops[<int>DROP_MALFORMED] += 1
             return
         cell = pkt[OFF_SLOT_VERSION] * job.slots + slot
+        # (A marked opening's result may name another leaf's call: the ranks called
+        # differently, which every rank must learn.)
         if (not job.lifted[cell] or job.epoch[cell] != get16(pkt + OFF_EPOCH)
-                or job.call[cell] != get16(pkt + OFF_CALL)
                 or (flags & FLAG_OPEN != 0) != (job.opened[cell] & 1 != 0)
+                or (job.call[cell] != get16(pkt + OFF_CALL)
+                    and not (flags & FLAG_OPEN and flags & FLAG_MISMATCH))
                 or (not flags & FLAG_OPEN
                     and job.offset[cell] != <int32_t>get32(pkt + OFF_OFFSET))):
             self.stale_down += 1  # (a copy of one that came, or of an earlier use)
             return
         result = job.result + cell * job.width
+        self.flush_outbox()  # (a resend of the partial sum may still point at it)
         memcpy(result, pkt, length)
         put16(result + OFF_JOB, get16(pkt + OFF_JOB))
         if job.opened[cell] & 2:
@@ -1004,7 +995,6 @@ cdef class Aggregator(FaultInjection):
         job.count[cell] = 0
         job.counted[cell] = job.seen[cell]
         job.lifted[cell] = 0
-        job.asked[cell] = 0
         self.came_down += 1
         self.multicast(job, cell, length)
 
@@ -1031,7 +1021,7 @@ cdef class Aggregator(FaultInjection):
             self.retransmits_answered += 1
             self.send(job.result + cell * job.width, job.result_len[cell], &job.addr[worker])
         elif job.lifted[cell]:
-            self.lift_again(job, cell, (<uint64_t>1) << worker)
+            self.lift_again(job, cell)
         else:
             self.drops[<int>DROP_DUPLICATE] += 1
             if not job.managed and self.features & CAP_NACKS:

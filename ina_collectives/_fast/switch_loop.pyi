@@ -38,6 +38,7 @@ class Aggregator(FaultInjection):
     resent_up: int
     came_down: int
     stale_down: int
+    parent_held: int
     leaves: bool
     def __init__(self, fd: int, seed: int = ...) -> None:
         """Aggregate the datagrams of UDP socket ``fd``; seed: the fault injection's RNG."""

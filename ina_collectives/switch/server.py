@@ -79,6 +79,7 @@ class SoftwareSwitch:
         self.up_worker, self.up_n = up_worker, up_n
         self._parent_be = P.sockaddr_be(parent) if parent is not None else None
         self.up: dict[int, tuple[int, int]] = {}  # job -> the parent's (status, slots)
+        self._up_room: dict[int, int] = {}  # job -> the slots asked of the parent for it
         self._up_sent: dict[tuple[int, int], float] = {}  # (op, job) -> when it went up
         self._parent_heard = -float("inf")
         # Workers' JOINs held until the parent answers the job's (then taken again).
@@ -152,6 +153,8 @@ class SoftwareSwitch:
                     self.aggregator.free_job(job)
                     self._forget(job)
                     self.control_counts["jobs freed idle"] += 1
+                if self.parent is not None:
+                    self._sweep_up()
                 last_idle = now
             if duration is not None and now - started >= duration:
                 break
@@ -182,7 +185,8 @@ class SoftwareSwitch:
                 "control overflow": a.control_overflow,
                 **({"parent": "%s:%d" % self.parent, "sent_up": a.sent_up,
                     "resent_up": a.resent_up, "came_down": a.came_down,
-                    "stale_down": a.stale_down} if self.parent is not None else {}),
+                    "stale_down": a.stale_down, "parent_held": a.parent_held}
+                   if self.parent is not None else {}),
                 **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
     def status_line(self) -> str:
@@ -194,8 +198,23 @@ class SoftwareSwitch:
     def _forget(self, job: int) -> None:
         self.job_slots.pop(job, None)
         self.job_asked.pop(job, None)
-        if self.parent is not None and self.up.pop(job, None) is not None:
-            self._send_up(P.CTRL_LEAVE, job, [P.CTRL_LEAVE], force=True)  # (best effort)
+        if self.parent is not None:
+            if self.up.pop(job, None) is not None:
+                self._send_up(P.CTRL_LEAVE, job, [P.CTRL_LEAVE], force=True)  # (best effort)
+            self._up_room.pop(job, None)
+            self._held_joins.pop(job, None)
+            for key in [key for key in self._up_sent if key[1] == job]:
+                del self._up_sent[key]
+
+    def _sweep_up(self) -> None:
+        """A leaf's record of jobs the parent refused or never answered, and that no
+        worker asked about since: forgotten after a while (job ids are drawn anew by each
+        join of the ranks)."""
+        now = time.monotonic()
+        for (op, job), sent in list(self._up_sent.items()):
+            if now - sent > self.idle_seconds and self.aggregator.job_shape(job) is None:
+                self.up.pop(job, None)
+                self._forget(job)
 
     # -- a tree's leaf: the parent ----------------------------------------------------
 
@@ -234,11 +253,14 @@ class SoftwareSwitch:
         outcome."""
         up = self.up.get(job)
         if up is None:
-            # What this leaf can grant, asked of the parent: every leaf then grants the
-            # parent's answer, the same S for every rank (a leaf short of slots asks for
-            # fewer; the parent refuses a job asked with two S, and the ranks take the ring).
-            room = min(slots, self.free_slots(), max(1, int(self.pool_slots * self.job_share)))
+            # What this leaf can grant, asked of the parent (once per job: a resend asks
+            # the same): every leaf then grants the parent's answer, the same S for every
+            # rank (a leaf short of slots asks for fewer; the parent refuses a job asked
+            # with two S, and the ranks take the ring).
+            room = self._up_room.setdefault(job, min(
+                slots, self.free_slots(), max(1, int(self.pool_slots * self.job_share))))
             if room < 1:
+                self._up_room.pop(job, None)
                 return "refusals", 4, f"job {job}: no free slots at this leaf"
             self._send_up(P.CTRL_JOIN, job, [P.CTRL_JOIN, self.up_n, k, room, block,
                                              value_bits])
@@ -349,6 +371,11 @@ class SoftwareSwitch:
                             held.append((packet, addr_be, port_be))
                     return up
                 slots = min(slots, up[1]) if up[1] > 0 else slots
+                if new and min(self.free_slots(), int(self.pool_slots * self.job_share)) < slots:
+                    # (granting fewer than the parent did would give this leaf's ranks
+                    # another S than the others')
+                    return "refusals", 4, (f"job {job}: the parent granted {slots} slots, "
+                                           f"this leaf has fewer free now")
             status, why = self._join(job, worker, n, k, slots, block, bits, addr_be,
                                      port_be)
             if status == 0 and new and self.parent is not None:
@@ -477,7 +504,7 @@ def status_text(address: str, s: dict) -> str:
     if "parent" in s:  # a tree's leaf
         fields += [("parent", s["parent"]), ("sent_up", s["sent_up"]),
                    ("resent_up", s["resent_up"]), ("came_down", s["came_down"]),
-                   ("stale_down", s["stale_down"])]
+                   ("stale_down", s["stale_down"]), ("parent_held", s["parent_held"])]
     fields += [("send_calls", s["send_calls"]), ("send_path", s["send_path"]),
                ("gro_buffers", s["gro_buffers"])]
     if s["send_failures"]:

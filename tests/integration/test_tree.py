@@ -251,3 +251,44 @@ def test_a_root_killed_mid_run_moves_its_shares_and_its_restart_brings_them_back
         assert [a["serving"] for a in state["aggregators"]] == [True, True], state
         assert r["engines"][-1] == "ina", r["engines"][-10:]
     assert all(r["digest"] == results[0]["digest"] for r in results)
+
+
+def test_a_leaf_killed_mid_stream_ends_the_other_racks_calls_by_the_silence_bound(
+        tree, tmp_path):
+    """rack1 is SIGKILLed (and started again 4 s later) while the ranks stream calls of
+    8 MB back to back: the root holds the cells rack0 sent up, and rack0's ranks must not wait
+    for rack1 (nothing tells them it is dead) past their silence bound: every call ends
+    within it, on the ring, exact and alike, and the tree serves again once rack1 does."""
+    topology, switches, stack = tree
+    params = {"case": ("float32", "sum", 2_000_000), "pause": 0.0, "dir": str(tmp_path),
+              "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0,
+                           "switch_silence": 1.0, "timeout": 60}}
+    pool = ThreadPoolExecutor(1)
+    running = pool.submit(mpirun.run, N, rank_cases.restarts_among_mpi_calls, params,
+                          env={"INA_TOPOLOGY": str(topology)}, timeout=170)
+    pool.shutdown(wait=False)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "served").exists():
+        assert not running.done() and time.monotonic() < deadline, "never served"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    silent = time.monotonic()
+    switches["rack1"].process.kill()
+    switches["rack1"].process.wait(5)
+    time.sleep(4.0)
+    start(stack, topology, "rack1")
+    back = time.monotonic()
+    time.sleep(5.0)
+    (tmp_path / "stop").touch()
+    results = running.result(timeout=150)
+    for r in results:
+        assert r["wrong"] == [], r["wrong"][:3]
+        starts, engines = r["starts"], r["engines"]
+        gaps = [b - a for a, b in zip(starts, starts[1:])]
+        # The silence bound, the rejoin's and a loaded machine's slack; never the
+        # 60 s deadline of a call held for a leaf that does not come.
+        assert max(gaps) < 1.0 + 3.0 + 5.0, (max(gaps), list(zip(starts, engines))[-30:])
+        assert any(e != "ina" for s, e in zip(starts, engines) if silent < s < back)
+        late = [e for s, e in zip(starts, engines) if s > back + 3.0]
+        assert late and set(late) == {"ina"}, list(zip(starts, engines))[-20:]
+    assert all(r["digest"] == results[0]["digest"] for r in results)
