@@ -30,8 +30,8 @@ from .. import protocol as P
 from ..collectives.waiting import Deadline, wait
 from ..errors import AggregatorUnavailable
 from ..protocol import udp_socket
-from ..settings import Settings
 from ..protocol.topology import Topology
+from ..settings import Settings
 from .link import WorkerLink
 
 log = logging.getLogger("ina_collectives")

@@ -18,8 +18,9 @@ root completes the chunk among its children (numbered in the file's order) and i
 result comes down. Two levels: leaves under one root, or one aggregator alone (a flat
 job). Several trees: leaves whose ``parent`` lists several roots (``parent = ["spine0",
 "spine1"]``, every leaf the same roots) serve one tree per root, tree t at the leaf's
-port + t, and a job stripes its calls across the trees (docs/trees.md, Several roots). ``check`` refuses, naming the file and the aggregator, a cycle, a parent that is
-not in the file, a rank served twice or by none, and a shape of more than two levels.
+port + t, and a job stripes its calls across the trees (docs/trees.md, Several roots).
+``check`` refuses, naming the file and the aggregator, a cycle, a parent that is not in
+the file, a rank served twice or by none, and a shape of more than two levels.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from .. import protocol as P
 from ..control import schema as S
 from ..errors import TopologyError
-from ..protocol.topology import Topology
 from ..helpformat import DefaultsHelpFormatter
+from ..protocol.topology import Topology
 from .server import SoftwareSwitch
 from .shards import Shards
 
