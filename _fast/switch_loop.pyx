@@ -927,7 +927,8 @@ cdef class Aggregator(FaultInjection):
         buf[OFF_MODE_QUORUM] = 0
         put32(buf + OFF_MODE_GENERATION, 0)
         if opening and job.opened[cell] & 2:
-            put32(buf + OFF_OFFSET, <uint32_t>job.offset[cell] ^ (0x80000000u | (job.up_worker + 1u)))
+            put32(buf + OFF_OFFSET,
+                  <uint32_t>job.offset[cell] ^ (0x80000000u | (job.up_worker + 1u)))
         buf[OFF_SEQ] = job.up_seq
         job.up_cell[job.up_seq] = <int32_t>cell
         job.up_seq += 1
