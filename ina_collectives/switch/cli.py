@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} (wire format {P.PROTOCOL_VERSION})")
     parser.add_argument("--host", default=None,
-                        help="address to bind: loopback (127.0.0.1) by default, so only "
-                             "this machine reaches it; 0.0.0.0 (or the address other hosts "
-                             "reach) serves ranks on other machines; with --topology, the "
-                             "file's address")
+                        help="address to bind: loopback by default, so only this machine "
+                             "reaches it; 0.0.0.0 (or the address other hosts reach) serves "
+                             "ranks on other machines; with --topology, the file's address "
+                             "(default: 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=None,
                         help=f"UDP port (0 picks a free one); {P.UDP_PORT} by default, or "
                              f"with --topology the file's")
