@@ -203,7 +203,7 @@ cdef class Aggregator(FaultInjection):
     cdef public uint64_t send_failures  # datagrams the kernel refused (lost, as on a link)
     # A tree's leaf: partial sums sent up to the parent, sent again (a worker asked, the
     # parent NACKed), and results that came down (or came stale, for no cell waiting)
-    cdef public uint64_t sent_up, resent_up, came_down, stale_down, parent_held
+    cdef public uint64_t sent_up, resent_up, came_down, stale_down, parent_held, parent_nacks
     cdef public bint leaves  # some job is a tree's leaf here (results may come from a parent)
     # 1: results leave with UDP_SEGMENT, one send per run of a worker's equal-sized results
     # (cleared if the kernel refuses it); 0: sendmmsg of the whole outbox
@@ -333,6 +333,10 @@ cdef class Aggregator(FaultInjection):
         cdef int i
         for i in range(256):
             job.up_cell[i] = -1
+
+    def clear_parent(self, int job_id):
+        """The job is no tree's leaf here any more: completed cells go to its workers."""
+        self._job(job_id).up = False
 
     def is_managed(self, int job_id):
         cdef Job *job = find_job(self.jobs, job_id)
@@ -963,6 +967,7 @@ cdef class Aggregator(FaultInjection):
         cdef uint8_t *result
         if flags & FLAG_NACK and length == HEADER:
             self.parent_held += get16(pkt + OFF_COUNT) == 0
+            self.parent_nacks += get16(pkt + OFF_COUNT) != 0
             for i in range(get16(pkt + OFF_COUNT)):
                 c = job.up_cell[(pkt[OFF_SEQ] + i) & 255]
                 if c >= 0 and job.lifted[c]:

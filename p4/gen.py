@@ -121,6 +121,9 @@ const bit<32> CTRL_PROBE      = {P.CTRL_PROBE};
 // Stated in a probe's answer: CAP_OPEN | CAP_PREDICT | CAP_QUORUM (openings, predicted first
 // windows, quorum cells).
 const bit<32> CAPABILITIES    = {P.CAP_OPEN | P.CAP_PREDICT | P.CAP_QUORUM};
+// A tree leaf's job (docs/trees.md) takes openings alone: every call sync, opened.
+const bit<32> CAPABILITIES_LEAF = {P.CAP_OPEN};
+const bit<8>  FLAG_NACK       = 0x{P.FLAG_NACK:02x};
 // A predicted use's marks (slot_marks; docs/protocol.md, One round trip).
 const bit<8>  MARK_PREDICTED  = {S.MARK_PREDICTED};   // the use is a predicted chunk's
 const bit<8>  MARK_MISMATCH   = {S.MARK_MISMATCH};   // a packet differed (not only exponents)
@@ -132,12 +135,16 @@ const bit<8>  BLOCK           = {block};      // B: values per sub-block (1 << {
 const bit<8>  VALUE_BITS      = {value_bits};      // V: the values' width
 const bit<32> SLOTS           = {slots};    // S: slots; each has two versions (cells)
 const bit<32> CELLS           = {2 * slots};
+const bit<32> JOB_IDS         = {S.JOB_IDS};
 const bit<16> INA_UDP_BYTES   = {8 + P.HEADER_BYTES};       // UDP + INA headers
 
 // Drop reasons: the index into IngressImpl.ina_drops (protocol.DROP_REASONS).
 const bit<8> DROP_NONE = 0xff;""")
     for name, i in drop.items():
         w(f"const bit<8> DROP_{name.upper().replace(' ', '_')} = {i};   // {name}")
+    w("// A tree leaf's events: the index into IngressImpl.ina_leaf (control.schema.LEAF_EVENTS).")
+    for i, name in enumerate(S.LEAF_EVENTS):
+        w(f"const bit<32> LEAF_{name.upper()} = {i};")
     w("""
 header ethernet_t {
     bit<48> dst_addr;
@@ -210,6 +217,12 @@ struct metadata_t {{
     bit<32> slot_count;
     bit<8>  mode_quorum;   // the job's mode (ina_modes): 0 sync, else quorum k
     bit<32> mode_generation;
+    bit<1>  up;            // the job is a tree's leaf here (ina_parents): sums go up
+    bit<32> parent_addr;
+    bit<16> parent_port;
+    bit<48> parent_mac;
+    bit<9>  parent_out;    // the port towards the parent
+    bit<16> up_worker;     // this leaf's worker id at the parent
 }}
 
 parser ParserImpl(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -250,6 +263,12 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     counter({len(S.DROP_REASONS)}, CounterType.packets) ina_drops;
     @id(0x{S.JOB_RESULTS_COUNTER_ID:08x})
     counter({S.JOB_IDS}, CounterType.packets) ina_job_results;   // by job id
+    @id(0x{S.LEAF_COUNTER_ID:08x})
+    counter({len(S.LEAF_EVENTS)}, CounterType.packets) ina_leaf;   // by LEAF_*
+    // A tree's leaf: per cell, 1 ++ the packet number its sum went up with, while the
+    // parent's result is awaited (0: not waiting); per job id, its next packet number up.
+    {annotate(S.UP)} register<bit<{S.UP.bits}>>(CELLS) slot_up;
+    {annotate(S.UP_SEQ)} register<bit<{S.UP_SEQ.bits}>>(JOB_IDS) job_up_seq;
 
     bit<32> cell;
     bit<32> other;
@@ -288,6 +307,29 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     // adopt it at a call boundary (they stamp each packet with the quorum in force).
 {table(S.MODES)}
 
+    {annotate(S.SET_PARENT)}
+    action set_parent({params(S.SET_PARENT)}) {{
+        meta.up = 1;
+        meta.parent_addr = parent_addr;
+        meta.parent_port = parent_port;
+        meta.parent_mac = parent_mac;
+        meta.parent_out = port;
+        meta.up_worker = up_worker;
+        meta.mcast_grp = mcast_grp;
+        meta.slot_base = slot_base;
+        meta.slot_count = slot_count;
+    }}
+
+    {annotate(S.NO_PARENT)}
+    action no_parent() {{
+        meta.up = 0;
+    }}
+
+    // job -> its parent, where the job is a tree's leaf here (docs/trees.md): a cell its
+    // workers completed goes up as one packet of worker up_worker, and the parent's result
+    // comes down to the job's group.
+{table(S.PARENTS)}
+
     {annotate(S.FORWARD)}
     action forward({params(S.FORWARD)}) {{
         standard_metadata.egress_spec = port;
@@ -319,6 +361,7 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
         bit<8> reason = DROP_NONE;
         if (hdr.ina.isValid()) {{
             ina_modes.apply();  // the job's mode, for the results (keyed by the job id)
+            ina_parents.apply();  // the job's parent, where it is a tree's leaf here
         }}
         if (!hdr.ina.isValid()) {{
             if (hdr.udp.isValid() && hdr.udp.dst_port == INA_PORT) {{
@@ -329,6 +372,10 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
         }} else if (standard_metadata.parser_error != error.NoError
                    || hdr.ina.version != INA_VERSION) {{
             reason = DROP_MALFORMED;
+        }} else if (meta.up == 1 && (hdr.ina.flags & FLAG_CONTROL) == 0
+                   && hdr.ipv4.src_addr == meta.parent_addr
+                   && hdr.udp.src_port == meta.parent_port) {{
+{{DESCEND}}
         }} else if ((hdr.ina.flags & (FLAG_RESULT | FLAG_CONTROL)) == FLAG_RESULT) {{
             reason = DROP_RESULT_FROM_A_WORKER;
         }} else if (!ina_workers.apply().hit) {{
@@ -340,6 +387,9 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
             // CAPABILITIES] (int32 values, whatever V is): the program takes openings.
             if (hdr.ina.count == 1 && hdr.c0.isValid() && hdr.c0.v == CTRL_PROBE) {{
 {tna.probe_answer()}
+                if (meta.up == 1) {{
+                    hdr.c2.v = CAPABILITIES_LEAF;
+                }}
                 standard_metadata.egress_spec = standard_metadata.ingress_port;
             }} else {{
                 reason = DROP_MALFORMED;      // join/leave/faults: the software switch's
@@ -353,6 +403,8 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                    || hdr.ina.blocks != {rounded}
                    || (bit<16>)hdr.ina.quorum > meta.num_workers
                    || ((hdr.ina.flags & FLAG_PREDICTED) != 0 && hdr.ina.quorum != 0)
+                   || (meta.up == 1 && ((hdr.ina.flags & FLAG_PREDICTED) != 0
+                                        || hdr.ina.quorum != 0))
                    || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.blocks << 2)
                                         + (hdr.ina.count << {vshift})) {{
             reason = DROP_MALFORMED;
@@ -437,7 +489,9 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
                                && chunk == this_chunk))) {
                 {
                     // Complete, and this worker missed the result, or a quorum finished
-                    // it without this worker: answer it alone (nothing is added).""")
+                    // it without this worker: answer it alone (nothing is added). At a
+                    // tree's leaf whose sum waits for the parent's result: the sum goes
+                    // up again, a retransmission.""")
     for g in groups:
         w(f"                    if (hdr.p{g}.isValid()) {{ hdr.p{g}.exponent = exponent_in_{g}; "
           f"hdr.p{g}.proposal = proposal_max_{g}; }}")
@@ -446,10 +500,18 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
     result_flags("                    ", "marks")
     w("""                    hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = counted;
+                    if (meta.up == 1) {
+                        hdr.ina.contributors = 0;   // none named: every rank of the tree
+                    }
                     hdr.ina.mode_quorum = meta.mode_quorum;
                     hdr.ina.mode_generation = meta.mode_generation;
-                    answer_from_switch();
-                    standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    if (meta.up == 1 && up[8:8] == 1) {
+                        hdr.ina.flags = 0;""")
+    w(send_up("                        ", first=False))
+    w("""                    } else {
+                        answer_from_switch();
+                        standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    }
                 }
             } else if (count != 0 && !predicted && !predicted_use
                        && (chunk != this_chunk || exponents_differ || cell_call != this_call)) {
@@ -538,9 +600,15 @@ control VerifyChecksumImpl(inout headers_t hdr, inout metadata_t meta) {
           f"hdr.p{g}.proposal = proposal_max_{g}; }}")
     result_flags("                    ", "use_marks")
     w("""                    hdr.ina.worker_id = WORKER_NONE;
-                    answer_from_switch();
-                    standard_metadata.mcast_grp = meta.mcast_grp;
-                    ina_job_results.count((bit<32>)hdr.ina.job_id);
+                    if (meta.up == 1) {
+                        // A tree's leaf: the sum goes up as this leaf's packet.
+                        hdr.ina.flags = 0;""")
+    w(send_up("                        ", first=True))
+    w("""                    } else {
+                        answer_from_switch();
+                        standard_metadata.mcast_grp = meta.mcast_grp;
+                        ina_job_results.count((bit<32>)hdr.ina.job_id);
+                    }
                 } else {
                     slot_packets.write(cell, count);
                     mark_to_drop(standard_metadata);   // absorbed, not a drop
@@ -606,7 +674,8 @@ control DeparserImpl(packet_out packet, in headers_t hdr) {{
 
 V1Switch(ParserImpl(), VerifyChecksumImpl(), IngressImpl(), EgressImpl(),
          ComputeChecksumImpl(), DeparserImpl()) main;""")
-    return ("\n".join(out) + "\n").replace("{OPENING}", opening_code(groups))
+    return ("\n".join(out) + "\n").replace("{OPENING}", opening_code(groups)).replace(
+        "{DESCEND}", descend_code(values, groups, rounded, vshift))
 
 
 def cell_state(indent: str) -> str:
@@ -632,6 +701,8 @@ slot_contributors.read(counted, cell);
 slot_bitmap.read(seen, cell);
 slot_packets.read(count, cell);
 slot_chunk.read(chunk, cell);
+bit<16> up;
+slot_up.read(up, cell);
 bit<16> epoch;
 slot_epoch.read(epoch, cell);
 if (epoch != hdr.ina.epoch) {
@@ -642,6 +713,7 @@ if (epoch != hdr.ina.epoch) {
     count = 0;
     counted = 0;
     marks = 0;
+    up = 0;
     slot_epoch.write(cell, hdr.ina.epoch);
 }"""
     return "\n".join(indent + line for line in lines.splitlines())
@@ -705,10 +777,19 @@ def opening_code(groups: range) -> str:
     stamp("                    ", "chunk[15:0] != 0 || (marks & MARK_MISMATCH) != 0")
     w("""                    hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = counted;
+                    if (meta.up == 1) {
+                        hdr.ina.contributors = 0;
+                    }
                     hdr.ina.mode_quorum = meta.mode_quorum;
                     hdr.ina.mode_generation = meta.mode_generation;
-                    answer_from_switch();
-                    standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    if (meta.up == 1 && up[8:8] == 1) {
+                        // A tree's leaf whose opening waits for the parent: up again.""")
+    w(up_opening("                        ", "chunk[15:0] != 0"))
+    w(send_up("                        ", first=False))
+    w("""                    } else {
+                        answer_from_switch();
+                        standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    }
                 } else if (count != 0 && chunk[31:16] != 0 && (marks & MARK_PREDICTED) == 0) {
                     reason = DROP_MISMATCHED_CHUNK;   // a chunk's data is in this cell
                 } else {
@@ -759,12 +840,144 @@ def opening_code(groups: range) -> str:
                         hdr.ina.contributors = seen | meta.worker_bit;
                         hdr.ina.mode_quorum = meta.mode_quorum;
                         hdr.ina.mode_generation = meta.mode_generation;
-                        answer_from_switch();
-                        standard_metadata.mcast_grp = meta.mcast_grp;
+                        if (meta.up == 1) {
+                            // A tree's leaf: the opening goes up as this leaf's.""")
+    w(up_opening("                            ", "mark != 0"))
+    w(send_up("                            ", first=True))
+    w("""                        } else {
+                            answer_from_switch();
+                            standard_metadata.mcast_grp = meta.mcast_grp;
+                        }
                     } else {
                         slot_packets.write(cell, count);
                         mark_to_drop(standard_metadata);   // absorbed, not a drop
                     }
+                }
+            }""")
+    return "\n".join(out)
+
+
+def send_up(indent: str, first: bool) -> str:
+    """A tree leaf's packet to its parent (docs/trees.md), from the header as it stands (the
+    sums, or the stored cell read back; flags set by the caller): this leaf's worker id, no
+    contributors or mode, from this switch's address and the INA port to the parent's, out
+    of the port towards it. ``first``: a new packet number (kept in slot_up with the mark
+    that the cell waits); else the number it first went with, marked a retransmission."""
+    if first:
+        lines = ["bit<8> up_seq;",
+                 "job_up_seq.read(up_seq, (bit<32>)hdr.ina.job_id);",
+                 "job_up_seq.write((bit<32>)hdr.ina.job_id, up_seq + 1);",
+                 "slot_up.write(cell, 8w1 ++ up_seq);",
+                 "hdr.ina.seq = up_seq;",
+                 "ina_leaf.count(LEAF_SENT_UP);"]
+    else:
+        lines = ["hdr.ina.seq = up[7:0];",
+                 "hdr.ina.flags = hdr.ina.flags | FLAG_RETRANSMIT;",
+                 "ina_leaf.count(LEAF_RESENT_UP);"]
+    lines += ["hdr.ina.worker_id = meta.up_worker;",
+              "hdr.ina.contributors = 0;",
+              "hdr.ina.mode_quorum = 0;",
+              "hdr.ina.mode_generation = 0;",
+              "hdr.ethernet.src_addr = hdr.ethernet.dst_addr;",
+              "hdr.ethernet.dst_addr = meta.parent_mac;",
+              "hdr.ipv4.src_addr = hdr.ipv4.dst_addr;",
+              "hdr.ipv4.dst_addr = meta.parent_addr;",
+              "hdr.udp.src_port = INA_PORT;",
+              "hdr.udp.dst_port = meta.parent_port;",
+              "hdr.udp.checksum = 0;",
+              "standard_metadata.mcast_grp = 0;",
+              "standard_metadata.egress_spec = meta.parent_out;"]
+    return "\n".join(indent + line for line in lines)
+
+
+def up_opening(indent: str, marked: str) -> str:
+    """An opening as it goes up (after ``stamp``): FLAG_OPEN, and where this leaf's
+    workers' identities differed (``marked``), an offset no other leaf sends, so that the
+    parent marks the opening too (as the software leaf's ``lift``)."""
+    return (f"{indent}hdr.ina.flags = FLAG_OPEN;\n"
+            f"{indent}if ({marked}) {{\n"
+            f"{indent}    hdr.ina.offset = chunk[63:32] ^ (32w0x80000000 | "
+            f"((bit<32>)meta.up_worker + 1));\n"
+            f"{indent}}}")
+
+
+def descend_code(values: range, groups: range, rounded: str, vshift: int) -> str:
+    """A packet from a tree leaf's parent (docs/trees.md), as the software leaf's
+    ``descend``: a result for a cell whose sum went up is kept in the cell (its pairs and
+    values, for the workers' resends) and multicast to the job's group, with no
+    contributors named and MISMATCH where this leaf marked the opening; a result for no
+    waiting cell is stale; a held answer or a NACK is counted and dropped (the workers'
+    timers resend, and their silence bound must stay free to end a call whose other leaf
+    died)."""
+    out: list[str] = []
+    w = out.append
+    w(f"""            if ((hdr.ina.flags & FLAG_NACK) != 0) {{
+                if (hdr.ina.count == 0) {{
+                    ina_leaf.count(LEAF_PARENT_HELD);
+                }} else {{
+                    ina_leaf.count(LEAF_PARENT_NACKS);
+                }}
+                mark_to_drop(standard_metadata);
+            }} else if ((hdr.ina.flags & FLAG_RESULT) == 0
+                       || hdr.ina.slot >= meta.slot_count || hdr.ina.slot_version > 1
+                       || hdr.ina.count > ELEMENTS
+                       || hdr.ina.value_bits != VALUE_BITS || hdr.ina.block != BLOCK
+                       || ((hdr.ina.flags & FLAG_OPEN) != 0
+                           && (hdr.ina.count != 0 || hdr.ina.blocks != GROUPS))
+                       || ((hdr.ina.flags & FLAG_OPEN) == 0
+                           && (hdr.ina.count == 0 || hdr.ina.blocks != {rounded}))
+                       || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.blocks << 2)
+                                            + (hdr.ina.count << {vshift})) {{
+                reason = DROP_MALFORMED;
+            }} else {{
+                cell = meta.slot_base + hdr.ina.slot;
+                if (hdr.ina.slot_version == 1) {{
+                    cell = cell + SLOTS;
+                }}
+                bit<16> up;
+                bit<16> epoch;
+                bit<64> chunk;
+                bit<24> cell_call;
+                slot_up.read(up, cell);
+                slot_epoch.read(epoch, cell);
+                slot_chunk.read(chunk, cell);
+                slot_call.read(cell_call, cell);
+                bool opening = (hdr.ina.flags & FLAG_OPEN) != 0;
+                bool waits = up[8:8] == 1 && epoch == hdr.ina.epoch;
+                if (opening) {{
+                    // (A marked opening's result may name another leaf's call: the ranks
+                    // called differently, which every rank must learn.)
+                    waits = waits && chunk[31:16] == 0
+                            && (cell_call[23:8] == hdr.ina.call
+                                || (hdr.ina.flags & FLAG_MISMATCH) != 0);
+                }} else {{
+                    waits = waits && cell_call[23:8] == hdr.ina.call
+                            && chunk == hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
+                }}
+                if (!waits) {{
+                    ina_leaf.count(LEAF_STALE_DOWN);   // a copy, or of an earlier use
+                    mark_to_drop(standard_metadata);
+                }} else {{
+                    slot_up.write(cell, 0);
+                    bit<8> kept = 0;
+                    if (opening && chunk[15:0] != 0) {{
+                        hdr.ina.flags = hdr.ina.flags | FLAG_MISMATCH;
+                    }}
+                    if ((hdr.ina.flags & FLAG_MISMATCH) != 0) {{
+                        kept = MARK_MISMATCH;
+                    }}
+                    slot_marks.write(cell, kept);""")
+    for g in groups:
+        w(f"                    if (hdr.p{g}.isValid()) {{ exponent_{g}.write(cell, "
+          f"hdr.p{g}.exponent); proposal_{g}.write(cell, hdr.p{g}.proposal); }}")
+    for i in values:
+        w(f"                    if (hdr.v{i}.isValid()) {{ value_{i}.write(cell, hdr.v{i}.v); }}")
+    w("""                    hdr.ina.worker_id = WORKER_NONE;
+                    hdr.ina.contributors = 0;   // none named: every rank of the tree
+                    answer_from_switch();
+                    standard_metadata.mcast_grp = meta.mcast_grp;
+                    ina_leaf.count(LEAF_CAME_DOWN);
+                    ina_job_results.count((bit<32>)hdr.ina.job_id);
                 }
             }""")
     return "\n".join(out)

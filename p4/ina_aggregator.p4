@@ -21,6 +21,9 @@ const bit<32> CTRL_PROBE      = 3;
 // Stated in a probe's answer: CAP_OPEN | CAP_PREDICT | CAP_QUORUM (openings, predicted first
 // windows, quorum cells).
 const bit<32> CAPABILITIES    = 56;
+// A tree leaf's job (docs/trees.md) takes openings alone: every call sync, opened.
+const bit<32> CAPABILITIES_LEAF = 8;
+const bit<8>  FLAG_NACK       = 0x08;
 // A predicted use's marks (slot_marks; docs/protocol.md, One round trip).
 const bit<8>  MARK_PREDICTED  = 1;   // the use is a predicted chunk's
 const bit<8>  MARK_MISMATCH   = 2;   // a packet differed (not only exponents)
@@ -32,6 +35,7 @@ const bit<8>  BLOCK           = 32;      // B: values per sub-block (1 << 5)
 const bit<8>  VALUE_BITS      = 32;      // V: the values' width
 const bit<32> SLOTS           = 4096;    // S: slots; each has two versions (cells)
 const bit<32> CELLS           = 8192;
+const bit<32> JOB_IDS         = 65536;
 const bit<16> INA_UDP_BYTES   = 48;       // UDP + INA headers
 
 // Drop reasons: the index into IngressImpl.ina_drops (protocol.DROP_REASONS).
@@ -47,6 +51,13 @@ const bit<8> DROP_INJECTED_LOSS_OUT = 7;   // injected loss out
 const bit<8> DROP_RESULT_FROM_A_WORKER = 8;   // result from a worker
 const bit<8> DROP_STALE = 9;   // stale
 const bit<8> DROP_LATE = 10;   // late
+// A tree leaf's events: the index into IngressImpl.ina_leaf (control.schema.LEAF_EVENTS).
+const bit<32> LEAF_SENT_UP = 0;
+const bit<32> LEAF_RESENT_UP = 1;
+const bit<32> LEAF_CAME_DOWN = 2;
+const bit<32> LEAF_STALE_DOWN = 3;
+const bit<32> LEAF_PARENT_HELD = 4;
+const bit<32> LEAF_PARENT_NACKS = 5;
 
 header ethernet_t {
     bit<48> dst_addr;
@@ -200,6 +211,12 @@ struct metadata_t {
     bit<32> slot_count;
     bit<8>  mode_quorum;   // the job's mode (ina_modes): 0 sync, else quorum k
     bit<32> mode_generation;
+    bit<1>  up;            // the job is a tree's leaf here (ina_parents): sums go up
+    bit<32> parent_addr;
+    bit<16> parent_port;
+    bit<48> parent_mac;
+    bit<9>  parent_out;    // the port towards the parent
+    bit<16> up_worker;     // this leaf's worker id at the parent
 }
 
 parser ParserImpl(packet_in packet, out headers_t hdr, inout metadata_t meta,
@@ -798,6 +815,12 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
     counter(11, CounterType.packets) ina_drops;
     @id(0x12000002)
     counter(65536, CounterType.packets) ina_job_results;   // by job id
+    @id(0x12000003)
+    counter(6, CounterType.packets) ina_leaf;   // by LEAF_*
+    // A tree's leaf: per cell, 1 ++ the packet number its sum went up with, while the
+    // parent's result is awaited (0: not waiting); per job id, its next packet number up.
+    @id(0x1600000a) register<bit<16>>(CELLS) slot_up;
+    @id(0x1600000b) register<bit<8>>(JOB_IDS) job_up_seq;
 
     bit<32> cell;
     bit<32> other;
@@ -860,6 +883,40 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
         size = 1024;
     }
 
+    @id(0x0100000a)
+    action set_parent(bit<32> parent_addr, bit<16> parent_port, bit<48> parent_mac, bit<9> port, bit<16> up_worker, bit<16> mcast_grp, bit<32> slot_base, bit<32> slot_count) {
+        meta.up = 1;
+        meta.parent_addr = parent_addr;
+        meta.parent_port = parent_port;
+        meta.parent_mac = parent_mac;
+        meta.parent_out = port;
+        meta.up_worker = up_worker;
+        meta.mcast_grp = mcast_grp;
+        meta.slot_base = slot_base;
+        meta.slot_count = slot_count;
+    }
+
+    @id(0x0100000b)
+    action no_parent() {
+        meta.up = 0;
+    }
+
+    // job -> its parent, where the job is a tree's leaf here (docs/trees.md): a cell its
+    // workers completed goes up as one packet of worker up_worker, and the parent's result
+    // comes down to the job's group.
+    @id(0x02000005)
+    table ina_parents {
+        key = {
+            hdr.ina.job_id : exact @name("job_id");
+        }
+        actions = {
+            set_parent;
+            @defaultonly no_parent;
+        }
+        const default_action = no_parent();
+        size = 1024;
+    }
+
     @id(0x01000003)
     action forward(bit<9> port) {
         standard_metadata.egress_spec = port;
@@ -902,6 +959,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
         bit<8> reason = DROP_NONE;
         if (hdr.ina.isValid()) {
             ina_modes.apply();  // the job's mode, for the results (keyed by the job id)
+            ina_parents.apply();  // the job's parent, where it is a tree's leaf here
         }
         if (!hdr.ina.isValid()) {
             if (hdr.udp.isValid() && hdr.udp.dst_port == INA_PORT) {
@@ -912,6 +970,139 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
         } else if (standard_metadata.parser_error != error.NoError
                    || hdr.ina.version != INA_VERSION) {
             reason = DROP_MALFORMED;
+        } else if (meta.up == 1 && (hdr.ina.flags & FLAG_CONTROL) == 0
+                   && hdr.ipv4.src_addr == meta.parent_addr
+                   && hdr.udp.src_port == meta.parent_port) {
+            if ((hdr.ina.flags & FLAG_NACK) != 0) {
+                if (hdr.ina.count == 0) {
+                    ina_leaf.count(LEAF_PARENT_HELD);
+                } else {
+                    ina_leaf.count(LEAF_PARENT_NACKS);
+                }
+                mark_to_drop(standard_metadata);
+            } else if ((hdr.ina.flags & FLAG_RESULT) == 0
+                       || hdr.ina.slot >= meta.slot_count || hdr.ina.slot_version > 1
+                       || hdr.ina.count > ELEMENTS
+                       || hdr.ina.value_bits != VALUE_BITS || hdr.ina.block != BLOCK
+                       || ((hdr.ina.flags & FLAG_OPEN) != 0
+                           && (hdr.ina.count != 0 || hdr.ina.blocks != GROUPS))
+                       || ((hdr.ina.flags & FLAG_OPEN) == 0
+                           && (hdr.ina.count == 0 || hdr.ina.blocks != ((hdr.ina.count + 31) >> 5)))
+                       || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.blocks << 2)
+                                            + (hdr.ina.count << 2)) {
+                reason = DROP_MALFORMED;
+            } else {
+                cell = meta.slot_base + hdr.ina.slot;
+                if (hdr.ina.slot_version == 1) {
+                    cell = cell + SLOTS;
+                }
+                bit<16> up;
+                bit<16> epoch;
+                bit<64> chunk;
+                bit<24> cell_call;
+                slot_up.read(up, cell);
+                slot_epoch.read(epoch, cell);
+                slot_chunk.read(chunk, cell);
+                slot_call.read(cell_call, cell);
+                bool opening = (hdr.ina.flags & FLAG_OPEN) != 0;
+                bool waits = up[8:8] == 1 && epoch == hdr.ina.epoch;
+                if (opening) {
+                    // (A marked opening's result may name another leaf's call: the ranks
+                    // called differently, which every rank must learn.)
+                    waits = waits && chunk[31:16] == 0
+                            && (cell_call[23:8] == hdr.ina.call
+                                || (hdr.ina.flags & FLAG_MISMATCH) != 0);
+                } else {
+                    waits = waits && cell_call[23:8] == hdr.ina.call
+                            && chunk == hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
+                }
+                if (!waits) {
+                    ina_leaf.count(LEAF_STALE_DOWN);   // a copy, or of an earlier use
+                    mark_to_drop(standard_metadata);
+                } else {
+                    slot_up.write(cell, 0);
+                    bit<8> kept = 0;
+                    if (opening && chunk[15:0] != 0) {
+                        hdr.ina.flags = hdr.ina.flags | FLAG_MISMATCH;
+                    }
+                    if ((hdr.ina.flags & FLAG_MISMATCH) != 0) {
+                        kept = MARK_MISMATCH;
+                    }
+                    slot_marks.write(cell, kept);
+                    if (hdr.p0.isValid()) { exponent_0.write(cell, hdr.p0.exponent); proposal_0.write(cell, hdr.p0.proposal); }
+                    if (hdr.p1.isValid()) { exponent_1.write(cell, hdr.p1.exponent); proposal_1.write(cell, hdr.p1.proposal); }
+                    if (hdr.v0.isValid()) { value_0.write(cell, hdr.v0.v); }
+                    if (hdr.v1.isValid()) { value_1.write(cell, hdr.v1.v); }
+                    if (hdr.v2.isValid()) { value_2.write(cell, hdr.v2.v); }
+                    if (hdr.v3.isValid()) { value_3.write(cell, hdr.v3.v); }
+                    if (hdr.v4.isValid()) { value_4.write(cell, hdr.v4.v); }
+                    if (hdr.v5.isValid()) { value_5.write(cell, hdr.v5.v); }
+                    if (hdr.v6.isValid()) { value_6.write(cell, hdr.v6.v); }
+                    if (hdr.v7.isValid()) { value_7.write(cell, hdr.v7.v); }
+                    if (hdr.v8.isValid()) { value_8.write(cell, hdr.v8.v); }
+                    if (hdr.v9.isValid()) { value_9.write(cell, hdr.v9.v); }
+                    if (hdr.v10.isValid()) { value_10.write(cell, hdr.v10.v); }
+                    if (hdr.v11.isValid()) { value_11.write(cell, hdr.v11.v); }
+                    if (hdr.v12.isValid()) { value_12.write(cell, hdr.v12.v); }
+                    if (hdr.v13.isValid()) { value_13.write(cell, hdr.v13.v); }
+                    if (hdr.v14.isValid()) { value_14.write(cell, hdr.v14.v); }
+                    if (hdr.v15.isValid()) { value_15.write(cell, hdr.v15.v); }
+                    if (hdr.v16.isValid()) { value_16.write(cell, hdr.v16.v); }
+                    if (hdr.v17.isValid()) { value_17.write(cell, hdr.v17.v); }
+                    if (hdr.v18.isValid()) { value_18.write(cell, hdr.v18.v); }
+                    if (hdr.v19.isValid()) { value_19.write(cell, hdr.v19.v); }
+                    if (hdr.v20.isValid()) { value_20.write(cell, hdr.v20.v); }
+                    if (hdr.v21.isValid()) { value_21.write(cell, hdr.v21.v); }
+                    if (hdr.v22.isValid()) { value_22.write(cell, hdr.v22.v); }
+                    if (hdr.v23.isValid()) { value_23.write(cell, hdr.v23.v); }
+                    if (hdr.v24.isValid()) { value_24.write(cell, hdr.v24.v); }
+                    if (hdr.v25.isValid()) { value_25.write(cell, hdr.v25.v); }
+                    if (hdr.v26.isValid()) { value_26.write(cell, hdr.v26.v); }
+                    if (hdr.v27.isValid()) { value_27.write(cell, hdr.v27.v); }
+                    if (hdr.v28.isValid()) { value_28.write(cell, hdr.v28.v); }
+                    if (hdr.v29.isValid()) { value_29.write(cell, hdr.v29.v); }
+                    if (hdr.v30.isValid()) { value_30.write(cell, hdr.v30.v); }
+                    if (hdr.v31.isValid()) { value_31.write(cell, hdr.v31.v); }
+                    if (hdr.v32.isValid()) { value_32.write(cell, hdr.v32.v); }
+                    if (hdr.v33.isValid()) { value_33.write(cell, hdr.v33.v); }
+                    if (hdr.v34.isValid()) { value_34.write(cell, hdr.v34.v); }
+                    if (hdr.v35.isValid()) { value_35.write(cell, hdr.v35.v); }
+                    if (hdr.v36.isValid()) { value_36.write(cell, hdr.v36.v); }
+                    if (hdr.v37.isValid()) { value_37.write(cell, hdr.v37.v); }
+                    if (hdr.v38.isValid()) { value_38.write(cell, hdr.v38.v); }
+                    if (hdr.v39.isValid()) { value_39.write(cell, hdr.v39.v); }
+                    if (hdr.v40.isValid()) { value_40.write(cell, hdr.v40.v); }
+                    if (hdr.v41.isValid()) { value_41.write(cell, hdr.v41.v); }
+                    if (hdr.v42.isValid()) { value_42.write(cell, hdr.v42.v); }
+                    if (hdr.v43.isValid()) { value_43.write(cell, hdr.v43.v); }
+                    if (hdr.v44.isValid()) { value_44.write(cell, hdr.v44.v); }
+                    if (hdr.v45.isValid()) { value_45.write(cell, hdr.v45.v); }
+                    if (hdr.v46.isValid()) { value_46.write(cell, hdr.v46.v); }
+                    if (hdr.v47.isValid()) { value_47.write(cell, hdr.v47.v); }
+                    if (hdr.v48.isValid()) { value_48.write(cell, hdr.v48.v); }
+                    if (hdr.v49.isValid()) { value_49.write(cell, hdr.v49.v); }
+                    if (hdr.v50.isValid()) { value_50.write(cell, hdr.v50.v); }
+                    if (hdr.v51.isValid()) { value_51.write(cell, hdr.v51.v); }
+                    if (hdr.v52.isValid()) { value_52.write(cell, hdr.v52.v); }
+                    if (hdr.v53.isValid()) { value_53.write(cell, hdr.v53.v); }
+                    if (hdr.v54.isValid()) { value_54.write(cell, hdr.v54.v); }
+                    if (hdr.v55.isValid()) { value_55.write(cell, hdr.v55.v); }
+                    if (hdr.v56.isValid()) { value_56.write(cell, hdr.v56.v); }
+                    if (hdr.v57.isValid()) { value_57.write(cell, hdr.v57.v); }
+                    if (hdr.v58.isValid()) { value_58.write(cell, hdr.v58.v); }
+                    if (hdr.v59.isValid()) { value_59.write(cell, hdr.v59.v); }
+                    if (hdr.v60.isValid()) { value_60.write(cell, hdr.v60.v); }
+                    if (hdr.v61.isValid()) { value_61.write(cell, hdr.v61.v); }
+                    if (hdr.v62.isValid()) { value_62.write(cell, hdr.v62.v); }
+                    if (hdr.v63.isValid()) { value_63.write(cell, hdr.v63.v); }
+                    hdr.ina.worker_id = WORKER_NONE;
+                    hdr.ina.contributors = 0;   // none named: every rank of the tree
+                    answer_from_switch();
+                    standard_metadata.mcast_grp = meta.mcast_grp;
+                    ina_leaf.count(LEAF_CAME_DOWN);
+                    ina_job_results.count((bit<32>)hdr.ina.job_id);
+                }
+            }
         } else if ((hdr.ina.flags & (FLAG_RESULT | FLAG_CONTROL)) == FLAG_RESULT) {
             reason = DROP_RESULT_FROM_A_WORKER;
         } else if (!ina_workers.apply().hit) {
@@ -931,6 +1122,9 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 hdr.udp.length = hdr.udp.length + 8;
                 hdr.ipv4.total_len = hdr.ipv4.total_len + 8;
                 answer_from_switch();
+                if (meta.up == 1) {
+                    hdr.c2.v = CAPABILITIES_LEAF;
+                }
                 standard_metadata.egress_spec = standard_metadata.ingress_port;
             } else {
                 reason = DROP_MALFORMED;      // join/leave/faults: the software switch's
@@ -965,6 +1159,8 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 slot_bitmap.read(seen, cell);
                 slot_packets.read(count, cell);
                 slot_chunk.read(chunk, cell);
+                bit<16> up;
+                slot_up.read(up, cell);
                 bit<16> epoch;
                 slot_epoch.read(epoch, cell);
                 if (epoch != hdr.ina.epoch) {
@@ -975,6 +1171,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     count = 0;
                     counted = 0;
                     marks = 0;
+                    up = 0;
                     slot_epoch.write(cell, hdr.ina.epoch);
                 }
                 // This opening's own cell, done: it may answer a resend. Any other state
@@ -1011,10 +1208,37 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     }
                     hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = counted;
+                    if (meta.up == 1) {
+                        hdr.ina.contributors = 0;
+                    }
                     hdr.ina.mode_quorum = meta.mode_quorum;
                     hdr.ina.mode_generation = meta.mode_generation;
-                    answer_from_switch();
-                    standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    if (meta.up == 1 && up[8:8] == 1) {
+                        // A tree's leaf whose opening waits for the parent: up again.
+                        hdr.ina.flags = FLAG_OPEN;
+                        if (chunk[15:0] != 0) {
+                            hdr.ina.offset = chunk[63:32] ^ (32w0x80000000 | ((bit<32>)meta.up_worker + 1));
+                        }
+                        hdr.ina.seq = up[7:0];
+                        hdr.ina.flags = hdr.ina.flags | FLAG_RETRANSMIT;
+                        ina_leaf.count(LEAF_RESENT_UP);
+                        hdr.ina.worker_id = meta.up_worker;
+                        hdr.ina.contributors = 0;
+                        hdr.ina.mode_quorum = 0;
+                        hdr.ina.mode_generation = 0;
+                        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+                        hdr.ethernet.dst_addr = meta.parent_mac;
+                        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+                        hdr.ipv4.dst_addr = meta.parent_addr;
+                        hdr.udp.src_port = INA_PORT;
+                        hdr.udp.dst_port = meta.parent_port;
+                        hdr.udp.checksum = 0;
+                        standard_metadata.mcast_grp = 0;
+                        standard_metadata.egress_spec = meta.parent_out;
+                    } else {
+                        answer_from_switch();
+                        standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    }
                 } else if (count != 0 && chunk[31:16] != 0 && (marks & MARK_PREDICTED) == 0) {
                     reason = DROP_MISMATCHED_CHUNK;   // a chunk's data is in this cell
                 } else {
@@ -1075,8 +1299,35 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                         hdr.ina.contributors = seen | meta.worker_bit;
                         hdr.ina.mode_quorum = meta.mode_quorum;
                         hdr.ina.mode_generation = meta.mode_generation;
-                        answer_from_switch();
-                        standard_metadata.mcast_grp = meta.mcast_grp;
+                        if (meta.up == 1) {
+                            // A tree's leaf: the opening goes up as this leaf's.
+                            hdr.ina.flags = FLAG_OPEN;
+                            if (mark != 0) {
+                                hdr.ina.offset = chunk[63:32] ^ (32w0x80000000 | ((bit<32>)meta.up_worker + 1));
+                            }
+                            bit<8> up_seq;
+                            job_up_seq.read(up_seq, (bit<32>)hdr.ina.job_id);
+                            job_up_seq.write((bit<32>)hdr.ina.job_id, up_seq + 1);
+                            slot_up.write(cell, 8w1 ++ up_seq);
+                            hdr.ina.seq = up_seq;
+                            ina_leaf.count(LEAF_SENT_UP);
+                            hdr.ina.worker_id = meta.up_worker;
+                            hdr.ina.contributors = 0;
+                            hdr.ina.mode_quorum = 0;
+                            hdr.ina.mode_generation = 0;
+                            hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+                            hdr.ethernet.dst_addr = meta.parent_mac;
+                            hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+                            hdr.ipv4.dst_addr = meta.parent_addr;
+                            hdr.udp.src_port = INA_PORT;
+                            hdr.udp.dst_port = meta.parent_port;
+                            hdr.udp.checksum = 0;
+                            standard_metadata.mcast_grp = 0;
+                            standard_metadata.egress_spec = meta.parent_out;
+                        } else {
+                            answer_from_switch();
+                            standard_metadata.mcast_grp = meta.mcast_grp;
+                        }
                     } else {
                         slot_packets.write(cell, count);
                         mark_to_drop(standard_metadata);   // absorbed, not a drop
@@ -1088,6 +1339,8 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                    || hdr.ina.blocks != ((hdr.ina.count + 31) >> 5)
                    || (bit<16>)hdr.ina.quorum > meta.num_workers
                    || ((hdr.ina.flags & FLAG_PREDICTED) != 0 && hdr.ina.quorum != 0)
+                   || (meta.up == 1 && ((hdr.ina.flags & FLAG_PREDICTED) != 0
+                                        || hdr.ina.quorum != 0))
                    || hdr.udp.length != INA_UDP_BYTES + (hdr.ina.blocks << 2)
                                         + (hdr.ina.count << 2)) {
             reason = DROP_MALFORMED;
@@ -1111,6 +1364,8 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
             slot_bitmap.read(seen, cell);
             slot_packets.read(count, cell);
             slot_chunk.read(chunk, cell);
+            bit<16> up;
+            slot_up.read(up, cell);
             bit<16> epoch;
             slot_epoch.read(epoch, cell);
             if (epoch != hdr.ina.epoch) {
@@ -1121,6 +1376,7 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                 count = 0;
                 counted = 0;
                 marks = 0;
+                up = 0;
                 slot_epoch.write(cell, hdr.ina.epoch);
             }
             bit<64> this_chunk = hdr.ina.offset ++ hdr.ina.count ++ hdr.ina.blocks;
@@ -1206,7 +1462,9 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                                && chunk == this_chunk))) {
                 {
                     // Complete, and this worker missed the result, or a quorum finished
-                    // it without this worker: answer it alone (nothing is added).
+                    // it without this worker: answer it alone (nothing is added). At a
+                    // tree's leaf whose sum waits for the parent's result: the sum goes
+                    // up again, a retransmission.
                     if (hdr.p0.isValid()) { hdr.p0.exponent = exponent_in_0; hdr.p0.proposal = proposal_max_0; }
                     if (hdr.p1.isValid()) { hdr.p1.exponent = exponent_in_1; hdr.p1.proposal = proposal_max_1; }
                     if (hdr.v0.isValid()) { value_0.read(hdr.v0.v, cell); }
@@ -1279,10 +1537,33 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     else if ((marks & MARK_OVERFLOW) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_OVERFLOW; }
                     hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = counted;
+                    if (meta.up == 1) {
+                        hdr.ina.contributors = 0;   // none named: every rank of the tree
+                    }
                     hdr.ina.mode_quorum = meta.mode_quorum;
                     hdr.ina.mode_generation = meta.mode_generation;
-                    answer_from_switch();
-                    standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    if (meta.up == 1 && up[8:8] == 1) {
+                        hdr.ina.flags = 0;
+                        hdr.ina.seq = up[7:0];
+                        hdr.ina.flags = hdr.ina.flags | FLAG_RETRANSMIT;
+                        ina_leaf.count(LEAF_RESENT_UP);
+                        hdr.ina.worker_id = meta.up_worker;
+                        hdr.ina.contributors = 0;
+                        hdr.ina.mode_quorum = 0;
+                        hdr.ina.mode_generation = 0;
+                        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+                        hdr.ethernet.dst_addr = meta.parent_mac;
+                        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+                        hdr.ipv4.dst_addr = meta.parent_addr;
+                        hdr.udp.src_port = INA_PORT;
+                        hdr.udp.dst_port = meta.parent_port;
+                        hdr.udp.checksum = 0;
+                        standard_metadata.mcast_grp = 0;
+                        standard_metadata.egress_spec = meta.parent_out;
+                    } else {
+                        answer_from_switch();
+                        standard_metadata.egress_spec = standard_metadata.ingress_port;
+                    }
                 }
             } else if (count != 0 && !predicted && !predicted_use
                        && (chunk != this_chunk || exponents_differ || cell_call != this_call)) {
@@ -1490,9 +1771,33 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     if ((use_marks & MARK_MISMATCH) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_MISMATCH; }
                     else if ((use_marks & MARK_OVERFLOW) != 0) { hdr.ina.flags = hdr.ina.flags | FLAG_OVERFLOW; }
                     hdr.ina.worker_id = WORKER_NONE;
-                    answer_from_switch();
-                    standard_metadata.mcast_grp = meta.mcast_grp;
-                    ina_job_results.count((bit<32>)hdr.ina.job_id);
+                    if (meta.up == 1) {
+                        // A tree's leaf: the sum goes up as this leaf's packet.
+                        hdr.ina.flags = 0;
+                        bit<8> up_seq;
+                        job_up_seq.read(up_seq, (bit<32>)hdr.ina.job_id);
+                        job_up_seq.write((bit<32>)hdr.ina.job_id, up_seq + 1);
+                        slot_up.write(cell, 8w1 ++ up_seq);
+                        hdr.ina.seq = up_seq;
+                        ina_leaf.count(LEAF_SENT_UP);
+                        hdr.ina.worker_id = meta.up_worker;
+                        hdr.ina.contributors = 0;
+                        hdr.ina.mode_quorum = 0;
+                        hdr.ina.mode_generation = 0;
+                        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+                        hdr.ethernet.dst_addr = meta.parent_mac;
+                        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+                        hdr.ipv4.dst_addr = meta.parent_addr;
+                        hdr.udp.src_port = INA_PORT;
+                        hdr.udp.dst_port = meta.parent_port;
+                        hdr.udp.checksum = 0;
+                        standard_metadata.mcast_grp = 0;
+                        standard_metadata.egress_spec = meta.parent_out;
+                    } else {
+                        answer_from_switch();
+                        standard_metadata.mcast_grp = meta.mcast_grp;
+                        ina_job_results.count((bit<32>)hdr.ina.job_id);
+                    }
                 } else {
                     slot_packets.write(cell, count);
                     mark_to_drop(standard_metadata);   // absorbed, not a drop

@@ -39,6 +39,7 @@ class Aggregator(FaultInjection):
     came_down: int
     stale_down: int
     parent_held: int
+    parent_nacks: int
     leaves: bool
     def __init__(self, fd: int, seed: int = ...) -> None:
         """Aggregate the datagrams of UDP socket ``fd``; seed: the fault injection's RNG."""
@@ -59,6 +60,8 @@ class Aggregator(FaultInjection):
     def set_parent(self, job_id: int, addr_be: int, port_be: int, worker: int) -> None:
         """The job is a tree's leaf here: completed cells go up to the parent at this
         address as its worker ``worker``; KeyError if no job."""
+    def clear_parent(self, job_id: int) -> None:
+        """The job is no tree's leaf here any more; KeyError if no job."""
     def is_managed(self, job_id: int) -> bool:
         """Whether the job is a controller's (False if there is no such job)."""
     def set_replicas(self, job_id: int, replicas: list[tuple[int, int]]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..errors import ControlError, TargetUnavailable
 from .cli import main
 from .controller import Controller, write_p4info
-from .job import JobSpec, Worker, load_workers
+from .job import JobSpec, Parent, Worker, load_workers
 
-__all__ = ["Controller", "JobSpec", "Worker", "load_workers", "ControlError",
+__all__ = ["Controller", "JobSpec", "Parent", "Worker", "load_workers", "ControlError",
            "TargetUnavailable", "main", "write_p4info"]

@@ -319,6 +319,20 @@ class Controller:
             entries.append(te)
         return entries
 
+    def _parent_entries(self, job: JobSpec) -> list[Any]:
+        """The job's ina_parents entry where it is a tree's leaf here, else none."""
+        if job.parent is None:
+            return []
+        p = job.parent
+        te = self._sh.TableEntry(S.PARENTS.name)(action=S.SET_PARENT.name)
+        te.match["job_id"] = str(job.job_id)
+        for name, value in (("parent_addr", p.ip), ("parent_port", str(p.udp_port)),
+                            ("parent_mac", p.mac), ("port", str(p.switch_port)),
+                            ("up_worker", str(p.worker)), ("mcast_grp", str(job.group)),
+                            ("slot_base", str(job.slot_base)), ("slot_count", str(job.slots))):
+            te.action[name] = value
+        return [te]
+
     def _group_entry(self, job: JobSpec) -> Any:
         group = self._sh.MulticastGroupEntry(job.group)
         for wid, w in enumerate(job.workers):
@@ -355,6 +369,10 @@ class Controller:
         if job.slot_base + job.slots > build.slots:
             raise ControlError(f"job {job.job_id}: slots {job.slot_base}+{job.slots} exceed "
                                f"the target's {build.slots}")
+        if job.parent is not None and S.PARENTS.name not in build.ids:
+            raise ControlError(f"job {job.job_id} has a parent, but the target's build has "
+                               f"no {S.PARENTS.name}: it cannot be a tree's leaf (the v1model "
+                               f"program of p4/gen.py can; p4/README.md)")
         workers = self._worker_entries(job)
         names = [f"worker {i} ({w.ip}:{w.udp_port})" for i, w in enumerate(job.workers)]
         try:
@@ -366,6 +384,9 @@ class Controller:
             self._write(f"installing job {job.job_id}'s result rewrites",
                         [self._update("INSERT", te) for te in self._rewrite_entries(job)],
                         [f"rewrite for worker {i}" for i in range(len(job.workers))])
+            self._write(f"installing job {job.job_id}'s parent",
+                        [self._update("INSERT", te) for te in self._parent_entries(job)],
+                        ["parent"])
         except ControlError as exc:
             codes = getattr(exc, "codes", [])
             if "ALREADY_EXISTS" not in codes:  # never remove another session's entries
@@ -456,7 +477,8 @@ class Controller:
 
     def _remove(self, job: JobSpec, quiet: bool) -> None:
         problems = []
-        steps = [("mode", [self._mode_entry(job.job_id)]),
+        steps = [("parent", self._parent_entries(job) if S.PARENTS.name in self.build.ids
+                  else []), ("mode", [self._mode_entry(job.job_id)]),
                  ("rewrite", self._rewrite_entries(job)), ("group", [self._group_entry(job)]),
                  ("worker", self._worker_entries(job))]
         for what, entities in steps:
@@ -533,19 +555,31 @@ class Controller:
 
     def read_drops(self) -> dict[str, int]:
         """The aggregator's drop counter, by reason (protocol.DROP_REASONS)."""
+        return self._read_counter(S.DROPS_COUNTER_NAME, S.DROP_REASONS, "the drop counter")
+
+    def read_leaf(self) -> dict[str, int]:
+        """A tree leaf's traffic with its parents, by event (schema.LEAF_EVENTS: sums sent
+        up and sent again, results that came down or came stale, the parents' held answers
+        and NACKs), over every job that is a leaf here."""
+        if S.LEAF_COUNTER_NAME not in self._need().ids:
+            raise ControlError(f"the target's P4Info has no {S.LEAF_COUNTER_NAME} (a build "
+                               "without the leaf role)")
+        return self._read_counter(S.LEAF_COUNTER_NAME, S.LEAF_EVENTS, "the leaf counter")
+
+    def _read_counter(self, name: str, labels: Sequence[str], what: str) -> dict[str, int]:
         from p4.v1 import p4runtime_pb2
 
         build = self._need()
         entity = p4runtime_pb2.Entity()
-        entity.counter_entry.counter_id = build.ids[S.DROPS_COUNTER_NAME]
+        entity.counter_entry.counter_id = build.ids[name]
         counts = {}
         try:
             for reply in self._client.read_one(entity):
                 for e in reply.entities:
-                    counts[S.DROP_REASONS[e.counter_entry.index.index]] = \
+                    counts[labels[e.counter_entry.index.index]] = \
                         e.counter_entry.data.packet_count
         except Exception as exc:
-            raise ControlError(_write_error("reading the drop counter", exc)) from None
+            raise ControlError(_write_error(f"reading {what}", exc)) from None
         return counts
 
     def read_job_results(self, job_id: int) -> int:

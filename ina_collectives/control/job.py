@@ -31,6 +31,30 @@ class Worker:
 
 
 @dataclass(frozen=True)
+class Parent:
+    """A tree leaf's parent (docs/trees.md): the aggregator its sums go up to (IPv4 and UDP
+    port), this leaf's worker id there, and the MAC and the switch's egress port towards it
+    (a P4 switch's; the software switch sends from its socket)."""
+    ip: str
+    udp_port: int = P.UDP_PORT
+    worker: int = 0
+    mac: str = "00:00:00:00:00:00"
+    switch_port: int = 0
+
+    def __post_init__(self) -> None:
+        ipaddress.IPv4Address(self.ip)  # ValueError for a malformed address
+        if not 0 < self.udp_port < 65536:
+            raise ValueError(f"parent UDP port {self.udp_port} is out of range")
+        if not 0 <= self.worker < P.MAX_WORKERS:
+            raise ValueError(f"the leaf's worker id at its parent must be 0.."
+                             f"{P.MAX_WORKERS - 1}, got {self.worker}")
+        if len(self.mac.split(":")) != 6:
+            raise ValueError(f"parent MAC {self.mac!r} is not aa:bb:cc:dd:ee:ff")
+        if not 0 <= self.switch_port < 512:
+            raise ValueError(f"switch port {self.switch_port} does not fit 9 bits")
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """One job: worker id = index in ``workers`` (= MPI rank); ``slots`` S of the job,
     cells ``slot_base`` .. ``slot_base + slots - 1`` of the pipeline's register pool."""
@@ -42,6 +66,7 @@ class JobSpec:
     elements: int = 0   # K the ranks will use; 0: the target's (checked when given)
     value_bits: int = 0  # the values' width the ranks will use (32, 16); 0: the target's
     block: int = 0       # B, values per sub-block the ranks will use; 0: the target's
+    parent: Parent | None = None  # a tree's leaf here: where its sums go up
 
     def __post_init__(self) -> None:
         if not 1 <= self.job_id < 65536:

@@ -101,8 +101,20 @@ SYNC_MODE = Action(f"{INGRESS}.sync_mode", _id(_ACTION, 9))
 MODES = Table(f"{INGRESS}.ina_modes", _id(_TABLE, 4), (
     Field("job_id", 16, "hdr.ina.job_id"),), (SET_MODE,), SYNC_MODE, 1024)
 
-TABLES = (WORKERS, L2, REPLICAS, MODES)
-ACTIONS = (ADMIT, REJECT, FORWARD, DROP, REWRITE, DROP_REPLICA, ANSWER, SET_MODE, SYNC_MODE)
+# -- a tree's leaf (docs/trees.md): job -> its parent, where a completed cell's sum goes up
+# as worker up_worker's packet (from this switch's address and the INA port, out of `port`
+# to `parent_mac`), and the job's group and slots, for the results that come down --------
+SET_PARENT = Action(f"{INGRESS}.set_parent", _id(_ACTION, 10), (
+    Field("parent_addr", 32), Field("parent_port", 16), Field("parent_mac", 48),
+    Field("port", 9), Field("up_worker", 16), Field("mcast_grp", 16), Field("slot_base", 32),
+    Field("slot_count", 32)))
+NO_PARENT = Action(f"{INGRESS}.no_parent", _id(_ACTION, 11))
+PARENTS = Table(f"{INGRESS}.ina_parents", _id(_TABLE, 5), (
+    Field("job_id", 16, "hdr.ina.job_id"),), (SET_PARENT,), NO_PARENT, 1024)
+
+TABLES = (WORKERS, L2, REPLICAS, MODES, PARENTS)
+ACTIONS = (ADMIT, REJECT, FORWARD, DROP, REWRITE, DROP_REPLICA, ANSWER, SET_MODE, SYNC_MODE,
+           SET_PARENT, NO_PARENT)
 
 # -- registers: per cell (2 S of them) ------------------------------------------------
 
@@ -137,6 +149,11 @@ MARK_MISMATCH = 2    # a packet of it differed in call, offset, count, width, id
 MARK_OVERFLOW = 4    # only the exponents differed: the cell keeps their max
 # Per cell; with the pairs', what a job reset zeroes.
 STATE_REGISTERS = (BITMAP, COUNT, CHUNK, EPOCH, CALL, CONTRIBUTORS, IDENT, MARKS)
+# A tree's leaf, the program's own (no controller reads or writes them): per cell, whether
+# its sum went up and waits for the parent's result (bit 8) and the packet number it went
+# up with (bits 0-7, the same in a resend); per job id, the number of its next packet up.
+UP = Register(f"{INGRESS}.slot_up", _id(_REGISTER, 10), 16)
+UP_SEQ = Register(f"{INGRESS}.job_up_seq", _id(_REGISTER, 11), 8)
 EXPONENT_PREFIX = f"{INGRESS}.exponent_"
 PROPOSAL_PREFIX = f"{INGRESS}.proposal_"
 VALUE_PREFIX = f"{INGRESS}.value_"
@@ -231,6 +248,10 @@ DROPS_COUNTER_NAME, DROPS_COUNTER_ID = f"{INGRESS}.ina_drops", _id(_COUNTER, 1)
 JOB_RESULTS_COUNTER_NAME = f"{INGRESS}.ina_job_results"
 JOB_RESULTS_COUNTER_ID = _id(_COUNTER, 2)
 JOB_IDS = 65536
+# -- a tree leaf's traffic with its parent, by event (the software leaf's status counts) --
+LEAF_COUNTER_NAME, LEAF_COUNTER_ID = f"{INGRESS}.ina_leaf", _id(_COUNTER, 3)
+LEAF_EVENTS = ("sent_up", "resent_up", "came_down", "stale_down", "parent_held",
+               "parent_nacks")
 
 # What the controller writes or reads (the software switch serves exactly these).
 ENTITIES_USED = (WORKERS.name, ADMIT.name, REPLICAS.name, REWRITE.name, MODES.name,
@@ -298,12 +319,18 @@ def p4info(k: int = DEFAULT_ELEMENTS, slots: int = DEFAULT_SLOTS,
     c.preamble.alias = JOB_RESULTS_COUNTER_NAME.split(".")[-1]
     c.spec.unit = p4info_pb2.CounterSpec.PACKETS
     c.size = JOB_IDS
-    for reg in build_registers(k, block, value_bits):
+    c = info.counters.add()
+    c.preamble.id, c.preamble.name = LEAF_COUNTER_ID, LEAF_COUNTER_NAME
+    c.preamble.alias = LEAF_COUNTER_NAME.split(".")[-1]
+    c.spec.unit = p4info_pb2.CounterSpec.PACKETS
+    c.size = len(LEAF_EVENTS)
+    for reg, size in ((*((r, 2 * slots) for r in build_registers(k, block, value_bits)),
+                       (UP, 2 * slots), (UP_SEQ, JOB_IDS))):
         r = info.registers.add()
         r.preamble.id, r.preamble.name = reg.id, reg.name
         r.preamble.alias = reg.name.split(".")[-1]
         r.type_spec.bitstring.bit.bitwidth = reg.bits
-        r.size = 2 * slots
+        r.size = size
     return info
 
 
@@ -409,6 +436,7 @@ def read_build(info: Any) -> Build:
             ids[action.name] = a.preamble.id
     if CALL.name not in registers and BITMAP.name in registers:
         return _tofino_build(info, ids, registers)
+    _leaf_ids(tables, actions, ids)
     sizes = set()
     for reg in STATE_REGISTERS:
         r = registers.get(reg.name)
@@ -448,10 +476,23 @@ def read_build(info: Any) -> Build:
     return Build(k, min(sizes) // 2, ids, block, value_bits)
 
 
+def _leaf_ids(tables: dict[str, Any], actions: dict[str, Any], ids: dict[str, int]) -> None:
+    """The leaf table's ids, where the build has it (a build older than trees, or a
+    Tofino one, has none: the controller then refuses a job with a parent)."""
+    t, a = tables.get(PARENTS.name), actions.get(SET_PARENT.name)
+    if t is None or a is None:
+        return
+    have = [(p.name, p.bitwidth) for p in a.params]
+    want = [(p.name, p.bits) for p in SET_PARENT.params]
+    if have != want:
+        raise ValueError(f"action {SET_PARENT.name}: parameters {have}, expected {want}")
+    ids[PARENTS.name], ids[SET_PARENT.name] = t.preamble.id, a.preamble.id
+
+
 def _counter_ids(info: Any, ids: dict[str, int]) -> None:
     for counter in info.counters:
         name = local_name(counter.preamble.name)
-        if name in (DROPS_COUNTER_NAME, JOB_RESULTS_COUNTER_NAME):
+        if name in (DROPS_COUNTER_NAME, JOB_RESULTS_COUNTER_NAME, LEAF_COUNTER_NAME):
             ids[name] = counter.preamble.id
 
 

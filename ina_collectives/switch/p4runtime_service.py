@@ -18,6 +18,7 @@ Needs the p4 extra (grpcio, p4runtime); the switch imports this only when asked 
 """
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import logging
 import threading
@@ -220,7 +221,8 @@ class Target:
 
     def _table_update(self, kind: int, entry: Any) -> None:
         build = self._need_pipeline()
-        schema = {build.ids[t.name]: t for t in (S.WORKERS, S.REPLICAS, S.MODES)}
+        schema = {build.ids[t.name]: t for t in (S.WORKERS, S.REPLICAS, S.MODES, S.PARENTS)
+                  if t.name in build.ids}
         table = schema.get(entry.table_id)
         if entry.table_id not in self.tables:
             raise P4RuntimeError(code_pb2.NOT_FOUND, f"no table with id {entry.table_id}")
@@ -246,6 +248,8 @@ class Target:
             self._validate_rewrite(params)
         elif table is S.MODES:
             self._mode_update(fields["job_id"], params, entries.get(key))
+        elif table is S.PARENTS:
+            self._parent_update(fields["job_id"], params)
         if kind == U.DELETE:
             del entries[key]
         else:
@@ -361,6 +365,39 @@ class Target:
                                  f"{S.MODES.name} entry for job {job_id}: {exc}") from None
         log.info("job %d: mode %s (generation %d)", job_id,
                  f"quorum {quorum}" if quorum else "sync", generation)
+
+    def _parent_update(self, job_id: int, params: dict[str, int] | None) -> None:
+        """An ina_parents entry makes the job a tree's leaf here (docs/trees.md): its
+        completed cells go up to the parent from this switch's socket; deleting it makes
+        the job an ordinary one again. The switch's own socket is the leaf's address (the
+        entry's port and MAC are a P4 switch's)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise P4RuntimeError(code_pb2.NOT_FOUND,
+                                 f"{S.PARENTS.name}: no job {job_id} (install its workers "
+                                 "first)")
+        if params is None:
+            self.aggregator.clear_parent(job_id)
+            log.info("job %d: no parent, a flat job again", job_id)
+            return
+        if (params["mcast_grp"], params["slot_base"], params["slot_count"]) != (
+                job.mcast_grp, job.slot_base, job.slot_count):
+            raise P4RuntimeError(code_pb2.INVALID_ARGUMENT,
+                                 f"{S.PARENTS.name} entry for job {job_id}: group and slots "
+                                 f"{params['mcast_grp']}, {params['slot_base']}+"
+                                 f"{params['slot_count']} differ from its workers' "
+                                 f"{job.mcast_grp}, {job.slot_base}+{job.slot_count}")
+        # (Its jobs then take openings alone, as a leaf by topology: server.py.)
+        self.aggregator.features &= ~(P.CAP_PREDICT | P.CAP_QUORUM)
+        try:
+            self.aggregator.set_parent(job_id, P.ipv4_int_be(params["parent_addr"]),
+                                       P.port_be(params["parent_port"]), params["up_worker"])
+        except ValueError as exc:
+            raise P4RuntimeError(code_pb2.INVALID_ARGUMENT,
+                                 f"{S.PARENTS.name} entry for job {job_id}: {exc}") from None
+        log.info("job %d: a tree's leaf, worker %d of the parent at %s:%d", job_id,
+                 params["up_worker"], ipaddress.IPv4Address(params["parent_addr"]),
+                 params["parent_port"])
 
     def _check_worker(self, job_id: int, p: dict[str, int], replacing: int | None = None
                       ) -> None:
@@ -532,24 +569,28 @@ class Target:
         build = self._need_pipeline()
         drops = build.ids.get(S.DROPS_COUNTER_NAME)
         jobs = build.ids.get(S.JOB_RESULTS_COUNTER_NAME)
-        wanted = [c for c in (drops, jobs) if c is not None and entry.counter_id in (0, c)]
+        leaf = build.ids.get(S.LEAF_COUNTER_NAME)
+        wanted = [c for c in (drops, jobs, leaf)
+                  if c is not None and entry.counter_id in (0, c)]
         if not wanted:
             raise P4RuntimeError(code_pb2.NOT_FOUND, f"no counter with id {entry.counter_id}")
+        sizes = {drops: len(S.DROP_REASONS), jobs: S.JOB_IDS, leaf: len(S.LEAF_EVENTS)}
         for cid in wanted:
-            size = len(S.DROP_REASONS) if cid == drops else S.JOB_IDS
+            size = sizes[cid]
             if entry.HasField("index") and not 0 <= entry.index.index < size:
                 raise P4RuntimeError(code_pb2.OUT_OF_RANGE,
                                      f"counter index {entry.index.index} (size {size})")
             if entry.HasField("index"):
                 indices = [entry.index.index]
             else:
-                indices = range(size) if cid == drops else self.aggregator.job_ids()
+                indices = self.aggregator.job_ids() if cid == jobs else range(size)
             for i in indices:
                 out = p4runtime_pb2.Entity()
                 out.counter_entry.counter_id = cid
                 out.counter_entry.index.index = i
                 out.counter_entry.data.packet_count = (
                     self.aggregator.drop_count(i) if cid == drops
+                    else getattr(self.aggregator, S.LEAF_EVENTS[i]) if cid == leaf
                     else self.aggregator.job_results(i) or 0)
                 yield out
 

@@ -183,10 +183,12 @@ class SoftwareSwitch:
                                "results": a.job_results(job) or 0}
                          for job, slots in self.job_slots.items()},
                 "control overflow": a.control_overflow,
-                **({"parent": "%s:%d" % self.parent, "sent_up": a.sent_up,
+                **({"parent": "%s:%d" % self.parent if self.parent is not None
+                    else "installed", "sent_up": a.sent_up,
                     "resent_up": a.resent_up, "came_down": a.came_down,
-                    "stale_down": a.stale_down, "parent_held": a.parent_held}
-                   if self.parent is not None else {}),
+                    "stale_down": a.stale_down, "parent_held": a.parent_held,
+                    "parent_nacks": a.parent_nacks}
+                   if self.parent is not None or a.leaves else {}),
                 **({"p4runtime jobs": len(self.target.jobs)} if self.p4runtime else {})}
 
     def status_line(self) -> str:
@@ -504,7 +506,8 @@ def status_text(address: str, s: dict) -> str:
     if "parent" in s:  # a tree's leaf
         fields += [("parent", s["parent"]), ("sent_up", s["sent_up"]),
                    ("resent_up", s["resent_up"]), ("came_down", s["came_down"]),
-                   ("stale_down", s["stale_down"]), ("parent_held", s["parent_held"])]
+                   ("stale_down", s["stale_down"]), ("parent_held", s["parent_held"]),
+                   ("parent_nacks", s["parent_nacks"])]
     fields += [("send_calls", s["send_calls"]), ("send_path", s["send_path"]),
                ("gro_buffers", s["gro_buffers"])]
     if s["send_failures"]:

@@ -4,6 +4,7 @@ fabric of tests/integration/fabric.py, what comes back to each, and the aggregat
 counters as the controller reads them."""
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from contextlib import contextmanager
@@ -13,9 +14,12 @@ from typing import Iterator
 import numpy as np
 
 from ina_collectives import protocol as P
+from ina_collectives.control import Parent
+from ina_collectives.testing.fabric import worker_ip, worker_mac
 from tests.integration.fabric import SWITCH_IP, Fabric
 
 SWITCH = (SWITCH_IP, P.UDP_PORT)
+PARENT_PORT = 42000  # a tree's parent, played by the socket of the fabric's third namespace
 
 
 class Workers:
@@ -72,13 +76,21 @@ class Workers:
 
 @contextmanager
 def installed(kind: str, job_id: int, k: int, slots: int, block: int, value_bits: int,
-              log_dir: Path) -> Iterator[Workers]:
+              log_dir: Path, leaf: bool = False) -> Iterator[Workers]:
     """Two workers of job ``job_id``, installed by the controller on a fabric whose
-    aggregator is ``kind`` (software or bmv2)."""
-    with Fabric(kind, 2, k, slots, block, value_bits, log_dir=log_dir) as fabric:
+    aggregator is ``kind`` (software or bmv2). ``leaf``: the job is a tree's leaf there,
+    worker 1 of a parent that a third socket plays (socks[2], in namespace 2 at
+    PARENT_PORT)."""
+    with Fabric(kind, 3 if leaf else 2, k, slots, block, value_bits,
+                log_dir=log_dir) as fabric:
         job = fabric.job(job_id, [0, 1])
+        if leaf:
+            job = dataclasses.replace(job, parent=Parent(worker_ip(2), PARENT_PORT, 1,
+                                                         worker_mac(2), 3))
         fabric.configure(job)
         socks = [fabric.udp_socket(r, w.udp_port) for r, w in enumerate(job.workers)]
+        if leaf:
+            socks.append(fabric.udp_socket(2, PARENT_PORT))
         try:
             yield Workers(fabric, socks)
         finally:

@@ -162,8 +162,8 @@ def assert_consistent(program: str, info) -> None:
     declared = {}
     for m in re.finditer(r"control (\w+)\(.*?\n}\n", program, re.S):
         for d in re.finditer(r"@id\((0x[0-9a-f]+)\)\s*(?:action|table|register<bit<(\d+)>>"
-                             r"\(CELLS\)|counter\((\d+), CounterType\.packets\))\s*(\w+)",
-                             m.group(0)):
+                             r"\((?:CELLS|JOB_IDS)\)|counter\((\d+), CounterType\.packets\))"
+                             r"\s*(\w+)", m.group(0)):
             declared[f"{m.group(1)}.{d.group(4)}"] = (int(d.group(1), 16), d.group(2),
                                                      d.group(3))
     entities = ([(t.preamble, None) for t in info.tables]
@@ -176,7 +176,8 @@ def assert_consistent(program: str, info) -> None:
         if bits:
             assert declared[preamble.name][1] == bits, preamble.name
     cells = int(re.search(r"const bit<32> CELLS\s+= (\d+);", program).group(1))
-    assert all(r.size == cells for r in info.registers)
+    assert all(r.size == (S.JOB_IDS if r.preamble.name == S.UP_SEQ.name else cells)
+               for r in info.registers)
     counter = next(iter(info.counters))
     assert declared[counter.preamble.name][2] == str(counter.size) == str(len(P.DROP_REASONS))
     for t in info.tables:
