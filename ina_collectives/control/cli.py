@@ -9,8 +9,9 @@ from typing import Sequence
 
 from ..errors import ControlError
 from ..helpformat import DefaultsHelpFormatter
+from . import schema as S
 from .controller import Controller
-from .job import JobSpec, load_workers
+from .job import JobSpec, Parent, load_workers
 from .pipeline import TARGETS
 
 DESCRIPTION = ("What ina-run does through the controller, by hand, for ranks started some "
@@ -53,6 +54,18 @@ def _parser() -> argparse.ArgumentParser:
     spec.add_argument("--value-bits", type=int, default=0,
                       help="the values' width the ranks will use, 32 or 16, checked against "
                            "the build (0: the build's)")
+    leaf = argparse.ArgumentParser(add_help=False)
+    tree = leaf.add_argument_group("a tree's leaf (docs/trees.md)")
+    tree.add_argument("--parent", metavar="HOST:PORT",
+                      help="the job is a tree's leaf here: its sums go up to the aggregator "
+                           "at this address, which has this switch (its address, the INA "
+                           "port) as a worker of the same job id")
+    tree.add_argument("--parent-worker", type=int, default=0, metavar="ID",
+                      help="this leaf's worker id at the parent")
+    tree.add_argument("--parent-mac", default="00:00:00:00:00:00",
+                      help="the MAC towards the parent (a P4 switch's rewrite)")
+    tree.add_argument("--parent-switch-port", type=int, default=0, metavar="PORT",
+                      help="the switch's egress port towards the parent (a P4 switch's)")
 
     parser = argparse.ArgumentParser(prog="python -m ina_collectives.control",
                                      description=DESCRIPTION)
@@ -62,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="the build, the installed jobs, groups, drops and modes",
                        description="Show the target's build, installed jobs, multicast "
                                    "groups, drop counters and jobs' modes.")
-    actions.add_parser("configure", parents=[target, pipeline, job], formatter_class=defaults,
+    actions.add_parser("configure", parents=[target, pipeline, job, leaf],
+                       formatter_class=defaults,
                        help="install a job; prints what its ranks must be told",
                        description="Install a job's workers, multicast group and rewrites; "
                                    "print the INA_* settings its ranks need.")
@@ -80,6 +94,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parent(args: argparse.Namespace) -> Parent | None:
+    """--parent HOST:PORT and its companions; ValueError naming the option if malformed."""
+    if args.parent is None:
+        return None
+    host, sep, port = args.parent.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--parent {args.parent!r}: HOST:PORT expected (an IPv4 address)")
+    try:
+        return Parent(host, int(port), args.parent_worker, args.parent_mac,
+                      args.parent_switch_port)
+    except ValueError as exc:
+        raise ValueError(f"--parent {args.parent}: {exc}") from None
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
     try:
@@ -92,16 +120,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ina_collectives.control {show,configure,teardown,mode} ...``."""
     args = _parser().parse_args(argv)
     for name in ("p4info", "device_config", "p4_target", "push", "workers", "slots",
-                 "slot_base", "value_bits", "block"):
+                 "slot_base", "value_bits", "block", "parent"):
         if not hasattr(args, name):
             setattr(args, name, None if name in ("p4info", "device_config", "p4_target",
-                                                 "workers")
+                                                 "workers", "parent")
                     else "never" if name == "push" else 0)
     try:
         job = None
         if args.action in ("configure", "teardown"):
             job = JobSpec(args.job_id, load_workers(args.workers), args.slots,
-                          args.slot_base, value_bits=args.value_bits, block=args.block)
+                          args.slot_base, value_bits=args.value_bits, block=args.block,
+                          parent=_parent(args))
         with Controller(args.target, args.p4info, args.device_config, push=args.push,
                         device_id=args.device_id, timeout=args.timeout,
                         target=args.p4_target) as controller:
@@ -132,6 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for group, replicas in sorted(controller.read_groups().items()):
                     print(f"group {group}: replicas {replicas}")
                 print("drops:", {k: v for k, v in controller.read_drops().items() if v})
+                if S.LEAF_COUNTER_NAME in build.ids:  # a tree's leaf: its traffic up
+                    leaf = {k: v for k, v in controller.read_leaf().items() if v}
+                    if leaf:
+                        print("leaf:", leaf)
                 for w in {w["job_id"] for w in controller.read_workers()}:
                     quorum, generation = controller.read_mode(w)
                     if generation:

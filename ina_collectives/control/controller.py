@@ -333,6 +333,13 @@ class Controller:
             te.action[name] = value
         return [te]
 
+    def _parent_key(self, job: JobSpec) -> Any:
+        """The job's ina_parents entry as a delete names it (by job id alone: a teardown
+        need not know the parent)."""
+        te = self._sh.TableEntry(S.PARENTS.name)
+        te.match["job_id"] = str(job.job_id)
+        return te
+
     def _group_entry(self, job: JobSpec) -> Any:
         group = self._sh.MulticastGroupEntry(job.group)
         for wid, w in enumerate(job.workers):
@@ -477,7 +484,7 @@ class Controller:
 
     def _remove(self, job: JobSpec, quiet: bool) -> None:
         problems = []
-        steps = [("parent", self._parent_entries(job) if S.PARENTS.name in self.build.ids
+        steps = [("parent", [self._parent_key(job)] if S.PARENTS.name in self.build.ids
                   else []), ("mode", [self._mode_entry(job.job_id)]),
                  ("rewrite", self._rewrite_entries(job)), ("group", [self._group_entry(job)]),
                  ("worker", self._worker_entries(job))]

@@ -15,6 +15,7 @@ P4Runtime server over the fabric's management veth.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ina_collectives import protocol as P
-from ina_collectives.control import Controller, JobSpec, Worker
+from ina_collectives.control import Controller, JobSpec, Parent, Worker
 from ina_collectives.control import schema as S
 from ina_collectives.testing import bmv2
 from ina_collectives.testing import fabric as namespaces
@@ -129,6 +130,33 @@ class Fabric(namespaces.Fabric):
         with Controller(self.p4runtime_address, self.p4info, self.device_config,
                         push=push, timeout=10) as c:
             yield c
+
+    @contextmanager
+    def root(self, worker: int, job_id: int, slots: int) -> Iterator[Parent]:
+        """A tree's root above this fabric's aggregator (docs/trees.md): a software switch
+        in worker namespace ``worker``, its job ``job_id`` installed by the controller
+        (the CLI, run in that namespace) with one worker, the aggregator at its address
+        and the INA port; yields the Parent the aggregator's leaf entry names."""
+        from ina_collectives.switch.embedded import embedded_switch
+
+        grpc = f"127.0.0.1:{GRPC_PORT + 1}"
+        workers = self.log_dir / f"root-{job_id}-workers.json"
+        workers.write_text(json.dumps([{"ip": SWITCH_IP, "udp_port": P.UDP_PORT}]))
+        p4info = self.log_dir / "root.p4info.txt"
+        p4info.write_text(S.p4info_text(self.k, self.slots, self.block, self.value_bits))
+        launcher = ["ip", "netns", "exec", self.worker_ns[worker]]
+        with embedded_switch("--p4runtime-port", str(GRPC_PORT + 1), "--p4runtime-host",
+                             "127.0.0.1", "--max-elements", str(max(self.k, 64)),
+                             host=worker_ip(worker), launcher=launcher) as switch:
+            done = subprocess.run(
+                [*launcher, sys.executable, "-m", "ina_collectives.control", "configure",
+                 "--target", grpc, "--p4info", str(p4info), "--device-config", str(p4info),
+                 "--p4-target", "bmv2", "--push", "always", "--job-id", str(job_id),
+                 "--workers", str(workers), "--slots", str(slots)],
+                env=child_env(keep_settings=True), capture_output=True, text=True,
+                timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
+            yield Parent(worker_ip(worker), switch.port, 0, worker_mac(worker), worker + 1)
 
     # -- jobs and ranks ------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ a second: tensors stay small.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -172,6 +173,46 @@ def test_loss_on_the_links_both_ways_gives_the_same_results(fabric, aggregator, 
     for a, b in zip(clean, lossy):
         assert [x.tobytes() for x in a["results"]] == [x.tobytes() for x in b["results"]]
         assert b["stats"]["engines"] == {"ina": 2}, b["stats"].get("fallback_reasons")
+
+
+def test_a_leaf_under_a_root_serves_every_call_with_loss_at_each_level(fabric, aggregator):
+    """The aggregator as a tree's leaf (docs/trees.md; its ina_parents entry, installed by
+    the controller): two ranks under it, and a root above it, a software switch in the
+    fabric's fourth namespace whose one worker is the leaf. Every sum goes up once and
+    its result comes down once; with 3% loss on every link (the root's too) the resends
+    go up through the leaf, and every call returns the same bits on the switch."""
+    job_id = next(_job_ids)
+    cases = [("float32", "sum", 8000, 21), ("float64", "average", 3000, 22)]
+    with fabric.root(3, job_id, slots=8) as parent:
+        job = dataclasses.replace(fabric.job(job_id, [0, 1]), parent=parent)
+        fabric.configure(job)
+        try:
+            with fabric.controller() as c:
+                before = c.read_leaf()
+            clean = fabric.run(job, rank_cases.ina_cases, {"cases": cases,
+                                                           "settings": NO_THRESHOLDS})
+            assert_served_and_within_bound(clean, cases, 2, BUILD32)
+            with fabric.controller() as c:
+                after = c.read_leaf()
+            grew = {e: after[e] - before[e] for e in after}
+            assert grew["sent_up"] == grew["came_down"] > 0, grew
+            fabric.set_loss(0.03)
+            lossy = fabric.run(job, rank_cases.ina_cases, {"cases": cases, "settings": {
+                **NO_THRESHOLDS, "switch_silence": 10.0}}, timeout=240)
+            dropped = fabric.dropped()
+            fabric.set_loss(0)
+            assert dropped > 0
+            with fabric.controller() as c:
+                lost = {e: v - after[e] for e, v in c.read_leaf().items()}
+            # (About 500 packets cross the root's link: some are lost but for 0.97^500.)
+            assert lost["resent_up"] > 0 and lost["came_down"] >= lost["sent_up"] > 0, lost
+            for a, b in zip(clean, lossy):
+                assert [x.tobytes() for x in a["results"]] == [x.tobytes()
+                                                               for x in b["results"]]
+                assert b["stats"]["engines"] == {"ina": 2}, b["stats"].get("fallback_reasons")
+        finally:
+            with fabric.controller() as c:
+                c.teardown(job)
 
 
 def test_runs_after_runs_reuse_the_cells_with_a_new_epoch(fabric, aggregator, new_job):
