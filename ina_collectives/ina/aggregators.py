@@ -123,11 +123,8 @@ class Aggregators:
     def _from_topology(self, topology: Topology) -> None:
         """The aggregator of a topology file: its one aggregator, or this rank's leaf of
         its tree."""
-        comm, settings = self.comm, self.settings
+        comm = self.comm
         topology.check(comm.Get_size())
-        if settings.job:
-            raise ValueError(f"INA_TOPOLOGY={settings.topology!r} with INA_JOB: the ranks "
-                             f"of a tree join their leaves; a controller installs no tree")
         if not topology.is_tree:
             self.addresses = [topology.root.address]
             return
@@ -230,7 +227,7 @@ class Aggregators:
                                   ports[i * n + rank] if settings.job else 0, epoch,
                                   settings.switch_gso, members)
                 self.links[i] = link
-                if settings.job:  # installed by a controller: worker id = rank
+                if settings.job:  # installed: worker id = rank (or its place under its leaf)
                     link.probe(settings.switch_join_timeout)
                 else:
                     link.join(settings.switch_join_timeout)
@@ -534,11 +531,16 @@ class Aggregators:
         """How rank 0 asks whether aggregator ``i`` answers again: a PROBE of job 0 from
         any port, or, for a job a controller installed, its own PROBE as worker 0 from
         its installed port (a P4 switch answers nothing else)."""
+        ports = [int(p) for p in self.settings.worker_ports.split(",") if p.strip()]
+        if self._leaves and self.settings.job:
+            # A tree a controller installed: rank 0's own leaf, as its worker there (a P4
+            # leaf answers nothing else, and answers whether or not its root does).
+            return Prober(self.addresses[i], self.settings.job, self._place[0],
+                          ports[i * self.comm.Get_size()])
         if self._leaves:  # a tree: every leaf (each answers once its parent has)
             return [Prober(a) for a in self._leaves[i]]
         if not self.settings.job:
             return Prober(self.addresses[i])
-        ports = [int(p) for p in self.settings.worker_ports.split(",") if p.strip()]
         return Prober(self.addresses[i], self.settings.job, 0,
                       ports[i * self.comm.Get_size()])
 

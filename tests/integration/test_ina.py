@@ -26,11 +26,16 @@ def run_ina(sw, n, cases, rounds=1, settings=None, timeout=240.0):
                       timeout=timeout)
 
 
-def check_job(results, cases, n, rounds=1, engine="ina"):
+def check_job(results, cases, n, rounds=1, engine="ina", **build):
+    """Every case alike on every rank, within the bound (``build``: the switch's k, block
+    and bits where not the software switch's defaults), all on ``engine``."""
     for i, case in enumerate(cases * rounds):
         per_rank = [r["results"][i] for r in results]
         assert len({x.tobytes() for x in per_rank}) == 1, f"{case}: ranks differ"
-        (check_within_bound if engine == "ina" else check_result)(per_rank[0], *case, n)
+        if engine == "ina":
+            check_within_bound(per_rank[0], *case, n, **build)
+        else:
+            check_result(per_rank[0], *case, n)
     for r in results:
         assert r["stats"]["engines"] == {engine: len(cases) * rounds}, r["stats"]
 

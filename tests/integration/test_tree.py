@@ -17,6 +17,7 @@ from ina_collectives import statskeys as S
 from ina_collectives.launch.cli import free_udp_ports
 from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
+from tests.conftest import needs_p4_extra
 from tests.integration import mpirun, rank_cases
 from tests.integration.test_ina import check_job
 
@@ -257,3 +258,53 @@ def test_a_root_killed_mid_run_moves_its_shares_and_its_restart_brings_them_back
         assert [a["serving"] for a in state["aggregators"]] == [True, True], state
         assert r["engines"][-1] == "ina", r["engines"][-10:]
     assert all(r["digest"] == results[0]["digest"] for r in results)
+
+
+@needs_p4_extra
+def test_a_tree_a_controller_installed_serves_every_call(tmp_path):
+    """The tree installed through P4Runtime, as a tree of P4 switches is (docs/trees.md,
+    A tree of P4 switches), here on three software switches serving P4Runtime: the
+    root's job has the two leaves as its workers, each leaf's job its two ranks and a
+    parent entry. The ranks (INA_TOPOLOGY with INA_JOB) join nothing: each probes its leaf
+    as its worker id there, from its installed port. Every call goes through the tree,
+    within the bound, alike on every rank; each leaf's sums went up and came down."""
+    from ina_collectives.control import Controller, JobSpec, Parent, Worker
+    from ina_collectives.control import schema as C
+    from ina_collectives.protocol.topology import Topology
+
+    k, slots, job_id = 64, 8, 4242
+    topology = write_tree(tmp_path / "tree.toml")
+    p4info = tmp_path / "ina.p4info.txt"
+    p4info.write_text(C.p4info_text(k, 64, P.DEFAULT_BLOCK, 32))
+    ports = free_udp_ports(N)
+    tree = Topology.load(topology)
+    with contextlib.ExitStack() as stack:
+        switches = {}
+        for name in HOSTS:
+            host, port = tree[name].address
+            switches[name] = stack.enter_context(embedded_switch(
+                "--port", str(port), "--max-elements", str(k), host=host, p4runtime=True))
+        leaves = [tree["rack0"], tree["rack1"]]
+        jobs = {"spine": JobSpec(job_id, [Worker(*a.address) for a in leaves], slots)}
+        for i, leaf in enumerate(leaves):
+            jobs[leaf.name] = JobSpec(job_id, [Worker("127.0.0.1", ports[r])
+                                               for r in leaf.ranks],
+                                      slots, parent=Parent(*tree["spine"].address, i))
+        for name, job in jobs.items():
+            with Controller(switches[name].p4runtime_address, p4info, p4info,
+                            push="always", timeout=10) as c:
+                c.configure(job)
+        env = {"INA_TOPOLOGY": str(topology), "INA_JOB": str(job_id),
+               "INA_WORKER_PORTS": ",".join(map(str, ports)), "INA_SWITCH_ELEMENTS": str(k),
+               "INA_SWITCH_SLOTS": str(slots)}
+        params = {"cases": CASES, "settings": {"switch_min_bytes": 0, "ring_min_bytes": 0}}
+        results = mpirun.run(N, rank_cases.ina_cases, params, env=env, timeout=180)
+        check_job(results, CASES, N, k=k)
+        for rank, r in enumerate(results):
+            assert r["stats"]["switch"]["tree"]["worker"] == rank % 2, r["stats"]["switch"]
+        for leaf in leaves:
+            s = final_status(switches[leaf.name])
+            assert s["sent_up"] > 0 and s["came_down"] == s["sent_up"], s
+            assert s["parent"] == "installed" and s["control"].get("joins", 0) == 0, s
+        root = final_status(switches["spine"])
+        assert root["results"] + root["openings"] == s["sent_up"], root
