@@ -227,6 +227,10 @@ KEYS: tuple[Key, ...] = (
     K("switch.tree.workers", "int", "The ranks its leaf serves.", when=TREE),
     K("switch.tree.leaves", "dict[str, list[int]]", "Each leaf's name and the ranks it "
       "serves.", when=TREE, open=True),
+    K("switch.tree.mbit", "list[float]", "Each tree's rate through its root as the "
+      "topology file says it (`mbit`, in the order of `roots`), which splits each call "
+      "across the trees until their rates are measured; empty where the file gives none.",
+      when=TREE),
     K("switch.tree.described", "str", "The tree in one line, as the summary says it.",
       when=TREE),
     K("switch.striped_calls", "int",

@@ -85,6 +85,7 @@ class Aggregators:
         self._place: tuple[int, int] | None = None
         self._leaves: list[list[tuple[str, int]]] = []
         self.tree: dict | None = None  # stats()["switch"]["tree"]: the tree and this rank's leaf
+        self.tree_rates: tuple[float, ...] | None = None  # each tree's mbit, where given
         if not settings.switch and not settings.topology:
             self.unavailable = "ina: no aggregator configured (INA_SWITCH)"
             return
@@ -137,7 +138,9 @@ class Aggregators:
                      "roots": [r.name for r in topology.roots],
                      "leaf": leaf.name, "worker": worker, "workers": members,
                      "leaves": {a.name: list(a.ranks) for a in topology.leaves},
+                     "mbit": list(topology.tree_rates or ()),
                      "described": topology.describe()}
+        self.tree_rates = topology.tree_rates
 
     def _after_connect(self) -> None:
         settings = self.settings

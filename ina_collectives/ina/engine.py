@@ -82,7 +82,7 @@ class InaEngine(OffloadEngine):
                              settings.quorum_max_steps)
         self.aggregators = (aggregators if aggregators is not None
                             else Aggregators(comm, settings, self.kernels))
-        self.shares = Shares(len(self.aggregators.addresses))
+        self.shares = Shares(len(self.aggregators.addresses), self.aggregators.tree_rates)
         self.streams = Streams(len(self.aggregators.addresses), settings,
                                self.aggregators.where)
         # The communicator's error path (collectives/recovery.py), the chooser's: whether

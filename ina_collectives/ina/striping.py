@@ -30,7 +30,9 @@ log = logging.getLogger("ina_collectives")
 
 class Shares:
     """Each aggregator's measured elements/s, smoothed (0: not measured yet), and the
-    split they give."""
+    split they give. ``prior``: each one's rate as the topology says it (docs/trees.md,
+    a root's ``mbit``), which splits a call among those not measured yet: alone while
+    none is, else scaled to the measured ones' units by theirs."""
 
     # Of a call's chunks, the share each serving aggregator gets at least, over the
     # number of them: a slow one keeps being measured, and so can win its share back.
@@ -38,8 +40,11 @@ class Shares:
     # Weight of the newest throughput measurement in each aggregator's estimate.
     SMOOTHING = 0.5
 
-    def __init__(self, aggregators: int):
+    def __init__(self, aggregators: int, prior: tuple[float, ...] | None = None):
         self.capacity = np.zeros(aggregators)
+        if prior is not None and len(prior) != aggregators:
+            raise ValueError(f"{len(prior)} prior rates for {aggregators} aggregators")
+        self.prior = None if prior is None else np.asarray(prior, np.float64)
 
     def split(self, serving: list[int], chunks: int) -> np.ndarray:
         """Chunk boundaries of the serving aggregators' shares of ``chunks`` chunks (one
@@ -49,7 +54,13 @@ class Shares:
             return np.array([0, chunks], np.int64)
         measured = self.capacity[serving]
         known = measured[measured > 0]
-        weights = np.where(measured > 0, measured, known.mean() if known.size else 1.0)
+        if self.prior is not None:
+            prior = self.prior[serving]
+            unmeasured = prior * (known.sum() / prior[measured > 0].sum() if known.size
+                                  else 1.0)
+        else:
+            unmeasured = known.mean() if known.size else 1.0
+        weights = np.where(measured > 0, measured, unmeasured)
         weights = weights / weights.sum()
         weights = np.maximum(weights, self.MIN_SHARE / len(serving))
         edges = np.concatenate([[0.0], np.cumsum(weights / weights.sum())])

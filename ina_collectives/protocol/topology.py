@@ -19,6 +19,9 @@ result comes down. Two levels: leaves under one root, or one aggregator alone (a
 job). Several trees: leaves whose ``parent`` lists several roots (``parent = ["spine0",
 "spine1"]``, every leaf the same roots) serve one tree per root, tree t at the leaf's
 port + t, and a job stripes its calls across the trees (docs/trees.md, Several roots).
+A root may say ``mbit = 400``: the rate its tree gets through it (its slowest link, each
+way); each call is split across the trees in proportion to these until the trees' rates
+are measured (every root says one, or none does).
 ``check`` refuses, naming the file and the aggregator, a cycle, a parent that is not in
 the file, a rank served twice or by none, and a shape of more than two levels.
 """
@@ -52,6 +55,7 @@ class Aggregator:
     parent: str | None = None
     ranks: tuple[int, ...] = ()
     more_parents: tuple[str, ...] = ()
+    mbit: float | None = None  # a root's: the rate its tree gets through it
 
     @property
     def parents(self) -> tuple[str, ...]:
@@ -115,6 +119,13 @@ class Topology:
     def roots(self) -> tuple[Aggregator, ...]:
         """The roots, in the file's order: tree t is the one rooted at roots[t]."""
         return tuple(a for a in self.aggregators if a.parent is None)
+
+    @property
+    def tree_rates(self) -> tuple[float, ...] | None:
+        """Each tree's rate through its root (Mbit/s, the file's ``mbit``), in the order
+        of ``roots``; None where the file gives none."""
+        rates = tuple(r.mbit for r in self.roots)
+        return None if None in rates else rates  # type: ignore[return-value]
 
     def leaf_address(self, leaf: Aggregator, tree: int) -> tuple[str, int]:
         """Where a leaf serves tree ``tree``: its address, the port + tree."""
@@ -247,6 +258,15 @@ class Topology:
             raise TopologyError(f"{src}: the root {root.name!r} has "
                                 f"{len(self.children(root.name))} children, at most "
                                 f"{MAX_CHILDREN}")
+        for a in self.aggregators:
+            if a.mbit is not None and a.parent is not None:
+                raise TopologyError(f"{src}: leaf {a.name!r} gives mbit: a root's, the rate "
+                                    f"its tree gets through it")
+        said = [r.name for r in self.roots if r.mbit is not None]
+        if said and len(said) != len(self.roots):
+            raise TopologyError(f"{src}: mbit given for {', '.join(map(repr, said))} but "
+                                f"not for every root: each call is split by them, so every "
+                                f"root says one, or none does")
         taken = {a.address: a.name for a in self.aggregators}
         for leaf in self.leaves:  # a leaf of several trees takes port + 1, + 2 ... too
             for t in range(1, len(roots)):
@@ -265,10 +285,10 @@ def _aggregator(entry: object, where: str) -> Aggregator:
     name = entry.get("name")
     if isinstance(name, str) and name:
         where = f"{where} ({name!r})"
-    unknown = set(entry) - {"name", "address", "parent", "ranks"}
+    unknown = set(entry) - {"name", "address", "parent", "ranks", "mbit"}
     if unknown:
         raise TopologyError(f"{where}: unknown key(s) {sorted(unknown)} (name, address, "
-                            f"parent, ranks)")
+                            f"parent, ranks, mbit)")
     if not isinstance(name, str) or not name:
         raise TopologyError(f"{where}: needs a name")
     address = entry.get("address")
@@ -297,7 +317,12 @@ def _aggregator(entry: object, where: str) -> Aggregator:
         raise TopologyError(f"{where}: a rank listed twice")
     if len(ranks) > MAX_CHILDREN:
         raise TopologyError(f"{where}: {len(ranks)} ranks, at most {MAX_CHILDREN}")
-    return Aggregator(name, resolved, parent, tuple(ranks), more)
+    mbit = entry.get("mbit")
+    if mbit is not None and (isinstance(mbit, bool) or not isinstance(mbit, (int, float))
+                             or not 0 < mbit < float("inf")):
+        raise TopologyError(f"{where}: mbit must be a positive number (Mbit/s), got {mbit!r}")
+    return Aggregator(name, resolved, parent, tuple(ranks), more,
+                      None if mbit is None else float(mbit))
 
 
 def _listed(ranks: list[int]) -> str:

@@ -59,6 +59,22 @@ def test_an_aggregator_not_measured_yet_gets_the_mean_of_the_measured_ones():
     assert shares.split([0, 1, 2], 90).tolist() == [0, 20, 50, 90]  # 2:3:4
 
 
+def test_the_topologys_rates_split_a_call_until_the_trees_are_measured():
+    """Trees rooted at 300 and 100 Mbit/s (the file's mbit): 3:1 before any call measured
+    them; once one is measured, the other is given its rate scaled by the measured one's
+    (the units differ); measured, the measurements alone."""
+    shares = Shares(2, (300.0, 100.0))
+    assert shares.split([0, 1], 100).tolist() == [0, 75, 100]
+    shares.capacity[:] = [6e8, 0.0]           # tree 0 measured: tree 1 gets 6e8 / 3
+    assert shares.split([0, 1], 100).tolist() == [0, 75, 100]
+    shares.capacity[:] = [6e8, 6e8]           # both measured alike: halves
+    assert shares.split([0, 1], 100).tolist() == [0, 50, 100]
+    shares.forget(1)                           # tree 1 left and came back: its prior again
+    assert shares.split([0, 1], 100).tolist() == [0, 75, 100]
+    with pytest.raises(ValueError, match="2 prior rates for 3 aggregators"):
+        Shares(3, (1.0, 2.0))
+
+
 def test_the_edges_cover_the_call_in_order_even_with_fewer_chunks_than_aggregators():
     shares = Shares(4)
     shares.capacity[:] = [1e9, 1e7, 3e8, 2e9]

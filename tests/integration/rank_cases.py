@@ -49,6 +49,18 @@ def ina_cases(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     return {"results": results, "stats": stats}
 
 
+def shares_before_and_after(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
+    """Each aggregator's share of a call before any call measured them, then after
+    p["cases"] through ina.allreduce."""
+    ina.init(comm, **p.get("settings", {}))
+    before = [a["share"] for a in ina.stats()["switch"]["aggregators"]]
+    results = [ina.allreduce(make_input(dtype, op, count, seed, comm.rank), op=op)
+               for dtype, op, count, seed in p["cases"]]
+    stats = ina.stats()
+    ina.finalize()
+    return {"before": before, "results": results, "stats": stats}
+
+
 def across_hosts(comm: MPI.Intracomm, p: dict) -> dict[str, Any]:
     """ina_cases' calls on ranks of several hosts, in two halves: between them rank 0
     writes p["dir"]/joined and every rank waits (bounded) for p["dir"]/stray (the test

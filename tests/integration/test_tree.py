@@ -200,12 +200,13 @@ def free_pair(host: str) -> int:
     raise RuntimeError("no two consecutive free UDP ports")
 
 
-def write_two_trees(path: Path) -> Path:
+def write_two_trees(path: Path, mbit: tuple[float, float] | None = None) -> Path:
     """spine0 and spine1, each the root of a tree over rack0 (ranks 0, 1) and rack1
-    (ranks 2, 3); a leaf serves tree t at its port + t."""
+    (ranks 2, 3); a leaf serves tree t at its port + t. ``mbit``: each root's rate."""
     spines = free_udp_ports(2)
     text = "".join(f'[[aggregator]]\nname = "spine{t}"\naddress = "127.0.0.{1 + 3 * t}:'
-                   f'{spines[t]}"\n\n' for t in range(2))
+                   f'{spines[t]}"\n' + (f"mbit = {mbit[t]}\n" if mbit else "") + "\n"
+                   for t in range(2))
     for r, host in enumerate(("127.0.0.2", "127.0.0.3")):
         text += (f'[[aggregator]]\nname = "rack{r}"\naddress = "{host}:{free_pair(host)}"\n'
                  f'parent = ["spine0", "spine1"]\nranks = {[2 * r, 2 * r + 1]}\n\n')
@@ -239,6 +240,28 @@ def test_two_roots_make_two_trees_and_each_call_stripes_across_them(two_trees):
     for t in range(2):
         root = final_status(switches[f"spine{t}"])
         assert root["results"] > 0, (t, root)
+
+
+def test_the_roots_rates_split_the_first_call_then_the_measured_ones(tmp_path):
+    """Roots of 300 and 100 Mbit/s (the file's mbit): before any call the trees' shares
+    are 3:1; the calls then measure them (on loopback both trees run alike), and every
+    call is within the bound on both trees."""
+    topology = write_two_trees(tmp_path / "trees.toml", mbit=(300, 100))
+    cases = [("float32", "sum", 300_001, 7), ("float32", "sum", 300_001, 8)]
+    with contextlib.ExitStack() as stack:
+        for name in ("spine0", "spine1", "rack0", "rack1"):
+            start(stack, topology, name)
+        results = mpirun.run(N, rank_cases.shares_before_and_after,
+                             {"cases": cases, "settings": {"switch_min_bytes": 0,
+                                                           "ring_min_bytes": 0}},
+                             env={"INA_TOPOLOGY": str(topology)}, timeout=180)
+    check_job(results, cases, N)
+    for r in results:
+        switch = r["stats"]["switch"]
+        assert r["before"] == [0.75, 0.25], r["before"]
+        assert switch["tree"]["mbit"] == [300.0, 100.0], switch["tree"]
+        assert all(a["elements_per_second"] > 0 for a in switch["aggregators"]), switch
+        assert switch["striped_calls"] == len(cases), switch
 
 
 def test_a_root_killed_mid_run_moves_its_shares_and_its_restart_brings_them_back(

@@ -136,6 +136,10 @@ def test_what_is_not_a_topology_is_refused(tmp_path):
      ["aggregator 1 ('tor')", "a rank listed twice"]),
     (entry("tor", "127.0.0.1:1", ranks=str(list(range(65)))),
      ["aggregator 1 ('tor')", "65 ranks, at most 64"]),
+    (entry("tor", "127.0.0.1:1", ranks="[0]", extra="mbit = 0"),
+     ["aggregator 1 ('tor')", "mbit must be a positive number (Mbit/s), got 0"]),
+    (entry("tor", "127.0.0.1:1", ranks="[0]", extra='mbit = "fast"'),
+     ["aggregator 1 ('tor')", "mbit must be a positive number"]),
 ])
 def test_an_aggregator_entry_that_cannot_be_one_is_named(tmp_path, text, words):
     refused(tmp_path, text, *words)
@@ -253,3 +257,16 @@ def test_several_roots_make_one_tree_each_over_the_same_leaves():
 ])
 def test_several_roots_that_are_no_set_of_trees_are_refused(tmp_path, text, words):
     refused(tmp_path, text, *words)
+
+
+def test_the_roots_rates_are_each_trees_in_the_order_of_the_roots(tmp_path):
+    """A root's mbit is its tree's rate (the call's first split); every root gives one or
+    none does, and a leaf gives none."""
+    rated = TWO_ROOTS.replace('name = "spine0"', 'name = "spine0"\nmbit = 400').replace(
+        'name = "spine1"', 'name = "spine1"\nmbit = 100.5')
+    assert Topology.parse(rated).tree_rates == (400.0, 100.5)
+    assert Topology.parse(TWO_ROOTS).tree_rates is None
+    refused(tmp_path, TWO_ROOTS.replace('name = "spine0"', 'name = "spine0"\nmbit = 400'),
+            "mbit given for 'spine0' but not for every root")
+    refused(tmp_path, TWO_LEVELS.replace('name = "rack0"', 'name = "rack0"\nmbit = 400'),
+            "leaf 'rack0' gives mbit: a root's")
