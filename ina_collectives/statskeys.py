@@ -213,6 +213,11 @@ KEYS: tuple[Key, ...] = (
     K("switch.aggregators[].elements_per_second", "float",
       "Its measured throughput, smoothed, which sets the shares (0 until a call that ends "
       "with the ranks' vote measures it).", when=SWITCH),
+    K("switch.aggregators[].outages", "int",
+      "Times it failed mid-call (with a topology: its tree, at any level), its shares "
+      "then streamed by the others or by the ring.", when=SWITCH),
+    K("switch.aggregators[].returns", "int",
+      "Times it served again after such a failure.", when=SWITCH),
     K("switch.aggregators[].why_not", "str", "Why it is not used.", when=UNUSED),
     K("switch.tree", "dict", "The aggregation tree the job runs through (docs/trees.md).",
       when=TREE),

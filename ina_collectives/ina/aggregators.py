@@ -63,6 +63,10 @@ class Aggregators:
         # (0 until then): _agree_elements.
         self.elements = self.path_mtu = 0
         self.outages = self.returns = 0
+        # Per aggregator (a tree, with a topology): times it failed mid-call, and times
+        # it served again after (stats' aggregators[].outages and .returns).
+        self.lost_counts: dict[int, int] = {}
+        self.back_counts: dict[int, int] = {}
         # Whether missing aggregators are tried again (False: never, or a lasting failure),
         # and rank 0's schedule: news is given from monotonic time _due_at on, the gap
         # after a failed join doubling from RETRY_FIRST_GAP to switch_retry_seconds.
@@ -400,6 +404,7 @@ class Aggregators:
         for i in indices:
             self.missing_reasons[i] = reason
             self.close_link(i)
+            self.lost_counts[i] = self.lost_counts.get(i, 0) + 1
         self._schedule(failed=False)
         if self.serving():
             self._job_warning("call #%d: %s; %s not used from now on, calls use the others%s",
@@ -512,6 +517,9 @@ class Aggregators:
             if not was_serving and self.link is not None:
                 self.returns += 1
         returned = [i for i in back if self.links[i] is not None]
+        for i in returned:
+            if i in self.lost_counts:
+                self.back_counts[i] = self.back_counts.get(i, 0) + 1
         if not returned:
             if self._lasting:
                 self._retrying = False

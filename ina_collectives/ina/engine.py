@@ -205,6 +205,8 @@ class InaEngine(OffloadEngine):
                         if agg.links[i] is not None else {}),
                      "share": round(float(share_of.get(i, 0.0)), 3),
                      "elements_per_second": float(self.shares.capacity[i]),
+                     "outages": agg.lost_counts.get(i, 0),
+                     "returns": agg.back_counts.get(i, 0),
                      **({"why_not": agg.missing_reasons[i]}
                         if i in agg.missing_reasons else {})}
                     for i in range(len(agg.addresses))],

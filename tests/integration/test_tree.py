@@ -279,6 +279,10 @@ def test_a_root_killed_mid_run_moves_its_shares_and_its_restart_brings_them_back
         # spine1's tree served again.
         assert state["standby_takeovers"] + r["stats"]["engines"].get("ring", 0) >= 1, state
         assert [a["serving"] for a in state["aggregators"]] == [True, True], state
+        # Counted per tree: spine1's failed (once, unless the load made a silence more)
+        # and served again as often.
+        tree1 = state["aggregators"][1]
+        assert tree1["outages"] >= 1 and tree1["returns"] == tree1["outages"], state
         assert r["engines"][-1] == "ina", r["engines"][-10:]
     assert all(r["digest"] == results[0]["digest"] for r in results)
 
