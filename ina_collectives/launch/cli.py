@@ -9,6 +9,8 @@
     ina-run -np 8 -H node1:4,node2:4 --address 10.0.0.1 -- python train.py  # two hosts
     ina-run -np 4 --topology tree.toml -- python train.py   # a switch per aggregator
     ina-run -np 8 -H node1:4,node2:4 --topology tree.toml --switch running -- python train.py
+    ina-run -np 8 -H node1:4,node2:4 --topology p4tree.toml --p4info build/ina.p4info.txt \
+        --device-config build/ina.json --workers workers.json -- python train.py  # P4 tree
 
 horovodrun's command line works where it applies (``ina-run --help`` lists the options
 taken and refused): the setting options (--fusion-threshold-mb, --cycle-time-ms, ...)
@@ -41,7 +43,12 @@ aggregator at the file's address, with ``--topology FILE --name NAME``, root fir
 file's switches, started beforehand on their hosts, and names each that does not answer.
 The ranks get INA_TOPOLOGY (the file's absolute path, which every host must read at
 that path) and no INA_SWITCH, and join their leaf aggregators themselves. It takes no
---aggregators, --address (for the switches) or --p4runtime.
+--aggregators, --address (for the switches) or --p4runtime. Where every aggregator of
+the file names its P4Runtime target (``p4runtime = "host:port"``: a tree of P4 switches),
+ina-run starts nothing and installs the tree instead: the root's job with the leaves as
+its workers, each leaf's with its ranks (--workers, as with --p4runtime) and its parent;
+the ranks get INA_TOPOLOGY with INA_JOB and their ports, join nothing, and each probes its
+leaf; every job is torn down afterwards.
 
 Each rank starts through rank.py, which records its pid and how it ended in a
 temporary folder (a Python rank that initialises the library also records an exception
@@ -131,7 +138,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "address (loopback only) with --topology FILE --name NAME, "
                              "root first, or with --switch running probes the switches "
                              "already started there; the ranks get INA_TOPOLOGY (the file's "
-                             "absolute path) instead of INA_SWITCH")
+                             "absolute path) instead of INA_SWITCH. A file whose aggregators "
+                             "name their P4Runtime targets (p4runtime = ...): the tree is "
+                             "installed through them (--p4info, --device-config, --workers)")
     parser.add_argument("--switch-arg", action="append", default=[], metavar="ARG",
                         help="extra argument for the embedded ina-switch (repeatable), "
                              "e.g. --switch-arg=--drop-in=0.01")
@@ -218,8 +227,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error("--topology and --aggregators: the file names the aggregators, "
                          "one switch each; leave --aggregators out")
         if args.p4runtime:
-            parser.error("--topology and --p4runtime: a tree of P4 targets is not supported "
-                         "yet; its aggregators are software switches (ina-switch)")
+            parser.error("--topology and --p4runtime: a tree of P4 targets names them in "
+                         "the file (p4runtime = \"host:port\" for every aggregator; "
+                         "docs/trees.md); leave --p4runtime out")
         if args.address and args.switch == "embedded":
             parser.error("--topology and --address: the embedded switches bind the file's "
                          "addresses; leave --address out")
@@ -625,6 +635,73 @@ def run_embedded(args: argparse.Namespace, env: dict[str, str], mpiexec: str) ->
 
 
 
+def run_installed_tree(args: argparse.Namespace, topology: Topology, env: dict[str, str],
+                       mpiexec: str) -> int:
+    """The job on a tree of P4 targets (every aggregator of the file names its P4Runtime
+    target; docs/trees.md, A tree of P4 switches): the root's job installed with the
+    leaves as its workers (each at its address, its MAC and the root's port towards it),
+    each leaf's with its ranks (--workers, or loopback) and a parent entry; the ranks get
+    INA_TOPOLOGY with INA_JOB and their ports, join nothing, and each probes its leaf.
+    Every target's job is torn down afterwards, whatever happened."""
+    from ..control import ControlError, Controller, JobSpec, Parent, Worker
+    from ..settings import Settings
+
+    if not p4_extra_installed():
+        raise LaunchError("an installed tree (the topology file's p4runtime targets) needs "
+                          "the p4 extra: pip install 'ina-collectives[p4]'")
+    if args.remote_hosts and not args.workers:
+        raise LaunchError(f"-H names other hosts ({', '.join(args.remote_hosts)}): the "
+                          f"leaves install each rank's address: give them in --workers")
+    slots = args.slots or Settings.load().switch_slots
+    job_id = args.job_id or random.SystemRandom().randrange(1, 65536)
+    ranks = job_workers(args)[0]
+    root = topology.root
+    zero_mac = "00:00:00:00:00:00"
+    jobs = [(root, JobSpec(job_id, [Worker(*leaf.address, leaf.mac or zero_mac,
+                                           leaf.downlink_port or 0)
+                                    for leaf in topology.children(root.name)], slots))]
+    jobs += [(leaf, JobSpec(job_id, [ranks[r] for r in leaf.ranks], slots, parent=Parent(
+        *root.address, topology.child_index(leaf.name), root.mac or zero_mac,
+        leaf.uplink_port or 0))) for leaf in topology.leaves]
+    push = args.push if args.p4info is not None or args.device_config is not None else "never"
+
+    def session(target: str, push_now: str, known: Any = None) -> Any:
+        return Controller(target, args.p4info, args.device_config, device_id=args.device_id,
+                          push=push_now, timeout=args.control_timeout, known_p4info=known,
+                          target=args.p4_target)
+
+    with ExitStack() as stack:
+        builds = []
+        for a, job in jobs:
+            try:
+                with session(a.p4runtime, push) as controller:
+                    controller.configure(job)
+                    builds.append(controller.build)
+                    known = controller.p4info_message
+            except ControlError as exc:
+                raise LaunchError(f"aggregator {a.name!r} ({aggregator_role(topology, a)}) "
+                                  f"at {a.p4runtime}: {exc}") from None
+            stack.callback(_teardown_in_session, session, a.p4runtime, job, known)
+        kinds = {(b.k, b.block, b.value_bits) for b in builds}
+        if len(kinds) > 1:
+            raise LaunchError(f"the tree's targets run different builds (K, B, value "
+                              f"bits: {sorted(kinds)}); a tree needs one")
+        build = builds[0]
+        print(f"ina-run: job {job_id} installed on the tree of {args.topology}: "
+              + ", ".join(f"{a.name} at {a.p4runtime}" for a, _ in jobs)
+              + f" (K {build.k}, S {slots}); the ranks join nothing", file=sys.stderr,
+              flush=True)
+        if (args.device_config is not None and bmv2_config(args.device_config)
+                and "INA_INTERNAL_SWITCH_GSO" not in env):
+            env["INA_INTERNAL_SWITCH_GSO"] = "0"
+        env.update({"INA_JOB": str(job_id),
+                    "INA_WORKER_PORTS": ",".join(str(w.udp_port) for w in ranks),
+                    "INA_SWITCH_ELEMENTS": str(build.k), "INA_SWITCH_BLOCK": str(build.block),
+                    "INA_SWITCH_VALUE_BITS": str(build.value_bits),
+                    "INA_SWITCH_SLOTS": str(slots)})
+        return start_ranks(args, env, mpiexec)
+
+
 def load_topology(args: argparse.Namespace) -> Topology:
     """--topology's file, read and checked for -np ranks before anything starts (and,
     for the switches ina-run starts, every address on loopback); args.topology becomes
@@ -635,7 +712,7 @@ def load_topology(args: argparse.Namespace) -> Topology:
     args.topology = os.path.abspath(args.topology)
     topology = Topology.load(args.topology)
     topology.check(args.np)
-    if args.switch == "embedded":
+    if args.switch == "embedded" and not topology.installed:
         elsewhere = [a for a in topology.aggregators
                      if not ipaddress.ip_address(a.address[0]).is_loopback]
         if elsewhere:
@@ -690,6 +767,8 @@ def run_topology(args: argparse.Namespace, topology: Topology, env: dict[str, st
 
     env.pop(env_name("switch"), None)
     env[env_name("topology")] = args.topology
+    if topology.installed:
+        return run_installed_tree(args, topology, env, mpiexec)
     if args.verbose:
         say(f"the tree of {args.topology}: {topology.describe()}; the ranks join their "
             f"leaves themselves")

@@ -22,6 +22,12 @@ port + t, and a job stripes its calls across the trees (docs/trees.md, Several r
 A root may say ``mbit = 400``: the rate its tree gets through it (its slowest link, each
 way); each call is split across the trees in proportion to these until the trees' rates
 are measured (every root says one, or none does).
+
+A tree of P4 switches is installed, not joined (docs/trees.md, A tree of P4 switches):
+every aggregator then names its P4Runtime target (``p4runtime = "host:port"``), and may
+give its MAC (``mac``) and, for a leaf, its switch port towards its parent
+(``uplink_port``) and its parent's port towards it (``downlink_port``), for the P4
+rewrites. One root (a P4 leaf's job has one parent).
 ``check`` refuses, naming the file and the aggregator, a cycle, a parent that is not in
 the file, a rank served twice or by none, and a shape of more than two levels.
 """
@@ -56,6 +62,12 @@ class Aggregator:
     ranks: tuple[int, ...] = ()
     more_parents: tuple[str, ...] = ()
     mbit: float | None = None  # a root's: the rate its tree gets through it
+    # A tree a controller installs: the aggregator's P4Runtime target, its MAC, and a
+    # leaf's switch port towards its parent and its parent's port towards it.
+    p4runtime: str | None = None
+    mac: str | None = None
+    uplink_port: int | None = None
+    downlink_port: int | None = None
 
     @property
     def parents(self) -> tuple[str, ...]:
@@ -126,6 +138,12 @@ class Topology:
         of ``roots``; None where the file gives none."""
         rates = tuple(r.mbit for r in self.roots)
         return None if None in rates else rates  # type: ignore[return-value]
+
+    @property
+    def installed(self) -> bool:
+        """Whether a controller installs this tree (its aggregators name P4Runtime
+        targets) rather than the ranks joining it."""
+        return self.aggregators[0].p4runtime is not None
 
     def leaf_address(self, leaf: Aggregator, tree: int) -> tuple[str, int]:
         """Where a leaf serves tree ``tree``: its address, the port + tree."""
@@ -262,6 +280,19 @@ class Topology:
             if a.mbit is not None and a.parent is not None:
                 raise TopologyError(f"{src}: leaf {a.name!r} gives mbit: a root's, the rate "
                                     f"its tree gets through it")
+        named = [a.name for a in self.aggregators if a.p4runtime is not None]
+        if named and len(named) != len(self.aggregators):
+            raise TopologyError(f"{src}: p4runtime given for {', '.join(map(repr, named))} "
+                                f"but not for every aggregator: a tree is installed by a "
+                                f"controller whole, or joined by its ranks")
+        if named and len(roots) > 1:
+            raise TopologyError(f"{src}: an installed tree (p4runtime) has one root: a P4 "
+                                f"leaf's job has one parent")
+        for a in self.aggregators:
+            if a.parent is None and (a.uplink_port, a.downlink_port) != (None, None):
+                raise TopologyError(f"{src}: the root {a.name!r} gives uplink_port or "
+                                    f"downlink_port: a leaf's, the ports between it and "
+                                    f"its parent")
         said = [r.name for r in self.roots if r.mbit is not None]
         if said and len(said) != len(self.roots):
             raise TopologyError(f"{src}: mbit given for {', '.join(map(repr, said))} but "
@@ -285,10 +316,10 @@ def _aggregator(entry: object, where: str) -> Aggregator:
     name = entry.get("name")
     if isinstance(name, str) and name:
         where = f"{where} ({name!r})"
-    unknown = set(entry) - {"name", "address", "parent", "ranks", "mbit"}
+    unknown = set(entry) - {"name", "address", "parent", "ranks", "mbit", *_INSTALL_KEYS}
     if unknown:
         raise TopologyError(f"{where}: unknown key(s) {sorted(unknown)} (name, address, "
-                            f"parent, ranks, mbit)")
+                            f"parent, ranks, mbit, {', '.join(_INSTALL_KEYS)})")
     if not isinstance(name, str) or not name:
         raise TopologyError(f"{where}: needs a name")
     address = entry.get("address")
@@ -322,7 +353,34 @@ def _aggregator(entry: object, where: str) -> Aggregator:
                              or not 0 < mbit < float("inf")):
         raise TopologyError(f"{where}: mbit must be a positive number (Mbit/s), got {mbit!r}")
     return Aggregator(name, resolved, parent, tuple(ranks), more,
-                      None if mbit is None else float(mbit))
+                      None if mbit is None else float(mbit), **_install(entry, where))
+
+
+_INSTALL_KEYS = ("p4runtime", "mac", "uplink_port", "downlink_port")
+
+
+def _install(entry: dict, where: str) -> dict:
+    """An installed tree's keys of one aggregator (p4runtime, mac, uplink_port,
+    downlink_port), checked."""
+    found = {key: entry.get(key) for key in _INSTALL_KEYS}
+    target = found["p4runtime"]
+    if target is not None:
+        host, sep, port = target.rpartition(":") if isinstance(target, str) else ("", "", "")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise TopologyError(f"{where}: p4runtime must be the P4Runtime target's "
+                                f"'host:port', got {target!r}")
+    mac = found["mac"]
+    if mac is not None and not (isinstance(mac, str) and len(mac.split(":")) == 6 and all(
+            len(b) == 2 and all(c in "0123456789abcdefABCDEF" for c in b)
+            for b in mac.split(":"))):
+        raise TopologyError(f"{where}: mac must be 'aa:bb:cc:dd:ee:ff', got {mac!r}")
+    for key in ("uplink_port", "downlink_port"):
+        port = found[key]
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                                 or not 0 <= port < 512):
+            raise TopologyError(f"{where}: {key} must be a switch port, 0..511, got "
+                                f"{port!r}")
+    return found
 
 
 def _listed(ranks: list[int]) -> str:

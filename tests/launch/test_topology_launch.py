@@ -6,6 +6,7 @@ ranks get INA_TOPOLOGY, absolute, and no INA_SWITCH; the embedded switches start
 file's addresses with --topology FILE --name NAME, root first, and are stopped after."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -17,6 +18,7 @@ import pytest
 
 from ina_collectives.launch import cli as launch
 from ina_collectives.switch.embedded import embedded_switch
+from tests.conftest import needs_p4_extra
 
 
 def tree(root: str, leaves: list[tuple[str, str, list[int]]]) -> str:
@@ -108,7 +110,7 @@ def test_a_missing_or_malformed_file_is_named(tmp_path, capsys, no_launcher):
                                       "names the aggregators; --switch is 'embedded'"),
     (["--switch", "none"], "--topology and --switch none"),
     (["--p4runtime", "h:9559", "--p4info", "x", "--device-config", "y"],
-     "--topology and --p4runtime: a tree of P4 targets is not supported yet"),
+     "--topology and --p4runtime: a tree of P4 targets names them in the file"),
     (["--address", "10.0.0.1"], "--topology and --address: the embedded switches bind the "
                                 "file's addresses"),
     (["-H", "localhost:1,node7:1"], "--topology's embedded switches listen on loopback, "
@@ -296,3 +298,64 @@ def test_ranks_under_mpiexec_get_the_tree_and_no_switch(ina_run, tmp_path):
     for name in ("spine", "rack0", "rack1"):
         assert f"ina-run: {name}: the switch at" in proc.stderr, proc.stderr
     assert not leftovers(str(path)), leftovers(str(path))
+
+
+ALLREDUCE_THROUGH_THE_TREE = """
+import sys
+import numpy as np
+from mpi4py import MPI
+import ina_collectives as ina
+comm = MPI.COMM_WORLD
+ina.init(comm, switch_min_bytes=0, ring_min_bytes=0)
+x = np.arange(200_000, dtype=np.float32) * (comm.rank + 1)
+y = ina.allreduce(x)
+want = np.arange(200_000, dtype=np.float64) * sum(range(1, comm.size + 1))
+error = float(np.max(np.abs(y - want) / np.maximum(want, 1)))
+s = ina.stats()
+print(f"rank {comm.rank} ina={s['engines'].get('ina', 0)} worker={s['switch']['tree']['worker']} "
+      f"error={error:.2e}", flush=True)
+ina.finalize()
+"""
+
+
+@pytest.mark.mpi
+@needs_p4_extra
+def test_a_tree_of_p4runtime_targets_is_installed_run_and_torn_down(ina_run, tmp_path):
+    """Every aggregator of the file names its P4Runtime target (here three software
+    switches serving P4Runtime, as P4 switches would): ina-run installs the root's job
+    (the leaves its workers) and each leaf's (its ranks and its parent), the ranks join
+    nothing and every call goes through the tree, and every job is torn down after."""
+    from ina_collectives.control import schema as C
+    from ina_collectives.switch import parse_status
+
+    p4info = tmp_path / "ina.p4info.txt"
+    p4info.write_text(C.p4info_text(64, 64, 32, 32))
+    with contextlib.ExitStack() as stack:
+        switches = {name: stack.enter_context(embedded_switch(
+            "--max-elements", "64", host=host, p4runtime=True))
+            for name, host in (("spine", "127.0.0.1"), ("rack0", "127.0.0.2"),
+                               ("rack1", "127.0.0.3"))}
+        text = ""
+        for name, s in switches.items():
+            text += (f'[[aggregator]]\nname = "{name}"\naddress = "{s.host}:{s.port}"\n'
+                     f'p4runtime = "{s.p4runtime_address}"\n')
+            if name != "spine":
+                text += f'parent = "spine"\nranks = {[0, 1] if name == "rack0" else [2, 3]}\n'
+            text += "\n"
+        path = tmp_path / "tree.toml"
+        path.write_text(text)
+        proc = ina_run("-np", "4", "--topology", str(path), "--p4info", str(p4info),
+                       "--device-config", str(p4info), "--target", "bmv2", "--", sys.executable,
+                       "-c", ALLREDUCE_THROUGH_THE_TREE, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "installed on the tree of" in proc.stderr, proc.stderr
+        lines = sorted(re.findall(r"rank (\d) ina=(\d+) worker=(\d) error=(\S+)",
+                                  proc.stdout))
+        assert [(r, e, w) for r, e, w, _ in lines] == [
+            (str(r), "1", str(r % 2)) for r in range(4)], proc.stdout
+        assert all(float(err) < 1e-5 for *_, err in lines), lines
+        for name in ("rack0", "rack1"):
+            switches[name].stop()
+            status = parse_status(switches[name].final_status)
+            assert status["sent_up"] > 0 and status["came_down"] == status["sent_up"], status
+            assert status["p4runtime_jobs"] == 0, status   # torn down

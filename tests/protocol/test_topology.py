@@ -270,3 +270,35 @@ def test_the_roots_rates_are_each_trees_in_the_order_of_the_roots(tmp_path):
             "mbit given for 'spine0' but not for every root")
     refused(tmp_path, TWO_LEVELS.replace('name = "rack0"', 'name = "rack0"\nmbit = 400'),
             "leaf 'rack0' gives mbit: a root's")
+
+
+def test_an_installed_tree_names_every_target_and_its_links(tmp_path):
+    """p4runtime on every aggregator makes the tree an installed one; a leaf's mac and
+    ports are read; a target on some but not all, two roots, a root's link ports, or a
+    malformed value are refused, named."""
+    installed = (entry("spine", "10.0.0.254:47474", extra='p4runtime = "10.0.0.254:9559"\n'
+                       'mac = "02:00:00:00:00:fe"')
+                 + entry("rack0", "10.0.1.254:47474", "spine", "[0, 1]",
+                         'p4runtime = "10.0.1.254:9559"\nuplink_port = 9\ndownlink_port = 3'))
+    tree = Topology.parse(installed)
+    assert tree.installed and not Topology.parse(TWO_LEVELS).installed
+    rack0 = tree["rack0"]
+    assert (rack0.p4runtime, rack0.uplink_port, rack0.downlink_port) == (
+        "10.0.1.254:9559", 9, 3)
+    assert tree["spine"].mac == "02:00:00:00:00:fe"
+    refused(tmp_path, TWO_LEVELS.replace('name = "rack0"',
+                                         'name = "rack0"\np4runtime = "127.0.0.1:9559"'),
+            "p4runtime given for 'rack0' but not for every aggregator")
+    two_roots = TWO_ROOTS
+    for name in ("spine0", "spine1", "rack0", "rack1"):
+        two_roots = two_roots.replace(f'name = "{name}"',
+                                      f'name = "{name}"\np4runtime = "127.0.0.1:1"')
+    refused(tmp_path, two_roots, "an installed tree (p4runtime) has one root")
+    refused(tmp_path, installed.replace('mac = "02:00:00:00:00:fe"', "uplink_port = 1"),
+            "the root 'spine' gives uplink_port or downlink_port: a leaf's")
+    refused(tmp_path, installed.replace('"10.0.1.254:9559"', '"10.0.1.254"'),
+            "p4runtime must be the P4Runtime target's 'host:port', got '10.0.1.254'")
+    refused(tmp_path, installed.replace('"02:00:00:00:00:fe"', '"02:00"'),
+            "mac must be 'aa:bb:cc:dd:ee:ff', got '02:00'")
+    refused(tmp_path, installed.replace("uplink_port = 9", "uplink_port = 600"),
+            "uplink_port must be a switch port, 0..511, got 600")
