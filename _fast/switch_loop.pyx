@@ -993,6 +993,9 @@ cdef class Aggregator(FaultInjection):
         self.flush_outbox()  # (a resend of the partial sum may still point at it)
         memcpy(result, pkt, length)
         put16(result + OFF_JOB, get16(pkt + OFF_JOB))
+        # The mode this leaf's job is in (its workers adopt it), not the parent's.
+        result[OFF_MODE_QUORUM] = <uint8_t>job.mode_quorum
+        put32(result + OFF_MODE_GENERATION, job.mode_generation)
         if job.opened[cell] & 2:
             result[OFF_FLAGS] |= FLAG_MISMATCH
         # Counted: every worker of the tree (a sync use: the parent's bits are leaves,

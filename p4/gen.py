@@ -974,6 +974,10 @@ def descend_code(values: range, groups: range, rounded: str, vshift: int) -> str
         w(f"                    if (hdr.v{i}.isValid()) {{ value_{i}.write(cell, hdr.v{i}.v); }}")
     w("""                    hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = 0;   // none named: every rank of the tree
+                    // The mode this leaf's job is in (its workers adopt it), not the
+                    // parent's: a leaf takes no quorum stamp.
+                    hdr.ina.mode_quorum = meta.mode_quorum;
+                    hdr.ina.mode_generation = meta.mode_generation;
                     answer_from_switch();
                     standard_metadata.mcast_grp = meta.mcast_grp;
                     ina_leaf.count(LEAF_CAME_DOWN);

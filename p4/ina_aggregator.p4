@@ -1097,6 +1097,10 @@ control IngressImpl(inout headers_t hdr, inout metadata_t meta,
                     if (hdr.v63.isValid()) { value_63.write(cell, hdr.v63.v); }
                     hdr.ina.worker_id = WORKER_NONE;
                     hdr.ina.contributors = 0;   // none named: every rank of the tree
+                    // The mode this leaf's job is in (its workers adopt it), not the
+                    // parent's: a leaf takes no quorum stamp.
+                    hdr.ina.mode_quorum = meta.mode_quorum;
+                    hdr.ina.mode_generation = meta.mode_generation;
                     answer_from_switch();
                     standard_metadata.mcast_grp = meta.mcast_grp;
                     ina_leaf.count(LEAF_CAME_DOWN);

@@ -115,6 +115,8 @@ PARENTS = Table(f"{INGRESS}.ina_parents", _id(_TABLE, 5), (
 TABLES = (WORKERS, L2, REPLICAS, MODES, PARENTS)
 ACTIONS = (ADMIT, REJECT, FORWARD, DROP, REWRITE, DROP_REPLICA, ANSWER, SET_MODE, SYNC_MODE,
            SET_PARENT, NO_PARENT)
+# The leaf role's, the v1model program's alone: the Tofino programs have no leaf role.
+LEAF_ONLY = (PARENTS, SET_PARENT, NO_PARENT)
 
 # -- registers: per cell (2 S of them) ------------------------------------------------
 

@@ -81,6 +81,8 @@ class Target:
         self.primary: tuple[int, int] | None = None      # the primary's election id
         self.streams: dict[int, tuple[int, int]] = {}
         self._register_map: tuple[S.Build, dict[int, tuple[Any, int, bool]]] | None = None
+        self.leaf_jobs: set[int] = set()  # jobs an ina_parents entry made a tree's leaf
+        self._features = aggregator.features  # what the switch states with no leaf job
 
     # -- arbitration ---------------------------------------------------------------
 
@@ -170,6 +172,7 @@ class Target:
     def _clear(self) -> None:
         for job in list(self.jobs):
             self.aggregator.free_job(job)
+            self._no_leaf(job)
         self.jobs.clear()
         self.tables.clear()
         self.groups.clear()
@@ -322,6 +325,7 @@ class Target:
             self.aggregator.clear_worker(job_id, worker)
             if not job.workers:
                 self.aggregator.free_job(job_id)
+                self._no_leaf(job_id)
                 del self.jobs[job_id]
                 log.info("job %d: last worker entry deleted, job freed", job_id)
             if kind == U.DELETE:
@@ -378,6 +382,7 @@ class Target:
                                  "first)")
         if params is None:
             self.aggregator.clear_parent(job_id)
+            self._no_leaf(job_id)
             log.info("job %d: no parent, a flat job again", job_id)
             return
         if (params["mcast_grp"], params["slot_base"], params["slot_count"]) != (
@@ -387,8 +392,10 @@ class Target:
                                  f"{params['mcast_grp']}, {params['slot_base']}+"
                                  f"{params['slot_count']} differ from its workers' "
                                  f"{job.mcast_grp}, {job.slot_base}+{job.slot_count}")
-        # (Its jobs then take openings alone, as a leaf by topology: server.py.)
-        self.aggregator.features &= ~(P.CAP_PREDICT | P.CAP_QUORUM)
+        # (While it has a leaf job, its jobs take openings alone, as a leaf by topology:
+        # server.py. The capabilities are the switch's, not a job's.)
+        self.leaf_jobs.add(job_id)
+        self.aggregator.features = self._features & ~(P.CAP_PREDICT | P.CAP_QUORUM)
         try:
             self.aggregator.set_parent(job_id, P.ipv4_int_be(params["parent_addr"]),
                                        P.port_be(params["parent_port"]), params["up_worker"])
@@ -398,6 +405,13 @@ class Target:
         log.info("job %d: a tree's leaf, worker %d of the parent at %s:%d", job_id,
                  params["up_worker"], ipaddress.IPv4Address(params["parent_addr"]),
                  params["parent_port"])
+
+    def _no_leaf(self, job_id: int) -> None:
+        """The job is no leaf (any more); with no leaf job left, the switch states
+        predicted windows and quorum cells again."""
+        self.leaf_jobs.discard(job_id)
+        if not self.leaf_jobs:
+            self.aggregator.features = self._features
 
     def _check_worker(self, job_id: int, p: dict[str, int], replacing: int | None = None
                       ) -> None:

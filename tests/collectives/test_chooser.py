@@ -65,6 +65,7 @@ class ServingAggregators:
 
     def __init__(self, unavailable: str | None = None):
         self.addresses, self.unavailable, self.released = [("127.0.0.1", 9)], unavailable, 0
+        self.tree_rates = None  # (no topology file)
 
     def where(self, i: int) -> str:
         return "%s:%d" % self.addresses[i]

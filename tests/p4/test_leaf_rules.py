@@ -58,10 +58,12 @@ def chunk(worker: int, values, proposals, *, slot: int, seq: int, flags: int = 0
 
 
 def result(values, proposals, *, slot: int, flags: int = P.FLAG_RESULT) -> bytes:
-    """The parent's result of the leaf's chunk: every leaf counted (contributors 0b11)."""
+    """The parent's result of the leaf's chunk: every leaf counted (contributors 0b11),
+    the parent's job in quorum 2 (a mode the leaf's workers must not adopt)."""
     return P.pack_data(values, exponents=EXPONENTS, proposals=proposals, block=B,
                        value_bits=BITS, flags=flags, job=JOB, worker=0xFFFF, slot_version=0,
-                       slot=slot, offset=0, epoch=EPOCH, call=CALL, contributors=0b11)
+                       slot=slot, offset=0, epoch=EPOCH, call=CALL, contributors=0b11,
+                       mode_quorum=2, mode_generation=5)
 
 
 def opening(worker: int, ident: int, *, slot: int, seq: int) -> bytes:
@@ -120,6 +122,7 @@ def test_a_completed_cell_goes_up_and_the_parents_result_comes_down(leaf):
         assert head["flags"] == P.FLAG_RESULT, head
         assert (head["slot"], head["offset"], head["call"]) == (0, 0, CALL)
         assert head["contributors"] == 0     # none named: every rank of the tree
+        assert (head["mode_quorum"], head["mode_generation"]) == (0, 0)  # the leaf's own
         assert pairs == [(3, 9), (5, 8)]     # the parent's max proposals, not this leaf's
         assert values == TOTAL
     assert leaf.silent(PARENT)
