@@ -359,3 +359,32 @@ def test_a_tree_of_p4runtime_targets_is_installed_run_and_torn_down(ina_run, tmp
             status = parse_status(switches[name].final_status)
             assert status["sent_up"] > 0 and status["came_down"] == status["sent_up"], status
             assert status["p4runtime_jobs"] == 0, status   # torn down
+
+
+@needs_p4_extra
+def test_an_installed_trees_target_that_does_not_answer_is_named_and_nothing_stays(
+        tmp_path, capsys, no_launcher):
+    """A leaf's P4Runtime target that does not answer: ina-run exits 2 naming the
+    aggregator, its place and its target; the root's job, installed first, is torn down
+    again, and no rank starts."""
+    from ina_collectives.control import schema as C
+    from ina_collectives.switch import parse_status
+
+    p4info = tmp_path / "ina.p4info.txt"
+    p4info.write_text(C.p4info_text(64, 64, 32, 32))
+    dead = f"127.0.0.1:{closed_port()}"
+    with embedded_switch("--max-elements", "64", p4runtime=True) as root:
+        path = tmp_path / "tree.toml"
+        path.write_text(f'[[aggregator]]\nname = "spine"\naddress = "{root.host}:{root.port}"'
+                        f'\np4runtime = "{root.p4runtime_address}"\n\n'
+                        f'[[aggregator]]\nname = "rack0"\naddress = "127.0.0.2:47474"\n'
+                        f'p4runtime = "{dead}"\nparent = "spine"\nranks = [0, 1]\n')
+        line = refused_at_launch(capsys, "-np", "2", "--topology", str(path), "--p4info",
+                                 str(p4info), "--device-config", str(p4info), "--target",
+                                 "bmv2", "--control-timeout", "2", "true")
+        root.stop()
+        status = parse_status(root.final_status)
+    assert line.startswith(f"ina-run: error: aggregator 'rack0' (serving ranks 0, 1, under "
+                           f"spine) at {dead}: "), line
+    assert status["p4runtime_jobs"] == 0, status   # the root's job, torn down
+    assert no_launcher == []
