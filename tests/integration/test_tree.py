@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ina_collectives import statskeys as S
 from ina_collectives.launch.cli import free_udp_ports
 from ina_collectives.switch import parse_status, send_faults
 from ina_collectives.switch.embedded import embedded_switch
-from tests.conftest import needs_p4_extra
+from tests.conftest import needs_p4_extra, needs_root
 from tests.integration import mpirun, rank_cases
 from tests.integration.test_ina import check_job
 
@@ -117,7 +118,8 @@ def test_loss_at_every_level_gives_the_same_bound_and_identical_ranks(tree):
 
 def killed_and_restarted(topology: Path, switches: dict, stack: contextlib.ExitStack,
                          tmp_path: Path, name: str, count: int, pause: float, down: float,
-                         after: float) -> tuple[list, float, float]:
+                         after: float, start_again: Callable[[], object] | None = None,
+                         namespaces: list[str] | None = None) -> tuple[list, float, float]:
     """The ranks loop over MPI's own Allreduce, a library call of ``count`` float32 and an
     allreduce of a flag, ``pause`` s apart (rank_cases.restarts_among_mpi_calls); once the
     switch served one, aggregator ``name`` is SIGKILLed, started again ``down`` s later,
@@ -127,7 +129,8 @@ def killed_and_restarted(topology: Path, switches: dict, stack: contextlib.ExitS
                            "switch_silence": SILENCE, "timeout": 60}}
     pool = ThreadPoolExecutor(1)
     running = pool.submit(mpirun.run, N, rank_cases.restarts_among_mpi_calls, params,
-                          env={"INA_TOPOLOGY": str(topology)}, timeout=170)
+                          env={"INA_TOPOLOGY": str(topology)}, timeout=170,
+                          namespaces=namespaces)
     pool.shutdown(wait=False)
     deadline = time.monotonic() + 60
     while not (tmp_path / "served").exists():
@@ -138,7 +141,10 @@ def killed_and_restarted(topology: Path, switches: dict, stack: contextlib.ExitS
     switches[name].process.kill()
     switches[name].process.wait(5)
     time.sleep(down)
-    start(stack, topology, name)
+    if start_again is None:
+        start(stack, topology, name)
+    else:
+        start_again()
     restarted = time.monotonic()
     time.sleep(after)
     (tmp_path / "stop").touch()
@@ -169,6 +175,44 @@ def test_a_leaf_killed_means_the_ring_and_its_restart_the_tree(tree, tmp_path, c
     topology, switches, stack = tree
     results, killed, restarted = killed_and_restarted(
         topology, switches, stack, tmp_path, "rack1", count, pause, down, after)
+    for r in results:
+        starts, engines = r["starts"], r["engines"]
+        assert any(e != "ina" for s, e in zip(starts, engines) if killed < s < restarted), (
+            "no call left the tree while rack1 was down")
+        late = [e for s, e in zip(starts, engines) if s > restarted + 2.5]
+        assert late and set(late) == {"ina"}, list(zip(starts, engines))[-20:]
+        state = r["stats"]["switch"]
+        assert state["outages"] == state["returns"] >= 1, state
+
+
+@needs_root
+def test_a_leaf_killed_on_emulated_racks_means_the_ring_and_its_restart_the_tree(tmp_path):
+    """The same on the emulated racks the tree's figures come from (bench.cluster.netsim
+    --racks 2: two racks of two worker namespaces behind uplinks at a quarter of the
+    200 Mbit/s links, each rack's leaf in a namespace of its own, the root's behind the
+    spine): rack1's leaf SIGKILLed between 64 KiB calls and started again 2 s later;
+    every call right and alike, on the ring while it is down, the tree's again after."""
+    pytest.importorskip("pyroute2", reason="the namespaces need pyroute2 (the bench extra)")
+    from ina_collectives.testing.fabric import Fabric, aggregator_ip
+
+    port = 47600  # + the aggregator's index, as bench.cluster.netsim's RACK_PORT
+    with Fabric(N, link_mbit=200, aggregators=3, racks=2, uplink_mbit=50) as cluster, \
+            contextlib.ExitStack() as stack:
+        topology = tmp_path / "tree.toml"
+        text = f'[[aggregator]]\nname = "spine"\naddress = "{aggregator_ip(0)}:{port}"\n\n'
+        for r in range(2):
+            text += (f'[[aggregator]]\nname = "rack{r}"\naddress = "{aggregator_ip(r + 1)}:'
+                     f'{port + r + 1}"\nparent = "spine"\nranks = {[2 * r, 2 * r + 1]}\n\n')
+        topology.write_text(text)
+
+        def at(j: int, name: str):
+            return stack.enter_context(cluster.switch_at(
+                j, "--topology", str(topology), "--name", name, "--port", str(port + j)))
+
+        switches = {"spine": at(0, "spine"), "rack0": at(1, "rack0"), "rack1": at(2, "rack1")}
+        results, killed, restarted = killed_and_restarted(
+            topology, switches, stack, tmp_path, "rack1", 16384, 0.01, 2.0, 4.0,
+            start_again=lambda: at(2, "rack1"), namespaces=list(cluster.worker_ns))
     for r in results:
         starts, engines = r["starts"], r["engines"]
         assert any(e != "ina" for s, e in zip(starts, engines) if killed < s < restarted), (
