@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .. import protocol as P
 from ..errors import ControlError
 from ..helpformat import DefaultsHelpFormatter
 from . import schema as S
@@ -98,11 +99,8 @@ def _parent(args: argparse.Namespace) -> Parent | None:
     """--parent HOST:PORT and its companions; ValueError naming the option if malformed."""
     if args.parent is None:
         return None
-    host, sep, port = args.parent.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"--parent {args.parent!r}: HOST:PORT expected (an IPv4 address)")
     try:
-        return Parent(host, int(port), args.parent_worker, args.parent_mac,
+        return Parent(*P.parse_address(args.parent), args.parent_worker, args.parent_mac,
                       args.parent_switch_port)
     except ValueError as exc:
         raise ValueError(f"--parent {args.parent}: {exc}") from None

@@ -21,13 +21,19 @@ class Worker:
     switch_port: int = 0
 
     def __post_init__(self) -> None:
-        ipaddress.IPv4Address(self.ip)  # ValueError for a malformed address
-        if not 0 < self.udp_port < 65536:
-            raise ValueError(f"worker UDP port {self.udp_port} is out of range")
-        if len(self.mac.split(":")) != 6:
-            raise ValueError(f"worker MAC {self.mac!r} is not aa:bb:cc:dd:ee:ff")
-        if not 0 <= self.switch_port < 512:
-            raise ValueError(f"switch port {self.switch_port} does not fit 9 bits")
+        _check_place("worker", self.ip, self.udp_port, self.mac, self.switch_port)
+
+
+def _check_place(what: str, ip: str, udp_port: int, mac: str, switch_port: int) -> None:
+    """Where a worker or a parent is, as the switch reaches it; ValueError naming ``what``
+    and the field that is wrong."""
+    ipaddress.IPv4Address(ip)  # ValueError for a malformed address
+    if not 0 < udp_port < 65536:
+        raise ValueError(f"{what} UDP port {udp_port} is out of range")
+    if not P.is_mac(mac):
+        raise ValueError(f"{what} MAC {mac!r} is not aa:bb:cc:dd:ee:ff")
+    if not 0 <= switch_port < 512:
+        raise ValueError(f"switch port {switch_port} does not fit 9 bits")
 
 
 @dataclass(frozen=True)
@@ -42,16 +48,10 @@ class Parent:
     switch_port: int = 0
 
     def __post_init__(self) -> None:
-        ipaddress.IPv4Address(self.ip)  # ValueError for a malformed address
-        if not 0 < self.udp_port < 65536:
-            raise ValueError(f"parent UDP port {self.udp_port} is out of range")
+        _check_place("parent", self.ip, self.udp_port, self.mac, self.switch_port)
         if not 0 <= self.worker < P.MAX_WORKERS:
             raise ValueError(f"the leaf's worker id at its parent must be 0.."
                              f"{P.MAX_WORKERS - 1}, got {self.worker}")
-        if len(self.mac.split(":")) != 6:
-            raise ValueError(f"parent MAC {self.mac!r} is not aa:bb:cc:dd:ee:ff")
-        if not 0 <= self.switch_port < 512:
-            raise ValueError(f"switch port {self.switch_port} does not fit 9 bits")
 
 
 @dataclass(frozen=True)

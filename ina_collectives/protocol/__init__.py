@@ -19,6 +19,7 @@ from .address import (  # noqa: F401
     enable_gro,
     ipv4_be,
     ipv4_int_be,
+    is_mac,
     parse_address,
     parse_addresses,
     path_mtu,

@@ -26,6 +26,16 @@ def parse_address(text: str, default_port: int = UDP_PORT) -> tuple[str, int]:
     return resolved, number
 
 
+def is_mac(text: object) -> bool:
+    """Whether ``text`` is a MAC address as the control plane writes one:
+    'aa:bb:cc:dd:ee:ff', six pairs of hex digits."""
+    if not isinstance(text, str):
+        return False
+    pairs = text.split(":")
+    return len(pairs) == 6 and all(
+        len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in pairs)
+
+
 def parse_addresses(text: str, default_port: int = UDP_PORT) -> list[tuple[str, int]]:
     """'host:port,host:port,...': the aggregators a job stripes its calls across
     (INA_SWITCH), each resolved; one address is a list of one. Repeats are refused (a

@@ -33,11 +33,12 @@ the file, a rank served twice or by none, and a shape of more than two levels.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TopologyError
-from .address import parse_address
+from .address import is_mac, parse_address
 
 try:
     import tomllib
@@ -280,11 +281,9 @@ class Topology:
             if a.mbit is not None and a.parent is not None:
                 raise TopologyError(f"{src}: leaf {a.name!r} gives mbit: a root's, the rate "
                                     f"its tree gets through it")
-        named = [a.name for a in self.aggregators if a.p4runtime is not None]
-        if named and len(named) != len(self.aggregators):
-            raise TopologyError(f"{src}: p4runtime given for {', '.join(map(repr, named))} "
-                                f"but not for every aggregator: a tree is installed by a "
-                                f"controller whole, or joined by its ranks")
+        named = _all_or_none(src, "p4runtime", self.aggregators, "aggregator",
+                             lambda a: a.p4runtime, "a tree is installed by a controller "
+                             "whole, or joined by its ranks")
         if named and len(roots) > 1:
             raise TopologyError(f"{src}: an installed tree (p4runtime) has one root: a P4 "
                                 f"leaf's job has one parent")
@@ -293,11 +292,8 @@ class Topology:
                 raise TopologyError(f"{src}: the root {a.name!r} gives uplink_port or "
                                     f"downlink_port: a leaf's, the ports between it and "
                                     f"its parent")
-        said = [r.name for r in self.roots if r.mbit is not None]
-        if said and len(said) != len(self.roots):
-            raise TopologyError(f"{src}: mbit given for {', '.join(map(repr, said))} but "
-                                f"not for every root: each call is split by them, so every "
-                                f"root says one, or none does")
+        _all_or_none(src, "mbit", self.roots, "root", lambda a: a.mbit,
+                     "each call is split by them, so every root says one, or none does")
         taken = {a.address: a.name for a in self.aggregators}
         for leaf in self.leaves:  # a leaf of several trees takes port + 1, + 2 ... too
             for t in range(1, len(roots)):
@@ -308,6 +304,17 @@ class Topology:
                                         + (f"the address of {taken[at]!r}" if at in taken
                                            else "past the last port"))
                 taken[at] = leaf.name
+
+
+def _all_or_none(src: str, key: str, among: tuple[Aggregator, ...], kind: str,
+                 value: Callable[[Aggregator], object], why: str) -> list[str]:
+    """The names of the aggregators ``among`` that give ``key``: all of them or none
+    (TopologyError naming those that do, and ``why``, otherwise)."""
+    named = [a.name for a in among if value(a) is not None]
+    if named and len(named) != len(among):
+        raise TopologyError(f"{src}: {key} given for {', '.join(map(repr, named))} but not "
+                            f"for every {kind}: {why}")
+    return named
 
 
 def _aggregator(entry: object, where: str) -> Aggregator:
@@ -365,14 +372,15 @@ def _install(entry: dict, where: str) -> dict:
     found = {key: entry.get(key) for key in _INSTALL_KEYS}
     target = found["p4runtime"]
     if target is not None:
-        host, sep, port = target.rpartition(":") if isinstance(target, str) else ("", "", "")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not isinstance(target, str) or ":" not in target:
             raise TopologyError(f"{where}: p4runtime must be the P4Runtime target's "
                                 f"'host:port', got {target!r}")
+        try:
+            parse_address(target)
+        except ValueError as exc:
+            raise TopologyError(f"{where}: p4runtime: {exc}") from None
     mac = found["mac"]
-    if mac is not None and not (isinstance(mac, str) and len(mac.split(":")) == 6 and all(
-            len(b) == 2 and all(c in "0123456789abcdefABCDEF" for c in b)
-            for b in mac.split(":"))):
+    if mac is not None and not is_mac(mac):
         raise TopologyError(f"{where}: mac must be 'aa:bb:cc:dd:ee:ff', got {mac!r}")
     for key in ("uplink_port", "downlink_port"):
         port = found[key]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from ina_collectives import protocol as P
-from ina_collectives.control import ControlError, Controller, JobSpec, Worker
+from ina_collectives.control import ControlError, Controller, JobSpec, Parent, Worker
 from ina_collectives.control import schema as S
 from ina_collectives.switch import parse_status
 from ina_collectives.switch.embedded import embedded_switch
@@ -996,3 +997,55 @@ def test_ranks_at_ports_not_installed_take_the_ring_and_say_why(controller, swit
             assert "no entry for worker" in reasons and "job 71" in reasons, reasons
     finally:
         controller.teardown(job)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Worker("127.0.0.1", 41100, "02:00:00:00:00:zz"),
+     "worker MAC '02:00:00:00:00:zz' is not aa:bb:cc:dd:ee:ff"),
+    (lambda: Parent("10.0.0.300", 47474), "10.0.0.300"),
+    (lambda: Parent("10.0.0.1", 0), "parent UDP port 0 is out of range"),
+    (lambda: Parent("10.0.0.1", 47474, 64), "worker id at its parent must be 0..63, got 64"),
+    (lambda: Parent("10.0.0.1", 47474, 0, "02:00"), "parent MAC '02:00' is not"),
+    (lambda: Parent("10.0.0.1", 47474, 0, switch_port=512), "does not fit 9 bits"),
+])
+def test_a_worker_or_parent_that_cannot_be_one_is_named(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+
+
+def test_the_cli_names_a_malformed_parent(tmp_path, capsys):
+    """configure --parent: a malformed address is refused before any target is reached,
+    naming the option."""
+    from ina_collectives.control import cli
+
+    workers = tmp_path / "w.json"
+    workers.write_text(json.dumps([{"ip": "127.0.0.1", "udp_port": 41000}]))
+    code = cli.main(["configure", "--target", "127.0.0.1:1", "--job-id", "3", "--workers",
+                     str(workers), "--parent", "10.0.0.1:port"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("ina_collectives.control: error: --parent "
+                                        "10.0.0.1:port: "), err
+    assert "the port 'port' is not a number" in err, err
+
+
+def test_a_parent_on_a_build_without_the_leaf_table_is_refused(tmp_path):
+    """A P4Info with no ina_parents (a Tofino build's, or one older than trees): the job
+    with a parent is refused before anything is written, naming the table. (A switch of
+    its own: the module's keeps its pipeline.)"""
+    from google.protobuf import text_format
+
+    info = S.p4info(8, 32, 4, 32)
+    keep = [t for t in info.tables if t.preamble.name != S.PARENTS.name]
+    del info.tables[:]
+    info.tables.extend(keep)
+    p4info = tmp_path / "old.p4info.txt"
+    p4info.write_text(text_format.MessageToString(info))
+    job = JobSpec(14, [Worker("127.0.0.1", 41100)], 1,
+                  parent=Parent("127.0.0.1", 47474))
+    with embedded_switch("--max-elements", "64", p4runtime=True) as switch, \
+            Controller(switch.p4runtime_address, p4info, p4info, push="always",
+                       timeout=10) as c:
+        with pytest.raises(ControlError, match="has no IngressImpl.ina_parents: it cannot "
+                                               "be a tree's leaf"):
+            c.configure(job)
+        assert c.read_workers(14) == []
